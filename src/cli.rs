@@ -1,0 +1,152 @@
+//! The command line. The hook entry points keep the exact shape
+//! `nspawn-lifecycle {pre-start|post-start|reconcile} <MACHINE>`.
+
+use crate::machine_name::MachineName;
+use clap::{ArgAction, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Keeps a systemd-nspawn machine that holds a Kubernetes GPU node in step with its host.
+///
+/// systemd runs `nspawn-lifecycle pre-start` and `post-start` around every start of
+/// systemd-nspawn@<MACHINE>.service: the first renders the machine's .nspawn file from the host as
+/// it is now (GPU device nodes, driver files, KVM, extra mounts), the second rewires the NVIDIA
+/// driver root, library links and CDI spec inside the machine with kubelet and containerd stopped.
+#[derive(Debug, Parser)]
+#[command(name = "nspawn-lifecycle-helper", version, max_term_width = 100)]
+pub struct Cli {
+    /// Read and write the host tree under DIR instead of / (for tests and chroots).
+    #[arg(long, global = true, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+
+    /// Configuration file [default: /etc/nspawn-lifecycle/config.json under the host root, if present].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// More log output (-v debug, -vv trace). NSPAWN_LIFECYCLE_LOG overrides it.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The hooks systemd runs for systemd-nspawn@<MACHINE>.service, and a manual restart.
+    #[command(subcommand)]
+    NspawnLifecycle(Phase),
+
+    /// Show what this host has right now: NVIDIA device nodes, GPUs, driver versions and files,
+    /// /dev/kvm, and the verdict (none, complete, incomplete) that decides what the hooks do.
+    Discover {
+        /// Print a versioned JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk.
+    /// Writes nothing.
+    Plan { machine: MachineName },
+
+    /// Install or upgrade this helper for MACHINE in place: copy it to its stable path, write the
+    /// unit drop-in and .nspawn file, migrate older layouts, reload systemd if a unit file changed.
+    /// Never touches the machine's rootfs or running services.
+    Install {
+        machine: MachineName,
+        /// Report what would change without writing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+
+    /// Remove what install added for MACHINE (drop-in, rendered .nspawn file, and the helper copy
+    /// once no machine uses it), then reload systemd. Leaves the rootfs and a running machine alone.
+    Uninstall {
+        machine: MachineName,
+        /// Report what would be removed without removing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+
+    /// Build an example GPU host in a temporary directory (needs root for mknod) and show what
+    /// discovery sees, the .nspawn file and the CDI spec this tool renders for it.
+    Demo {
+        /// Example host to build; `--list` shows them.
+        #[arg(long, default_value = "two-gpus")]
+        host: String,
+        /// List the example hosts and exit.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Phase {
+    /// ExecStartPre=: render /etc/systemd/nspawn/<MACHINE>.nspawn from the host as it is now.
+    /// Fails with exit code 3 while NVIDIA state is incomplete (for example the driver's kernel
+    /// module and libraries disagree), so systemd retries the start until the install finishes.
+    PreStart { machine: MachineName },
+
+    /// ExecStartPost=: with NVIDIA GPUs present, stop kubelet and containerd in the machine,
+    /// rebuild /run/nvidia/driver, the library links and the CDI spec, start containerd, import
+    /// staged images, start kubelet. Without GPUs, remove NVIDIA state an earlier start left.
+    PostStart { machine: MachineName },
+
+    /// Restart systemd-nspawn@<MACHINE>.service through the host's systemd and wait, so both hooks
+    /// run again (a "mini repave"). Prints the old and new leader PID and how long it took.
+    Reconcile { machine: MachineName },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn hook_shape_is_pinned() {
+        let cli = Cli::try_parse_from([
+            "nspawn-lifecycle-helper",
+            "nspawn-lifecycle",
+            "pre-start",
+            "kube1",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::NspawnLifecycle(Phase::PreStart { ref machine }) if machine.as_str() == "kube1"
+        ));
+        assert_eq!(cli.host_root, PathBuf::from("/"));
+        let cli = Cli::try_parse_from([
+            "x",
+            "--host-root",
+            "/tmp/h",
+            "nspawn-lifecycle",
+            "post-start",
+            "kube1",
+            "-vv",
+        ])
+        .unwrap();
+        assert_eq!(cli.host_root, PathBuf::from("/tmp/h"));
+        assert_eq!(cli.verbose, 2);
+        for phase in ["pre-start", "post-start", "reconcile"] {
+            Cli::try_parse_from(["x", "nspawn-lifecycle", phase, "m"]).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_machine_names_are_usage_errors() {
+        for bad in ["../etc", "a/b", "", &"x".repeat(65), "ümlaut"] {
+            let err = Cli::try_parse_from(["x", "nspawn-lifecycle", "pre-start", bad]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad}");
+            if !bad.is_empty() {
+                assert!(err.to_string().contains(bad), "{err} should name {bad}");
+            }
+        }
+        let err = Cli::try_parse_from(["x", "plan", "a/b"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

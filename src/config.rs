@@ -1,0 +1,484 @@
+//! The optional JSON configuration file (default `/etc/nspawn-lifecycle/config.json`).
+//!
+//! Everything has a default, so no file is needed. Unknown keys are errors (exit 2), so a typo
+//! never silently falls back to a default.
+
+use crate::error::bad_input;
+use crate::host::HostRoot;
+use crate::machine_name::MachineName;
+use anyhow::{Context as _, Result};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+use std::time::Duration;
+
+/// Where the config file is read from when `--config` is not given (under the host root).
+pub const DEFAULT_PATH: &str = "/etc/nspawn-lifecycle/config.json";
+/// Where `install` puts the helper so the hooks survive the installer going away.
+pub const DEFAULT_HELPER_PATH: &str = "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper";
+
+/// The file as written: `defaults` apply to every machine, `machines.<name>` override them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct File {
+    #[serde(default)]
+    helper_path: Option<String>,
+    #[serde(default)]
+    defaults: Settings,
+    #[serde(default)]
+    machines: BTreeMap<String, Settings>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Settings {
+    directory: Option<String>,
+    mounts: Option<Vec<Mount>>,
+    kubelet_unit: Option<String>,
+    containerd_unit: Option<String>,
+    staged_images_dir: Option<String>,
+    ctr_path: Option<String>,
+    ctr_namespace: Option<String>,
+    cdi_dir: Option<String>,
+    cdi_kind: Option<String>,
+    lock_timeout_seconds: Option<u64>,
+    boot_timeout_seconds: Option<u64>,
+    job_timeout_seconds: Option<u64>,
+    import_timeout_seconds: Option<u64>,
+}
+
+/// An extra host directory or file bound into the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Mount {
+    /// Absolute host path; must exist.
+    pub source: String,
+    /// Absolute path inside the machine; defaults to `source`.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Bind read-only (the default: a node's host mounts are data it consumes).
+    #[serde(default = "yes")]
+    pub read_only: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The settings for one machine, every default filled in and every value checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineConfig {
+    /// The machine's rootfs directory on the host.
+    pub directory: String,
+    /// Extra binds, `target` filled in.
+    pub mounts: Vec<Mount>,
+    pub kubelet_unit: String,
+    pub containerd_unit: String,
+    /// Staged image tarballs, a path inside the machine.
+    pub staged_images_dir: String,
+    /// `ctr` inside the machine.
+    pub ctr_path: String,
+    pub ctr_namespace: String,
+    /// Where the CDI spec is written, a path inside the machine.
+    pub cdi_dir: String,
+    /// CDI `kind` (`vendor/class`).
+    pub cdi_kind: String,
+    pub lock_timeout: Duration,
+    /// How long post-start waits for the machine's manager to reach `running`/`degraded`.
+    pub boot_timeout: Duration,
+    /// How long each systemd job (stop/start of a unit, a transient unit) may take.
+    pub job_timeout: Duration,
+    /// How long one image import may take.
+    pub import_timeout: Duration,
+}
+
+/// The whole loaded configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    helper_path: String,
+    defaults: Settings,
+    machines: BTreeMap<String, Settings>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            helper_path: DEFAULT_HELPER_PATH.into(),
+            defaults: Settings::default(),
+            machines: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Load `explicit` (must exist) or the default file under the host root (may be missing).
+    pub fn load(host: &HostRoot, explicit: Option<&Path>) -> Result<Config> {
+        let (path, required) = match explicit {
+            Some(p) => (p.to_path_buf(), true),
+            None => (host.path(DEFAULT_PATH), false),
+        };
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(Config::default());
+            }
+            Err(e) => {
+                return Err(bad_input(format!("config file {}: {e}", path.display())));
+            }
+        };
+        Config::parse(&text).with_context(|| format!("config file {}", path.display()))
+    }
+
+    /// Parse and check a config file's bytes (host-independent checks only).
+    pub fn parse(bytes: &[u8]) -> Result<Config> {
+        let file: File = serde_json::from_slice(bytes).map_err(|e| bad_input(e.to_string()))?;
+        for name in file.machines.keys() {
+            name.parse::<MachineName>()
+                .map_err(|e| bad_input(format!("machines.{name}: {e}")))?;
+        }
+        let helper_path = file
+            .helper_path
+            .unwrap_or_else(|| DEFAULT_HELPER_PATH.into());
+        check_abs("helperPath", &helper_path)?;
+        let cfg = Config {
+            helper_path,
+            defaults: file.defaults,
+            machines: file.machines,
+        };
+        // Resolve every machine once so errors surface at load time, naming the key.
+        cfg.settings_checked("defaults", &cfg.defaults)?;
+        for (name, s) in &cfg.machines {
+            let merged = cfg.defaults.clone().overlay(s.clone());
+            cfg.settings_checked(&format!("machines.{name}"), &merged)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Stable path of the installed helper.
+    pub fn helper_path(&self) -> &str {
+        &self.helper_path
+    }
+
+    /// Settings for `machine`, checking that extra mount sources exist on the host.
+    pub fn machine(&self, host: &HostRoot, machine: &MachineName) -> Result<MachineConfig> {
+        let (key, settings) = match self.machines.get(machine.as_str()) {
+            Some(s) => (
+                format!("machines.{machine}"),
+                self.defaults.clone().overlay(s.clone()),
+            ),
+            None => ("defaults".to_owned(), self.defaults.clone()),
+        };
+        let mut mc = self.settings_checked(&key, &settings)?;
+        if settings.directory.is_none() {
+            mc.directory = format!("/var/lib/machines/{machine}");
+        }
+        for (i, m) in mc.mounts.iter().enumerate() {
+            let p = host.path(&m.source);
+            if std::fs::symlink_metadata(&p).is_err() {
+                return Err(bad_input(format!(
+                    "{key}.mounts[{i}].source: \"{}\" does not exist on the host",
+                    m.source
+                )));
+            }
+        }
+        Ok(mc)
+    }
+
+    fn settings_checked(&self, key: &str, s: &Settings) -> Result<MachineConfig> {
+        let secs = |v: Option<u64>, field: &str, default: u64| -> Result<Duration> {
+            match v.unwrap_or(default) {
+                0 => Err(bad_input(format!("{key}.{field}: must be at least 1"))),
+                n => Ok(Duration::from_secs(n)),
+            }
+        };
+        let directory = s.directory.clone().unwrap_or_default();
+        if s.directory.is_some() {
+            check_abs(&format!("{key}.directory"), &directory)?;
+        }
+        let mut mounts = Vec::new();
+        let mut targets = std::collections::BTreeSet::new();
+        for (i, m) in s.mounts.iter().flatten().enumerate() {
+            check_abs(&format!("{key}.mounts[{i}].source"), &m.source)?;
+            let target = m.target.clone().unwrap_or_else(|| m.source.clone());
+            check_abs(&format!("{key}.mounts[{i}].target"), &target)?;
+            if target == "/" {
+                return Err(bad_input(format!(
+                    "{key}.mounts[{i}].target: \"/\" would cover the whole machine"
+                )));
+            }
+            if !targets.insert(target.clone()) {
+                return Err(bad_input(format!(
+                    "{key}.mounts[{i}].target: \"{target}\" is bound twice"
+                )));
+            }
+            mounts.push(Mount {
+                source: m.source.clone(),
+                target: Some(target),
+                read_only: m.read_only,
+            });
+        }
+        let unit = |v: &Option<String>, field: &str, default: &str| -> Result<String> {
+            let u = v.clone().unwrap_or_else(|| default.to_owned());
+            if u.is_empty()
+                || u.len() > 255
+                || !u.contains('.')
+                || !u
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c))
+            {
+                return Err(bad_input(format!(
+                    "{key}.{field}: \"{}\" is not a unit name",
+                    u.escape_debug()
+                )));
+            }
+            Ok(u)
+        };
+        let abs = |v: &Option<String>, field: &str, default: &str| -> Result<String> {
+            let p = v.clone().unwrap_or_else(|| default.to_owned());
+            check_abs(&format!("{key}.{field}"), &p)?;
+            Ok(p)
+        };
+        let cdi_kind = s
+            .cdi_kind
+            .clone()
+            .unwrap_or_else(|| "nvidia.com/gpu".into());
+        check_cdi_kind(&format!("{key}.cdiKind"), &cdi_kind)?;
+        let ctr_namespace = s.ctr_namespace.clone().unwrap_or_else(|| "k8s.io".into());
+        if ctr_namespace.is_empty()
+            || !ctr_namespace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(bad_input(format!(
+                "{key}.ctrNamespace: \"{}\" is not a containerd namespace",
+                ctr_namespace.escape_debug()
+            )));
+        }
+        Ok(MachineConfig {
+            directory,
+            mounts,
+            kubelet_unit: unit(&s.kubelet_unit, "kubeletUnit", "kubelet.service")?,
+            containerd_unit: unit(&s.containerd_unit, "containerdUnit", "containerd.service")?,
+            staged_images_dir: abs(
+                &s.staged_images_dir,
+                "stagedImagesDir",
+                "/var/lib/nspawn-lifecycle/images",
+            )?,
+            ctr_path: abs(&s.ctr_path, "ctrPath", "/usr/bin/ctr")?,
+            ctr_namespace,
+            cdi_dir: abs(&s.cdi_dir, "cdiDir", "/var/run/cdi")?,
+            cdi_kind,
+            lock_timeout: secs(s.lock_timeout_seconds, "lockTimeoutSeconds", 120)?,
+            boot_timeout: secs(s.boot_timeout_seconds, "bootTimeoutSeconds", 60)?,
+            job_timeout: secs(s.job_timeout_seconds, "jobTimeoutSeconds", 90)?,
+            import_timeout: secs(s.import_timeout_seconds, "importTimeoutSeconds", 300)?,
+        })
+    }
+}
+
+impl Settings {
+    /// `self` with every field `other` sets replaced.
+    fn overlay(self, other: Settings) -> Settings {
+        Settings {
+            directory: other.directory.or(self.directory),
+            mounts: other.mounts.or(self.mounts),
+            kubelet_unit: other.kubelet_unit.or(self.kubelet_unit),
+            containerd_unit: other.containerd_unit.or(self.containerd_unit),
+            staged_images_dir: other.staged_images_dir.or(self.staged_images_dir),
+            ctr_path: other.ctr_path.or(self.ctr_path),
+            ctr_namespace: other.ctr_namespace.or(self.ctr_namespace),
+            cdi_dir: other.cdi_dir.or(self.cdi_dir),
+            cdi_kind: other.cdi_kind.or(self.cdi_kind),
+            lock_timeout_seconds: other.lock_timeout_seconds.or(self.lock_timeout_seconds),
+            boot_timeout_seconds: other.boot_timeout_seconds.or(self.boot_timeout_seconds),
+            job_timeout_seconds: other.job_timeout_seconds.or(self.job_timeout_seconds),
+            import_timeout_seconds: other.import_timeout_seconds.or(self.import_timeout_seconds),
+        }
+    }
+}
+
+/// An absolute, normalized path that systemd's `Bind=` syntax can carry: no `.`/`..` components
+/// (a target can never leave the machine), no `:` (the source:target separator), no whitespace,
+/// quotes, backslashes or control characters.
+pub fn check_abs(key: &str, p: &str) -> Result<()> {
+    let shown = p.escape_debug();
+    if !p.starts_with('/') {
+        return Err(bad_input(format!(
+            "{key}: \"{shown}\" is not an absolute path"
+        )));
+    }
+    if let Some(c) = p
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, ':' | '"' | '\'' | '\\'))
+    {
+        return Err(bad_input(format!(
+            "{key}: \"{shown}\" contains {c:?}, which a Bind= line cannot carry"
+        )));
+    }
+    if Path::new(p)
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        || p.contains("//")
+        || (p.len() > 1 && p.ends_with('/'))
+    {
+        return Err(bad_input(format!(
+            "{key}: \"{shown}\" is not a normalized path (no '.', '..', '//' or trailing '/')"
+        )));
+    }
+    Ok(())
+}
+
+/// CDI `vendor/class`, restricted to what every CDI parser accepts (no dot in the class, which
+/// CDI 0.5.x rejects).
+fn check_cdi_kind(key: &str, kind: &str) -> Result<()> {
+    let err = || {
+        bad_input(format!(
+            "{key}: \"{}\" is not a CDI kind like \"nvidia.com/gpu\"",
+            kind.escape_debug()
+        ))
+    };
+    let (vendor, class) = kind.split_once('/').ok_or_else(err)?;
+    let ok = |s: &str, inner: &str| {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphabetic()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || inner.contains(c))
+    };
+    if ok(vendor, "_.-") && ok(class, "_-") {
+        Ok(())
+    } else {
+        Err(err())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::exit_code;
+
+    fn name(s: &str) -> MachineName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn no_file_means_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::load(&host, None).unwrap();
+        let mc = cfg.machine(&host, &name("kube1")).unwrap();
+        assert_eq!(mc.directory, "/var/lib/machines/kube1");
+        assert_eq!(mc.kubelet_unit, "kubelet.service");
+        assert_eq!(mc.cdi_dir, "/var/run/cdi");
+        assert_eq!(mc.cdi_kind, "nvidia.com/gpu");
+        assert!(mc.mounts.is_empty());
+        assert_eq!(cfg.helper_path(), DEFAULT_HELPER_PATH);
+    }
+
+    #[test]
+    fn missing_explicit_file_is_bad_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let err = Config::load(&host, Some(&dir.path().join("nope.json"))).unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("nope.json"));
+    }
+
+    #[test]
+    fn machine_overrides_defaults_and_mounts_are_checked_on_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data/models")).unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::parse(
+            br#"{"defaults": {"kubeletUnit": "k.service"},
+                 "machines": {"kube1": {"directory": "/srv/kube1",
+                   "mounts": [{"source": "/data/models", "readOnly": false},
+                              {"source": "/data/models", "target": "/models"}]}}}"#,
+        )
+        .unwrap();
+        let mc = cfg.machine(&host, &name("kube1")).unwrap();
+        assert_eq!(mc.directory, "/srv/kube1");
+        assert_eq!(mc.kubelet_unit, "k.service");
+        assert_eq!(
+            mc.mounts,
+            vec![
+                Mount {
+                    source: "/data/models".into(),
+                    target: Some("/data/models".into()),
+                    read_only: false
+                },
+                Mount {
+                    source: "/data/models".into(),
+                    target: Some("/models".into()),
+                    read_only: true
+                },
+            ]
+        );
+        assert_eq!(
+            cfg.machine(&host, &name("other")).unwrap().kubelet_unit,
+            "k.service"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"bogus": 1}"#, "bogus"),
+            (r#"{"machines": {"kube1": {"mount": []}}}"#, "mount"),
+            (r#"{"machines": {"../etc": {}}}"#, "machines.../etc"),
+            (
+                r#"{"machines": {"k": {"mounts": [{"source": "data"}]}}}"#,
+                "machines.k.mounts[0].source",
+            ),
+            (
+                r#"{"machines": {"k": {"mounts": [{"source": "/d", "target": "/../etc"}]}}}"#,
+                "machines.k.mounts[0].target",
+            ),
+            (
+                r#"{"machines": {"k": {"mounts": [{"source": "/d", "target": "/a:b"}]}}}"#,
+                "machines.k.mounts[0].target",
+            ),
+            (
+                r#"{"defaults": {"mounts": [{"source": "/d", "target": "/"}]}}"#,
+                "defaults.mounts[0].target",
+            ),
+            (
+                r#"{"defaults": {"kubeletUnit": "kubelet"}}"#,
+                "defaults.kubeletUnit",
+            ),
+            (
+                r#"{"defaults": {"cdiKind": "nvidia.com/g.pu"}}"#,
+                "defaults.cdiKind",
+            ),
+            (
+                r#"{"defaults": {"jobTimeoutSeconds": 0}}"#,
+                "jobTimeoutSeconds",
+            ),
+            (
+                r#"{"defaults": {"cdiDir": "var/run/cdi"}}"#,
+                "defaults.cdiDir",
+            ),
+            (r#"{"machines":"#, "EOF"),
+            ("[1]", "invalid type"),
+            ("\u{0}\u{ff}", "expected value"),
+        ];
+        for (text, needle) in cases {
+            let err = Config::parse(text.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{text}");
+            let msg = format!("{err:#}");
+            assert!(msg.contains(needle), "{text}: {msg} should name {needle}");
+        }
+    }
+
+    #[test]
+    fn missing_mount_source_names_key_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::parse(br#"{"machines": {"kube1": {"mounts": [{"source": "/nope"}]}}}"#)
+            .unwrap();
+        let err = cfg.machine(&host, &name("kube1")).unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("machines.kube1.mounts[0].source: \"/nope\""));
+    }
+}

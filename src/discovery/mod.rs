@@ -1,0 +1,171 @@
+//! Host discovery: what NVIDIA hardware, kernel module and userspace driver the host has right now.
+//!
+//! Pre-start and post-start share this. Parsers live in [`parse`] and take bytes; only
+//! [`discover`] touches the filesystem, always through a [`HostRoot`].
+
+pub mod parse;
+mod scan;
+
+use crate::host::HostRoot;
+use serde::Serialize;
+
+pub use scan::discover;
+
+/// Version of the `discover --json` object; bump on any incompatible change.
+pub const API_VERSION: &str = "nspawn-lifecycle/v1";
+
+/// Everything discovery saw, in a deterministic order (sorted by path / bus id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inventory {
+    /// NVIDIA character devices (per-GPU, control, uvm, modeset, caps, IMEX channels, and the
+    /// `/dev/dri` nodes that belong to NVIDIA GPUs), sorted by path.
+    pub devices: Vec<DeviceNode>,
+    /// `/dev/kvm` when it is a real character device.
+    pub kvm: Option<DeviceNode>,
+    /// GPUs from `/proc/driver/nvidia/gpus/*/information`, indexed in PCI bus order.
+    pub gpus: Vec<Gpu>,
+    /// Version from `/proc/driver/nvidia/version`, when the kernel module is loaded.
+    pub kernel_module: Option<String>,
+    /// Userspace driver files, when `libcuda.so.<version>` was found.
+    pub driver: Option<UserspaceDriver>,
+    pub verdict: Verdict,
+}
+
+/// A character device node on the host.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Absolute host path, e.g. `/dev/nvidia0`; the machine sees it at the same path.
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+    pub role: DeviceRole,
+}
+
+/// What a device node is for; decides where it goes in the CDI spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceRole {
+    /// `/dev/nvidia<N>`, one per GPU.
+    Gpu,
+    /// `/dev/nvidiactl`.
+    Control,
+    /// `/dev/nvidia-uvm`.
+    Uvm,
+    /// `/dev/nvidia-uvm-tools`.
+    UvmTools,
+    /// `/dev/nvidia-modeset`.
+    Modeset,
+    /// `/dev/nvidia-caps/*` (MIG capabilities).
+    Cap,
+    /// `/dev/nvidia-caps-imex-channels/*`.
+    ImexChannel,
+    /// `/dev/dri/card*` or `/dev/dri/renderD*` belonging to an NVIDIA GPU.
+    Dri,
+    /// `/dev/kvm`.
+    Kvm,
+}
+
+/// One NVIDIA GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// Position in PCI bus order, starting at 0 (what `nvidia-smi` and CDI index names use).
+    pub index: u32,
+    /// `Device Minor`: the N of `/dev/nvidia<N>`.
+    pub minor: u32,
+    /// `GPU UUID`, e.g. `GPU-edfee158-11c1-52b8-0517-92f30e7fac88`.
+    pub uuid: String,
+    /// PCI bus id as the kernel names it, e.g. `0000:06:00.0`.
+    pub bus_id: String,
+    pub model: String,
+    /// `/dev/nvidia<minor>` when that node exists as a character device.
+    pub device: Option<String>,
+    /// The GPU's `/dev/dri/{card,renderD}*` nodes, sorted.
+    pub dri: Vec<String>,
+}
+
+/// The userspace driver install found on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserspaceDriver {
+    /// Version taken from `libcuda.so.<version>`.
+    pub version: String,
+    /// Directories holding `libcuda.so.<version>`, in discovery order (native arch first).
+    pub lib_dirs: Vec<LibDir>,
+    /// Absolute host paths of the driver binaries found (`/usr/bin/nvidia-smi`, …), sorted.
+    pub binaries: Vec<String>,
+    /// `/lib/firmware/nvidia/<version>` (host path) when present.
+    pub firmware: Option<String>,
+    /// IPC socket directories that exist (`/run/nvidia-persistenced`, `/run/nvidia-fabricmanager`).
+    pub sockets: Vec<String>,
+}
+
+/// A host library directory with driver files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LibDir {
+    /// Absolute host path, e.g. `/usr/lib/x86_64-linux-gnu`.
+    pub path: String,
+    /// Debian multiarch triplet these libraries are for (`x86_64-linux-gnu`, `aarch64-linux-gnu`,
+    /// `i386-linux-gnu`); decides `usr/lib/<triplet>` in the driver root and the machine.
+    pub triplet: String,
+    /// Every `*.so.<version>` here and in `vdpau/`, sorted by name.
+    pub files: Vec<DriverFile>,
+}
+
+/// One versioned driver library.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverFile {
+    /// Path relative to the library directory: `libcuda.so.580.82.07` or
+    /// `vdpau/libvdpau_nvidia.so.580.82.07`.
+    pub name: String,
+    /// ELF `DT_SONAME` (e.g. `libcuda.so.1`), when it has one that differs from `name`.
+    pub soname: Option<String>,
+}
+
+/// Discovery's judgement of the host's NVIDIA state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum Verdict {
+    /// No NVIDIA device nodes: skip GPU work.
+    None,
+    /// Device nodes, kernel module, and `libcuda` + `libnvidia-ml` of the module's version.
+    Complete,
+    /// Anything else; each reason names a missing or mismatched piece.
+    Incomplete { reasons: Vec<String> },
+}
+
+impl Inventory {
+    /// The driver, when the verdict is complete.
+    pub fn complete_driver(&self) -> Option<&UserspaceDriver> {
+        match self.verdict {
+            Verdict::Complete => self.driver.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// `discover --json` output: a versioned object.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub host_root: String,
+    #[serde(flatten)]
+    pub inventory: &'a Inventory,
+}
+
+impl<'a> Report<'a> {
+    pub fn new(host: &HostRoot, inventory: &'a Inventory) -> Self {
+        Report {
+            api_version: API_VERSION,
+            kind: "HostDiscovery",
+            host_root: host.root().display().to_string(),
+            inventory,
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Error kinds that choose the process exit code; everything else is exit 1.
+//!
+//! Exit codes (documented in the README):
+//! - 0 success
+//! - 1 any other failure (the message names the file, unit or device)
+//! - 2 bad usage or bad input (machine name, config file, command line)
+//! - 3 NVIDIA state incomplete (systemd retries the start until the driver install finishes)
+//! - 4 the machine's lock could not be taken (deadline passed, or SIGTERM/SIGINT while waiting)
+
+use std::fmt;
+
+/// Why a run failed, when the caller needs to tell it apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Bad usage or input: exit 2.
+    BadInput,
+    /// NVIDIA devices present but the driver is incomplete or mismatched: exit 3.
+    DriverIncomplete,
+    /// The per-machine lock was not taken: exit 4.
+    Lock,
+}
+
+impl Kind {
+    /// The documented process exit code for this kind.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Kind::BadInput => 2,
+            Kind::DriverIncomplete => 3,
+            Kind::Lock => 4,
+        }
+    }
+}
+
+/// An error carrying a [`Kind`]; found anywhere in an `anyhow` chain by [`exit_code`].
+#[derive(Debug)]
+pub struct Classified {
+    pub kind: Kind,
+    pub message: String,
+}
+
+impl fmt::Display for Classified {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Classified {}
+
+/// Build an error of the given kind.
+pub fn classified(kind: Kind, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Classified {
+        kind,
+        message: message.into(),
+    })
+}
+
+/// Shorthand for a bad-input error (exit 2).
+pub fn bad_input(message: impl Into<String>) -> anyhow::Error {
+    classified(Kind::BadInput, message)
+}
+
+/// The exit code for an error: the first [`Classified`] in its chain, else 1.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Classified>())
+        .map_or(1, |c| c.kind.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context as _;
+
+    #[test]
+    fn exit_code_found_through_context() {
+        let err = Err::<(), _>(bad_input("machine name \"../etc\" is invalid"))
+            .context("pre-start")
+            .unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        let err = Err::<(), _>(classified(Kind::DriverIncomplete, "x"))
+            .context("outer")
+            .unwrap_err();
+        assert_eq!(exit_code(&err), 3);
+        assert_eq!(exit_code(&anyhow::anyhow!("plain")), 1);
+    }
+}

@@ -1,0 +1,228 @@
+//! Where host driver files appear inside the machine, and where they belong in a driver install.
+//!
+//! One mapping shared by the `.nspawn` renderer (which binds host paths under
+//! `/run/host-nvidia`), the driver-root builder and the CDI spec (which point at those binds).
+
+use crate::discovery::UserspaceDriver;
+
+/// Where the machine sees host driver files (bound read-only by the `.nspawn` file).
+pub const HOST_NVIDIA: &str = "/run/host-nvidia";
+/// The driver root built inside the machine: shaped like a host driver install.
+pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
+
+/// A host path bound into the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Absolute host path.
+    pub source: String,
+    /// Absolute path inside the machine.
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// The binds that carry the userspace driver into the machine, in a stable order:
+/// library directories (numbered in discovery order), binaries, firmware, IPC socket directories.
+pub fn driver_binds(driver: &UserspaceDriver) -> Vec<Bind> {
+    let mut binds = Vec::new();
+    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+        binds.push(Bind {
+            source: dir.path.clone(),
+            target: format!("{HOST_NVIDIA}/lib/{i}"),
+            read_only: true,
+        });
+    }
+    for bin in &driver.binaries {
+        binds.push(Bind {
+            source: bin.clone(),
+            target: format!("{HOST_NVIDIA}/bin/{}", basename(bin)),
+            read_only: true,
+        });
+    }
+    if let Some(fw) = &driver.firmware {
+        binds.push(Bind {
+            source: fw.clone(),
+            target: format!("{HOST_NVIDIA}/firmware/{}", driver.version),
+            read_only: true,
+        });
+    }
+    // Whole socket directories, not the sockets: a daemon restart replaces the socket inode,
+    // which would leave a bind of the old socket dead.
+    for dir in &driver.sockets {
+        binds.push(Bind {
+            source: dir.clone(),
+            target: format!("{HOST_NVIDIA}/run/{}", basename(dir)),
+            read_only: false,
+        });
+    }
+    binds
+}
+
+/// What a driver entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A library file (`source` is its path under [`HOST_NVIDIA`]).
+    Library,
+    /// A SONAME link: `source` is the file name it points at, in the same directory.
+    SonameLink,
+    /// An executable (`source` under [`HOST_NVIDIA`]).
+    Binary,
+    /// The firmware directory (`source` under [`HOST_NVIDIA`]).
+    Firmware,
+    /// An IPC socket (`source` under [`HOST_NVIDIA`]).
+    Socket,
+}
+
+/// One piece of a driver install, at its standard path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: EntryKind,
+    /// Standard absolute path in a driver install or container: `/usr/lib/x86_64-linux-gnu/libcuda.so.1`.
+    pub path: String,
+    /// See [`EntryKind`].
+    pub source: String,
+}
+
+/// The socket file name each IPC directory holds.
+const SOCKET_NAME: &str = "socket";
+
+/// Every piece of the driver at its standard path, in a stable order: per library directory its
+/// files then their SONAME links, then binaries, firmware and sockets.
+pub fn driver_entries(driver: &UserspaceDriver) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+        let std_dir = format!("/usr/lib/{}", dir.triplet);
+        for f in &dir.files {
+            out.push(Entry {
+                kind: EntryKind::Library,
+                path: format!("{std_dir}/{}", f.name),
+                source: format!("{HOST_NVIDIA}/lib/{i}/{}", f.name),
+            });
+        }
+        for f in &dir.files {
+            if let Some(soname) = &f.soname {
+                let (sub, file) = split_dir(&f.name);
+                out.push(Entry {
+                    kind: EntryKind::SonameLink,
+                    path: format!("{std_dir}/{sub}{soname}"),
+                    source: file.to_owned(),
+                });
+            }
+        }
+    }
+    for bin in &driver.binaries {
+        let name = basename(bin);
+        out.push(Entry {
+            kind: EntryKind::Binary,
+            path: format!("/usr/bin/{name}"),
+            source: format!("{HOST_NVIDIA}/bin/{name}"),
+        });
+    }
+    if driver.firmware.is_some() {
+        out.push(Entry {
+            kind: EntryKind::Firmware,
+            path: format!("/lib/firmware/nvidia/{}", driver.version),
+            source: format!("{HOST_NVIDIA}/firmware/{}", driver.version),
+        });
+    }
+    for dir in &driver.sockets {
+        let name = basename(dir);
+        out.push(Entry {
+            kind: EntryKind::Socket,
+            path: format!("/run/{name}/{SOCKET_NAME}"),
+            source: format!("{HOST_NVIDIA}/run/{name}/{SOCKET_NAME}"),
+        });
+    }
+    out
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// `vdpau/libx.so.1` → (`vdpau/`, `libx.so.1`); `libx.so.1` → (``, `libx.so.1`).
+fn split_dir(name: &str) -> (&str, &str) {
+    match name.rfind('/') {
+        Some(i) => (&name[..=i], &name[i + 1..]),
+        None => ("", name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::{DriverFile, LibDir};
+
+    fn driver() -> UserspaceDriver {
+        UserspaceDriver {
+            version: "580.82.07".into(),
+            lib_dirs: vec![LibDir {
+                path: "/usr/lib/x86_64-linux-gnu".into(),
+                triplet: "x86_64-linux-gnu".into(),
+                files: vec![
+                    DriverFile {
+                        name: "libcuda.so.580.82.07".into(),
+                        soname: Some("libcuda.so.1".into()),
+                    },
+                    DriverFile {
+                        name: "vdpau/libvdpau_nvidia.so.580.82.07".into(),
+                        soname: Some("libvdpau_nvidia.so.1".into()),
+                    },
+                ],
+            }],
+            binaries: vec!["/usr/bin/nvidia-smi".into()],
+            firmware: Some("/lib/firmware/nvidia/580.82.07".into()),
+            sockets: vec!["/run/nvidia-persistenced".into()],
+        }
+    }
+
+    #[test]
+    fn binds_and_entries_agree() {
+        let d = driver();
+        let binds = driver_binds(&d);
+        let targets: Vec<_> = binds.iter().map(|b| b.target.as_str()).collect();
+        assert_eq!(
+            targets,
+            [
+                "/run/host-nvidia/lib/0",
+                "/run/host-nvidia/bin/nvidia-smi",
+                "/run/host-nvidia/firmware/580.82.07",
+                "/run/host-nvidia/run/nvidia-persistenced"
+            ]
+        );
+        let entries = driver_entries(&d);
+        let got: Vec<_> = entries
+            .iter()
+            .map(|e| (e.path.as_str(), e.source.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
+                    "/run/host-nvidia/lib/0/libcuda.so.580.82.07"
+                ),
+                (
+                    "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
+                    "/run/host-nvidia/lib/0/vdpau/libvdpau_nvidia.so.580.82.07"
+                ),
+                (
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    "libcuda.so.580.82.07"
+                ),
+                (
+                    "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.1",
+                    "libvdpau_nvidia.so.580.82.07"
+                ),
+                ("/usr/bin/nvidia-smi", "/run/host-nvidia/bin/nvidia-smi"),
+                (
+                    "/lib/firmware/nvidia/580.82.07",
+                    "/run/host-nvidia/firmware/580.82.07"
+                ),
+                (
+                    "/run/nvidia-persistenced/socket",
+                    "/run/host-nvidia/run/nvidia-persistenced/socket"
+                ),
+            ]
+        );
+    }
+}

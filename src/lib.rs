@@ -1,0 +1,81 @@
+//! nspawn-lifecycle: keeps systemd-nspawn machines that hold Kubernetes GPU nodes in step with
+//! their host, around every start. See README.md for the operator's view and DESIGN notes there.
+
+pub mod atomic;
+pub mod cdi;
+pub mod cli;
+pub mod config;
+pub mod discovery;
+pub mod error;
+pub mod fixture;
+pub mod host;
+pub mod layout;
+pub mod lock;
+pub mod machine_name;
+pub mod machine_root;
+pub mod nspawn;
+pub mod poststart;
+pub mod prestart;
+pub mod rewire;
+pub mod systemd;
+
+use anyhow::Result;
+use cli::{Cli, Command, Phase};
+use config::Config;
+use host::HostRoot;
+
+/// What every command gets: the host tree and the loaded configuration.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub host: HostRoot,
+    pub config: Config,
+}
+
+/// Run one parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let host = HostRoot::new(&cli.host_root);
+    if let Command::Demo {
+        host: example,
+        list,
+    } = &cli.command
+    {
+        return prestart::demo(example, *list);
+    }
+    let config = Config::load(&host, cli.config.as_deref())?;
+    let ctx = Ctx { host, config };
+    match cli.command {
+        Command::NspawnLifecycle(Phase::PreStart { machine }) => {
+            prestart::pre_start(&ctx, &machine)
+        }
+        Command::NspawnLifecycle(Phase::PostStart { machine }) => {
+            poststart::post_start(&ctx, &machine)
+        }
+        Command::NspawnLifecycle(Phase::Reconcile { machine }) => {
+            anyhow::bail!("reconcile of {machine} is not built yet")
+        }
+        Command::Discover { json } => prestart::discover(&ctx, json),
+        Command::Plan { machine } => prestart::plan(&ctx, &machine),
+        Command::Install { machine, .. } | Command::Uninstall { machine, .. } => {
+            anyhow::bail!("install/uninstall of {machine} is not built yet")
+        }
+        Command::Demo { .. } => unreachable!("handled above"),
+    }
+}
+
+/// Set up logging to stderr without timestamps (journald adds them).
+pub fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "nspawn_lifecycle=info,warn",
+        1 => "nspawn_lifecycle=debug,info",
+        _ => "trace",
+    };
+    let filter =
+        EnvFilter::try_from_env("NSPAWN_LIFECYCLE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,225 @@
+//! The machine's `.nspawn` file as a typed value; `Display` renders the exact bytes.
+//!
+//! Rendering is pure and deterministic: the same inventory and config give the same bytes.
+
+use crate::config::MachineConfig;
+use crate::discovery::Inventory;
+use crate::layout;
+use crate::machine_name::MachineName;
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
+pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
+
+/// Host path of a machine's `.nspawn` file.
+pub fn nspawn_path(machine: &MachineName) -> String {
+    format!("{NSPAWN_DIR}/{machine}.nspawn")
+}
+
+/// One `Bind=`/`BindReadOnly=` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindLine {
+    pub source: String,
+    /// Omitted from the line when equal to `source`.
+    pub target: String,
+    pub read_only: bool,
+}
+
+impl fmt::Display for BindLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = if self.read_only {
+            "BindReadOnly"
+        } else {
+            "Bind"
+        };
+        if self.source == self.target {
+            write!(f, "{key}={}", self.source)
+        } else {
+            write!(f, "{key}={}:{}", self.source, self.target)
+        }
+    }
+}
+
+/// A rendered `.nspawn` file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NspawnFile {
+    pub machine: String,
+    /// Summary for the header comment: driver version and GPU count, or "no NVIDIA GPUs".
+    pub summary: String,
+    pub binds: Vec<BindLine>,
+}
+
+impl NspawnFile {
+    /// Render for `inv` (whose verdict must not be incomplete; callers check first).
+    /// `has_lib_modules`: whether the host has `/lib/modules` (nspawn fails on a missing source).
+    pub fn render(
+        machine: &MachineName,
+        inv: &Inventory,
+        cfg: &MachineConfig,
+        has_lib_modules: bool,
+    ) -> NspawnFile {
+        let mut binds = Vec::new();
+        if has_lib_modules {
+            binds.push(same("/lib/modules", true));
+        }
+        if let Some(kvm) = &inv.kvm {
+            binds.push(same(&kvm.path, false));
+        }
+        let summary = match inv.complete_driver() {
+            Some(driver) => {
+                for dev in &inv.devices {
+                    binds.push(same(&dev.path, false));
+                }
+                for b in layout::driver_binds(driver) {
+                    binds.push(BindLine {
+                        source: b.source,
+                        target: b.target,
+                        read_only: b.read_only,
+                    });
+                }
+                format!(
+                    "NVIDIA driver {}, {} GPU{}",
+                    driver.version,
+                    inv.gpus.len(),
+                    if inv.gpus.len() == 1 { "" } else { "s" }
+                )
+            }
+            None => "no NVIDIA GPUs".to_owned(),
+        };
+        for m in &cfg.mounts {
+            binds.push(BindLine {
+                source: m.source.clone(),
+                target: m.target.clone().unwrap_or_else(|| m.source.clone()),
+                read_only: m.read_only,
+            });
+        }
+        NspawnFile {
+            machine: machine.to_string(),
+            summary,
+            binds,
+        }
+    }
+}
+
+impl fmt::Display for NspawnFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "# Written by nspawn-lifecycle-helper pre-start for machine {} at every start; edits are lost.",
+            self.machine
+        )?;
+        writeln!(
+            f,
+            "# Extra mounts belong in /etc/nspawn-lifecycle/config.json."
+        )?;
+        writeln!(f, "# Host: {}", self.summary)?;
+        f.write_str(
+            "\n[Exec]\nCapability=all\nPrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n",
+        )?;
+        f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
+        f.write_str("\n[Files]\n")?;
+        for b in &self.binds {
+            writeln!(f, "{b}")?;
+        }
+        Ok(())
+    }
+}
+
+fn same(path: &str, read_only: bool) -> BindLine {
+    BindLine {
+        source: path.to_owned(),
+        target: path.to_owned(),
+        read_only,
+    }
+}
+
+/// One operator-facing line saying what changed between two renderings of a `.nspawn` file
+/// (`old` is `None` for a first write).
+pub fn describe_change(old: Option<&str>, new: &str) -> String {
+    let Some(old) = old else {
+        return format!("created ({})", header(new));
+    };
+    let binds = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| l.starts_with("Bind=") || l.starts_with("BindReadOnly="))
+            .map(|l| l.split_once('=').map_or(l, |(_, v)| v).to_owned())
+            .collect()
+    };
+    let (o, n) = (binds(old), binds(new));
+    let mut parts = Vec::new();
+    let group = |pred: &dyn Fn(&str) -> bool, label: &str, parts: &mut Vec<String>| {
+        let added: Vec<_> = n.difference(&o).filter(|b| pred(b)).cloned().collect();
+        let removed: Vec<_> = o.difference(&n).filter(|b| pred(b)).cloned().collect();
+        if !added.is_empty() || !removed.is_empty() {
+            let mut s = format!("{label}:");
+            for a in &added {
+                s.push_str(&format!(" +{a}"));
+            }
+            for r in &removed {
+                s.push_str(&format!(" -{r}"));
+            }
+            parts.push(s);
+        }
+    };
+    let is_dev = |b: &str| b.starts_with("/dev/");
+    let is_lib = |b: &str| b.contains(":/run/host-nvidia/lib/");
+    group(&is_dev, "devices", &mut parts);
+    group(&is_lib, "library dirs", &mut parts);
+    group(
+        &|b: &str| !is_dev(b) && !is_lib(b),
+        "other binds",
+        &mut parts,
+    );
+    let (oh, nh) = (header(old), header(new));
+    if oh != nh {
+        parts.push(format!("host: {oh} -> {nh}"));
+    }
+    if parts.is_empty() {
+        "rewritten (layout only)".to_owned()
+    } else {
+        parts.join("; ")
+    }
+}
+
+fn header(text: &str) -> &str {
+    text.lines()
+        .find_map(|l| l.strip_prefix("# Host: "))
+        .unwrap_or("unknown")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn change_lines_name_devices_libs_and_driver() {
+        let old = "# Host: NVIDIA driver 1.0, 1 GPU\n[Files]\nBind=/dev/nvidia0\nBindReadOnly=/usr/lib/a:/run/host-nvidia/lib/0\n";
+        let new = "# Host: NVIDIA driver 2.0, 1 GPU\n[Files]\nBind=/dev/nvidia1\nBindReadOnly=/usr/lib/a:/run/host-nvidia/lib/0\nBind=/data\n";
+        let line = describe_change(Some(old), new);
+        assert_eq!(
+            line,
+            "devices: +/dev/nvidia1 -/dev/nvidia0; other binds: +/data; host: NVIDIA driver 1.0, 1 GPU -> NVIDIA driver 2.0, 1 GPU"
+        );
+        assert_eq!(
+            describe_change(None, new),
+            "created (NVIDIA driver 2.0, 1 GPU)"
+        );
+    }
+
+    #[test]
+    fn bind_lines_omit_equal_targets() {
+        let b = BindLine {
+            source: "/a".into(),
+            target: "/a".into(),
+            read_only: true,
+        };
+        assert_eq!(b.to_string(), "BindReadOnly=/a");
+        let b = BindLine {
+            source: "/a".into(),
+            target: "/b".into(),
+            read_only: false,
+        };
+        assert_eq!(b.to_string(), "Bind=/a:/b");
+    }
+}

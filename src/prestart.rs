@@ -1,0 +1,206 @@
+//! `nspawn-lifecycle pre-start`, `plan`, `discover` and `demo`: everything before a machine starts.
+
+use crate::Ctx;
+use crate::atomic::write_if_changed;
+use crate::config::MachineConfig;
+use crate::discovery::{self, Inventory, Verdict};
+use crate::error::{Kind, classified};
+use crate::lock;
+use crate::machine_name::MachineName;
+use crate::nspawn::{NspawnFile, describe_change, nspawn_path};
+use anyhow::{Context as _, Result};
+use std::fmt::Write as _;
+
+/// The `.nspawn` file as pre-start would write it, beside what is on disk.
+#[derive(Debug)]
+pub struct Rendered {
+    pub host_path: std::path::PathBuf,
+    pub old: Option<String>,
+    pub new: String,
+}
+
+/// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
+/// with exit code 3 that names every missing or mismatched piece.
+pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Rendered> {
+    let inv = discovery::discover(&ctx.host)?;
+    check_complete(&inv)?;
+    let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
+    let new = NspawnFile::render(machine, &inv, mc, has_lib_modules).to_string();
+    let host_path = ctx.host.path(nspawn_path(machine));
+    let old = match std::fs::read(&host_path) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", host_path.display())),
+    };
+    Ok(Rendered {
+        host_path,
+        old,
+        new,
+    })
+}
+
+/// Fail with exit code 3 when the verdict is incomplete.
+pub fn check_complete(inv: &Inventory) -> Result<()> {
+    match &inv.verdict {
+        Verdict::Incomplete { reasons } => Err(classified(
+            Kind::DriverIncomplete,
+            format!(
+                "NVIDIA state on the host is incomplete, refusing to start until it is: {}",
+                reasons.join("; ")
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// ExecStartPre=: render and write the `.nspawn` file under the machine's lock.
+pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
+    let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    if write_if_changed(&r.host_path, r.new.as_bytes(), 0o644)? {
+        tracing::info!(
+            %machine,
+            file = %r.host_path.display(),
+            "{}",
+            describe_change(r.old.as_deref(), &r.new)
+        );
+    } else {
+        tracing::info!(%machine, file = %r.host_path.display(), "unchanged");
+    }
+    Ok(())
+}
+
+/// `plan`: print what pre-start would write and a unified diff against the file on disk.
+pub fn plan(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    let r = render(ctx, machine, &mc)?;
+    print!("{}", plan_text(&r));
+    Ok(())
+}
+
+fn plan_text(r: &Rendered) -> String {
+    let shown = r.host_path.display().to_string();
+    let mut out = format!("# {shown} as pre-start would write it:\n{}\n", r.new);
+    match &r.old {
+        Some(old) if *old == r.new => out.push_str(&format!("# {shown} is up to date.\n")),
+        old => {
+            let old_text = old.as_deref().unwrap_or("");
+            let from = if old.is_some() {
+                format!("{shown} (on disk)")
+            } else {
+                format!("{shown} (missing)")
+            };
+            let diff = similar::TextDiff::from_lines(old_text, &r.new);
+            let _ = write!(
+                out,
+                "{}",
+                diff.unified_diff()
+                    .header(&from, &format!("{shown} (pre-start)"))
+            );
+        }
+    }
+    out
+}
+
+/// `discover`: print what discovery sees.
+pub fn discover(ctx: &Ctx, json: bool) -> Result<()> {
+    let inv = discovery::discover(&ctx.host)?;
+    if json {
+        let report = discovery::Report::new(&ctx.host, &inv);
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", discovery_text(&inv));
+    }
+    Ok(())
+}
+
+/// Human-readable discovery report.
+pub fn discovery_text(inv: &Inventory) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "verdict: {}",
+        match &inv.verdict {
+            Verdict::None => "none (no NVIDIA device nodes; GPU work is skipped)".to_owned(),
+            Verdict::Complete => "complete".to_owned(),
+            Verdict::Incomplete { reasons } => format!("incomplete: {}", reasons.join("; ")),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "kernel module: {}",
+        inv.kernel_module.as_deref().unwrap_or("not loaded")
+    );
+    let _ = writeln!(
+        s,
+        "userspace driver: {}",
+        inv.driver
+            .as_ref()
+            .map_or("not found", |d| d.version.as_str())
+    );
+    let _ = writeln!(s, "gpus: {}", inv.gpus.len());
+    for g in &inv.gpus {
+        let _ = writeln!(
+            s,
+            "  {} minor {} {} {} {} {}{}",
+            g.index,
+            g.minor,
+            g.uuid,
+            g.bus_id,
+            g.model,
+            g.device.as_deref().unwrap_or("(no device node)"),
+            if g.dri.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", g.dri.join(" "))
+            }
+        );
+    }
+    let _ = writeln!(s, "device nodes: {}", inv.devices.len());
+    for d in &inv.devices {
+        let _ = writeln!(s, "  {} {}:{} {:?}", d.path, d.major, d.minor, d.role);
+    }
+    let _ = writeln!(
+        s,
+        "kvm: {}",
+        inv.kvm.as_ref().map_or("absent".to_owned(), |k| format!(
+            "{} {}:{}",
+            k.path, k.major, k.minor
+        ))
+    );
+    if let Some(d) = &inv.driver {
+        for dir in &d.lib_dirs {
+            let _ = writeln!(
+                s,
+                "library dir: {} ({}, {} files)",
+                dir.path,
+                dir.triplet,
+                dir.files.len()
+            );
+            for f in &dir.files {
+                let _ = writeln!(
+                    s,
+                    "  {}{}",
+                    f.name,
+                    f.soname
+                        .as_ref()
+                        .map_or(String::new(), |so| format!(" (SONAME {so})"))
+                );
+            }
+        }
+        for b in &d.binaries {
+            let _ = writeln!(s, "binary: {b}");
+        }
+        let _ = writeln!(s, "firmware: {}", d.firmware.as_deref().unwrap_or("absent"));
+        for sock in &d.sockets {
+            let _ = writeln!(s, "ipc: {sock}");
+        }
+    }
+    s
+}
+
+/// `demo`: build an example host and show discovery, the `.nspawn` file and the CDI spec.
+pub fn demo(example: &str, list: bool) -> Result<()> {
+    anyhow::bail!("demo of {example} (list={list}) is not built yet")
+}
