@@ -99,6 +99,16 @@ pub enum LinkOutcome {
     Blocked(FileKind),
 }
 
+/// What [`MachineRoot::lookup_dir`] found, following symlinks inside the machine.
+#[derive(Debug)]
+pub enum Lookup {
+    Dir(MachineDir),
+    /// The path or one of its parents does not exist (a dangling symlink included).
+    Missing,
+    /// The path or one of its parents is not a directory.
+    NotDir,
+}
+
 /// What [`MachineDir::open_subdir`] found under a name, without following it.
 #[derive(Debug)]
 pub enum Subdir {
@@ -130,6 +140,22 @@ fn beneath_no_symlinks() -> ResolveFlag {
     ResolveFlag::RESOLVE_BENEATH
         | ResolveFlag::RESOLVE_NO_SYMLINKS
         | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// How often an `openat2` that the kernel refused with `EAGAIN` is retried.
+const OPENAT2_RETRIES: usize = 64;
+
+/// `openat2`, retried on `EAGAIN`: with `RESOLVE_IN_ROOT`/`RESOLVE_BENEATH` the kernel answers
+/// `EAGAIN` when any rename or mount elsewhere in the system raced with resolving a `..`
+/// (the machine's own `/var/run → ../run` has one), and asks the caller to retry.
+fn openat2(dirfd: &OwnedFd, path: &str, how: OpenHow) -> nix::Result<OwnedFd> {
+    let mut tries = 0;
+    loop {
+        match nix::fcntl::openat2(dirfd, path, how) {
+            Err(Errno::EAGAIN) if tries < OPENAT2_RETRIES => tries += 1,
+            r => return r,
+        }
+    }
 }
 
 fn dir_flags() -> OFlag {
@@ -198,19 +224,29 @@ impl MachineRoot {
     }
 
     /// Open an existing directory, following symlinks inside the machine only.
-    /// `None` when it (or a parent) does not exist.
+    /// `None` when it (or a parent) does not exist; an error when it is not a directory.
     pub fn open_dir(&self, path: &str) -> Result<Option<MachineDir>> {
+        match self.lookup_dir(path)? {
+            Lookup::Dir(d) => Ok(Some(d)),
+            Lookup::Missing => Ok(None),
+            Lookup::NotDir => {
+                bail!("{path} in the machine is not a directory (or one of its parents is not)")
+            }
+        }
+    }
+
+    /// Like [`MachineRoot::open_dir`], telling "missing" and "not a directory" apart for callers
+    /// that have nothing to do in either case.
+    pub fn lookup_dir(&self, path: &str) -> Result<Lookup> {
         components(path)?;
         let how = OpenHow::new().flags(dir_flags()).resolve(in_root());
-        match nix::fcntl::openat2(&self.fd, path, how) {
-            Ok(fd) => Ok(Some(MachineDir {
+        match openat2(&self.fd, path, how) {
+            Ok(fd) => Ok(Lookup::Dir(MachineDir {
                 fd,
                 path: path.to_owned(),
             })),
-            Err(Errno::ENOENT) => Ok(None),
-            Err(Errno::ENOTDIR) => {
-                bail!("{path} in the machine is not a directory (or one of its parents is not)")
-            }
+            Err(Errno::ENOENT) => Ok(Lookup::Missing),
+            Err(Errno::ENOTDIR) => Ok(Lookup::NotDir),
             Err(e) => Err(e).with_context(|| format!("opening {path} in the machine")),
         }
     }
@@ -225,9 +261,16 @@ impl MachineRoot {
             let prefix = format!("/{}", comps[..=i].join("/"));
             cur = match self.open_dir(&prefix)? {
                 Some(d) => d,
-                None => cur.create_subdir(name, mode).with_context(|| {
-                    format!("creating {prefix} in the machine (a dangling symlink there?)")
-                })?,
+                None => {
+                    if let Some(target) = cur.read_link(name)? {
+                        bail!(
+                            "{prefix} in the machine is a symlink to {} that does not resolve \
+                             to a directory inside the machine",
+                            target.to_string_lossy()
+                        );
+                    }
+                    cur.create_subdir(name, mode)?
+                }
             };
         }
         Ok(cur)
@@ -291,7 +334,7 @@ impl MachineDir {
         let how = OpenHow::new()
             .flags(dir_flags() | OFlag::O_NOFOLLOW)
             .resolve(beneath_no_symlinks());
-        match nix::fcntl::openat2(&self.fd, name, how) {
+        match openat2(&self.fd, name, how) {
             Ok(fd) => Ok(Subdir::Dir(MachineDir {
                 fd,
                 path: self.child(name),
@@ -405,7 +448,7 @@ impl MachineDir {
                     | OFlag::O_CLOEXEC,
             )
             .resolve(beneath_no_symlinks());
-        let fd = nix::fcntl::openat2(&self.fd, name, how)
+        let fd = openat2(&self.fd, name, how)
             .with_context(|| format!("opening {path} in the machine"))?;
         let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
         if FileKind::from_stat(&st) != FileKind::File || st.st_ino != before.st_ino {
@@ -457,7 +500,7 @@ impl MachineDir {
             )
             .mode(Mode::from_bits_truncate(0o600))
             .resolve(beneath_no_symlinks());
-        let fd = nix::fcntl::openat2(&self.fd, tmp.as_str(), how)
+        let fd = openat2(&self.fd, tmp.as_str(), how)
             .with_context(|| format!("creating {} in the machine", self.child(&tmp)))?;
         let written = (|| -> Result<()> {
             nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).context("fchmod")?;
@@ -554,7 +597,7 @@ impl MachineDir {
         let how = OpenHow::new()
             .flags(dir_flags() | OFlag::O_NOFOLLOW)
             .resolve(beneath_no_symlinks() | ResolveFlag::RESOLVE_NO_XDEV);
-        let fd = nix::fcntl::openat2(&self.fd, name, how)
+        let fd = openat2(&self.fd, name, how)
             .with_context(|| format!("opening {path} in the machine for removal"))?;
         let sub = MachineDir { fd, path };
         let (dev, _) = self.identity()?;
@@ -803,6 +846,32 @@ mod tests {
         top.exchange("a", "b").unwrap();
         assert!(dir.path().join("a/y").is_dir());
         assert!(dir.path().join("b/x").is_dir());
+    }
+
+    #[test]
+    fn in_root_resolution_survives_concurrent_renames() {
+        // Renames anywhere in the system make the kernel refuse a racing `..` with EAGAIN.
+        let (dir, root) = root();
+        std::fs::create_dir_all(dir.path().join("run/cdi")).unwrap();
+        std::fs::create_dir(dir.path().join("var")).unwrap();
+        std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join("a")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let (stop, base) = (stop.clone(), other.path().to_owned());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::fs::rename(base.join("a"), base.join("b")).unwrap();
+                    std::fs::rename(base.join("b"), base.join("a")).unwrap();
+                }
+            })
+        };
+        for _ in 0..20_000 {
+            root.open_dir("/var/run/cdi").unwrap().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        renamer.join().unwrap();
     }
 
     #[test]
