@@ -22,7 +22,7 @@
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::layout::{DRIVER_ROOT, EntryKind, HOST_NVIDIA, driver_entries};
 use crate::machine_root::{
-    FileKind, LinkOutcome, MachineDir, MachineRoot, Subdir, check_name, components,
+    FileKind, LinkOutcome, Lookup, MachineDir, MachineRoot, Subdir, check_name, components,
 };
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
@@ -342,7 +342,7 @@ fn desired_lib_links(driver: &UserspaceDriver) -> BTreeMap<String, BTreeMap<Stri
 /// paths; resolved in the machine, so one reached through a symlink is still inside it.
 fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let Some(usr_lib) = root.open_dir("/usr/lib")? else {
+    let Some(usr_lib) = open_dir_if_dir(root, "/usr/lib")? else {
         return Ok(out);
     };
     for (entry, _) in usr_lib.entries()? {
@@ -365,23 +365,12 @@ fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Like [`MachineRoot::open_dir`], but `None` when the path is not a directory.
+/// [`MachineRoot::open_dir`] for places where a non-directory simply holds nothing of ours.
 fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineDir>> {
-    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-    let parent = if parent.is_empty() { "/" } else { parent };
-    let Some(p) = root.open_dir(parent)? else {
-        return Ok(None);
-    };
-    match p.kind(name)? {
-        Some(FileKind::Dir | FileKind::Symlink) => {}
-        _ => return Ok(None),
-    }
-    match root.open_dir(path) {
-        Ok(d) => Ok(d),
-        // A symlink to something that is not a directory.
-        Err(_) if p.kind(name)? == Some(FileKind::Symlink) => Ok(None),
-        Err(e) => Err(e),
-    }
+    Ok(match root.lookup_dir(path)? {
+        Lookup::Dir(d) => Some(d),
+        Lookup::Missing | Lookup::NotDir => None,
+    })
 }
 
 /// Bring every library dir in line: the dirs in `desired` that the machine has (never created:
@@ -394,14 +383,17 @@ fn sync_all_lib_links(
 ) -> Result<()> {
     let mut seen = BTreeSet::new();
     for (dir_path, links) in desired {
-        match open_dir_if_dir(root, dir_path)? {
-            Some(dir) => {
+        match root.lookup_dir(dir_path)? {
+            Lookup::Dir(dir) => {
                 seen.insert(dir.identity()?);
                 sync_lib_links(&dir, links, report)?;
             }
-            None => report
+            Lookup::Missing => report
                 .skipped
-                .push((dir_path.clone(), "not a directory in the machine".into())),
+                .push((dir_path.clone(), "not in the machine".into())),
+            Lookup::NotDir => {
+                bail!("{dir_path} in the machine is not a directory (or one of its parents is not)")
+            }
         }
     }
     let none = BTreeMap::new();
@@ -519,7 +511,8 @@ pub fn write_cdi(
 
     let mut seen = BTreeSet::new();
     for spec_dir in CDI_SPEC_DIRS.iter().copied().chain([dir]) {
-        let Some(d) = root.open_dir(spec_dir)? else {
+        // Something that is not a directory holds no specs.
+        let Some(d) = open_dir_if_dir(root, spec_dir)? else {
             continue;
         };
         let id = d.identity()?;
@@ -560,7 +553,9 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
     let (parent_path, name) = driver_root_parent();
     let (grand, pname) = parent_path.rsplit_once('/').unwrap_or(("/", parent_path));
     let grand = if grand.is_empty() { "/" } else { grand };
-    if let Some(g) = root.open_dir(grand)? {
+    // Cleanup runs on hosts without GPUs: a path that is not a directory holds nothing of
+    // ours, and must not keep the machine from starting.
+    if let Some(g) = open_dir_if_dir(root, grand)? {
         match g.open_subdir(pname)? {
             Subdir::Dir(parent) => {
                 for n in [STAGING, name] {
@@ -579,11 +574,11 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
 
     sync_all_lib_links(root, &BTreeMap::new(), &mut report)?;
 
-    if let Some(dev_char) = root.open_dir(DEV_CHAR)? {
+    if let Some(dev_char) = open_dir_if_dir(root, DEV_CHAR)? {
         sync_dev_char(&dev_char, &BTreeMap::new(), &mut report)?;
     }
 
-    if let Some(d) = root.open_dir(cdi_dir)? {
+    if let Some(d) = open_dir_if_dir(root, cdi_dir)? {
         for n in [cdi_file_name.to_owned(), format!(".{cdi_file_name}.tmp")] {
             match d.kind(&n)? {
                 None => {}

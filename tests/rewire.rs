@@ -82,7 +82,7 @@ fn fresh_machine_gets_driver_root_links_and_spec() {
     assert_eq!(lines[0], "driver root: 1 created, 0 replaced, 0 removed");
     assert_eq!(
         lines[1],
-        "links: 13 created, 1 replaced, 3 removed; skipped /usr/lib/i386-linux-gnu (not a directory in the machine)"
+        "links: 13 created, 1 replaced, 3 removed; skipped /usr/lib/i386-linux-gnu (not in the machine)"
     );
     assert_eq!(lines[2], "CDI spec: 1 created, 0 replaced, 2 removed");
     assert_eq!(
