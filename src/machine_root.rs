@@ -205,8 +205,39 @@ impl MachineRoot {
 
     /// Open the root of the machine whose leader is `pid`, as that process sees it (its mount
     /// namespace, so the machine's own `/run` and `/dev` tmpfs are what we resolve through).
+    ///
+    /// `/proc/<pid>` is opened first and `root` looked up through that fd: the fd is bound to
+    /// the process, so if the leader exits and its pid is reused in between, the lookup fails
+    /// instead of handing us another process's root. (The caller still checks that machined
+    /// names the same leader afterwards.) A root that is the host's own `/` is refused: every
+    /// write below would land on the host.
     pub fn for_leader(pid: u32) -> Result<MachineRoot> {
-        MachineRoot::open(Path::new(&format!("/proc/{pid}/root")))
+        let proc_path = format!("/proc/{pid}");
+        let proc_dir = nix::fcntl::open(proc_path.as_str(), dir_flags(), Mode::empty())
+            .with_context(|| format!("opening {proc_path} (machine leader)"))?;
+        let fd = nix::fcntl::openat(&proc_dir, "root", dir_flags(), Mode::empty())
+            .with_context(|| format!("opening {proc_path}/root (machine leader gone?)"))?;
+        let root = MachineRoot {
+            fd,
+            origin: PathBuf::from(format!("{proc_path}/root")),
+        };
+        root.refuse_host_root(Path::new("/"))?;
+        Ok(root)
+    }
+
+    /// Fail when this root is the same directory as `host_root`.
+    pub fn refuse_host_root(&self, host_root: &Path) -> Result<()> {
+        let ours = nix::sys::stat::fstat(&self.fd).context("stat machine root")?;
+        let host = nix::sys::stat::stat(host_root)
+            .with_context(|| format!("stat {}", host_root.display()))?;
+        if (ours.st_dev, ours.st_ino) == (host.st_dev, host.st_ino) {
+            bail!(
+                "machine root {} is the host's root directory {}; refusing to rewire it",
+                self.origin.display(),
+                host_root.display()
+            );
+        }
+        Ok(())
     }
 
     /// The host path the root was opened from.
@@ -872,6 +903,15 @@ mod tests {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         renamer.join().unwrap();
+    }
+
+    #[test]
+    fn the_host_root_is_never_a_machine_root() {
+        let err = MachineRoot::for_leader(std::process::id()).unwrap_err();
+        assert!(format!("{err:#}").contains("host's root"), "{err:#}");
+        let (dir, root) = root();
+        root.refuse_host_root(Path::new("/")).unwrap();
+        assert!(root.refuse_host_root(dir.path()).is_err());
     }
 
     #[test]

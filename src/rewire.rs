@@ -448,7 +448,12 @@ fn sync_dev_char(
     report: &mut Report,
 ) -> Result<()> {
     for (name, target) in symlinks(dir)? {
-        if is_dev_numbers(&name)
+        // `.M:m.tmp` is the temp name of a replace a crashed run left behind.
+        let numbers = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .unwrap_or(&name);
+        if is_dev_numbers(numbers)
             && is_nvidia_dev_char(dir.path(), &target)
             && !wanted.contains_key(&name)
             && dir.remove_file(&name)?

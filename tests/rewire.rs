@@ -190,6 +190,7 @@ fn leftovers_of_a_crashed_run_are_removed() {
         d.join("usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp"),
     )
     .unwrap();
+    symlink("/dev/nvidia0", d.join("dev/char/.195:0.tmp")).unwrap();
     gpu_pass(&root, &inventory(NEW));
     golden("fresh", &listing(d));
     assert!(outside.path().join("precious").exists());
