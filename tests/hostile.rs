@@ -314,10 +314,12 @@ fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
     }
 }
 
-/// The steps that must succeed whatever the machine planted, because the helper owns the path
-/// and can put it right without following anything.
+/// Names the helper owns outright (the driver root, its staging tree, the spec and temp names)
+/// are replaced whatever was planted there; link names it shares with the machine's packages
+/// and udev are left alone when they hold something other than a symlink. Either way the step
+/// succeeds: nothing planted at a leaf can stop the node from starting.
 #[test]
-fn paths_the_helper_owns_are_put_right_not_failed_on() {
+fn planted_leaves_never_fail_a_step() {
     for path in [
         "/run/nvidia/driver",
         "/run/nvidia/.driver.new",
@@ -344,6 +346,22 @@ fn paths_the_helper_owns_are_put_right_not_failed_on() {
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            let at = w.in_machine(path);
+            let kind = std::fs::symlink_metadata(&at).map(|m| m.file_type());
+            match path {
+                "/run/nvidia/driver" => assert!(kind.unwrap().is_dir(), "{path} as {how:?}"),
+                "/var/run/cdi/nvidia.com-gpu.json" => {
+                    assert_eq!(std::fs::read(&at).unwrap(), spec(NEW), "{path} as {how:?}")
+                }
+                p if p.contains("/.") => assert!(kind.is_err(), "{path} as {how:?} left behind"),
+                _ if matches!(how, Plant::Fifo | Plant::File) => {
+                    assert!(!kind.unwrap().is_symlink(), "{path} as {how:?} replaced")
+                }
+                _ => assert!(
+                    std::fs::read_link(&at).unwrap().starts_with("/"),
+                    "{path} as {how:?} not put right"
+                ),
+            }
         }
     }
 }
