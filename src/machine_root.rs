@@ -502,11 +502,16 @@ impl MachineDir {
     /// when the bytes and mode are already there. Returns whether the file was written.
     pub fn write_file(&self, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
         let path = self.child(name);
-        match self.kind(name)? {
+        let existing = self.stat(name)?;
+        let kind = existing.as_ref().map(FileKind::from_stat);
+        // Only a file of the same size can hold the same bytes; never read more than that.
+        let same_size = existing
+            .is_some_and(|st| u64::try_from(st.st_size).ok() == Some(contents.len() as u64));
+        match kind {
             Some(FileKind::Dir) => {
                 bail!("{path} in the machine is a directory where a file is expected")
             }
-            Some(FileKind::File) => {
+            Some(FileKind::File) if same_size => {
                 if let Some((old, st)) = self.read_regular_stat(name, contents.len())?
                     && old == contents
                     && st.st_mode & 0o7777 == mode
@@ -810,6 +815,13 @@ mod tests {
                 .unwrap()
                 .ino(),
             ino
+        );
+        assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
+        assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
+        // Shorter and longer contents replace it too (never "file too large").
+        assert!(
+            d.write_file("a.json", b"{ \"kind\": \"x\" }", 0o644)
+                .unwrap()
         );
         assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
         assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
