@@ -584,15 +584,19 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
     }
 
     if let Some(d) = open_dir_if_dir(root, cdi_dir)? {
-        for n in [cdi_file_name.to_owned(), format!(".{cdi_file_name}.tmp")] {
-            match d.kind(&n)? {
-                None => {}
-                Some(FileKind::Dir) => report
-                    .kept
-                    .push((d.child(&n), "a directory, not ours".into())),
-                Some(_) if d.remove_file(&n)? => report.removed.push(d.child(&n)),
-                Some(_) => {}
-            }
+        match d.kind(cdi_file_name)? {
+            None => {}
+            Some(FileKind::Dir) => report.kept.push((
+                d.child(cdi_file_name),
+                "a directory, not a spec of ours".into(),
+            )),
+            Some(_) if d.remove_file(cdi_file_name)? => report.removed.push(d.child(cdi_file_name)),
+            Some(_) => {}
+        }
+        // The temp name is ours whatever it holds (the same name `write_file` clears).
+        let tmp = format!(".{cdi_file_name}.tmp");
+        if d.remove_tree(&tmp)? {
+            report.removed.push(d.child(&tmp));
         }
         d.sync()?;
     }
