@@ -1,1 +1,937 @@
-//! (being written)
+//! The machine's rootfs, opened once as a directory fd; every path inside it is resolved inside it.
+//!
+//! The rootfs is untrusted: root in the machine can plant symlinks (absolute or `../../..`),
+//! FIFOs, device nodes or files of the wrong type anywhere. The rules that keep the host safe:
+//! - Paths are machine-absolute strings (`/run/nvidia`) resolved from the root fd with `openat2`
+//!   `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`: a planted symlink resolves inside the machine,
+//!   never on the host, and `/proc/<pid>/…` magic links are refused. Never `root.join(p)`.
+//! - What the helper creates, replaces or deletes is addressed as (directory fd, one name) with
+//!   `*at()` calls that never follow the last component (`mkdirat`, `symlinkat`, `renameat`,
+//!   `unlinkat`, `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`).
+//! - Directories the helper creates are opened without following symlinks, so a symlink swapped
+//!   in after `mkdirat` is refused rather than followed.
+//! - Trees are removed by fd, never following a symlink, never crossing a mount, to a bounded depth.
+//! - Only regular files are ever opened for reading (checked with `fstatat` and again with `fstat`
+//!   on the opened fd), with `O_NONBLOCK | O_NOCTTY`, so a FIFO or device node is never opened.
+//!
+//! Ownership: the helper runs as host root and our `.nspawn` sets `PrivateUsers=no`, so host uid 0
+//! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
+//! user-namespaced machine (`PrivateUsers=pick`) would need `fchownat` to the machine's base uid.
+
+use anyhow::{Context as _, Result, bail};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, RenameFlags, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::UnlinkatFlags;
+use std::ffi::{OsStr, OsString};
+use std::io::{Read as _, Write as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+
+/// Deepest tree [`MachineDir::remove_tree`] and [`MachineDir::walk`] descend into; the trees we
+/// own are about six levels deep, so anything deeper was planted and is refused.
+pub const MAX_DEPTH: usize = 32;
+/// Most entries one directory listing returns before it is refused as hostile.
+pub const MAX_ENTRIES: usize = 1_000_000;
+
+/// What a directory entry is, from `lstat` (symlinks are never followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FileKind {
+    Dir,
+    File,
+    Symlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+impl FileKind {
+    fn from_stat(st: &FileStat) -> FileKind {
+        match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+            SFlag::S_IFDIR => FileKind::Dir,
+            SFlag::S_IFLNK => FileKind::Symlink,
+            SFlag::S_IFIFO => FileKind::Fifo,
+            SFlag::S_IFCHR => FileKind::CharDevice,
+            SFlag::S_IFBLK => FileKind::BlockDevice,
+            SFlag::S_IFSOCK => FileKind::Socket,
+            _ => FileKind::File,
+        }
+    }
+
+    fn from_dirent(t: nix::dir::Type) -> FileKind {
+        use nix::dir::Type;
+        match t {
+            Type::Directory => FileKind::Dir,
+            Type::Symlink => FileKind::Symlink,
+            Type::Fifo => FileKind::Fifo,
+            Type::CharacterDevice => FileKind::CharDevice,
+            Type::BlockDevice => FileKind::BlockDevice,
+            Type::Socket => FileKind::Socket,
+            Type::File => FileKind::File,
+        }
+    }
+
+    /// A short word for messages and listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::Dir => "directory",
+            FileKind::File => "regular file",
+            FileKind::Symlink => "symlink",
+            FileKind::Fifo => "FIFO",
+            FileKind::CharDevice => "character device",
+            FileKind::BlockDevice => "block device",
+            FileKind::Socket => "socket",
+        }
+    }
+}
+
+/// What [`MachineDir::symlink`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkOutcome {
+    /// The link already pointed there; nothing was touched.
+    Unchanged,
+    Created,
+    /// Another symlink was atomically replaced.
+    Replaced,
+    /// Something that is not a symlink holds the name; it was left alone.
+    Blocked(FileKind),
+}
+
+/// What [`MachineRoot::lookup_dir`] found, following symlinks inside the machine.
+#[derive(Debug)]
+pub enum Lookup {
+    Dir(MachineDir),
+    /// The path or one of its parents does not exist (a dangling symlink included).
+    Missing,
+    /// The path or one of its parents is not a directory.
+    NotDir,
+}
+
+/// What [`MachineDir::open_subdir`] found under a name, without following it.
+#[derive(Debug)]
+pub enum Subdir {
+    Dir(MachineDir),
+    Missing,
+    /// Not a directory (a symlink is reported as such, never followed).
+    Other(FileKind),
+}
+
+/// The machine's root directory, opened once.
+#[derive(Debug)]
+pub struct MachineRoot {
+    fd: OwnedFd,
+    origin: PathBuf,
+}
+
+/// A directory inside the machine, held open; `path` is its machine path, for messages.
+#[derive(Debug)]
+pub struct MachineDir {
+    fd: OwnedFd,
+    path: String,
+}
+
+fn in_root() -> ResolveFlag {
+    ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+fn beneath_no_symlinks() -> ResolveFlag {
+    ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// How often an `openat2` that the kernel refused with `EAGAIN` is retried.
+const OPENAT2_RETRIES: usize = 64;
+
+/// `openat2`, retried on `EAGAIN`: with `RESOLVE_IN_ROOT`/`RESOLVE_BENEATH` the kernel answers
+/// `EAGAIN` when any rename or mount elsewhere in the system raced with resolving a `..`
+/// (the machine's own `/var/run → ../run` has one), and asks the caller to retry.
+fn openat2(dirfd: &OwnedFd, path: &str, how: OpenHow) -> nix::Result<OwnedFd> {
+    let mut tries = 0;
+    loop {
+        match nix::fcntl::openat2(dirfd, path, how) {
+            Err(Errno::EAGAIN) if tries < OPENAT2_RETRIES => tries += 1,
+            r => return r,
+        }
+    }
+}
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
+}
+
+/// Check that `name` is one ordinary path component.
+pub fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        bail!("{name:?} is not a single file name");
+    }
+    Ok(())
+}
+
+/// Split a machine-absolute path into its components, refusing `.`/`..`/empty ones: the paths
+/// the helper uses are its own constants and configuration, never relative tricks.
+pub fn components(path: &str) -> Result<Vec<&str>> {
+    let Some(rest) = path.strip_prefix('/') else {
+        bail!("{path:?} is not an absolute path inside the machine");
+    };
+    let comps: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
+    for c in &comps {
+        check_name(c).with_context(|| format!("machine path {path:?}"))?;
+    }
+    Ok(comps)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+impl MachineRoot {
+    /// Open the machine root at a host path. The host path itself is trusted (it comes from the
+    /// operator's configuration or from the leader's `/proc/<pid>/root`), so it may be a symlink.
+    pub fn open(path: &Path) -> Result<MachineRoot> {
+        let fd = nix::fcntl::open(path, dir_flags(), Mode::empty())
+            .with_context(|| format!("opening machine root {}", path.display()))?;
+        Ok(MachineRoot {
+            fd,
+            origin: path.to_path_buf(),
+        })
+    }
+
+    /// Open the root of the machine whose leader is `pid`, as that process sees it (its mount
+    /// namespace, so the machine's own `/run` and `/dev` tmpfs are what we resolve through).
+    ///
+    /// `/proc/<pid>` is opened first and `root` looked up through that fd: the fd is bound to
+    /// the process, so if the leader exits and its pid is reused in between, the lookup fails
+    /// instead of handing us another process's root. (The caller still checks that machined
+    /// names the same leader afterwards.) A root that is the host's own `/` is refused: every
+    /// write below would land on the host.
+    pub fn for_leader(pid: u32) -> Result<MachineRoot> {
+        let proc_path = format!("/proc/{pid}");
+        let proc_dir = nix::fcntl::open(proc_path.as_str(), dir_flags(), Mode::empty())
+            .with_context(|| format!("opening {proc_path} (machine leader)"))?;
+        let fd = nix::fcntl::openat(&proc_dir, "root", dir_flags(), Mode::empty())
+            .with_context(|| format!("opening {proc_path}/root (machine leader gone?)"))?;
+        let root = MachineRoot {
+            fd,
+            origin: PathBuf::from(format!("{proc_path}/root")),
+        };
+        root.refuse_host_root(Path::new("/"))?;
+        Ok(root)
+    }
+
+    /// Fail when this root is the same directory as `host_root`.
+    pub fn refuse_host_root(&self, host_root: &Path) -> Result<()> {
+        let ours = nix::sys::stat::fstat(&self.fd).context("stat machine root")?;
+        let host = nix::sys::stat::stat(host_root)
+            .with_context(|| format!("stat {}", host_root.display()))?;
+        if (ours.st_dev, ours.st_ino) == (host.st_dev, host.st_ino) {
+            bail!(
+                "machine root {} is the host's root directory {}; refusing to rewire it",
+                self.origin.display(),
+                host_root.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The host path the root was opened from.
+    pub fn origin(&self) -> &Path {
+        &self.origin
+    }
+
+    /// The root directory itself.
+    pub fn root_dir(&self) -> Result<MachineDir> {
+        let fd = nix::unistd::dup(&self.fd).context("duplicating the machine root fd")?;
+        Ok(MachineDir {
+            fd,
+            path: "/".into(),
+        })
+    }
+
+    /// Open an existing directory, following symlinks inside the machine only.
+    /// `None` when it (or a parent) does not exist; an error when it is not a directory.
+    pub fn open_dir(&self, path: &str) -> Result<Option<MachineDir>> {
+        match self.lookup_dir(path)? {
+            Lookup::Dir(d) => Ok(Some(d)),
+            Lookup::Missing => Ok(None),
+            Lookup::NotDir => {
+                bail!("{path} in the machine is not a directory (or one of its parents is not)")
+            }
+        }
+    }
+
+    /// Like [`MachineRoot::open_dir`], telling "missing" and "not a directory" apart for callers
+    /// that have nothing to do in either case.
+    pub fn lookup_dir(&self, path: &str) -> Result<Lookup> {
+        components(path)?;
+        let how = OpenHow::new().flags(dir_flags()).resolve(in_root());
+        match openat2(&self.fd, path, how) {
+            Ok(fd) => Ok(Lookup::Dir(MachineDir {
+                fd,
+                path: path.to_owned(),
+            })),
+            Err(Errno::ENOENT) => Ok(Lookup::Missing),
+            Err(Errno::ENOTDIR) => Ok(Lookup::NotDir),
+            Err(e) => Err(e).with_context(|| format!("opening {path} in the machine")),
+        }
+    }
+
+    /// `mkdir -p` inside the machine. Existing components are resolved in the machine root (the
+    /// machine may legitimately have `/var/run → ../run`); components created here get `mode`
+    /// and are opened without following symlinks.
+    pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<MachineDir> {
+        let comps = components(path)?;
+        let mut cur = self.root_dir()?;
+        for (i, name) in comps.iter().enumerate() {
+            let prefix = format!("/{}", comps[..=i].join("/"));
+            cur = match self.open_dir(&prefix)? {
+                Some(d) => d,
+                None => {
+                    if let Some(target) = cur.read_link(name)? {
+                        bail!(
+                            "{prefix} in the machine is a symlink to {} that does not resolve \
+                             to a directory inside the machine",
+                            target.to_string_lossy()
+                        );
+                    }
+                    cur.create_subdir(name, mode)?
+                }
+            };
+        }
+        Ok(cur)
+    }
+
+    /// Read a regular file, following symlinks in its parents inside the machine only; `None`
+    /// when it is missing or not a regular file.
+    pub fn read_file(&self, path: &str, max: usize) -> Result<Option<Vec<u8>>> {
+        let comps = components(path)?;
+        let Some((name, parents)) = comps.split_last() else {
+            bail!("{path} is the machine root, not a file");
+        };
+        let parent = format!("/{}", parents.join("/"));
+        match self.open_dir(&parent)? {
+            Some(d) => d.read_regular(name, max),
+            None => Ok(None),
+        }
+    }
+}
+
+impl MachineDir {
+    /// This directory's path inside the machine.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The machine path of `name` in this directory.
+    pub fn child(&self, name: &str) -> String {
+        join(&self.path, name)
+    }
+
+    /// `(st_dev, st_ino)`: tells two paths that resolve to one directory apart from two directories.
+    pub fn identity(&self) -> Result<(u64, u64)> {
+        let st = nix::sys::stat::fstat(&self.fd)
+            .with_context(|| format!("stat {} in the machine", self.path))?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
+    /// `lstat` of `name`; `None` when missing.
+    pub fn stat(&self, name: &str) -> Result<Option<FileStat>> {
+        check_name(name)?;
+        match nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("stat {} in the machine", self.child(name))),
+        }
+    }
+
+    /// What `name` is, without following it; `None` when missing.
+    pub fn kind(&self, name: &str) -> Result<Option<FileKind>> {
+        Ok(self.stat(name)?.map(|st| FileKind::from_stat(&st)))
+    }
+
+    /// Open the directory `name` without following a symlink there.
+    pub fn open_subdir(&self, name: &str) -> Result<Subdir> {
+        match self.kind(name)? {
+            None => return Ok(Subdir::Missing),
+            Some(FileKind::Dir) => {}
+            Some(k) => return Ok(Subdir::Other(k)),
+        }
+        let how = OpenHow::new()
+            .flags(dir_flags() | OFlag::O_NOFOLLOW)
+            .resolve(beneath_no_symlinks());
+        match openat2(&self.fd, name, how) {
+            Ok(fd) => Ok(Subdir::Dir(MachineDir {
+                fd,
+                path: self.child(name),
+            })),
+            Err(Errno::ENOENT) => Ok(Subdir::Missing),
+            Err(e) => Err(e).with_context(|| {
+                format!(
+                    "opening {} in the machine (changed underneath us?)",
+                    self.child(name)
+                )
+            }),
+        }
+    }
+
+    /// Open the directory `name`, creating it with `mode` when missing. Anything else there —
+    /// a symlink included — is an error: this is for directories the helper owns.
+    pub fn create_subdir(&self, name: &str, mode: u32) -> Result<MachineDir> {
+        let path = self.child(name);
+        match self.open_subdir(name)? {
+            Subdir::Dir(d) => return Ok(d),
+            Subdir::Other(k) => {
+                bail!(
+                    "{path} in the machine is a {} where a directory is expected",
+                    k.as_str()
+                )
+            }
+            Subdir::Missing => {}
+        }
+        // Created private, then opened without following symlinks and chmod-ed through the fd:
+        // the umask never decides the mode, and a swap after mkdirat is refused.
+        match nix::sys::stat::mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {path} in the machine")),
+        }
+        match self.open_subdir(name)? {
+            Subdir::Dir(d) => {
+                nix::sys::stat::fchmod(&d.fd, Mode::from_bits_truncate(mode))
+                    .with_context(|| format!("chmod {path} in the machine"))?;
+                Ok(d)
+            }
+            Subdir::Other(k) => {
+                bail!(
+                    "{path} in the machine is a {} where a directory is expected",
+                    k.as_str()
+                )
+            }
+            Subdir::Missing => bail!("{path} in the machine vanished right after mkdir"),
+        }
+    }
+
+    /// Every entry except `.` and `..`, with its type when the filesystem reports it cheaply
+    /// (use [`MachineDir::kind`] when `None`).
+    pub fn entries(&self) -> Result<Vec<(OsString, Option<FileKind>)>> {
+        // A fresh open file description: a dup would share (and exhaust) the read offset.
+        let mut dir = nix::dir::Dir::openat(&self.fd, ".", dir_flags(), Mode::empty())
+            .with_context(|| format!("listing {} in the machine", self.path))?;
+        let mut out = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.with_context(|| format!("listing {} in the machine", self.path))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if out.len() >= MAX_ENTRIES {
+                bail!(
+                    "{} in the machine has more than {MAX_ENTRIES} entries",
+                    self.path
+                );
+            }
+            out.push((
+                OsStr::from_bytes(name).to_owned(),
+                entry.file_type().map(FileKind::from_dirent),
+            ));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The target of the symlink `name`; `None` when missing or not a symlink.
+    pub fn read_link(&self, name: &str) -> Result<Option<OsString>> {
+        check_name(name)?;
+        match nix::fcntl::readlinkat(&self.fd, name) {
+            Ok(t) => Ok(Some(t)),
+            Err(Errno::ENOENT | Errno::EINVAL) => Ok(None),
+            Err(e) => {
+                Err(e).with_context(|| format!("readlink {} in the machine", self.child(name)))
+            }
+        }
+    }
+
+    /// The bytes of the regular file `name` (at most `max`); `None` when missing or not a
+    /// regular file. Never opens a FIFO or device node, never follows a symlink.
+    pub fn read_regular(&self, name: &str, max: usize) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_regular_stat(name, max)?.map(|(b, _)| b))
+    }
+
+    fn read_regular_stat(&self, name: &str, max: usize) -> Result<Option<(Vec<u8>, FileStat)>> {
+        let path = self.child(name);
+        let Some(before) = self.stat(name)? else {
+            return Ok(None);
+        };
+        if FileKind::from_stat(&before) != FileKind::File {
+            return Ok(None);
+        }
+        let how = OpenHow::new()
+            .flags(
+                OFlag::O_RDONLY
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_NONBLOCK
+                    | OFlag::O_NOCTTY
+                    | OFlag::O_CLOEXEC,
+            )
+            .resolve(beneath_no_symlinks());
+        let fd = openat2(&self.fd, name, how)
+            .with_context(|| format!("opening {path} in the machine"))?;
+        let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
+        if FileKind::from_stat(&st) != FileKind::File || st.st_ino != before.st_ino {
+            bail!("{path} in the machine changed while it was being read");
+        }
+        let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+        let mut bytes = Vec::new();
+        std::fs::File::from(fd)
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading {path} in the machine"))?;
+        if bytes.len() > max {
+            bail!("{path} in the machine is larger than {max} bytes");
+        }
+        Ok(Some((bytes, st)))
+    }
+
+    /// Atomically make `name` a regular file holding `contents` with `mode`: temp file in this
+    /// directory → write → fchmod → fsync → renameat → fsync the directory. Nothing is written
+    /// when the bytes and mode are already there. Returns whether the file was written.
+    pub fn write_file(&self, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
+        let path = self.child(name);
+        let existing = self.stat(name)?;
+        let kind = existing.as_ref().map(FileKind::from_stat);
+        // Only a file of the same size can hold the same bytes; never read more than that.
+        let same_size = existing
+            .is_some_and(|st| u64::try_from(st.st_size).ok() == Some(contents.len() as u64));
+        match kind {
+            Some(FileKind::Dir) => {
+                bail!("{path} in the machine is a directory where a file is expected")
+            }
+            Some(FileKind::File) if same_size => {
+                if let Some((old, st)) = self.read_regular_stat(name, contents.len())?
+                    && old == contents
+                    && st.st_mode & 0o7777 == mode
+                {
+                    return Ok(false);
+                }
+            }
+            // Anything else (a symlink, a FIFO…) is replaced by the rename, never opened.
+            _ => {}
+        }
+        // A fixed temp name, so a crashed run's leftover is cleared by the next; a leading dot
+        // and a `.tmp` suffix keep it invisible to readers that scan the directory (the CDI cache).
+        let tmp = format!(".{name}.tmp");
+        self.remove_tree(&tmp)?;
+        let how = OpenHow::new()
+            .flags(
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+            )
+            .mode(Mode::from_bits_truncate(0o600))
+            .resolve(beneath_no_symlinks());
+        let fd = openat2(&self.fd, tmp.as_str(), how)
+            .with_context(|| format!("creating {} in the machine", self.child(&tmp)))?;
+        let written = (|| -> Result<()> {
+            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).context("fchmod")?;
+            let mut file = std::fs::File::from(fd);
+            file.write_all(contents).context("write")?;
+            file.sync_all().context("fsync")?;
+            nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name).context("rename")?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = nix::unistd::unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            return Err(e).with_context(|| format!("writing {path} in the machine"));
+        }
+        self.sync()?;
+        Ok(true)
+    }
+
+    /// Make `name` a symlink to `target`, replacing another symlink atomically (temp link +
+    /// rename). Anything that is not a symlink is left alone and reported.
+    pub fn symlink(&self, name: &str, target: &str) -> Result<LinkOutcome> {
+        let path = self.child(name);
+        let outcome = match self.kind(name)? {
+            None => LinkOutcome::Created,
+            Some(FileKind::Symlink) => {
+                if self.read_link(name)?.as_deref() == Some(OsStr::new(target)) {
+                    return Ok(LinkOutcome::Unchanged);
+                }
+                LinkOutcome::Replaced
+            }
+            Some(k) => return Ok(LinkOutcome::Blocked(k)),
+        };
+        if outcome == LinkOutcome::Created {
+            match nix::unistd::symlinkat(target, &self.fd, name) {
+                Ok(()) => return Ok(outcome),
+                // Appeared since we looked: fall through to an atomic replace.
+                Err(Errno::EEXIST) => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("creating symlink {path} in the machine"));
+                }
+            }
+        }
+        let tmp = format!(".{name}.tmp");
+        self.remove_tree(&tmp)?;
+        nix::unistd::symlinkat(target, &self.fd, tmp.as_str())
+            .with_context(|| format!("creating symlink {} in the machine", self.child(&tmp)))?;
+        if let Err(e) = nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name) {
+            let _ = nix::unistd::unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            return Err(e).with_context(|| format!("replacing {path} in the machine"));
+        }
+        Ok(LinkOutcome::Replaced)
+    }
+
+    /// Remove `name` if it is not a directory. Returns whether something was removed.
+    pub fn remove_file(&self, name: &str) -> Result<bool> {
+        match self.kind(name)? {
+            None => Ok(false),
+            Some(FileKind::Dir) => {
+                bail!(
+                    "{} in the machine is a directory; not removing it",
+                    self.child(name)
+                )
+            }
+            Some(_) => match nix::unistd::unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+                Ok(()) => Ok(true),
+                Err(Errno::ENOENT) => Ok(false),
+                Err(e) => {
+                    Err(e).with_context(|| format!("removing {} in the machine", self.child(name)))
+                }
+            },
+        }
+    }
+
+    /// Remove `name` and, if it is a directory, everything under it: by fd, never following a
+    /// symlink, never crossing into another mount (a bind mount planted inside a tree we own must
+    /// not make us delete what it exposes), at most [`MAX_DEPTH`] deep.
+    pub fn remove_tree(&self, name: &str) -> Result<bool> {
+        self.remove_tree_at(name, 0)
+    }
+
+    fn remove_tree_at(&self, name: &str, depth: usize) -> Result<bool> {
+        let path = self.child(name);
+        let Some(st) = self.stat(name)? else {
+            return Ok(false);
+        };
+        if FileKind::from_stat(&st) != FileKind::Dir {
+            return self.remove_file(name);
+        }
+        if depth >= MAX_DEPTH {
+            bail!(
+                "{path} in the machine is nested deeper than {MAX_DEPTH} levels; not removing it"
+            );
+        }
+        let how = OpenHow::new()
+            .flags(dir_flags() | OFlag::O_NOFOLLOW)
+            .resolve(beneath_no_symlinks() | ResolveFlag::RESOLVE_NO_XDEV);
+        let fd = openat2(&self.fd, name, how)
+            .with_context(|| format!("opening {path} in the machine for removal"))?;
+        let sub = MachineDir { fd, path };
+        let (dev, _) = self.identity()?;
+        if sub.identity()?.0 != dev {
+            bail!(
+                "{} in the machine is another mount; not removing it",
+                sub.path
+            );
+        }
+        for (child, _) in sub.entries()? {
+            let Some(child) = child.to_str() else {
+                bail!(
+                    "{} in the machine holds a non-UTF-8 name; not removing it",
+                    sub.path
+                );
+            };
+            sub.remove_tree_at(child, depth + 1)?;
+        }
+        match nix::unistd::unlinkat(&self.fd, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(true),
+            Err(e) => Err(e).with_context(|| format!("removing {} in the machine", sub.path)),
+        }
+    }
+
+    /// Atomically exchange two entries of this directory (`renameat2(RENAME_EXCHANGE)`).
+    pub fn exchange(&self, a: &str, b: &str) -> Result<()> {
+        check_name(a)?;
+        check_name(b)?;
+        nix::fcntl::renameat2(&self.fd, a, &self.fd, b, RenameFlags::RENAME_EXCHANGE).with_context(
+            || {
+                format!(
+                    "exchanging {} and {} in the machine",
+                    self.child(a),
+                    self.child(b)
+                )
+            },
+        )
+    }
+
+    /// Rename `from` to `to` in this directory, failing if `to` exists.
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        check_name(from)?;
+        check_name(to)?;
+        nix::fcntl::renameat2(&self.fd, from, &self.fd, to, RenameFlags::RENAME_NOREPLACE)
+            .with_context(|| {
+                format!(
+                    "renaming {} to {} in the machine",
+                    self.child(from),
+                    self.child(to)
+                )
+            })
+    }
+
+    /// fsync this directory, making renames and removals in it durable.
+    pub fn sync(&self) -> Result<()> {
+        nix::unistd::fsync(&self.fd)
+            .with_context(|| format!("fsync directory {} in the machine", self.path))
+    }
+
+    /// Every entry below this directory (never following a symlink, at most [`MAX_DEPTH`] deep,
+    /// at most `max` entries), as paths relative to it with their kind and, for symlinks, target.
+    /// `None` when there are more than `max` entries.
+    pub fn walk(&self, max: usize) -> Result<Option<Vec<WalkEntry>>> {
+        let mut out = Vec::new();
+        if self.walk_into("", 0, max, &mut out)? {
+            Ok(Some(out))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn walk_into(
+        &self,
+        prefix: &str,
+        depth: usize,
+        max: usize,
+        out: &mut Vec<WalkEntry>,
+    ) -> Result<bool> {
+        if depth >= MAX_DEPTH {
+            bail!(
+                "{} in the machine is nested deeper than {MAX_DEPTH} levels",
+                self.path
+            );
+        }
+        for (name, _) in self.entries()? {
+            let Some(name) = name.to_str() else {
+                return Ok(false);
+            };
+            if out.len() >= max {
+                return Ok(false);
+            }
+            let Some(st) = self.stat(name)? else {
+                continue;
+            };
+            let kind = FileKind::from_stat(&st);
+            let rel = if prefix.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{prefix}/{name}")
+            };
+            let target = match kind {
+                FileKind::Symlink => self
+                    .read_link(name)?
+                    .map(|t| t.to_string_lossy().into_owned()),
+                _ => None,
+            };
+            out.push(WalkEntry {
+                path: rel.clone(),
+                kind,
+                mode: st.st_mode & 0o7777,
+                target,
+            });
+            if kind == FileKind::Dir {
+                match self.open_subdir(name)? {
+                    Subdir::Dir(sub) => {
+                        if !sub.walk_into(&rel, depth + 1, max, out)? {
+                            return Ok(false);
+                        }
+                    }
+                    _ => return Ok(false),
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// One entry found by [`MachineDir::walk`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WalkEntry {
+    /// Relative to the walked directory, `/`-separated.
+    pub path: String,
+    pub kind: FileKind,
+    /// Permission bits (meaningless for symlinks).
+    pub mode: u32,
+    pub target: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    fn root() -> (tempfile::TempDir, MachineRoot) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = MachineRoot::open(dir.path()).unwrap();
+        (dir, root)
+    }
+
+    #[test]
+    fn create_dir_all_follows_machine_symlinks_inside_the_root_only() {
+        let (dir, root) = root();
+        std::fs::create_dir(dir.path().join("run")).unwrap();
+        std::fs::create_dir(dir.path().join("var")).unwrap();
+        // Absolute and escaping relative links both land inside the machine.
+        std::os::unix::fs::symlink("/run", dir.path().join("var/run")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../../../x", dir.path().join("run/up")).unwrap();
+        let d = root.create_dir_all("/var/run/cdi", 0o755).unwrap();
+        assert_eq!(d.path(), "/var/run/cdi");
+        assert!(dir.path().join("run/cdi").is_dir());
+        let meta = std::fs::metadata(dir.path().join("run/cdi")).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o755);
+        // `/run/up` dangles inside the machine: creating through it fails cleanly.
+        let err = root.create_dir_all("/run/up/a", 0o755).unwrap_err();
+        assert!(format!("{err:#}").contains("/run/up"), "{err:#}");
+    }
+
+    #[test]
+    fn write_file_is_atomic_and_skips_unchanged_bytes() {
+        let (dir, root) = root();
+        let d = root.create_dir_all("/etc/cdi", 0o755).unwrap();
+        assert!(d.write_file("a.json", b"{}", 0o644).unwrap());
+        let ino = std::fs::metadata(dir.path().join("etc/cdi/a.json"))
+            .unwrap()
+            .ino();
+        assert!(!d.write_file("a.json", b"{}", 0o644).unwrap());
+        assert_eq!(
+            std::fs::metadata(dir.path().join("etc/cdi/a.json"))
+                .unwrap()
+                .ino(),
+            ino
+        );
+        assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
+        assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
+        // Shorter and longer contents replace it too (never "file too large").
+        assert!(
+            d.write_file("a.json", b"{ \"kind\": \"x\" }", 0o644)
+                .unwrap()
+        );
+        assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
+        assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
+        let names: Vec<_> = d.entries().unwrap().into_iter().map(|e| e.0).collect();
+        assert_eq!(names, [OsString::from("a.json")]);
+        // A symlink where the file goes is replaced, never written through.
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("etc/cdi/b.json")).unwrap();
+        assert!(d.write_file("b.json", b"x", 0o644).unwrap());
+        assert!(
+            std::fs::symlink_metadata(dir.path().join("etc/cdi/b.json"))
+                .unwrap()
+                .is_file()
+        );
+    }
+
+    #[test]
+    fn symlink_replaces_links_only() {
+        let (dir, root) = root();
+        let d = root.create_dir_all("/lib", 0o755).unwrap();
+        assert_eq!(d.symlink("a", "/x").unwrap(), LinkOutcome::Created);
+        assert_eq!(d.symlink("a", "/x").unwrap(), LinkOutcome::Unchanged);
+        assert_eq!(d.symlink("a", "/y").unwrap(), LinkOutcome::Replaced);
+        assert_eq!(d.read_link("a").unwrap().unwrap(), "/y");
+        std::fs::write(dir.path().join("lib/b"), b"keep").unwrap();
+        assert_eq!(
+            d.symlink("b", "/y").unwrap(),
+            LinkOutcome::Blocked(FileKind::File)
+        );
+        assert_eq!(std::fs::read(dir.path().join("lib/b")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn remove_tree_never_follows_symlinks() {
+        let (dir, root) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("precious"), b"x").unwrap();
+        std::fs::create_dir_all(dir.path().join("t/a/b")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("t/a/b/out")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("t/a/out2")).unwrap();
+        let top = root.root_dir().unwrap();
+        assert!(top.remove_tree("t").unwrap());
+        assert!(!dir.path().join("t").exists());
+        assert!(outside.path().join("precious").exists());
+        assert!(!top.remove_tree("t").unwrap());
+    }
+
+    #[test]
+    fn remove_tree_is_bounded() {
+        let (dir, root) = root();
+        let mut p = dir.path().join("deep");
+        for _ in 0..(MAX_DEPTH + 2) {
+            p.push("d");
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        let err = root.root_dir().unwrap().remove_tree("deep").unwrap_err();
+        assert!(format!("{err:#}").contains("deeper"), "{err:#}");
+    }
+
+    #[test]
+    fn exchange_swaps_two_trees() {
+        let (dir, root) = root();
+        std::fs::create_dir_all(dir.path().join("a/x")).unwrap();
+        std::fs::create_dir_all(dir.path().join("b/y")).unwrap();
+        let top = root.root_dir().unwrap();
+        top.exchange("a", "b").unwrap();
+        assert!(dir.path().join("a/y").is_dir());
+        assert!(dir.path().join("b/x").is_dir());
+    }
+
+    #[test]
+    fn in_root_resolution_survives_concurrent_renames() {
+        // Renames anywhere in the system make the kernel refuse a racing `..` with EAGAIN.
+        let (dir, root) = root();
+        std::fs::create_dir_all(dir.path().join("run/cdi")).unwrap();
+        std::fs::create_dir(dir.path().join("var")).unwrap();
+        std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join("a")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let (stop, base) = (stop.clone(), other.path().to_owned());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::fs::rename(base.join("a"), base.join("b")).unwrap();
+                    std::fs::rename(base.join("b"), base.join("a")).unwrap();
+                }
+            })
+        };
+        for _ in 0..20_000 {
+            root.open_dir("/var/run/cdi").unwrap().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        renamer.join().unwrap();
+    }
+
+    #[test]
+    fn the_host_root_is_never_a_machine_root() {
+        let err = MachineRoot::for_leader(std::process::id()).unwrap_err();
+        assert!(format!("{err:#}").contains("host's root"), "{err:#}");
+        let (dir, root) = root();
+        root.refuse_host_root(Path::new("/")).unwrap();
+        assert!(root.refuse_host_root(dir.path()).is_err());
+    }
+
+    #[test]
+    fn paths_must_be_plain_and_absolute() {
+        let (_dir, root) = root();
+        assert!(root.open_dir("run").is_err());
+        assert!(root.open_dir("/run/../etc").is_err());
+        assert!(root.root_dir().unwrap().symlink("a/b", "x").is_err());
+        assert!(root.root_dir().unwrap().symlink("..", "x").is_err());
+    }
+}

@@ -1,0 +1,498 @@
+//! The machine rootfs is hostile (DESIGN §5, issues 3 and 7): for every path the rewiring steps
+//! touch, a rootfs where that path is a symlink out of the machine (absolute, relative to the
+//! sibling host tree, or `../` × 32), a FIFO, a device node, a file where a directory belongs, a
+//! directory where a file belongs, read-only, or a bind mount of a host directory. Every step
+//! must succeed inside the machine or fail with an error naming the path, and a checksum of the
+//! host tree beside the machine root (decoys at every path a redirected step would hit) must not
+//! change by a single inode, mtime or byte.
+
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
+
+mod rewire_support;
+
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::stat::{Mode, SFlag};
+use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::rewire;
+use rewire_support::*;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+/// A temp dir holding `machine/` (a Debian-like machine root) and `host/` (decoys laid out like
+/// the paths the helper touches, so any escape lands on one).
+struct World {
+    tmp: tempfile::TempDir,
+    machine: PathBuf,
+    host: PathBuf,
+}
+
+fn world() -> World {
+    // On tmpfs, like the machine's /run where most of these paths live: the hundreds of worlds
+    // below would otherwise spend half a minute in ext4 fsyncs.
+    let shm = Path::new("/dev/shm");
+    let tmp = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let machine = tmp.path().join("machine");
+    let host = tmp.path().join("host");
+    debian_machine(&machine);
+    let h = |p: &str| host.join(p);
+    for d in [
+        "etc/cdi",
+        "run/cdi",
+        "run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+        "run/nvidia/.driver.new",
+        "run/nvidia-persistenced",
+        "var/run/cdi",
+        "usr/lib/x86_64-linux-gnu/vdpau",
+        "dev/char",
+    ] {
+        std::fs::create_dir_all(h(d)).unwrap();
+    }
+    std::fs::write(h("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+    for p in [
+        "etc/cdi/nvidia.yaml",
+        "etc/cdi/nvidia.com-gpu.json",
+        "run/cdi/nvidia.com-gpu.json",
+        "var/run/cdi/nvidia.com-gpu.json",
+        "var/run/cdi/other.json",
+    ] {
+        std::fs::write(h(p), "{\"kind\":\"nvidia.com/gpu\",\"host\":true}\n").unwrap();
+    }
+    std::fs::write(
+        h("run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "host lib\n",
+    )
+    .unwrap();
+    std::fs::write(h("run/nvidia/.driver.new/keep"), "host\n").unwrap();
+    std::fs::write(h("run/nvidia-persistenced/socket"), "").unwrap();
+    // Links that the helper would take for stale ones of its own, were it to look here.
+    for (t, p) in [
+        (
+            "/run/host-nvidia/lib/0/libcuda.so.1",
+            "usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        ),
+        (
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+            "usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+        ),
+        (
+            "/run/host-nvidia/lib/0/vdpau/libvdpau_nvidia.so.570.1",
+            "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.570.1",
+        ),
+        ("/dev/nvidia0", "dev/char/195:0"),
+        ("/dev/nvidia-modeset", "dev/char/195:254"),
+        ("/dev/dri/card9", "dev/char/226:9"),
+    ] {
+        symlink(t, h(p)).unwrap();
+    }
+    World { tmp, machine, host }
+}
+
+impl World {
+    /// Checksum of everything in the temp dir except the machine root.
+    fn host_snapshot(&self) -> Snapshot {
+        snapshot(self.tmp.path(), &[self.machine.as_path()])
+    }
+
+    fn in_machine(&self, p: &str) -> PathBuf {
+        self.machine.join(p.trim_start_matches('/'))
+    }
+
+    fn in_host(&self, p: &str) -> PathBuf {
+        self.host.join(p.trim_start_matches('/'))
+    }
+
+    /// Clear whatever the machine has at `p` (never following it) and make sure its parent exists.
+    fn clear(&self, p: &str) -> PathBuf {
+        let at = self.in_machine(p);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&at).unwrap(),
+            Ok(_) => std::fs::remove_file(&at).unwrap(),
+            Err(_) => {}
+        }
+        at
+    }
+}
+
+/// Whether a path is a directory or a file in a healthy machine; decides which plants apply.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Expect {
+    Dir,
+    File,
+}
+
+/// Every path the rewiring steps create, replace, read or delete, or resolve through.
+const TARGETS: &[(&str, Expect)] = &[
+    ("/run", Expect::Dir),
+    ("/run/nvidia", Expect::Dir),
+    ("/run/nvidia/driver", Expect::Dir),
+    ("/run/nvidia/.driver.new", Expect::Dir),
+    ("/run/cdi", Expect::Dir),
+    ("/var", Expect::Dir),
+    ("/var/run", Expect::Dir),
+    ("/var/run/cdi", Expect::Dir),
+    ("/etc", Expect::Dir),
+    ("/etc/cdi", Expect::Dir),
+    ("/usr", Expect::Dir),
+    ("/usr/lib", Expect::Dir),
+    ("/usr/lib/x86_64-linux-gnu", Expect::Dir),
+    ("/usr/lib/x86_64-linux-gnu/vdpau", Expect::Dir),
+    ("/dev", Expect::Dir),
+    ("/dev/char", Expect::Dir),
+    ("/var/run/cdi/nvidia.com-gpu.json", Expect::File),
+    ("/var/run/cdi/.nvidia.com-gpu.json.tmp", Expect::File),
+    ("/etc/cdi/nvidia.yaml", Expect::File),
+    ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", Expect::File),
+    (
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+        Expect::File,
+    ),
+    ("/usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp", Expect::File),
+    ("/dev/char/195:0", Expect::File),
+    ("/dev/char/195:254", Expect::File),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Plant {
+    /// Absolute symlink to the same path in the host tree.
+    SymlinkAbsolute,
+    /// Relative symlink from the machine to the same path in the sibling host tree.
+    SymlinkSibling,
+    /// `../` × 32 then the host tree's absolute path.
+    SymlinkDotDot,
+    Fifo,
+    CharDevice,
+    /// A regular file where a directory belongs.
+    File,
+    /// A directory (with a file in it) where a file belongs.
+    Dir,
+}
+
+const UNPRIVILEGED: &[Plant] = &[
+    Plant::SymlinkAbsolute,
+    Plant::SymlinkSibling,
+    Plant::SymlinkDotDot,
+    Plant::Fifo,
+    Plant::File,
+    Plant::Dir,
+];
+
+fn plant(w: &World, p: &str, how: Plant) {
+    let at = w.clear(p);
+    let host_abs = w.in_host(p);
+    match how {
+        Plant::SymlinkAbsolute => symlink(&host_abs, &at).unwrap(),
+        Plant::SymlinkSibling => {
+            // From the link's real directory (which may sit behind `var/run → ../run`).
+            let dir = std::fs::canonicalize(at.parent().unwrap()).unwrap();
+            let depth = dir
+                .strip_prefix(w.tmp.path().canonicalize().unwrap())
+                .unwrap()
+                .components()
+                .count();
+            let rel = format!("{}host/{}", "../".repeat(depth), p.trim_start_matches('/'));
+            symlink(rel, &at).unwrap();
+        }
+        Plant::SymlinkDotDot => {
+            let rel = format!(
+                "{}{}",
+                "../".repeat(32),
+                host_abs.to_str().unwrap().trim_start_matches('/')
+            );
+            symlink(rel, &at).unwrap();
+        }
+        Plant::Fifo => nix::unistd::mkfifo(&at, Mode::from_bits_truncate(0o644)).unwrap(),
+        Plant::CharDevice => nix::sys::stat::mknod(
+            &at,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .unwrap_or_else(|e| panic!("mknod {}: {e} (privileged test: run as root)", at.display())),
+        Plant::File => std::fs::write(&at, "planted\n").unwrap(),
+        Plant::Dir => {
+            std::fs::create_dir(&at).unwrap();
+            std::fs::write(at.join("inside"), "planted\n").unwrap();
+        }
+    }
+}
+
+/// How one step ended.
+#[derive(Debug)]
+enum Outcome {
+    Ok,
+    Failed(String),
+}
+
+/// Run every rewiring step (GPU host, then no-GPU cleanup) against the machine, checking each
+/// success landed inside the machine and each failure names one of `names`.
+fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)> {
+    let inv = inventory(NEW);
+    let driver = inv.driver.as_ref().unwrap();
+    let mut out = Vec::new();
+    let mut record = |step: &'static str, r: anyhow::Result<rewire::Report>| {
+        let o = match r {
+            Ok(_) => Outcome::Ok,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                assert!(
+                    names.iter().any(|p| msg.contains(p)),
+                    "{step} failed without naming any of {names:?}: {msg}"
+                );
+                Outcome::Failed(msg)
+            }
+        };
+        out.push((step, o));
+    };
+    let r = rewire::build_driver_root(root, driver);
+    if r.is_ok() {
+        let d = root.open_dir("/run/nvidia/driver/usr/bin").unwrap();
+        assert!(d.is_some(), "driver root not visible inside the machine");
+    }
+    record("driver root", r);
+    record("links", rewire::rebuild_links(root, &inv));
+    // Every other spec "conflicts", so an escaped step would delete host decoys.
+    let r = rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(NEW), |_, _| true);
+    if r.is_ok() {
+        let got = root
+            .read_file(&format!("{CDI_DIR}/{CDI_FILE}"), 1 << 20)
+            .unwrap();
+        assert_eq!(
+            got.as_deref(),
+            Some(spec(NEW).as_slice()),
+            "spec not where the machine reads it"
+        );
+    }
+    record("CDI spec", r);
+    record("cleanup", rewire::cleanup(root, CDI_DIR, CDI_FILE));
+    out
+}
+
+/// Run every (target, plant) pair, assert the host is untouched, and return the outcome table.
+fn run_table(plants: &[Plant]) -> Vec<String> {
+    let mut table = Vec::new();
+    for &(path, expect) in TARGETS {
+        for &how in plants {
+            match (expect, how) {
+                (Expect::Dir, Plant::Dir) | (Expect::File, Plant::File) => continue,
+                _ => {}
+            }
+            let w = world();
+            plant(&w, path, how);
+            let before = w.host_snapshot();
+            let root = MachineRoot::open(&w.machine).unwrap();
+            let steps = run_steps(&root, &[path]);
+            assert_eq!(
+                before,
+                w.host_snapshot(),
+                "host tree changed with {path} planted as {how:?}"
+            );
+            let summary: Vec<String> = steps
+                .iter()
+                .map(|(s, o)| match o {
+                    Outcome::Ok => format!("{s}: ok"),
+                    Outcome::Failed(m) => format!("{s}: FAILED ({m})"),
+                })
+                .collect();
+            table.push(format!("{path} as {how:?}: {}", summary.join("; ")));
+        }
+    }
+    table
+}
+
+#[test]
+fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
+    let table = run_table(UNPRIVILEGED);
+    // 16 directory targets × 5 plants + 8 file targets × 5 plants.
+    assert_eq!(table.len(), 120);
+    for line in &table {
+        println!("{line}");
+    }
+}
+
+/// Names the helper owns outright (the driver root, its staging tree, the spec and temp names)
+/// are replaced whatever was planted there; link names it shares with the machine's packages
+/// and udev are left alone when they hold something other than a symlink. Either way the step
+/// succeeds: nothing planted at a leaf can stop the node from starting.
+#[test]
+fn planted_leaves_never_fail_a_step() {
+    for path in [
+        "/run/nvidia/driver",
+        "/run/nvidia/.driver.new",
+        "/var/run/cdi/nvidia.com-gpu.json",
+        "/var/run/cdi/.nvidia.com-gpu.json.tmp",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+        "/usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp",
+        "/dev/char/195:0",
+    ] {
+        for how in [
+            Plant::SymlinkAbsolute,
+            Plant::SymlinkSibling,
+            Plant::SymlinkDotDot,
+            Plant::Fifo,
+            Plant::File,
+        ] {
+            let w = world();
+            plant(&w, path, how);
+            let root = MachineRoot::open(&w.machine).unwrap();
+            let inv = inventory(NEW);
+            rewire::build_driver_root(&root, inv.driver.as_ref().unwrap())
+                .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            rewire::rebuild_links(&root, &inv)
+                .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
+                .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            let at = w.in_machine(path);
+            let kind = std::fs::symlink_metadata(&at).map(|m| m.file_type());
+            match path {
+                "/run/nvidia/driver" => assert!(kind.unwrap().is_dir(), "{path} as {how:?}"),
+                "/var/run/cdi/nvidia.com-gpu.json" => {
+                    assert_eq!(std::fs::read(&at).unwrap(), spec(NEW), "{path} as {how:?}")
+                }
+                p if p.contains("/.") => assert!(kind.is_err(), "{path} as {how:?} left behind"),
+                _ if matches!(how, Plant::Fifo | Plant::File) => {
+                    assert!(!kind.unwrap().is_symlink(), "{path} as {how:?} replaced")
+                }
+                _ => assert!(
+                    std::fs::read_link(&at).unwrap().starts_with("/"),
+                    "{path} as {how:?} not put right"
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn machine_root_reached_through_a_symlink() {
+    let w = world();
+    let link = w.tmp.path().join("machine-link");
+    symlink(&w.machine, &link).unwrap();
+    let before = snapshot(w.tmp.path(), &[w.machine.as_path()]);
+    let root = MachineRoot::open(&link).unwrap();
+    for (step, o) in run_steps(&root, &[]) {
+        assert!(matches!(o, Outcome::Ok), "{step}: {o:?}");
+    }
+    assert_eq!(before, snapshot(w.tmp.path(), &[w.machine.as_path()]));
+    // And the machine ended up clean (the last step was the no-GPU cleanup).
+    assert!(!w.in_machine("run/nvidia/driver").exists());
+}
+
+/// Fail in CI when not root; elsewhere say why the test did nothing.
+fn privileged() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "privileged test needs root in CI"
+    );
+    eprintln!("not root: privileged test skipped outside CI");
+    false
+}
+
+#[test]
+fn privileged_device_nodes_are_never_opened_or_followed() {
+    if !privileged() {
+        return;
+    }
+    let table = run_table(&[Plant::CharDevice]);
+    assert_eq!(table.len(), 24);
+    for line in &table {
+        println!("{line}");
+    }
+}
+
+/// Unmounts on drop, so a failing assertion does not leave mounts behind.
+struct Mount(PathBuf);
+
+impl Mount {
+    fn bind(src: &Path, dst: &Path, read_only: bool) -> Mount {
+        nix::mount::mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .unwrap_or_else(|e| panic!("bind {} on {}: {e}", src.display(), dst.display()));
+        let m = Mount(dst.to_path_buf());
+        if read_only {
+            nix::mount::mount(
+                None::<&str>,
+                dst,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .unwrap();
+        }
+        m
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn privileged_read_only_dirs_fail_cleanly() {
+    if !privileged() {
+        return;
+    }
+    for path in [
+        "/run",
+        "/run/nvidia",
+        "/var/run/cdi",
+        "/etc/cdi",
+        "/usr/lib/x86_64-linux-gnu",
+        "/dev/char",
+    ] {
+        let w = world();
+        let at = w.in_machine(path);
+        std::fs::create_dir_all(&at).unwrap();
+        let _ro = Mount::bind(&at, &at, true);
+        let before = w.host_snapshot();
+        let root = MachineRoot::open(&w.machine).unwrap();
+        let steps = run_steps(&root, &[path]);
+        assert!(
+            steps.iter().any(|(_, o)| matches!(o, Outcome::Failed(_))),
+            "{path} read-only: nothing failed"
+        );
+        assert_eq!(before, w.host_snapshot(), "{path} read-only");
+    }
+}
+
+/// The machine can bind-mount what it sees of the host (e.g. the writable socket dir under
+/// `/run/host-nvidia`) into a tree the helper deletes: removal must not cross into it.
+#[test]
+fn privileged_bind_mounts_in_our_trees_are_not_descended() {
+    if !privileged() {
+        return;
+    }
+    for path in [
+        "/run/nvidia/driver",
+        "/run/nvidia/.driver.new",
+        "/run/nvidia/driver/usr/lib",
+    ] {
+        let w = world();
+        // A first start, so the driver root exists and differs from the next one.
+        let root = MachineRoot::open(&w.machine).unwrap();
+        gpu_pass(&root, &inventory(OLD));
+        let at = w.in_machine(path);
+        std::fs::create_dir_all(&at).unwrap();
+        let _m = Mount::bind(&w.in_host("run/nvidia-persistenced"), &at, false);
+        let before = w.host_snapshot();
+        // After a swap the old tree, mount and all, sits at the staging name.
+        let moved = path.replace("/driver", "/.driver.new");
+        let steps = run_steps(&root, &[path, &moved]);
+        for (s, o) in &steps {
+            println!("{path} bind mount: {s}: {o:?}");
+        }
+        assert!(
+            steps.iter().any(|(_, o)| matches!(o, Outcome::Failed(_))),
+            "{path} bind mount: nothing failed: {steps:?}"
+        );
+        assert_eq!(before, w.host_snapshot(), "{path} bind mount");
+        assert!(w.in_host("run/nvidia-persistenced/socket").exists());
+    }
+}

@@ -1,0 +1,269 @@
+//! Fixtures shared by the rewire and hostile-rootfs tests: a Debian-like machine root described
+//! here and built at test time, inventories built directly, listings and checksums of trees.
+#![allow(dead_code, clippy::unwrap_used)] // test fixtures: a panic is the failure report
+
+use nspawn_lifecycle::discovery::{
+    DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict,
+};
+use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::rewire::{self, Report};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt as _, symlink};
+use std::path::{Path, PathBuf};
+
+pub const OLD: &str = "580.82.07";
+pub const NEW: &str = "580.95.05";
+pub const CDI_DIR: &str = "/var/run/cdi";
+pub const CDI_FILE: &str = "nvidia.com-gpu.json";
+
+/// A host with one GPU and driver `version`: x86_64 libraries (with a `vdpau/` one), i386
+/// libraries the machine has no dir for, two binaries, firmware and the persistenced socket.
+pub fn inventory(version: &str) -> Inventory {
+    let lib = |name: &str, soname: Option<&str>| DriverFile {
+        name: format!("{name}.so.{version}"),
+        soname: soname.map(str::to_owned),
+    };
+    let dev = |path: &str, major, minor, role| DeviceNode {
+        path: path.into(),
+        major,
+        minor,
+        role,
+    };
+    Inventory {
+        devices: vec![
+            dev("/dev/dri/card1", 226, 1, DeviceRole::Dri),
+            dev("/dev/dri/renderD128", 226, 128, DeviceRole::Dri),
+            dev("/dev/nvidia-caps/nvidia-cap1", 511, 1, DeviceRole::Cap),
+            dev("/dev/nvidia-uvm", 508, 0, DeviceRole::Uvm),
+            dev("/dev/nvidia-uvm-tools", 508, 1, DeviceRole::UvmTools),
+            dev("/dev/nvidia0", 195, 0, DeviceRole::Gpu),
+            dev("/dev/nvidiactl", 195, 255, DeviceRole::Control),
+        ],
+        kvm: None,
+        gpus: vec![Gpu {
+            index: 0,
+            minor: 0,
+            uuid: "GPU-edfee158-11c1-52b8-0517-92f30e7fac88".into(),
+            bus_id: "0000:06:00.0".into(),
+            model: "NVIDIA A10".into(),
+            device: Some("/dev/nvidia0".into()),
+            dri: vec!["/dev/dri/card1".into(), "/dev/dri/renderD128".into()],
+        }],
+        kernel_module: Some(version.into()),
+        driver: Some(UserspaceDriver {
+            version: version.into(),
+            lib_dirs: vec![
+                LibDir {
+                    path: "/usr/lib/x86_64-linux-gnu".into(),
+                    triplet: "x86_64-linux-gnu".into(),
+                    files: vec![
+                        lib("libcuda", Some("libcuda.so.1")),
+                        lib("libnvidia-glcore", None),
+                        lib("libnvidia-ml", Some("libnvidia-ml.so.1")),
+                        lib("vdpau/libvdpau_nvidia", Some("libvdpau_nvidia.so.1")),
+                    ],
+                },
+                LibDir {
+                    path: "/usr/lib/i386-linux-gnu".into(),
+                    triplet: "i386-linux-gnu".into(),
+                    files: vec![lib("libcuda", Some("libcuda.so.1"))],
+                },
+            ],
+            binaries: vec![
+                "/usr/bin/nvidia-persistenced".into(),
+                "/usr/bin/nvidia-smi".into(),
+            ],
+            firmware: Some(format!("/lib/firmware/nvidia/{version}")),
+            sockets: vec!["/run/nvidia-persistenced".into()],
+        }),
+        verdict: Verdict::Complete,
+    }
+}
+
+/// What a CDI spec of ours looks like to these tests (the CDI module renders the real one).
+pub fn spec(version: &str) -> Vec<u8> {
+    format!("{{\"cdiVersion\":\"0.5.0\",\"kind\":\"nvidia.com/gpu\",\"driver\":\"{version}\"}}\n")
+        .into_bytes()
+}
+
+/// The conflict predicate the CDI module would supply: another spec of our kind.
+pub fn conflicts(_name: &str, bytes: &[u8]) -> bool {
+    String::from_utf8_lossy(bytes).contains("\"nvidia.com/gpu\"")
+}
+
+/// Build a Debian-like machine root at `root`: merged /usr, `var/run → ../run`, an unrelated
+/// library with its SONAME link, links left by a start with an older driver, unrelated and stale
+/// CDI specs, a udev-style `/dev/char` and one stale NVIDIA `/dev/char` link of ours.
+pub fn debian_machine(root: &Path) {
+    let mkdir = |p: &str| std::fs::create_dir_all(root.join(p)).unwrap();
+    let write = |p: &str, c: &str| std::fs::write(root.join(p), c).unwrap();
+    let link = |t: &str, p: &str| symlink(t, root.join(p)).unwrap();
+    for d in [
+        "usr/lib/x86_64-linux-gnu/vdpau",
+        "usr/bin",
+        "etc/cdi",
+        "run/cdi",
+        "var/lib",
+        "dev/char",
+        "dev/dri",
+    ] {
+        mkdir(d);
+    }
+    link("usr/lib", "lib");
+    link("usr/bin", "bin");
+    link("../run", "var/run");
+    write("etc/passwd", "root:x:0:0:root:/root:/bin/bash\n");
+    write("usr/lib/x86_64-linux-gnu/libfoo.so.1.2.3", "ELF foo\n");
+    link("libfoo.so.1.2.3", "usr/lib/x86_64-linux-gnu/libfoo.so.1");
+    link(
+        "/usr/lib/x86_64-linux-gnu/libfoo.so.1.2.3",
+        "usr/lib/x86_64-linux-gnu/libfoo.so",
+    );
+    // Left by a start with driver 570.124.06, before the driver root existed.
+    link(
+        "/run/host-nvidia/lib/0/libcuda.so.570.124.06",
+        "usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    );
+    link(
+        "/run/host-nvidia/lib/0/libcuda.so.570.124.06",
+        "usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06",
+    );
+    link(
+        "../../../../run/host-nvidia/lib/0/vdpau/libvdpau_nvidia.so.570.124.06",
+        "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.570.124.06",
+    );
+    write(
+        "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_va_gl.so.1",
+        "ELF va_gl\n",
+    );
+    write(
+        "etc/cdi/vendor.json",
+        "{\"cdiVersion\":\"0.5.0\",\"kind\":\"vendor.com/device\"}\n",
+    );
+    write(
+        "etc/cdi/nvidia.yaml",
+        "cdiVersion: 0.5.0\nkind: \"nvidia.com/gpu\"\n",
+    );
+    write(
+        "run/cdi/nvidia.json",
+        "{\"cdiVersion\":\"0.3.0\",\"kind\":\"nvidia.com/gpu\"}\n",
+    );
+    link("../null", "dev/char/1:3");
+    link("../dri/card0", "dev/char/226:0");
+    link("/dev/nvidia-modeset", "dev/char/195:254");
+}
+
+/// Everything `post-start` does inside the machine for a host with GPUs, in order.
+pub fn gpu_pass(root: &MachineRoot, inv: &Inventory) -> Vec<Report> {
+    let driver = inv.driver.as_ref().unwrap();
+    vec![
+        rewire::build_driver_root(root, driver).unwrap(),
+        rewire::rebuild_links(root, inv).unwrap(),
+        rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(&driver.version), conflicts).unwrap(),
+    ]
+}
+
+/// One line per entry under `root` (never following symlinks), sorted:
+/// `<path> <type> <mode|-> [-> target | <size> bytes]`.
+pub fn listing(root: &Path) -> String {
+    let mut lines = Vec::new();
+    walk(root, root, &mut |rel, meta, path| {
+        let ft = meta.file_type();
+        let line = if ft.is_symlink() {
+            let t = std::fs::read_link(path).unwrap();
+            format!("{rel} l -> {}", t.display())
+        } else if ft.is_dir() {
+            format!("{rel} d {:04o}", meta.mode() & 0o7777)
+        } else if ft.is_file() {
+            format!("{rel} f {:04o} {} bytes", meta.mode() & 0o7777, meta.len())
+        } else {
+            format!("{rel} other {:o}", meta.mode())
+        };
+        lines.push(line);
+    });
+    lines.sort();
+    lines.join("\n") + "\n"
+}
+
+/// Compare `actual` with `tests/golden/tree-<case>.txt`; rewrite it only with `UPDATE_GOLDEN=1`.
+pub fn golden(case: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/tree-{case}.txt"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+    assert_eq!(
+        actual,
+        expected,
+        "tree differs from {} (UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+/// Everything observable about each entry under `root` except atime: type, mode, owner, inode,
+/// mtime, ctime, link target, content. Used to prove a tree was not touched at all.
+pub type Snapshot = BTreeMap<String, String>;
+
+pub fn snapshot(root: &Path, skip: &[&Path]) -> Snapshot {
+    let mut out = BTreeMap::new();
+    walk_skipping(root, root, skip, &mut |rel, meta, path| {
+        let ft = meta.file_type();
+        let detail = if ft.is_symlink() {
+            format!("-> {}", std::fs::read_link(path).unwrap().display())
+        } else if ft.is_file() {
+            format!("{:?}", std::fs::read(path).unwrap())
+        } else {
+            String::new()
+        };
+        out.insert(
+            rel.to_owned(),
+            format!(
+                "mode={:o} uid={} gid={} ino={} rdev={} mtime={}.{} ctime={}.{} {detail}",
+                meta.mode(),
+                meta.uid(),
+                meta.gid(),
+                meta.ino(),
+                meta.rdev(),
+                meta.mtime(),
+                meta.mtime_nsec(),
+                meta.ctime(),
+                meta.ctime_nsec()
+            ),
+        );
+    });
+    out
+}
+
+fn walk(root: &Path, dir: &Path, f: &mut dyn FnMut(&str, &std::fs::Metadata, &Path)) {
+    walk_skipping(root, dir, &[], f);
+}
+
+fn walk_skipping(
+    root: &Path,
+    dir: &Path,
+    skip: &[&Path],
+    f: &mut dyn FnMut(&str, &std::fs::Metadata, &Path),
+) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if skip.contains(&path.as_path()) {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        f(&rel, &meta, &path);
+        if meta.file_type().is_dir() {
+            walk_skipping(root, &path, skip, f);
+        }
+    }
+}
