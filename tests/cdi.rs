@@ -975,3 +975,20 @@ fn fully_described_nodes_are_never_stated() {
     let err = inject(&doc.to_string(), &names).unwrap_err();
     assert!(err.contains("filling missing info failed"), "{err}");
 }
+
+#[test]
+fn our_own_spec_is_recognised_as_a_conflict_only_under_another_name() {
+    let (_, inv) = cases().remove(0);
+    let (_, text, _) = generated(&inv);
+    assert!(!cdi::conflicts(
+        KIND,
+        &cdi::spec_file_name(KIND),
+        text.as_bytes()
+    ));
+    assert!(cdi::conflicts(KIND, "nvidia.json", text.as_bytes()));
+    assert!(!cdi::conflicts(
+        "example.com/device",
+        "nvidia.json",
+        text.as_bytes()
+    ));
+}
