@@ -37,8 +37,9 @@ pub const DEFAULT_SPEC_FILE: &str = "nvidia.com-gpu.json";
 
 /// Options for driver files: read-only, and no setuid or device files through them.
 const FILE_OPTIONS: [&str; 5] = ["ro", "nosuid", "nodev", "rbind", "rprivate"];
-/// Options for IPC sockets: a client must write to a socket, so no `ro` (as `nvidia-ctk` since
-/// 1.18.2).
+/// Options for IPC sockets: no `ro`, as in libnvidia-container and `nvidia-ctk` since
+/// NVIDIA/nvidia-container-toolkit#1593, because a nested runtime in the container (enroot) that
+/// binds the socket again cannot do so from a read-only mount.
 const SOCKET_OPTIONS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noexec"];
 
 /// A CDI spec; field names and order as in the CDI `specs-go` package.
@@ -307,11 +308,11 @@ pub fn render(spec: &Spec) -> String {
 /// True only when all of these hold; anything else is kept, so a file we cannot read with
 /// certainty is never removed:
 /// - the name ends in `.json` or `.yaml` (lower case: the only names the Go CDI library reads;
-///   `.yml`, `.tmp` and the like are never loaded) and is not [`spec_file_name`]`(kind)`, which
-///   is ours and gets overwritten;
+///   `.yml`, `.tmp` and the like are never loaded) and is not `spec_file_name(kind)`, which is
+///   ours and gets overwritten;
 /// - the content is UTF-8 and either JSON (an object whose `cdiVersion` is a string and whose
 ///   `kind` is exactly `kind`) or, since CDI reads JSON and YAML alike whatever the extension,
-///   YAML as `nvidia-ctk` writes it (see [`yaml_is_spec_of`]).
+///   YAML as `nvidia-ctk` writes it (see `yaml_is_spec_of`).
 ///
 /// A file named like ours in a directory we do not write to is ours from an earlier
 /// configuration; that is the caller's call, as only it knows the directory.
