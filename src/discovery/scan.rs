@@ -794,3 +794,268 @@ impl Scan<'_> {
         Ok(Some((path, meta)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixture::materialize;
+
+    /// A host whose module is loaded with one GPU but no device nodes (so no root is needed):
+    /// the verdict is incomplete and always names the two missing nodes.
+    const GPU: &str = "nvidia-kernel 580.95.05 x86_64\n\
+        nvidia-gpu 0000:06:00.0 0 GPU-8c3f5a02-6f1e-4b1c-9d7e-2a4b6c8d0e1f NVIDIA L4\n";
+
+    fn scan(text: &str) -> (tempfile::TempDir, Inventory) {
+        let dir = tempfile::tempdir().unwrap();
+        materialize(text, dir.path()).unwrap();
+        let inv = discover(&HostRoot::new(dir.path())).unwrap();
+        (dir, inv)
+    }
+
+    fn reasons(inv: &Inventory) -> Vec<String> {
+        match &inv.verdict {
+            Verdict::Incomplete { reasons } => reasons.clone(),
+            v => panic!("expected incomplete, got {v:?}"),
+        }
+    }
+
+    fn files(dir: &LibDir) -> Vec<(&str, Option<&str>)> {
+        dir.files
+            .iter()
+            .map(|f| (f.name.as_str(), f.soname.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn gpus_without_nodes_are_incomplete_not_none() {
+        let (_d, inv) = scan(GPU);
+        assert_eq!(
+            reasons(&inv),
+            [
+                "/dev/nvidia0 missing for GPU 0 (0000:06:00.0)",
+                "/dev/nvidiactl missing",
+                "libcuda.so.580.95.05 not found through /etc/ld.so.cache or in the standard library directories"
+            ]
+        );
+        assert_eq!(inv.kernel_module.as_deref(), Some("580.95.05"));
+        assert_eq!(inv.gpus[0].bus_id, "0000:06:00.0");
+    }
+
+    #[test]
+    fn nothing_at_all_is_none() {
+        let (_d, inv) = scan("dir /usr/lib/x86_64-linux-gnu\n");
+        assert_eq!(inv.verdict, Verdict::None);
+        assert_eq!(inv.driver, None);
+        assert_eq!(inv.kvm, None);
+        // A loaded module without GPUs or nodes is nothing to bind either.
+        let (_d, inv) = scan("nvidia-kernel 580.95.05 x86_64\n");
+        assert_eq!(inv.verdict, Verdict::None);
+    }
+
+    #[test]
+    fn side_by_side_versions_pick_the_kernel_modules() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.82.07 x86_64\n\
+             elf /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 x86_64 libcuda.so.1\n\
+             elf /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 x86_64 libnvidia-ml.so.1\n\
+             elf /usr/lib/x86_64-linux-gnu/libcuda.so.999.1.1 x86_64 libcuda.so.1\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.as_ref().unwrap();
+        assert_eq!(d.version, "580.95.05");
+        assert_eq!(
+            files(&d.lib_dirs[0]),
+            [
+                ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1"))
+            ]
+        );
+        assert!(!reasons(&inv).iter().any(|r| r.contains("kernel module")));
+        // Without a match the newest is reported, and every version found is named.
+        let text = text.replace("580.95.05 x86_64\n", "580.95.06 x86_64\n");
+        let (_d, inv) = scan(&text);
+        assert_eq!(inv.driver.as_ref().unwrap().version, "999.1.1");
+        let r = reasons(&inv);
+        let mismatch = r.iter().find(|r| r.starts_with("kernel module")).unwrap();
+        assert_eq!(
+            mismatch,
+            "kernel module 580.95.06 but libcuda.so.580.82.07 (in /usr/lib/x86_64-linux-gnu), \
+             libcuda.so.580.95.05 (in /usr/lib/x86_64-linux-gnu), libcuda.so.999.1.1 (in /usr/lib/x86_64-linux-gnu)"
+        );
+        assert!(r.contains(
+            &"libnvidia-ml.so.999.1.1 missing from /usr/lib/x86_64-linux-gnu".to_owned()
+        ));
+    }
+
+    #[test]
+    fn merged_usr_and_the_cache_name_one_directory_once() {
+        let text = format!(
+            "{GPU}dir /usr/lib/x86_64-linux-gnu\nlink /lib usr/lib\n\
+             nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             ldcache /usr/lib/x86_64-linux-gnu=/lib/x86_64-linux-gnu\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(d.lib_dirs[0].path, "/usr/lib/x86_64-linux-gnu");
+        assert_eq!(d.lib_dirs[0].triplet, "x86_64-linux-gnu");
+        // The SONAME equal to the file name is not repeated; the non-driver version is left out.
+        let names = files(&d.lib_dirs[0]);
+        assert!(names.contains(&("libnvidia-glcore.so.580.95.05", None)));
+        assert!(names.contains(&(
+            "vdpau/libvdpau_nvidia.so.580.95.05",
+            Some("libvdpau_nvidia.so.1")
+        )));
+        assert!(!names.iter().any(|(n, _)| n.contains("wayland")));
+    }
+
+    #[test]
+    fn the_cache_decides_between_two_copies_for_one_architecture() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             nvidia-libs /usr/lib/x86_64-linux-gnu/nvidia/current 580.95.05 x86_64\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(d.lib_dirs[0].path, "/usr/lib/x86_64-linux-gnu");
+        let (_d, inv) = scan(&format!(
+            "{text}ldcache /usr/lib/x86_64-linux-gnu/nvidia/current\n"
+        ));
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(
+            d.lib_dirs[0].path,
+            "/usr/lib/x86_64-linux-gnu/nvidia/current"
+        );
+    }
+
+    #[test]
+    fn i386_libraries_come_after_the_native_ones_and_need_no_nvml() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             nvidia-libs /usr/lib/i386-linux-gnu 580.95.05 i386 -libnvidia-ml\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.as_ref().unwrap();
+        let dirs: Vec<_> = d
+            .lib_dirs
+            .iter()
+            .map(|l| (l.path.as_str(), l.triplet.as_str()))
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                ("/usr/lib/x86_64-linux-gnu", "x86_64-linux-gnu"),
+                ("/usr/lib/i386-linux-gnu", "i386-linux-gnu")
+            ]
+        );
+        assert!(!reasons(&inv).iter().any(|r| r.contains("libnvidia-ml")));
+    }
+
+    #[test]
+    fn soname_falls_back_to_a_link_in_the_same_directory() {
+        let dir = "/usr/lib/x86_64-linux-gnu";
+        let text = format!(
+            "{GPU}elf {dir}/libcuda.so.580.95.05 x86_64 libcuda.so.1\n\
+             elf {dir}/libnvidia-ml.so.580.95.05 x86_64\n\
+             link {dir}/libnvidia-ml.so.1 libnvidia-ml.so.580.95.05\n\
+             link {dir}/libnvidia-ml.so libnvidia-ml.so.1\n\
+             file {dir}/libnvidia-cfg.so.580.95.05 not an ELF file\n\
+             link {dir}/libnvidia-cfg.so.1 libnvidia-cfg.so.580.95.05\n\
+             file {dir}/libnvidia-tls.so.580.95.05 not an ELF file either\n"
+        );
+        let (_d, inv) = scan(&text);
+        assert_eq!(
+            files(&inv.driver.unwrap().lib_dirs[0]),
+            [
+                ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                ("libnvidia-cfg.so.580.95.05", Some("libnvidia-cfg.so.1")),
+                ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1")),
+                ("libnvidia-tls.so.580.95.05", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_libcuda_that_is_not_a_usable_elf_is_named() {
+        let text = format!(
+            "{GPU}file /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 garbage\n\
+             elf /usr/lib/aarch64-linux-gnu/libcuda.so.580.95.05 i386 libcuda.so.1\n"
+        );
+        let (_d, inv) = scan(&text);
+        let r = reasons(&inv);
+        assert!(
+            r.contains(
+                &"/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05: not an ELF file".to_owned()
+            ),
+            "{r:?}"
+        );
+        assert!(
+            r.contains(
+                &"only 32-bit libcuda.so.580.95.05 found; the 64-bit driver libraries are missing"
+                    .to_owned()
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn links_resolve_inside_the_host_root_and_loops_end() {
+        // Absolute link targets and `..` past the top stay inside the root, as on the host.
+        let text = format!(
+            "{GPU}nvidia-libs /opt/nv/lib 580.95.05 x86_64\n\
+             dir /usr/lib\n\
+             link /usr/lib/x86_64-linux-gnu /opt/nv/lib\n\
+             link /usr/lib/aarch64-linux-gnu ../../../../../../opt/nv/lib\n\
+             link /lib64 lib64\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        let dirs: Vec<_> = d.lib_dirs.iter().map(|l| l.path.as_str()).collect();
+        assert_eq!(dirs, ["/opt/nv/lib"]);
+    }
+
+    #[test]
+    fn non_utf8_names_are_skipped() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let text = format!("{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n");
+        let dir = tempfile::tempdir().unwrap();
+        materialize(&text, dir.path()).unwrap();
+        let lib = dir.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::write(
+            lib.join(std::ffi::OsStr::from_bytes(b"libcuda.so.\xff")),
+            "x",
+        )
+        .unwrap();
+        std::fs::write(
+            lib.join(std::ffi::OsStr::from_bytes(b"lib\xff.so.580.95.05")),
+            "x",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+        std::fs::write(
+            dir.path()
+                .join("dev")
+                .join(std::ffi::OsStr::from_bytes(b"nvidia\xff")),
+            "",
+        )
+        .unwrap();
+        let inv = discover(&HostRoot::new(dir.path())).unwrap();
+        assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 23);
+    }
+
+    #[test]
+    fn oversized_proc_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        materialize(GPU, dir.path()).unwrap();
+        let p = dir.path().join("proc/driver/nvidia/version");
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        std::fs::write(&p, vec![b'x'; MAX_PROC_FILE as usize + 1]).unwrap();
+        let err = format!("{:#}", discover(&HostRoot::new(dir.path())).unwrap_err());
+        assert!(
+            err.contains("proc/driver/nvidia/version: larger than 1048576 bytes"),
+            "{err}"
+        );
+    }
+}
