@@ -204,10 +204,11 @@ pub fn discovery_text(inv: &Inventory) -> String {
 pub fn demo(example: &str, list: bool) -> Result<()> {
     use crate::fixture;
     if list {
+        let mut out = String::new();
         for (name, text) in fixture::EXAMPLES {
-            println!("{name:<20} {}", fixture::description(text));
+            let _ = writeln!(out, "{name:<20} {}", fixture::description(text));
         }
-        return Ok(());
+        return print_all(&out);
     }
     let text = fixture::example(example).ok_or_else(|| {
         crate::error::bad_input(format!(
@@ -254,6 +255,20 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
         }
     }
     // The CDI spec post-start writes into the machine goes here, once the cdi module renders it.
-    print!("{out}");
-    Ok(())
+    print_all(&out)
+}
+
+/// Print to stdout; a reader that went away (`demo | head`) is not an error.
+fn print_all(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing to standard output")
+        }
+        _ => Ok(()),
+    }
 }

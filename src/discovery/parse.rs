@@ -973,6 +973,56 @@ mod tests {
         assert_eq!(elf_info(&exe).unwrap().soname, None);
     }
 
+    /// A poor man's fuzz run until the real fuzzers exist: random bytes, and random splices of
+    /// valid inputs, through every parser. Any result is fine; a panic fails the test.
+    #[test]
+    fn random_input_never_panics() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let seeds: Vec<Vec<u8>> = vec![
+            b"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  555.42.06  Release Build\n"
+                .to_vec(),
+            b"Model: L4\nGPU UUID: GPU-1\nBus Location: 0000:06:00.0\nDevice Minor: 0\n".to_vec(),
+            b"Character devices:\n195 nvidia\n\nBlock devices:\n".to_vec(),
+            crate::fixture::ld_so_cache(&[("libcuda.so.1", "/l/libcuda.so.1", 0x303)]),
+            crate::fixture::elf_shared_object(crate::fixture::Arch::X86_64, Some("libcuda.so.1")),
+        ];
+        for round in 0..20_000 {
+            let mut input = seeds[round % seeds.len()].clone();
+            match next() % 3 {
+                0 => {
+                    let len = (next() % 200) as usize;
+                    input = (0..len).map(|_| next() as u8).collect();
+                }
+                1 if !input.is_empty() => {
+                    for _ in 0..(next() % 8) {
+                        let at = (next() as usize) % input.len();
+                        input[at] = next() as u8;
+                    }
+                }
+                _ => {
+                    let keep = (next() as usize) % (input.len() + 1);
+                    input.truncate(keep);
+                }
+            }
+            let _ = nvidia_version(&input);
+            let _ = gpu_information(&input);
+            let _ = proc_devices(&input);
+            let _ = pci_id(&input);
+            let _ = ld_so_cache(&input);
+            let _ = elf_info_bytes(&input);
+            if let Ok(s) = std::str::from_utf8(&input) {
+                let _ = PciAddress::parse(s);
+                let _ = is_version(s) && cmp_versions(s, "1.2").is_eq();
+            }
+        }
+    }
+
     #[test]
     fn elf_garbage_is_an_error_not_a_panic() {
         use crate::fixture::{Arch, elf_shared_object};

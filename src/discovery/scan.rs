@@ -156,7 +156,7 @@ struct Scan<'a> {
 
 impl Scan<'_> {
     fn reason(&mut self, r: String) {
-        tracing::debug!(reason = %r, "incomplete");
+        tracing::debug!(reason = %r, "NVIDIA state problem");
         self.reasons.push(r);
     }
 
