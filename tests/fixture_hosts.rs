@@ -792,3 +792,48 @@ fn privileged_demo_shows_discovery_and_the_nspawn_file() {
     assert_eq!(code(&out), 2);
     assert!(text(&out.stderr).contains("\"nope\""));
 }
+
+#[test]
+fn privileged_foreign_and_host_only_nodes_are_never_bound() {
+    let dir = host("foreign-drm");
+    assert_eq!(
+        code(&run(
+            dir.path(),
+            &["nspawn-lifecycle", "pre-start", "kube1"]
+        )),
+        0
+    );
+    let file = std::fs::read_to_string(dir.path().join(NSPAWN)).unwrap();
+    assert!(
+        file.contains("\nBind=/dev/dri/card1\n") && file.contains("\nBind=/dev/dri/renderD129\n")
+    );
+    for intel in ["/dev/dri/card0", "/dev/dri/renderD128", "by-path"] {
+        assert!(
+            !file.contains(intel),
+            "the Intel GPU's {intel} is bound:\n{file}"
+        );
+    }
+    let dir = host("eight-gpus");
+    assert_eq!(
+        code(&run(
+            dir.path(),
+            &["nspawn-lifecycle", "pre-start", "kube1"]
+        )),
+        0
+    );
+    let file = std::fs::read_to_string(dir.path().join(NSPAWN)).unwrap();
+    assert!(!file.contains("nvswitch"), "{file}");
+    assert!(
+        file.contains("\nBind=/dev/nvidia-caps/nvidia-cap1\n"),
+        "{file}"
+    );
+    assert!(
+        file.contains("\nBind=/dev/nvidia-caps-imex-channels/channel0\n"),
+        "{file}"
+    );
+    assert!(
+        file.contains(
+            "\nBind=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+        )
+    );
+}
