@@ -1,1 +1,1044 @@
-//! Parsers for what the driver and kernel publish; they take bytes, never paths.
+//! Parsers for what the driver, the kernel and glibc publish; they take bytes, never paths.
+//!
+//! Every parser is bounded and panic-free on any input (they are fuzzed): indexing goes through
+//! `get`, arithmetic is checked, loops have fixed upper bounds, and errors say what was wrong.
+//! The caller names the file in its message; these errors name the line or field.
+
+use std::fmt;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// Why bytes could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(String);
+
+impl ParseError {
+    fn new(msg: impl Into<String>) -> Self {
+        ParseError(msg.into())
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+type Result<T> = std::result::Result<T, ParseError>;
+
+/// Longest driver version we accept (`580.95.05` is 9); longer is garbage, not a version.
+const MAX_VERSION_LEN: usize = 32;
+
+/// Whether `s` looks like an NVIDIA driver version: dot-separated decimal numbers, at least two
+/// (`580.95.05`, `550.54`). Versions end up in file names and paths, so nothing else may pass.
+pub fn is_version(s: &str) -> bool {
+    s.len() <= MAX_VERSION_LEN
+        && s.contains('.')
+        && s.split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Compare two [`is_version`] strings numerically, component by component (`580.95.05` >
+/// `580.9.99`); leading zeros do not count.
+pub fn cmp_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let key = |s: &str| -> Vec<(usize, String)> {
+        s.split('.')
+            .map(|p| {
+                let t = p.trim_start_matches('0');
+                (t.len(), t.to_owned())
+            })
+            .collect()
+    };
+    key(a).cmp(&key(b)).then_with(|| a.cmp(b))
+}
+
+/// The first line of a /proc file as text, or an error saying why not.
+fn first_line(bytes: &[u8]) -> Result<&str> {
+    let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(ParseError::new("empty first line"));
+    }
+    std::str::from_utf8(line).map_err(|_| ParseError::new("first line is not UTF-8"))
+}
+
+/// What `/proc/driver/nvidia/version` says about the loaded kernel module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelModule {
+    pub version: String,
+    /// The open GPU kernel modules (`NVIDIA UNIX Open Kernel Module for <arch>`).
+    pub open: bool,
+}
+
+/// Parse the first line of `/proc/driver/nvidia/version`, in either form:
+/// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  <date>` (proprietary) or
+/// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  555.42.06  Release Build  (…)  <date>`.
+pub fn nvidia_version(bytes: &[u8]) -> Result<KernelModule> {
+    let line = first_line(bytes)?;
+    let rest = line.strip_prefix("NVRM version:").ok_or_else(|| {
+        ParseError::new(format!(
+            "first line {:?} is not \"NVRM version: …\"",
+            shorten(line)
+        ))
+    })?;
+    let (before, after) = rest.split_once("Kernel Module").ok_or_else(|| {
+        ParseError::new(format!(
+            "first line {:?} has no \"Kernel Module\"",
+            shorten(line)
+        ))
+    })?;
+    let open = before.split_whitespace().any(|w| w == "Open");
+    let mut words = after.split_whitespace();
+    // The open form puts "for <arch>" between "Kernel Module" and the version.
+    let mut word = words.next();
+    if word == Some("for") {
+        words.next();
+        word = words.next();
+    }
+    match word {
+        Some(v) if is_version(v) => Ok(KernelModule {
+            version: v.to_owned(),
+            open,
+        }),
+        _ => Err(ParseError::new(format!(
+            "no driver version after \"Kernel Module\" in {:?}",
+            shorten(line)
+        ))),
+    }
+}
+
+/// Keep error messages about garbage short.
+fn shorten(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// The fields we use from `/proc/driver/nvidia/gpus/<bus>/information`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInformation {
+    pub model: String,
+    pub uuid: String,
+    pub bus_location: String,
+    pub device_minor: u32,
+}
+
+/// Parse `/proc/driver/nvidia/gpus/<bus>/information` (`Key:   value` lines). `Model`, `GPU UUID`,
+/// `Bus Location` and `Device Minor` are required.
+pub fn gpu_information(bytes: &[u8]) -> Result<GpuInformation> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
+    let (mut model, mut uuid, mut bus, mut minor) = (None, None, None, None);
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key.trim() {
+            "Model" => model = Some(value),
+            "GPU UUID" => uuid = Some(value),
+            "Bus Location" => bus = Some(value),
+            "Device Minor" => minor = Some(value),
+            _ => {}
+        }
+    }
+    let need = |v: Option<&str>, key: &str| -> Result<String> {
+        match v {
+            Some(s) if !s.is_empty() => Ok(s.to_owned()),
+            _ => Err(ParseError::new(format!("no \"{key}:\" line"))),
+        }
+    };
+    let model = need(model, "Model")?;
+    let uuid = need(uuid, "GPU UUID")?;
+    if !uuid.starts_with("GPU-")
+        || uuid.len() > 64
+        || !uuid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(ParseError::new(format!(
+            "GPU UUID {:?} is not like GPU-edfee158-11c1-52b8-0517-92f30e7fac88",
+            shorten(&uuid)
+        )));
+    }
+    let bus_location = need(bus, "Bus Location")?;
+    let minor_text = need(minor, "Device Minor")?;
+    let device_minor = minor_text.parse::<u32>().map_err(|_| {
+        ParseError::new(format!(
+            "Device Minor {:?} is not a number",
+            shorten(&minor_text)
+        ))
+    })?;
+    Ok(GpuInformation {
+        model,
+        uuid,
+        bus_location,
+        device_minor,
+    })
+}
+
+/// A PCI address `domain:bus:device.function`, ordered like the PCI bus enumerates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PciAddress {
+    pub domain: u32,
+    pub bus: u8,
+    pub device: u8,
+    pub function: u8,
+}
+
+impl PciAddress {
+    /// Parse `0000:06:00.0` (hex, case-insensitive; the kernel writes lower case).
+    pub fn parse(s: &str) -> Option<PciAddress> {
+        let (domain, rest) = s.split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, function) = rest.split_once('.')?;
+        let hex = |t: &str, max_len: usize| {
+            (!t.is_empty() && t.len() <= max_len && t.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| u32::from_str_radix(t, 16).ok())
+                .flatten()
+        };
+        let addr = PciAddress {
+            domain: hex(domain, 8)?,
+            bus: u8::try_from(hex(bus, 2)?).ok()?,
+            device: u8::try_from(hex(device, 2)?).ok()?,
+            function: u8::try_from(hex(function, 1)?).ok()?,
+        };
+        (addr.device < 32 && addr.function < 8).then_some(addr)
+    }
+}
+
+impl fmt::Display for PciAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+/// Parse the "Character devices:" section of `/proc/devices` into (major, driver name) pairs,
+/// in file order. A major may appear more than once (`4 /dev/vc/0`, `4 tty`).
+pub fn proc_devices(bytes: &[u8]) -> Result<Vec<(u32, String)>> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
+    let mut lines = text.lines();
+    if !lines.any(|l| l.trim() == "Character devices:") {
+        return Err(ParseError::new("no \"Character devices:\" section"));
+    }
+    let mut out = Vec::new();
+    for line in lines {
+        let line = line.trim();
+        if line.is_empty() || line.ends_with("devices:") {
+            break;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(major), Some(name), None) = (words.next(), words.next(), words.next()) else {
+            return Err(ParseError::new(format!(
+                "line {:?} is not \"<major> <name>\"",
+                shorten(line)
+            )));
+        };
+        let major = major.parse::<u32>().map_err(|_| {
+            ParseError::new(format!(
+                "line {:?} does not start with a major number",
+                shorten(line)
+            ))
+        })?;
+        out.push((major, name.to_owned()));
+    }
+    Ok(out)
+}
+
+/// Parse a PCI sysfs `vendor` (or `device`) file: `0x10de\n`.
+pub fn pci_id(bytes: &[u8]) -> Result<u16> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
+    let t = text.trim_end_matches('\n');
+    t.strip_prefix("0x")
+        .filter(|h| h.len() == 4)
+        .and_then(|h| u16::from_str_radix(h, 16).ok())
+        .ok_or_else(|| ParseError::new(format!("{:?} is not a 16-bit id like 0x10de", shorten(t))))
+}
+
+/// The NVIDIA PCI vendor id.
+pub const NVIDIA_VENDOR: u16 = 0x10de;
+
+// ---------------------------------------------------------------------------------------------
+// glibc ld.so.cache
+
+const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
+const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
+const OLD_HEADER: usize = 16; // magic[11], pad, nlibs u32
+const OLD_ENTRY: usize = 12; // flags i32, key u32, value u32
+const NEW_HEADER: usize = 48; // magic+version[20], nlibs, len_strings, flags u8, pad[3], extension_offset, unused[3]
+const NEW_ENTRY: usize = 24; // flags i32, key u32, value u32, osversion u32, hwcap u64
+/// Longest name or path we read out of the string table.
+const MAX_CACHE_STRING: usize = 4096;
+
+/// One `ld.so.cache` entry: `libcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LdCacheEntry {
+    /// The SONAME (or file name) the dynamic linker looks up.
+    pub key: String,
+    /// The absolute path it maps to.
+    pub path: String,
+    /// glibc's `FLAG_*` bits: the low byte is the library type (3 = libc6), the next the
+    /// required ABI (`0x0300` x86-64, `0x0a00` AArch64, 0 for i386 on x86 hosts).
+    pub flags: u32,
+}
+
+/// Parse a glibc `ld.so.cache`: the `glibc-ld.so.cache1.1` format (Debian 12's default), the old
+/// `ld.so-1.7.0` format with the new one appended (what older ldconfig wrote by default), or the old
+/// format alone. Entries whose key or path is not UTF-8 are skipped.
+pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry>> {
+    if bytes.starts_with(NEW_MAGIC) {
+        return parse_new_cache(bytes, 0);
+    }
+    if !bytes.starts_with(OLD_MAGIC) {
+        return Err(ParseError::new(
+            "not an ld.so.cache (neither \"glibc-ld.so.cache1.1\" nor \"ld.so-1.7.0\" magic)",
+        ));
+    }
+    let nlibs = read_u32(bytes, 12, false).ok_or_else(|| ParseError::new("truncated header"))?;
+    let entries_end = usize::try_from(nlibs)
+        .ok()
+        .and_then(|n| n.checked_mul(OLD_ENTRY))
+        .and_then(|n| n.checked_add(OLD_HEADER))
+        .filter(|&end| end <= bytes.len())
+        .ok_or_else(|| {
+            ParseError::new(format!(
+                "{nlibs} entries do not fit in {} bytes",
+                bytes.len()
+            ))
+        })?;
+    // The new format hides in the old one's string table, aligned like `struct cache_file_new`.
+    let new_start = entries_end.next_multiple_of(8);
+    if bytes
+        .get(new_start..)
+        .is_some_and(|b| b.starts_with(NEW_MAGIC))
+    {
+        return parse_new_cache(bytes, new_start);
+    }
+    let mut out = Vec::new();
+    for i in 0..nlibs as usize {
+        let at = OLD_HEADER + i * OLD_ENTRY;
+        let (Some(flags), Some(key), Some(value)) = (
+            read_u32(bytes, at, false),
+            read_u32(bytes, at + 4, false),
+            read_u32(bytes, at + 8, false),
+        ) else {
+            return Err(ParseError::new("truncated entry"));
+        };
+        push_entry(&mut out, bytes, entries_end, flags, key, value)?;
+    }
+    Ok(out)
+}
+
+fn parse_new_cache(bytes: &[u8], base: usize) -> Result<Vec<LdCacheEntry>> {
+    let header = bytes
+        .get(base..)
+        .filter(|h| h.len() >= NEW_HEADER)
+        .ok_or_else(|| ParseError::new("truncated glibc-ld.so.cache1.1 header"))?;
+    // cache_file_new.flags: 2 little-endian, 3 big-endian, 0 unset (written by old ldconfig on
+    // little-endian machines, the only ones we run on).
+    let big_endian = match header.get(28).copied().unwrap_or(0) & 3 {
+        0 | 2 => false,
+        3 => true,
+        _ => return Err(ParseError::new("header says its byte order is invalid")),
+    };
+    let nlibs = read_u32(header, 20, big_endian).unwrap_or(0);
+    usize::try_from(nlibs)
+        .ok()
+        .and_then(|n| n.checked_mul(NEW_ENTRY))
+        .and_then(|n| n.checked_add(NEW_HEADER))
+        .filter(|&end| end <= header.len())
+        .ok_or_else(|| {
+            ParseError::new(format!(
+                "{nlibs} entries do not fit in {} bytes",
+                header.len()
+            ))
+        })?;
+    let mut out = Vec::new();
+    for i in 0..nlibs as usize {
+        let at = NEW_HEADER + i * NEW_ENTRY;
+        let (Some(flags), Some(key), Some(value)) = (
+            read_u32(header, at, big_endian),
+            read_u32(header, at + 4, big_endian),
+            read_u32(header, at + 8, big_endian),
+        ) else {
+            return Err(ParseError::new("truncated entry"));
+        };
+        // String offsets of the new format count from its own header.
+        push_entry(&mut out, header, 0, flags, key, value)?;
+    }
+    Ok(out)
+}
+
+fn push_entry(
+    out: &mut Vec<LdCacheEntry>,
+    bytes: &[u8],
+    strings: usize,
+    flags: u32,
+    key: u32,
+    value: u32,
+) -> Result<()> {
+    let key = cstr_at(bytes, strings, key)?;
+    let path = cstr_at(bytes, strings, value)?;
+    if let (Ok(key), Ok(path)) = (std::str::from_utf8(key), std::str::from_utf8(path)) {
+        out.push(LdCacheEntry {
+            key: key.to_owned(),
+            path: path.to_owned(),
+            flags,
+        });
+    }
+    Ok(())
+}
+
+fn cstr_at(bytes: &[u8], base: usize, off: u32) -> Result<&[u8]> {
+    let start = usize::try_from(off)
+        .ok()
+        .and_then(|o| o.checked_add(base))
+        .filter(|&s| s < bytes.len())
+        .ok_or_else(|| ParseError::new(format!("string offset {off} is outside the file")))?;
+    let tail = bytes.get(start..).unwrap_or_default();
+    let window = tail
+        .get(..MAX_CACHE_STRING.min(tail.len()))
+        .unwrap_or_default();
+    let len = window
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| ParseError::new(format!("string at offset {off} is not terminated")))?;
+    Ok(window.get(..len).unwrap_or_default())
+}
+
+fn read_u32(b: &[u8], at: usize, big_endian: bool) -> Option<u32> {
+    let raw: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(if big_endian {
+        u32::from_be_bytes(raw)
+    } else {
+        u32::from_le_bytes(raw)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// ELF
+
+/// Random access to a file's bytes, so the ELF reader touches only the few ranges it needs of a
+/// 100 MB library (a `File` reads with `pread`, a slice from memory).
+pub trait ReadAt {
+    /// Read up to `buf.len()` bytes at `offset`; fewer only at the end of the data.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(src) = usize::try_from(offset).ok().and_then(|o| self.get(o..)) else {
+            return Ok(0);
+        };
+        let n = src.len().min(buf.len());
+        buf[..n].copy_from_slice(&src[..n]);
+        Ok(n)
+    }
+}
+
+impl ReadAt for std::fs::File {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+            match FileExt::read_at(self, &mut buf[done..], at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// ELF machine numbers we map to Debian multiarch triplets.
+pub const EM_386: u16 = 3;
+pub const EM_X86_64: u16 = 62;
+pub const EM_AARCH64: u16 = 183;
+
+/// What the helper needs from an ELF shared object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfInfo {
+    /// 32 or 64.
+    pub bits: u8,
+    pub big_endian: bool,
+    /// `e_machine`.
+    pub machine: u16,
+    /// `DT_SONAME`, when the object has one.
+    pub soname: Option<String>,
+}
+
+impl ElfInfo {
+    /// The Debian multiarch triplet for this object, for the architectures we support.
+    pub fn triplet(&self) -> Option<&'static str> {
+        match (self.bits, self.big_endian, self.machine) {
+            (64, false, EM_X86_64) => Some("x86_64-linux-gnu"),
+            (64, false, EM_AARCH64) => Some("aarch64-linux-gnu"),
+            (32, false, EM_386) => Some("i386-linux-gnu"),
+            _ => None,
+        }
+    }
+}
+
+/// More program headers than this is not a library we care about.
+const MAX_PHNUM: usize = 256;
+/// Upper bound on the dynamic section we read (4096 64-bit entries).
+const MAX_DYNAMIC: usize = 64 * 1024;
+/// Longest SONAME we accept.
+const MAX_SONAME: usize = 255;
+
+/// Read an ELF file's class, byte order, machine and `DT_SONAME`, touching only the ELF header,
+/// the program headers, the dynamic segment and one string: a few KB, whatever the file's size.
+/// The SONAME is found the way the dynamic linker finds it (`PT_DYNAMIC`, `DT_STRTAB` mapped
+/// through `PT_LOAD`), so it works on stripped objects without section headers.
+pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
+    let mut ehdr = [0u8; 64];
+    let n = r
+        .read_at(0, &mut ehdr)
+        .map_err(|e| ParseError::new(format!("reading the ELF header: {e}")))?;
+    if n < 52 || ehdr[..4] != *b"\x7fELF" {
+        return Err(ParseError::new("not an ELF file"));
+    }
+    let bits = match ehdr[4] {
+        1 => 32u8,
+        2 => 64,
+        c => return Err(ParseError::new(format!("unknown ELF class {c}"))),
+    };
+    let be = match ehdr[5] {
+        1 => false,
+        2 => true,
+        d => return Err(ParseError::new(format!("unknown ELF byte order {d}"))),
+    };
+    if bits == 64 && n < 64 {
+        return Err(ParseError::new("truncated ELF header"));
+    }
+    let f = Fields { be };
+    let machine = f.u16(&ehdr, 18).unwrap_or(0);
+    let (phoff, phentsize, phnum) = if bits == 64 {
+        (f.u64(&ehdr, 32), f.u16(&ehdr, 54), f.u16(&ehdr, 56))
+    } else {
+        (
+            f.u32(&ehdr, 28).map(u64::from),
+            f.u16(&ehdr, 42),
+            f.u16(&ehdr, 44),
+        )
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (phoff, phentsize, phnum) else {
+        return Err(ParseError::new("truncated ELF header"));
+    };
+    let (phentsize, phnum) = (usize::from(phentsize), usize::from(phnum));
+    let min_phent = if bits == 64 { 56 } else { 32 };
+    let mut info = ElfInfo {
+        bits,
+        big_endian: be,
+        machine,
+        soname: None,
+    };
+    if phnum == 0 {
+        return Ok(info);
+    }
+    if phentsize < min_phent || phentsize > 256 || phnum > MAX_PHNUM {
+        return Err(ParseError::new(format!(
+            "implausible program header table ({phnum} entries of {phentsize} bytes)"
+        )));
+    }
+    let table = read_exact(r, phoff, phentsize * phnum, "program headers")?;
+    let mut loads = Vec::new();
+    let mut dynamic = None;
+    for ph in table.chunks_exact(phentsize) {
+        let p = if bits == 64 {
+            Phdr {
+                kind: f.u32(ph, 0),
+                offset: f.u64(ph, 8),
+                vaddr: f.u64(ph, 16),
+                filesz: f.u64(ph, 32),
+            }
+        } else {
+            Phdr {
+                kind: f.u32(ph, 0),
+                offset: f.u32(ph, 4).map(u64::from),
+                vaddr: f.u32(ph, 8).map(u64::from),
+                filesz: f.u32(ph, 16).map(u64::from),
+            }
+        };
+        match p.kind {
+            Some(1) => loads.push(p),
+            Some(2) => dynamic = Some(p),
+            _ => {}
+        }
+    }
+    let Some(dynamic) = dynamic else {
+        return Ok(info);
+    };
+    let (Some(dyn_off), Some(dyn_size)) = (dynamic.offset, dynamic.filesz) else {
+        return Ok(info);
+    };
+    let dyn_size = usize::try_from(dyn_size)
+        .unwrap_or(usize::MAX)
+        .min(MAX_DYNAMIC);
+    let dyn_bytes = read_exact(r, dyn_off, dyn_size, "the dynamic segment")?;
+    let entsize = if bits == 64 { 16 } else { 8 };
+    let (mut strtab, mut strsz, mut soname) = (None, None, None);
+    for d in dyn_bytes.chunks_exact(entsize) {
+        let (tag, val) = if bits == 64 {
+            (f.u64(d, 0), f.u64(d, 8))
+        } else {
+            (f.u32(d, 0).map(u64::from), f.u32(d, 4).map(u64::from))
+        };
+        match (tag, val) {
+            (Some(0), _) => break,
+            (Some(5), Some(v)) => strtab = Some(v),
+            (Some(10), Some(v)) => strsz = Some(v),
+            (Some(14), Some(v)) => soname = Some(v),
+            _ => {}
+        }
+    }
+    let (Some(strtab), Some(name_off)) = (strtab, soname) else {
+        return Ok(info);
+    };
+    if strsz.is_some_and(|sz| name_off >= sz) {
+        return Err(ParseError::new("DT_SONAME points past the string table"));
+    }
+    // DT_STRTAB is a virtual address: map it to a file offset through the PT_LOAD covering it.
+    let file_off = loads
+        .iter()
+        .find_map(|l| {
+            let (off, va, sz) = (l.offset?, l.vaddr?, l.filesz?);
+            (strtab >= va && strtab < va.checked_add(sz)?)
+                .then(|| (strtab - va).checked_add(off))?
+        })
+        .and_then(|o| o.checked_add(name_off))
+        .ok_or_else(|| ParseError::new("DT_STRTAB is not inside any PT_LOAD segment"))?;
+    let mut buf = [0u8; MAX_SONAME + 1];
+    let got = r
+        .read_at(file_off, &mut buf)
+        .map_err(|e| ParseError::new(format!("reading DT_SONAME: {e}")))?;
+    let raw = buf.get(..got).unwrap_or_default();
+    let len = raw
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| ParseError::new("DT_SONAME is not terminated within 255 bytes"))?;
+    let name = std::str::from_utf8(raw.get(..len).unwrap_or_default())
+        .map_err(|_| ParseError::new("DT_SONAME is not UTF-8"))?;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(ParseError::new(format!(
+            "DT_SONAME {name:?} is not a file name"
+        )));
+    }
+    info.soname = Some(name.to_owned());
+    Ok(info)
+}
+
+/// [`elf_info`] of bytes in memory.
+pub fn elf_info_bytes(bytes: &[u8]) -> Result<ElfInfo> {
+    elf_info(bytes)
+}
+
+struct Phdr {
+    kind: Option<u32>,
+    offset: Option<u64>,
+    vaddr: Option<u64>,
+    filesz: Option<u64>,
+}
+
+fn read_exact<R: ReadAt + ?Sized>(r: &R, off: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let n = r
+        .read_at(off, &mut buf)
+        .map_err(|e| ParseError::new(format!("reading {what}: {e}")))?;
+    if n < len {
+        return Err(ParseError::new(format!(
+            "{what} run past the end of the file"
+        )));
+    }
+    Ok(buf)
+}
+
+/// Endian-aware field reads that return `None` instead of panicking on short input.
+struct Fields {
+    be: bool,
+}
+
+impl Fields {
+    fn u16(&self, b: &[u8], at: usize) -> Option<u16> {
+        let raw: [u8; 2] = b.get(at..at.checked_add(2)?)?.try_into().ok()?;
+        Some(if self.be {
+            u16::from_be_bytes(raw)
+        } else {
+            u16::from_le_bytes(raw)
+        })
+    }
+    fn u32(&self, b: &[u8], at: usize) -> Option<u32> {
+        read_u32(b, at, self.be)
+    }
+    fn u64(&self, b: &[u8], at: usize) -> Option<u64> {
+        let raw: [u8; 8] = b.get(at..at.checked_add(8)?)?.try_into().ok()?;
+        Some(if self.be {
+            u64::from_be_bytes(raw)
+        } else {
+            u64::from_le_bytes(raw)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        for v in ["580.95.05", "550.54", "1.0.0.1"] {
+            assert!(is_version(v), "{v}");
+        }
+        for v in [
+            "",
+            "580",
+            "580.",
+            ".95",
+            "580.95.05a",
+            "5 8.1",
+            "../1.2",
+            &"1.".repeat(20),
+        ] {
+            assert!(!is_version(v), "{v}");
+        }
+        use std::cmp::Ordering::*;
+        assert_eq!(cmp_versions("580.95.05", "580.9.99"), Greater);
+        assert_eq!(cmp_versions("580.82.07", "580.95.05"), Less);
+        assert_eq!(cmp_versions("1000.1", "999.99"), Greater);
+    }
+
+    #[test]
+    fn kernel_module_version_in_both_wordings() {
+        let prop = b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n";
+        assert_eq!(
+            nvidia_version(prop).unwrap(),
+            KernelModule {
+                version: "535.129.03".into(),
+                open: false
+            }
+        );
+        let open = b"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  555.42.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Jun  4 01:49:23 UTC 2024\n";
+        assert_eq!(
+            nvidia_version(open).unwrap(),
+            KernelModule {
+                version: "555.42.06".into(),
+                open: true
+            }
+        );
+        let arm = b"NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.54.15  Tue Mar  5 19:55:14 UTC 2024";
+        assert_eq!(nvidia_version(arm).unwrap().version, "550.54.15");
+        for (bad, needle) in [
+            (&b""[..], "empty"),
+            (b"\n", "empty"),
+            (
+                b"NVRM version: NVIDIA UNIX x86_64 Kernel Mod",
+                "no \"Kernel Module\"",
+            ),
+            (
+                b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  ",
+                "no driver version",
+            ),
+            (
+                b"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64",
+                "no driver version",
+            ),
+            (
+                b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05/../x",
+                "no driver version",
+            ),
+            (b"garbage", "is not \"NVRM version"),
+            (b"NVRM version: \xff\xfe Kernel Module 1.2", "not UTF-8"),
+        ] {
+            let err = nvidia_version(bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn gpu_information_file() {
+        let text = "Model: \t\t Tesla V100-SXM2-16GB\nIRQ:             408\nGPU UUID:        GPU-edfee158-11c1-52b8-0517-92f30e7fac88\nVideo BIOS:      88.00.41.00.01\nBus Type:        PCIe\nDMA Size:        47 bits\nDMA Mask:        0x7fffffffffff\nBus Location:    0000:06:00.0\nDevice Minor:    0\nGPU Excluded:    No\n";
+        let g = gpu_information(text.as_bytes()).unwrap();
+        assert_eq!(g.model, "Tesla V100-SXM2-16GB");
+        assert_eq!(g.uuid, "GPU-edfee158-11c1-52b8-0517-92f30e7fac88");
+        assert_eq!(g.bus_location, "0000:06:00.0");
+        assert_eq!(g.device_minor, 0);
+        let truncated = &text[..text.find("Bus Location").unwrap()];
+        assert!(
+            gpu_information(truncated.as_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("Bus Location")
+        );
+        let bad_minor = text.replace("Device Minor:    0", "Device Minor:    -1");
+        assert!(gpu_information(bad_minor.as_bytes()).is_err());
+        let bad_uuid = text.replace("GPU-edfee158", "GPU-../../x");
+        assert!(gpu_information(bad_uuid.as_bytes()).is_err());
+        assert!(gpu_information(b"\xff\xfe").is_err());
+    }
+
+    #[test]
+    fn pci_addresses_sort_in_bus_order() {
+        let mut a: Vec<_> = [
+            "0000:86:00.0",
+            "0000:3b:00.0",
+            "0009:01:00.0",
+            "0000:3B:00.1",
+        ]
+        .iter()
+        .map(|s| PciAddress::parse(s).unwrap())
+        .collect();
+        a.sort();
+        let shown: Vec<_> = a.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "0000:3b:00.0",
+                "0000:3b:00.1",
+                "0000:86:00.0",
+                "0009:01:00.0"
+            ]
+        );
+        for bad in [
+            "",
+            "0000:06:00",
+            "0000:06:00.8",
+            "0000:06:20.0",
+            "x:06:00.0",
+            "0000:106:00.0",
+            "0000:06:00.0/..",
+        ] {
+            assert_eq!(PciAddress::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn proc_devices_character_section() {
+        let text = "Character devices:\n  1 mem\n  4 /dev/vc/0\n  4 tty\n195 nvidia\n226 drm\n508 nvidia-uvm\n\nBlock devices:\n  8 sd\n";
+        let got = proc_devices(text.as_bytes()).unwrap();
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[3], (195, "nvidia".to_owned()));
+        assert_eq!(got[5], (508, "nvidia-uvm".to_owned()));
+        assert!(!got.iter().any(|(_, n)| n == "sd"));
+        assert!(proc_devices(b"Block devices:\n 8 sd\n").is_err());
+        assert!(proc_devices(b"Character devices:\nnvidia 195\n").is_err());
+        assert!(proc_devices(b"Character devices:\n195\n").is_err());
+        assert!(proc_devices(b"\xff").is_err());
+        // Truncated after the header is just an empty table.
+        assert_eq!(proc_devices(b"Character devices:\n").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn pci_ids() {
+        assert_eq!(pci_id(b"0x10de\n").unwrap(), NVIDIA_VENDOR);
+        assert_eq!(pci_id(b"0x8086").unwrap(), 0x8086);
+        for bad in [&b""[..], b"10de\n", b"0x10de0\n", b"0xzzzz\n", b"\xff"] {
+            assert!(pci_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// `ldconfig -p` lines: `\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1`.
+    fn ldconfig_p(args: &[&str]) -> Vec<(String, String)> {
+        let out = std::process::Command::new("ldconfig")
+            .arg("-p")
+            .args(args)
+            .output()
+            .expect("ldconfig -p runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with('\t'))
+            .map(|l| {
+                let (name, rest) = l.trim().split_once(" (").unwrap();
+                let (_, path) = rest.rsplit_once(" => ").unwrap();
+                (name.to_owned(), path.to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn real_ld_so_cache_matches_ldconfig() {
+        let bytes = std::fs::read("/etc/ld.so.cache").unwrap();
+        let ours: Vec<_> = ld_so_cache(&bytes)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key, e.path))
+            .collect();
+        let theirs = ldconfig_p(&[]);
+        assert!(theirs.len() > 10, "suspiciously small cache");
+        assert_eq!(ours, theirs);
+    }
+
+    /// ldconfig itself writes the three cache layouts from a tree of our ELF stand-ins (which also
+    /// proves ldconfig accepts the stand-ins as shared objects); each must read back the same.
+    #[test]
+    fn ldconfig_written_caches_in_every_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let lib = root.join("opt/nv/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/ld.so.conf"), "/opt/nv/lib\n").unwrap();
+        for (file, soname) in [
+            ("libcuda.so.580.95.05", "libcuda.so.1"),
+            ("libnvidia-ml.so.580.95.05", "libnvidia-ml.so.1"),
+            (
+                "libnvidia-glcore.so.580.95.05",
+                "libnvidia-glcore.so.580.95.05",
+            ),
+        ] {
+            let elf = crate::fixture::elf_shared_object(crate::fixture::Arch::X86_64, Some(soname));
+            std::fs::write(lib.join(file), elf).unwrap();
+        }
+        let root_s = root.to_str().unwrap();
+        for format in ["new", "compat", "old"] {
+            let cache = format!("/etc/ld.so.cache.{format}");
+            let st = std::process::Command::new("ldconfig")
+                .args(["-r", root_s, "-c", format, "-C", &cache])
+                .status()
+                .unwrap();
+            assert!(st.success(), "ldconfig -c {format}");
+            let bytes = std::fs::read(root.join(cache.trim_start_matches('/'))).unwrap();
+            let magic = if format == "new" {
+                NEW_MAGIC
+            } else {
+                OLD_MAGIC
+            };
+            assert!(bytes.starts_with(magic), "{format}");
+            let ours = ld_so_cache(&bytes).unwrap();
+            let keys: Vec<_> = ours
+                .iter()
+                .map(|e| (e.key.as_str(), e.path.as_str()))
+                .collect();
+            assert!(
+                keys.contains(&("libcuda.so.1", "/opt/nv/lib/libcuda.so.1")),
+                "{format}: {keys:?}"
+            );
+            assert!(
+                keys.contains(&(
+                    "libnvidia-glcore.so.580.95.05",
+                    "/opt/nv/lib/libnvidia-glcore.so.580.95.05"
+                )),
+                "{format}: {keys:?}"
+            );
+            let cuda = ours.iter().find(|e| e.key == "libcuda.so.1").unwrap();
+            assert_eq!(cuda.flags, 0x0303, "{format}");
+            let theirs = ldconfig_p(&[
+                "-C",
+                root.join(cache.trim_start_matches('/')).to_str().unwrap(),
+            ]);
+            let ours: Vec<_> = ours.into_iter().map(|e| (e.key, e.path)).collect();
+            assert_eq!(ours, theirs, "{format}");
+        }
+    }
+
+    #[test]
+    fn cache_garbage_is_an_error_not_a_panic() {
+        let good = crate::fixture::ld_so_cache(&[("libcuda.so.1", "/x/libcuda.so.1", 0x0303)]);
+        for len in 0..good.len() {
+            let _ = ld_so_cache(&good[..len]);
+        }
+        assert!(
+            ld_so_cache(&good[..good.len() - 1]).is_err(),
+            "unterminated string"
+        );
+        assert!(ld_so_cache(b"garbage").is_err());
+        let mut huge = good.clone();
+        huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(ld_so_cache(&huge).is_err());
+        let mut old = b"ld.so-1.7.0\0".to_vec();
+        old.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(ld_so_cache(&old).is_err());
+    }
+
+    #[test]
+    fn elf_of_real_system_libraries() {
+        let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let info = elf_info(&libc).unwrap();
+        assert_eq!(info.triplet(), Some("x86_64-linux-gnu"));
+        assert_eq!(info.soname.as_deref(), Some("libc.so.6"));
+        let exe = std::fs::File::open("/bin/sh").unwrap();
+        assert_eq!(elf_info(&exe).unwrap().soname, None);
+    }
+
+    /// A poor man's fuzz run until the real fuzzers exist: random bytes, and random splices of
+    /// valid inputs, through every parser. Any result is fine; a panic fails the test.
+    #[test]
+    fn random_input_never_panics() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let seeds: Vec<Vec<u8>> = vec![
+            b"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  555.42.06  Release Build\n"
+                .to_vec(),
+            b"Model: L4\nGPU UUID: GPU-1\nBus Location: 0000:06:00.0\nDevice Minor: 0\n".to_vec(),
+            b"Character devices:\n195 nvidia\n\nBlock devices:\n".to_vec(),
+            crate::fixture::ld_so_cache(&[("libcuda.so.1", "/l/libcuda.so.1", 0x303)]),
+            crate::fixture::elf_shared_object(crate::fixture::Arch::X86_64, Some("libcuda.so.1")),
+        ];
+        for round in 0..20_000 {
+            let mut input = seeds[round % seeds.len()].clone();
+            match next() % 3 {
+                0 => {
+                    let len = (next() % 200) as usize;
+                    input = (0..len).map(|_| next() as u8).collect();
+                }
+                1 if !input.is_empty() => {
+                    for _ in 0..(next() % 8) {
+                        let at = (next() as usize) % input.len();
+                        input[at] = next() as u8;
+                    }
+                }
+                _ => {
+                    let keep = (next() as usize) % (input.len() + 1);
+                    input.truncate(keep);
+                }
+            }
+            let _ = nvidia_version(&input);
+            let _ = gpu_information(&input);
+            let _ = proc_devices(&input);
+            let _ = pci_id(&input);
+            let _ = ld_so_cache(&input);
+            let _ = elf_info_bytes(&input);
+            if let Ok(s) = std::str::from_utf8(&input) {
+                let _ = PciAddress::parse(s);
+                let _ = is_version(s) && cmp_versions(s, "1.2").is_eq();
+            }
+        }
+    }
+
+    #[test]
+    fn elf_garbage_is_an_error_not_a_panic() {
+        use crate::fixture::{Arch, elf_shared_object};
+        for arch in [Arch::X86_64, Arch::Aarch64, Arch::I386] {
+            let good = elf_shared_object(arch, Some("libx.so.1"));
+            for len in 0..good.len() {
+                let _ = elf_info_bytes(&good[..len]);
+            }
+            // Flip every byte in turn: any result is fine, a panic is not.
+            for i in 0..good.len() {
+                let mut bad = good.clone();
+                bad[i] ^= 0xff;
+                let _ = elf_info_bytes(&bad);
+            }
+        }
+        assert!(elf_info_bytes(b"#!/bin/sh\n").is_err());
+        assert!(elf_info_bytes(b"").is_err());
+    }
+}

@@ -1,10 +1,1061 @@
 //! Walks the host tree (through a `HostRoot`) and builds an `Inventory`.
+//!
+//! # Malformed /proc and /sys files
+//!
+//! A /proc or /sys file that exists but cannot be understood (truncated, garbage, not UTF-8, a
+//! bus id that disagrees with its directory, a vendor that is not NVIDIA's) is a *reason* in an
+//! `incomplete` verdict, naming the file and what is wrong with it. Such files appear while a
+//! driver is being loaded or replaced, and `incomplete` makes pre-start fail with exit code 3 so
+//! systemd retries the start until the host settles; a hard error would look like a bug in us.
+//! Only what we cannot read at all is an error (exit 1, naming the file): an I/O error, a
+//! directory where a file belongs, or a file over [`MAX_PROC_FILE`] (real ones are a few hundred
+//! bytes; a huge one is not a driver file and is not worth reading into memory).
+//!
+//! Reasons only matter when the host has NVIDIA hardware: with no NVIDIA device nodes and no GPU
+//! in /proc the verdict is `none` and they are logged at debug level.
+//!
+//! Directory entries whose names are not UTF-8 are skipped (debug log): no NVIDIA file has one.
 
-use super::Inventory;
+use super::parse::{self, PciAddress};
+use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict};
 use crate::host::HostRoot;
-use anyhow::Result;
+use anyhow::{Context as _, Result, bail};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::Metadata;
+use std::io::{ErrorKind, Read as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+
+/// Largest /proc or /sys file discovery reads.
+pub const MAX_PROC_FILE: u64 = 1 << 20;
+/// Largest `/etc/ld.so.cache` discovery reads (Debian's is ~100 KiB with thousands of libraries).
+pub const MAX_LD_CACHE: u64 = 16 << 20;
+
+const VERSION_FILE: &str = "/proc/driver/nvidia/version";
+const GPUS_DIR: &str = "/proc/driver/nvidia/gpus";
+const PCI_DIR: &str = "/sys/bus/pci/devices";
+const LD_CACHE: &str = "/etc/ld.so.cache";
+
+/// Where driver libraries live when ld.so.cache does not say (NVIDIA's own search list, see
+/// research §2.3), plus the i386 multiarch dirs for 32-bit compatibility libraries.
+const STANDARD_LIB_DIRS: &[&str] = &[
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/usr/lib/i386-linux-gnu",
+    "/usr/lib/i386-linux-gnu/nvidia/current",
+    "/lib/i386-linux-gnu",
+];
+
+/// Binaries carried into the machine, and the directories searched for them, in order.
+const BINARIES: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
+const BIN_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// IPC directories bound when they hold a `socket`.
+const SOCKET_DIRS: &[&str] = &["/run/nvidia-persistenced", "/run/nvidia-fabricmanager"];
+
+/// How many symlinks one path may traverse (Linux's limit).
+const MAX_SYMLINKS: usize = 40;
 
 /// Discover the host's NVIDIA state.
 pub fn discover(host: &HostRoot) -> Result<Inventory> {
-    anyhow::bail!("discovery under {} is not built yet", host.root().display())
+    let mut s = Scan {
+        host,
+        reasons: Vec::new(),
+    };
+    let module = s.kernel_module()?;
+    let mut gpus = s.gpus()?;
+    let (mut devices, odd_nodes) = s.device_nodes()?;
+    for gpu in &mut gpus {
+        for node in s.dri_nodes(gpu)? {
+            gpu.dri.push(node.path.clone());
+            devices.push(node);
+        }
+        let path = format!("/dev/nvidia{}", gpu.minor);
+        if devices
+            .iter()
+            .any(|d| d.role == DeviceRole::Gpu && d.path == path)
+        {
+            gpu.device = Some(path);
+        }
+    }
+    devices.sort();
+    let kvm = s.kvm()?;
+
+    let present = !devices.is_empty() || odd_nodes || !gpus.is_empty();
+    match &module {
+        Module::Absent if present => s.reason(format!(
+            "device nodes present but the nvidia kernel module is not loaded ({VERSION_FILE} missing)"
+        )),
+        Module::Loaded(_) if present => s.check_nodes(&devices, &gpus)?,
+        _ => {}
+    }
+    let kernel_version = match &module {
+        Module::Loaded(v) => Some(v.as_str()),
+        _ => None,
+    };
+    let driver = s.userspace(kernel_version)?;
+
+    let verdict = if !present {
+        if !s.reasons.is_empty() {
+            tracing::debug!(reasons = ?s.reasons, "no NVIDIA device nodes; ignoring");
+        }
+        Verdict::None
+    } else if s.reasons.is_empty() {
+        Verdict::Complete
+    } else {
+        let mut seen = BTreeSet::new();
+        let reasons = s
+            .reasons
+            .into_iter()
+            .filter(|r| seen.insert(r.clone()))
+            .collect();
+        Verdict::Incomplete { reasons }
+    };
+    Ok(Inventory {
+        devices,
+        kvm,
+        gpus,
+        kernel_module: kernel_version.map(str::to_owned),
+        driver,
+        verdict,
+    })
+}
+
+enum Module {
+    /// No `/proc/driver/nvidia/version`.
+    Absent,
+    Loaded(String),
+    /// The file is there but says nothing we understand (a reason was recorded).
+    Unreadable,
+}
+
+struct Scan<'a> {
+    host: &'a HostRoot,
+    reasons: Vec<String>,
+}
+
+impl Scan<'_> {
+    fn reason(&mut self, r: String) {
+        tracing::debug!(reason = %r, "NVIDIA state problem");
+        self.reasons.push(r);
+    }
+
+    fn kernel_module(&mut self) -> Result<Module> {
+        let Some(bytes) = self.read(VERSION_FILE, MAX_PROC_FILE)? else {
+            return Ok(Module::Absent);
+        };
+        match parse::nvidia_version(&bytes) {
+            Ok(k) => Ok(Module::Loaded(k.version)),
+            Err(e) => {
+                self.reason(format!("{VERSION_FILE}: {e}"));
+                Ok(Module::Unreadable)
+            }
+        }
+    }
+
+    /// GPUs from /proc/driver/nvidia/gpus, cross-checked against the PCI vendor in sysfs,
+    /// indexed in PCI bus order.
+    fn gpus(&mut self) -> Result<Vec<Gpu>> {
+        let mut found = Vec::new();
+        for name in self.list(GPUS_DIR)?.unwrap_or_default() {
+            let Some(addr) = PciAddress::parse(&name) else {
+                self.reason(format!("{GPUS_DIR}/{name}: not a PCI address"));
+                continue;
+            };
+            let info_path = format!("{GPUS_DIR}/{name}/information");
+            let info = match self.read(&info_path, MAX_PROC_FILE)? {
+                None => {
+                    self.reason(format!("{info_path} missing"));
+                    continue;
+                }
+                Some(bytes) => match parse::gpu_information(&bytes) {
+                    Ok(info) => info,
+                    Err(e) => {
+                        self.reason(format!("{info_path}: {e}"));
+                        continue;
+                    }
+                },
+            };
+            if PciAddress::parse(&info.bus_location) != Some(addr) {
+                self.reason(format!(
+                    "{info_path}: Bus Location {:?} does not match the directory name",
+                    info.bus_location
+                ));
+            }
+            let vendor_path = format!("{PCI_DIR}/{name}/vendor");
+            match self.read(&vendor_path, MAX_PROC_FILE)? {
+                None => self.reason(format!(
+                    "{vendor_path} missing: cannot confirm GPU {name} is an NVIDIA PCI device"
+                )),
+                Some(bytes) => match parse::pci_id(&bytes) {
+                    Ok(parse::NVIDIA_VENDOR) => {}
+                    Ok(v) => self.reason(format!(
+                        "{vendor_path} is 0x{v:04x}, not NVIDIA's 0x10de, for GPU {name}"
+                    )),
+                    Err(e) => self.reason(format!("{vendor_path}: {e}")),
+                },
+            }
+            found.push((addr, name, info));
+        }
+        found.sort_by_key(|(addr, ..)| *addr);
+        let mut minors = BTreeMap::new();
+        let mut gpus = Vec::new();
+        for (index, (_, bus, info)) in found.into_iter().enumerate() {
+            if let Some(other) = minors.insert(info.device_minor, bus.clone()) {
+                self.reason(format!(
+                    "GPUs {other} and {bus} both claim Device Minor {}",
+                    info.device_minor
+                ));
+            }
+            gpus.push(Gpu {
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                minor: info.device_minor,
+                uuid: info.uuid,
+                bus_id: bus,
+                model: info.model,
+                device: None,
+                dri: Vec::new(),
+            });
+        }
+        Ok(gpus)
+    }
+
+    /// The NVIDIA character devices under /dev (without DRI nodes), sorted by path, and whether
+    /// an NVIDIA device path exists that is not a character device.
+    fn device_nodes(&mut self) -> Result<(Vec<DeviceNode>, bool)> {
+        let mut nodes = Vec::new();
+        let mut odd = false;
+        let mut candidates = Vec::new();
+        for name in self.list("/dev")?.unwrap_or_default() {
+            let role = match name.as_str() {
+                "nvidiactl" => DeviceRole::Control,
+                "nvidia-uvm" => DeviceRole::Uvm,
+                "nvidia-uvm-tools" => DeviceRole::UvmTools,
+                "nvidia-modeset" => DeviceRole::Modeset,
+                n if n
+                    .strip_prefix("nvidia")
+                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) =>
+                {
+                    DeviceRole::Gpu
+                }
+                // nvidia-nvswitch*, nvidia-nvlink, nvidia-fs, nvidia-vgpu*: host daemons' business.
+                _ => continue,
+            };
+            candidates.push((format!("/dev/{name}"), role));
+        }
+        for (dir, role) in [
+            ("/dev/nvidia-caps", DeviceRole::Cap),
+            ("/dev/nvidia-caps-imex-channels", DeviceRole::ImexChannel),
+        ] {
+            match self.lstat(dir)? {
+                None => {}
+                Some(m) if m.is_dir() => {
+                    for name in self.list(dir)?.unwrap_or_default() {
+                        candidates.push((format!("{dir}/{name}"), role));
+                    }
+                }
+                Some(_) => {
+                    odd = true;
+                    self.reason(format!("{dir} exists but is not a directory"));
+                }
+            }
+        }
+        for (path, role) in candidates {
+            match self.char_device(&path)? {
+                Some((major, minor)) => nodes.push(DeviceNode {
+                    path,
+                    major,
+                    minor,
+                    role,
+                }),
+                None => odd = true,
+            }
+        }
+        Ok((nodes, odd))
+    }
+
+    /// `path`'s major:minor when it is a character device (lstat: a symlink is not one);
+    /// records a reason when something else is there.
+    fn char_device(&mut self, path: &str) -> Result<Option<(u32, u32)>> {
+        match self.lstat(path)? {
+            Some(m) if m.file_type().is_char_device() => {
+                let rdev = m.rdev();
+                Ok(Some((
+                    nix::sys::stat::major(rdev) as u32,
+                    nix::sys::stat::minor(rdev) as u32,
+                )))
+            }
+            Some(m) => {
+                let what = if m.file_type().is_symlink() {
+                    "a symlink"
+                } else {
+                    "something else"
+                };
+                self.reason(format!("{path} is {what}, not a character device"));
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The GPU's `/dev/dri` nodes, from `/sys/bus/pci/devices/<bus>/drm/`. Only for a device
+    /// whose PCI vendor is NVIDIA's, so an integrated Intel or AMD GPU is never bound.
+    fn dri_nodes(&mut self, gpu: &Gpu) -> Result<Vec<DeviceNode>> {
+        let vendor = self
+            .read(&format!("{PCI_DIR}/{}/vendor", gpu.bus_id), MAX_PROC_FILE)?
+            .and_then(|b| parse::pci_id(&b).ok());
+        if vendor != Some(parse::NVIDIA_VENDOR) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let drm = format!("{PCI_DIR}/{}/drm", gpu.bus_id);
+        for name in self.list(&drm)?.unwrap_or_default() {
+            if !(name.starts_with("card") || name.starts_with("renderD")) {
+                continue;
+            }
+            let path = format!("/dev/dri/{name}");
+            match self.char_device(&path)? {
+                Some((major, minor)) => out.push(DeviceNode {
+                    path,
+                    major,
+                    minor,
+                    role: DeviceRole::Dri,
+                }),
+                None => tracing::warn!(
+                    gpu = %gpu.bus_id,
+                    "{drm}/{name} has no character device {path}; not binding it"
+                ),
+            }
+        }
+        Ok(out)
+    }
+
+    fn kvm(&mut self) -> Result<Option<DeviceNode>> {
+        const KVM: &str = "/dev/kvm";
+        Ok(match self.lstat(KVM)? {
+            Some(m) if m.file_type().is_char_device() => Some(DeviceNode {
+                path: KVM.to_owned(),
+                major: nix::sys::stat::major(m.rdev()) as u32,
+                minor: nix::sys::stat::minor(m.rdev()) as u32,
+                role: DeviceRole::Kvm,
+            }),
+            Some(_) => {
+                tracing::warn!("{KVM} is not a character device; not binding it");
+                None
+            }
+            None => None,
+        })
+    }
+
+    /// With the module loaded: every GPU has its node, the control node exists, and every node's
+    /// major belongs to the running driver (`DeviceAllow=char-nvidia*`/`char-drm` resolve majors
+    /// through /proc/devices, so a stale node from an earlier load would be unusable anyway).
+    fn check_nodes(&mut self, devices: &[DeviceNode], gpus: &[Gpu]) -> Result<()> {
+        for g in gpus {
+            if g.device.is_none() {
+                self.reason(format!(
+                    "/dev/nvidia{} missing for GPU {} ({})",
+                    g.minor, g.index, g.bus_id
+                ));
+            }
+        }
+        if !gpus.is_empty() && !devices.iter().any(|d| d.role == DeviceRole::Control) {
+            self.reason("/dev/nvidiactl missing".to_owned());
+        }
+        if devices.is_empty() {
+            return Ok(());
+        }
+        const PROC_DEVICES: &str = "/proc/devices";
+        let table = match self.read(PROC_DEVICES, MAX_PROC_FILE)? {
+            None => {
+                self.reason(format!(
+                    "{PROC_DEVICES} missing: cannot tell whether the device nodes belong to the loaded driver"
+                ));
+                return Ok(());
+            }
+            Some(bytes) => match parse::proc_devices(&bytes) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.reason(format!("{PROC_DEVICES}: {e}"));
+                    return Ok(());
+                }
+            },
+        };
+        for d in devices {
+            let (group, matches): (&str, fn(&str) -> bool) = match d.role {
+                DeviceRole::Dri => ("drm", |n| n == "drm"),
+                _ => ("nvidia*", |n| n.starts_with("nvidia")),
+            };
+            if !table.iter().any(|(m, n)| *m == d.major && matches(n)) {
+                self.reason(format!(
+                    "{} is {}:{} but {PROC_DEVICES} has no {group} driver with major {} (a node left from an earlier driver?)",
+                    d.path, d.major, d.minor, d.major
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Find the userspace driver. Several versions may be installed side by side (a package
+    /// upgrade in progress, a .run install beside packages): the one matching the kernel module
+    /// wins; without a match, the newest is reported and the mismatch is a reason.
+    fn userspace(&mut self, kernel: Option<&str>) -> Result<Option<UserspaceDriver>> {
+        let (dirs, cache_problem) = self.candidate_lib_dirs()?;
+        // (canonical dir, version) of every regular file libcuda.so.<version>, in search order.
+        let mut found: Vec<(String, String)> = Vec::new();
+        for dir in &dirs {
+            for name in self.list(dir)?.unwrap_or_default() {
+                let Some(v) = name.strip_prefix("libcuda.so.") else {
+                    continue;
+                };
+                if !parse::is_version(v) {
+                    continue;
+                }
+                match self.lstat(&format!("{dir}/{name}"))? {
+                    Some(m) if m.is_file() => found.push((dir.clone(), v.to_owned())),
+                    _ => tracing::debug!("{dir}/{name} is not a regular file; skipping"),
+                }
+            }
+        }
+        let versions: BTreeSet<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
+        let chosen = match kernel {
+            Some(k) if versions.contains(k) => k.to_owned(),
+            _ => match versions.iter().max_by(|a, b| parse::cmp_versions(a, b)) {
+                Some(v) => (*v).to_owned(),
+                None => {
+                    let what = kernel.map_or("libcuda.so.<version>".to_owned(), |k| {
+                        format!("libcuda.so.{k}")
+                    });
+                    let note = cache_problem.map_or(String::new(), |p| format!(" ({p})"));
+                    self.reason(format!(
+                        "{what} not found through {LD_CACHE} or in the standard library directories{note}"
+                    ));
+                    return Ok(None);
+                }
+            },
+        };
+        if let Some(k) = kernel
+            && k != chosen
+        {
+            let listed: Vec<String> = found
+                .iter()
+                .map(|(d, v)| format!("libcuda.so.{v} (in {d})"))
+                .collect();
+            self.reason(format!("kernel module {k} but {}", listed.join(", ")));
+        }
+        for (dir, v) in &found {
+            if *v != chosen {
+                tracing::info!("ignoring {dir}/libcuda.so.{v}: driver {chosen} is the one in use");
+            }
+        }
+
+        let mut lib_dirs: Vec<LibDir> = Vec::new();
+        for (dir, _) in found.iter().filter(|(_, v)| *v == chosen) {
+            let cuda = format!("{dir}/libcuda.so.{chosen}");
+            let triplet = match self.elf(&cuda)? {
+                Ok(info) => match info.triplet() {
+                    Some(t) => t,
+                    None => {
+                        self.reason(format!(
+                            "{cuda} is a {}-bit ELF object for machine {}, not x86_64, aarch64 or i386",
+                            info.bits, info.machine
+                        ));
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    self.reason(format!("{cuda}: {e}"));
+                    continue;
+                }
+            };
+            if let Some(first) = lib_dirs.iter().find(|l| l.triplet == triplet) {
+                // Two copies for one architecture would fight over the same names in the
+                // machine; the first in the dynamic linker's search order is the one in use.
+                tracing::warn!(
+                    "ignoring {cuda}: {} holds the same driver for {triplet} and comes first",
+                    first.path
+                );
+                continue;
+            }
+            let files = self.driver_files(dir, &chosen)?;
+            lib_dirs.push(LibDir {
+                path: dir.clone(),
+                triplet: triplet.to_owned(),
+                files,
+            });
+        }
+        for l in &lib_dirs {
+            if l.triplet != "i386-linux-gnu" {
+                let ml = format!("libnvidia-ml.so.{chosen}");
+                if !l.files.iter().any(|f| f.name == ml) {
+                    self.reason(format!("{ml} missing from {}", l.path));
+                }
+            }
+        }
+        if !lib_dirs.is_empty() && lib_dirs.iter().all(|l| l.triplet == "i386-linux-gnu") {
+            self.reason(format!(
+                "only 32-bit libcuda.so.{chosen} found; the 64-bit driver libraries are missing"
+            ));
+        }
+        // 64-bit first, then by path: the numbering under /run/host-nvidia/lib stays stable.
+        lib_dirs.sort_by(|a, b| {
+            (a.triplet == "i386-linux-gnu", &a.path).cmp(&(b.triplet == "i386-linux-gnu", &b.path))
+        });
+
+        let mut binaries = Vec::new();
+        for name in BINARIES {
+            for dir in BIN_DIRS {
+                let p = format!("{dir}/{name}");
+                if let Some((_, m)) = self.resolve(&p)?
+                    && m.is_file()
+                {
+                    binaries.push(p);
+                    break;
+                }
+            }
+        }
+        binaries.sort();
+        let fw = format!("/lib/firmware/nvidia/{chosen}");
+        let firmware = match self.resolve(&fw)? {
+            Some((_, m)) if m.is_dir() => Some(fw),
+            _ => None,
+        };
+        let mut sockets = Vec::new();
+        for dir in SOCKET_DIRS {
+            if let Some(m) = self.lstat(&format!("{dir}/socket"))?
+                && m.file_type().is_socket()
+            {
+                sockets.push((*dir).to_owned());
+            }
+        }
+        Ok(Some(UserspaceDriver {
+            version: chosen,
+            lib_dirs,
+            binaries,
+            firmware,
+            sockets,
+        }))
+    }
+
+    /// Canonical directories that may hold libcuda: those of the `libcuda.so*` entries in the
+    /// host's ld.so.cache (what the dynamic linker would load, so first), then the standard
+    /// directories. Also says why the cache could not be used, if it could not.
+    fn candidate_lib_dirs(&mut self) -> Result<(Vec<String>, Option<String>)> {
+        let mut dirs: Vec<String> = Vec::new();
+        let mut problem = None;
+        let mut cached = Vec::new();
+        match self.read(LD_CACHE, MAX_LD_CACHE)? {
+            None => {}
+            Some(bytes) => match parse::ld_so_cache(&bytes) {
+                Ok(entries) => cached = entries,
+                Err(e) => {
+                    tracing::warn!("{LD_CACHE}: {e}; searching the standard directories only");
+                    problem = Some(format!("{LD_CACHE}: {e}"));
+                }
+            },
+        }
+        for e in cached.iter().filter(|e| e.key.starts_with("libcuda.so")) {
+            if let Some((canon, m)) = self.resolve(&e.path)?
+                && m.is_file()
+                && let Some((dir, _)) = canon.rsplit_once('/')
+            {
+                let dir = if dir.is_empty() { "/" } else { dir };
+                if !dirs.iter().any(|d| d == dir) {
+                    dirs.push(dir.to_owned());
+                }
+            }
+        }
+        for d in STANDARD_LIB_DIRS {
+            if let Some((canon, m)) = self.resolve(d)?
+                && m.is_dir()
+                && !dirs.contains(&canon)
+            {
+                dirs.push(canon);
+            }
+        }
+        Ok((dirs, problem))
+    }
+
+    /// Every regular `*.so.<version>` file in `dir` and `dir/vdpau`, with its SONAME.
+    fn driver_files(&mut self, dir: &str, version: &str) -> Result<Vec<DriverFile>> {
+        let suffix = format!(".so.{version}");
+        let mut out = Vec::new();
+        for (sub, at) in [("", dir.to_owned()), ("vdpau/", format!("{dir}/vdpau"))] {
+            if !sub.is_empty() && !self.lstat(&at)?.is_some_and(|m| m.is_dir()) {
+                continue;
+            }
+            let names = self.list(&at)?.unwrap_or_default();
+            // SONAME fallback: symlinks in this directory, by the name they point at.
+            let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for name in &names {
+                let p = format!("{at}/{name}");
+                if self.lstat(&p)?.is_some_and(|m| m.file_type().is_symlink())
+                    && let Ok(target) = std::fs::read_link(self.host.path(&p))
+                    && let Some(t) = target.to_str()
+                {
+                    links.entry(t.to_owned()).or_default().push(name.clone());
+                }
+            }
+            for name in &names {
+                let Some(stem) = name.strip_suffix(&suffix) else {
+                    continue;
+                };
+                if stem.is_empty() {
+                    continue;
+                }
+                let p = format!("{at}/{name}");
+                if !self.lstat(&p)?.is_some_and(|m| m.is_file()) {
+                    continue;
+                }
+                let soname = match self.elf(&p)? {
+                    Ok(info) => info.soname,
+                    Err(e) => {
+                        tracing::debug!("{p}: {e}; looking for a SONAME link instead");
+                        None
+                    }
+                };
+                let soname = soname.or_else(|| {
+                    let prefix = format!("{stem}.so.");
+                    let mut c: Vec<&String> = links
+                        .get(name.as_str())
+                        .into_iter()
+                        .flatten()
+                        .filter(|l| l.starts_with(&prefix))
+                        .collect();
+                    c.sort_by_key(|l| (l.len(), l.as_str()));
+                    c.first().map(|s| (*s).clone())
+                });
+                out.push(DriverFile {
+                    name: format!("{sub}{name}"),
+                    soname: soname.filter(|s| s != name),
+                });
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn elf(&self, abs: &str) -> Result<Result<parse::ElfInfo, parse::ParseError>> {
+        let p = self.host.path(abs);
+        let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+        Ok(parse::elf_info(&f))
+    }
+
+    // -- host tree access ----------------------------------------------------------------
+
+    /// Read a whole small file, `None` when it does not exist; more than `limit` bytes is an error.
+    fn read(&self, abs: &str, limit: u64) -> Result<Option<Vec<u8>>> {
+        let p = self.host.path(abs);
+        let f = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
+        };
+        let mut buf = Vec::new();
+        f.take(limit + 1)
+            .read_to_end(&mut buf)
+            .with_context(|| format!("reading {}", p.display()))?;
+        if buf.len() as u64 > limit {
+            bail!(
+                "refusing to read {}: larger than {} bytes, which no driver or kernel file is",
+                p.display(),
+                limit
+            );
+        }
+        Ok(Some(buf))
+    }
+
+    /// Sorted UTF-8 entry names of a directory, `None` when it does not exist.
+    fn list(&self, abs: &str) -> Result<Option<Vec<String>>> {
+        let p = self.host.path(abs);
+        let rd = match std::fs::read_dir(&p) {
+            Ok(rd) => rd,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e).with_context(|| format!("listing {}", p.display())),
+        };
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.with_context(|| format!("listing {}", p.display()))?;
+            match entry.file_name().into_string() {
+                Ok(n) => names.push(n),
+                Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
+            }
+        }
+        names.sort();
+        Ok(Some(names))
+    }
+
+    fn lstat(&self, abs: &str) -> Result<Option<Metadata>> {
+        let p = self.host.path(abs);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                Ok(None)
+            }
+            Err(e) => Err(e).with_context(|| format!("stat {}", p.display())),
+        }
+    }
+
+    /// Resolve `abs` inside the host root, following symlinks the way the host would see them
+    /// (absolute targets start again at the host root, `..` stops at it). Returns the canonical
+    /// host path and the metadata of what it names; `None` when it does not exist, loops, or a
+    /// link target is not UTF-8. Keeps `--host-root` trees from resolving into the real `/`, and
+    /// lets `/lib/x86_64-linux-gnu` and `/usr/lib/x86_64-linux-gnu` count once on merged /usr.
+    fn resolve(&self, abs: &str) -> Result<Option<(String, Metadata)>> {
+        let mut todo: Vec<String> = abs
+            .split('/')
+            .rev()
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let mut done: Vec<String> = Vec::new();
+        let mut hops = 0;
+        let mut last = None;
+        while let Some(c) = todo.pop() {
+            match c.as_str() {
+                "." => continue,
+                ".." => {
+                    done.pop();
+                    last = None;
+                    continue;
+                }
+                _ => {}
+            }
+            let mut candidate = String::new();
+            for part in done.iter().chain(std::iter::once(&c)) {
+                candidate.push('/');
+                candidate.push_str(part);
+            }
+            let Some(m) = self.lstat(&candidate)? else {
+                return Ok(None);
+            };
+            if m.file_type().is_symlink() {
+                hops += 1;
+                if hops > MAX_SYMLINKS {
+                    return Ok(None);
+                }
+                let target = std::fs::read_link(self.host.path(&candidate)).with_context(|| {
+                    format!("readlink {}", self.host.path(&candidate).display())
+                })?;
+                let Some(t) = target.to_str() else {
+                    tracing::debug!("{candidate} points at a non-UTF-8 name; skipping");
+                    return Ok(None);
+                };
+                if t.starts_with('/') {
+                    done.clear();
+                }
+                todo.extend(
+                    t.split('/')
+                        .rev()
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned),
+                );
+                last = None;
+                continue;
+            }
+            if !todo.is_empty() && !m.is_dir() {
+                return Ok(None);
+            }
+            done.push(c);
+            last = Some(m);
+        }
+        let path = format!("/{}", done.join("/"));
+        let meta = match last {
+            Some(m) => m,
+            None => match self.lstat(&path)? {
+                Some(m) => m,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((path, meta)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixture::materialize;
+
+    /// A host whose module is loaded with one GPU but no device nodes (so no root is needed):
+    /// the verdict is incomplete and always names the two missing nodes.
+    const GPU: &str = "nvidia-kernel 580.95.05 x86_64\n\
+        nvidia-gpu 0000:06:00.0 0 GPU-8c3f5a02-6f1e-4b1c-9d7e-2a4b6c8d0e1f NVIDIA L4\n";
+
+    fn scan(text: &str) -> (tempfile::TempDir, Inventory) {
+        let dir = tempfile::tempdir().unwrap();
+        materialize(text, dir.path()).unwrap();
+        let inv = discover(&HostRoot::new(dir.path())).unwrap();
+        (dir, inv)
+    }
+
+    fn reasons(inv: &Inventory) -> Vec<String> {
+        match &inv.verdict {
+            Verdict::Incomplete { reasons } => reasons.clone(),
+            v => panic!("expected incomplete, got {v:?}"),
+        }
+    }
+
+    fn files(dir: &LibDir) -> Vec<(&str, Option<&str>)> {
+        dir.files
+            .iter()
+            .map(|f| (f.name.as_str(), f.soname.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn gpus_without_nodes_are_incomplete_not_none() {
+        let (_d, inv) = scan(GPU);
+        assert_eq!(
+            reasons(&inv),
+            [
+                "/dev/nvidia0 missing for GPU 0 (0000:06:00.0)",
+                "/dev/nvidiactl missing",
+                "libcuda.so.580.95.05 not found through /etc/ld.so.cache or in the standard library directories"
+            ]
+        );
+        assert_eq!(inv.kernel_module.as_deref(), Some("580.95.05"));
+        assert_eq!(inv.gpus[0].bus_id, "0000:06:00.0");
+    }
+
+    #[test]
+    fn nothing_at_all_is_none() {
+        let (_d, inv) = scan("dir /usr/lib/x86_64-linux-gnu\n");
+        assert_eq!(inv.verdict, Verdict::None);
+        assert_eq!(inv.driver, None);
+        assert_eq!(inv.kvm, None);
+        // A loaded module without GPUs or nodes is nothing to bind either.
+        let (_d, inv) = scan("nvidia-kernel 580.95.05 x86_64\n");
+        assert_eq!(inv.verdict, Verdict::None);
+    }
+
+    #[test]
+    fn side_by_side_versions_pick_the_kernel_modules() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.82.07 x86_64\n\
+             elf /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 x86_64 libcuda.so.1\n\
+             elf /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 x86_64 libnvidia-ml.so.1\n\
+             elf /usr/lib/x86_64-linux-gnu/libcuda.so.999.1.1 x86_64 libcuda.so.1\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.as_ref().unwrap();
+        assert_eq!(d.version, "580.95.05");
+        assert_eq!(
+            files(&d.lib_dirs[0]),
+            [
+                ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1"))
+            ]
+        );
+        assert!(!reasons(&inv).iter().any(|r| r.contains("kernel module")));
+        // Without a match the newest is reported, and every version found is named.
+        let text = text.replace("580.95.05 x86_64\n", "580.95.06 x86_64\n");
+        let (_d, inv) = scan(&text);
+        assert_eq!(inv.driver.as_ref().unwrap().version, "999.1.1");
+        let r = reasons(&inv);
+        let mismatch = r.iter().find(|r| r.starts_with("kernel module")).unwrap();
+        assert_eq!(
+            mismatch,
+            "kernel module 580.95.06 but libcuda.so.580.82.07 (in /usr/lib/x86_64-linux-gnu), \
+             libcuda.so.580.95.05 (in /usr/lib/x86_64-linux-gnu), libcuda.so.999.1.1 (in /usr/lib/x86_64-linux-gnu)"
+        );
+        assert!(r.contains(
+            &"libnvidia-ml.so.999.1.1 missing from /usr/lib/x86_64-linux-gnu".to_owned()
+        ));
+    }
+
+    #[test]
+    fn merged_usr_and_the_cache_name_one_directory_once() {
+        let text = format!(
+            "{GPU}dir /usr/lib/x86_64-linux-gnu\nlink /lib usr/lib\n\
+             nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             ldcache /usr/lib/x86_64-linux-gnu=/lib/x86_64-linux-gnu\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(d.lib_dirs[0].path, "/usr/lib/x86_64-linux-gnu");
+        assert_eq!(d.lib_dirs[0].triplet, "x86_64-linux-gnu");
+        // The SONAME equal to the file name is not repeated; the non-driver version is left out.
+        let names = files(&d.lib_dirs[0]);
+        assert!(names.contains(&("libnvidia-glcore.so.580.95.05", None)));
+        assert!(names.contains(&(
+            "vdpau/libvdpau_nvidia.so.580.95.05",
+            Some("libvdpau_nvidia.so.1")
+        )));
+        assert!(!names.iter().any(|(n, _)| n.contains("wayland")));
+    }
+
+    #[test]
+    fn the_cache_decides_between_two_copies_for_one_architecture() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             nvidia-libs /usr/lib/x86_64-linux-gnu/nvidia/current 580.95.05 x86_64\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(d.lib_dirs[0].path, "/usr/lib/x86_64-linux-gnu");
+        let (_d, inv) = scan(&format!(
+            "{text}ldcache /usr/lib/x86_64-linux-gnu/nvidia/current\n"
+        ));
+        let d = inv.driver.unwrap();
+        assert_eq!(d.lib_dirs.len(), 1);
+        assert_eq!(
+            d.lib_dirs[0].path,
+            "/usr/lib/x86_64-linux-gnu/nvidia/current"
+        );
+    }
+
+    #[test]
+    fn i386_libraries_come_after_the_native_ones_and_need_no_nvml() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n\
+             nvidia-libs /usr/lib/i386-linux-gnu 580.95.05 i386 -libnvidia-ml\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.as_ref().unwrap();
+        let dirs: Vec<_> = d
+            .lib_dirs
+            .iter()
+            .map(|l| (l.path.as_str(), l.triplet.as_str()))
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                ("/usr/lib/x86_64-linux-gnu", "x86_64-linux-gnu"),
+                ("/usr/lib/i386-linux-gnu", "i386-linux-gnu")
+            ]
+        );
+        assert!(!reasons(&inv).iter().any(|r| r.contains("libnvidia-ml")));
+    }
+
+    #[test]
+    fn soname_falls_back_to_a_link_in_the_same_directory() {
+        let dir = "/usr/lib/x86_64-linux-gnu";
+        let text = format!(
+            "{GPU}elf {dir}/libcuda.so.580.95.05 x86_64 libcuda.so.1\n\
+             elf {dir}/libnvidia-ml.so.580.95.05 x86_64\n\
+             link {dir}/libnvidia-ml.so.1 libnvidia-ml.so.580.95.05\n\
+             link {dir}/libnvidia-ml.so libnvidia-ml.so.1\n\
+             file {dir}/libnvidia-cfg.so.580.95.05 not an ELF file\n\
+             link {dir}/libnvidia-cfg.so.1 libnvidia-cfg.so.580.95.05\n\
+             file {dir}/libnvidia-tls.so.580.95.05 not an ELF file either\n"
+        );
+        let (_d, inv) = scan(&text);
+        assert_eq!(
+            files(&inv.driver.unwrap().lib_dirs[0]),
+            [
+                ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                ("libnvidia-cfg.so.580.95.05", Some("libnvidia-cfg.so.1")),
+                ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1")),
+                ("libnvidia-tls.so.580.95.05", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_libcuda_that_is_not_a_usable_elf_is_named() {
+        let text = format!(
+            "{GPU}file /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 garbage\n\
+             elf /usr/lib/aarch64-linux-gnu/libcuda.so.580.95.05 i386 libcuda.so.1\n"
+        );
+        let (_d, inv) = scan(&text);
+        let r = reasons(&inv);
+        assert!(
+            r.contains(
+                &"/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05: not an ELF file".to_owned()
+            ),
+            "{r:?}"
+        );
+        assert!(
+            r.contains(
+                &"only 32-bit libcuda.so.580.95.05 found; the 64-bit driver libraries are missing"
+                    .to_owned()
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn links_resolve_inside_the_host_root_and_loops_end() {
+        // Absolute link targets and `..` past the top stay inside the root, as on the host.
+        let text = format!(
+            "{GPU}nvidia-libs /opt/nv/lib 580.95.05 x86_64\n\
+             dir /usr/lib\n\
+             link /usr/lib/x86_64-linux-gnu /opt/nv/lib\n\
+             link /usr/lib/aarch64-linux-gnu ../../../../../../opt/nv/lib\n\
+             link /lib64 lib64\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        let dirs: Vec<_> = d.lib_dirs.iter().map(|l| l.path.as_str()).collect();
+        assert_eq!(dirs, ["/opt/nv/lib"]);
+    }
+
+    #[test]
+    fn non_utf8_names_are_skipped() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let text = format!("{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64\n");
+        let dir = tempfile::tempdir().unwrap();
+        materialize(&text, dir.path()).unwrap();
+        let lib = dir.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::write(
+            lib.join(std::ffi::OsStr::from_bytes(b"libcuda.so.\xff")),
+            "x",
+        )
+        .unwrap();
+        std::fs::write(
+            lib.join(std::ffi::OsStr::from_bytes(b"lib\xff.so.580.95.05")),
+            "x",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+        std::fs::write(
+            dir.path()
+                .join("dev")
+                .join(std::ffi::OsStr::from_bytes(b"nvidia\xff")),
+            "",
+        )
+        .unwrap();
+        let inv = discover(&HostRoot::new(dir.path())).unwrap();
+        assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 23);
+    }
+
+    #[test]
+    fn oversized_proc_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        materialize(GPU, dir.path()).unwrap();
+        let p = dir.path().join("proc/driver/nvidia/version");
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        std::fs::write(&p, vec![b'x'; MAX_PROC_FILE as usize + 1]).unwrap();
+        let err = format!("{:#}", discover(&HostRoot::new(dir.path())).unwrap_err());
+        assert!(
+            err.contains("proc/driver/nvidia/version: larger than 1048576 bytes"),
+            "{err}"
+        );
+    }
 }

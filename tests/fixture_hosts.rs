@@ -1,0 +1,839 @@
+//! Every example host through the built binary: `discover --json`, `pre-start`, `plan`, bad
+//! machine names, bad configs and malformed /proc and /sys files.
+//!
+//! Privileged (mknod): these tests fail, not skip, when not run as root. Golden files live in
+//! tests/golden/ and are rewritten only with UPDATE_GOLDEN=1.
+
+// Helpers here are test code too (clippy's allow-unwrap-in-tests covers only #[test] fns).
+#![allow(clippy::unwrap_used)]
+
+use nspawn_lifecycle::fixture;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged tests build host trees with mknod and must run as root"
+    );
+}
+
+/// Build example `name` in a fresh tempdir.
+fn host(name: &str) -> tempfile::TempDir {
+    require_root();
+    let text = fixture::example(name).unwrap_or_else(|| panic!("no example {name}"));
+    let dir = tempfile::Builder::new()
+        .prefix("fixture-host.")
+        .tempdir()
+        .unwrap();
+    fixture::materialize(text, dir.path()).unwrap();
+    dir
+}
+
+fn run(root: &Path, args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .arg("--host-root")
+        .arg(root)
+        .args(args)
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    out
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Compare with tests/golden/<name>; UPDATE_GOLDEN=1 rewrites it instead.
+fn golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with UPDATE_GOLDEN=1 to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff = similar::TextDiff::from_lines(&expected, actual)
+            .unified_diff()
+            .header(&format!("{name} (golden)"), &format!("{name} (now)"))
+            .to_string();
+        panic!("{name} differs from its golden file (UPDATE_GOLDEN=1 accepts the change):\n{diff}");
+    }
+}
+
+/// Everything about a tree that a write would change: type, mode, owner, size, mtime, inode,
+/// device numbers, link targets and file bytes. Paths under `skip` (relative) are left out.
+fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<PathBuf, String> {
+    fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut BTreeMap<PathBuf, String>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if skip.iter().any(|s| rel.starts_with(s)) {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mut desc = format!(
+                "mode={:o} uid={} gid={} size={} mtime={}.{} ino={} rdev={}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ino(),
+                m.rdev()
+            );
+            if m.file_type().is_symlink() {
+                desc += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
+            } else if m.is_file() {
+                desc += &format!(" bytes={:?}", std::fs::read(&p).unwrap());
+            }
+            out.insert(rel, desc);
+            if m.is_dir() {
+                walk(root, &p, skip, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, skip, &mut out);
+    out
+}
+
+/// Like [`assert_same_tree`], ignoring paths under `skip` on both sides (the machine lock under
+/// run/lock is created by the first run and records its holder's PID on every run).
+fn assert_same_tree_except(
+    before: &BTreeMap<PathBuf, String>,
+    root: &Path,
+    skip: &[&str],
+    what: &str,
+) {
+    let mut before = before.clone();
+    before.retain(|p, _| !skip.iter().any(|s| p.starts_with(s)));
+    assert_same_tree(&before, &snapshot(root, skip), what);
+}
+
+fn assert_same_tree(
+    before: &BTreeMap<PathBuf, String>,
+    after: &BTreeMap<PathBuf, String>,
+    what: &str,
+) {
+    if before == after {
+        return;
+    }
+    let mut msg = format!("{what} changed the host tree:\n");
+    for (p, d) in after {
+        match before.get(p) {
+            None => msg += &format!("  added   {}\n", p.display()),
+            Some(b) if b != d => msg += &format!("  changed {}\n", p.display()),
+            _ => {}
+        }
+    }
+    for p in before.keys().filter(|p| !after.contains_key(*p)) {
+        msg += &format!("  removed {}\n", p.display());
+    }
+    panic!("{msg}");
+}
+
+/// `discover --json` as printed, with the tempdir replaced so the golden file is the same on
+/// every run (only the hostRoot value is touched; key order and layout are the binary's own).
+fn discover_json(root: &Path) -> (serde_json::Value, String) {
+    let out = run(root, &["discover", "--json"]);
+    assert_eq!(code(&out), 0, "discover --json: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["apiVersion"], "nspawn-lifecycle/v1");
+    assert_eq!(v["kind"], "HostDiscovery");
+    assert_eq!(v["hostRoot"], root.display().to_string());
+    let field = format!(
+        "\"hostRoot\": {}",
+        serde_json::to_string(&root.display().to_string()).unwrap()
+    );
+    let raw = text(&out.stdout);
+    assert_eq!(raw.matches(&field).count(), 1, "{raw}");
+    let shown = raw.replace(&field, "\"hostRoot\": \"<host-root>\"");
+    assert!(
+        !shown.contains(&root.display().to_string()),
+        "the JSON names the host root outside hostRoot:\n{shown}"
+    );
+    (v, shown)
+}
+
+/// The `error:` line of a failed run.
+fn error_line(out: &Output) -> String {
+    text(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn check_example(name: &str) {
+    let dir = host(name);
+    let root = dir.path();
+    let before = snapshot(root, &[]);
+
+    let (json, shown) = discover_json(root);
+    golden(&format!("{name}.discover.json"), &shown);
+    let out = run(root, &["discover"]);
+    assert_eq!(code(&out), 0, "discover: {}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("verdict: "));
+    assert_same_tree(&before, &snapshot(root, &[]), "discover");
+
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    let nspawn = root.join(NSPAWN);
+    match json["verdict"]["state"].as_str().unwrap() {
+        "incomplete" => {
+            assert_eq!(code(&out), 3, "pre-start of {name}: {}", text(&out.stderr));
+            let err = error_line(&out);
+            for reason in json["verdict"]["reasons"].as_array().unwrap() {
+                assert!(
+                    err.contains(reason.as_str().unwrap()),
+                    "{err} should say {reason}"
+                );
+            }
+            assert!(!err.contains(&root.display().to_string()), "{err}");
+            golden(&format!("{name}.pre-start.txt"), &(err + "\n"));
+            assert!(
+                !nspawn.exists(),
+                "pre-start of incomplete {name} wrote {NSPAWN}"
+            );
+            assert_same_tree_except(&before, root, &["run/lock"], "failed pre-start");
+        }
+        state => {
+            assert!(state == "complete" || state == "none", "{state}");
+            assert_eq!(code(&out), 0, "pre-start of {name}: {}", text(&out.stderr));
+            let file = std::fs::read_to_string(&nspawn).unwrap();
+            assert!(!file.contains(&root.display().to_string()), "{file}");
+            golden(&format!("{name}.nspawn"), &file);
+            let mode = std::fs::metadata(&nspawn).unwrap().mode();
+            assert_eq!(mode & 0o7777, 0o644);
+        }
+    }
+}
+
+macro_rules! example_tests {
+    ($($test:ident => $name:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                check_example($name);
+            }
+        )*
+        const TESTED: &[&str] = &[$($name),*];
+    };
+}
+
+example_tests! {
+    privileged_example_cpu_only => "cpu-only",
+    privileged_example_kvm_only => "kvm-only",
+    privileged_example_one_gpu => "one-gpu",
+    privileged_example_two_gpus => "two-gpus",
+    privileged_example_eight_gpus => "eight-gpus",
+    privileged_example_foreign_drm => "foreign-drm",
+    privileged_example_libs_without_module => "libs-without-module",
+    privileged_example_version_mismatch => "version-mismatch",
+    privileged_example_nodes_without_libs => "nodes-without-libs",
+    privileged_example_aarch64 => "aarch64",
+    privileged_example_ldcache_only => "ldcache-only",
+}
+
+#[test]
+fn every_example_host_has_a_test() {
+    let shipped: Vec<&str> = fixture::EXAMPLES.iter().map(|(n, _)| *n).collect();
+    assert_eq!(shipped, TESTED);
+}
+
+#[test]
+fn privileged_verdicts_are_the_ones_each_example_is_for() {
+    let expect = [
+        ("cpu-only", "none"),
+        ("kvm-only", "none"),
+        ("one-gpu", "complete"),
+        ("two-gpus", "complete"),
+        ("eight-gpus", "complete"),
+        ("foreign-drm", "complete"),
+        ("libs-without-module", "incomplete"),
+        ("version-mismatch", "incomplete"),
+        ("nodes-without-libs", "incomplete"),
+        ("aarch64", "complete"),
+        ("ldcache-only", "complete"),
+    ];
+    for (name, verdict) in expect {
+        let dir = host(name);
+        let (json, _) = discover_json(dir.path());
+        assert_eq!(json["verdict"]["state"], verdict, "{name}");
+    }
+}
+
+#[test]
+fn privileged_incomplete_hosts_name_each_piece_and_leave_the_old_file() {
+    let cases = [
+        (
+            "version-mismatch",
+            "kernel module 580.95.05 but libcuda.so.580.82.07",
+        ),
+        (
+            "libs-without-module",
+            "device nodes present but the nvidia kernel module is not loaded (/proc/driver/nvidia/version missing)",
+        ),
+        (
+            "nodes-without-libs",
+            "libcuda.so.580.95.05 not found through /etc/ld.so.cache",
+        ),
+    ];
+    for (name, needle) in cases {
+        let dir = host(name);
+        let root = dir.path();
+        let old = root.join(NSPAWN);
+        std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+        std::fs::write(&old, "# rendered by an earlier start\n").unwrap();
+        let before = snapshot(root, &[]);
+        let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+        assert_eq!(code(&out), 3, "{name}: {}", text(&out.stderr));
+        let err = error_line(&out);
+        assert!(err.contains(needle), "{name}: {err}");
+        assert_same_tree_except(&before, root, &["run/lock"], name);
+    }
+    // One missing library names the library and the directory.
+    let dir = tempfile::tempdir().unwrap();
+    let text = fixture::example("one-gpu").unwrap().replace(
+        "nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64",
+        "nvidia-libs /usr/lib/x86_64-linux-gnu 580.95.05 x86_64 -libnvidia-ml",
+    );
+    fixture::materialize(&text, dir.path()).unwrap();
+    let out = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 3);
+    assert!(
+        error_line(&out)
+            .contains("libnvidia-ml.so.580.95.05 missing from /usr/lib/x86_64-linux-gnu"),
+        "{}",
+        error_line(&out)
+    );
+}
+
+#[test]
+fn privileged_second_pre_start_writes_nothing() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("created"),
+        "{}",
+        text(&out.stderr)
+    );
+    let file = root.join(NSPAWN);
+    let m1 = std::fs::metadata(&file).unwrap();
+    let before = snapshot(root, &[]);
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("unchanged"),
+        "{}",
+        text(&out.stderr)
+    );
+    let m2 = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        (m1.ino(), m1.mtime(), m1.mtime_nsec()),
+        (m2.ino(), m2.mtime(), m2.mtime_nsec())
+    );
+    // The lock file (under run/lock) records its holder's PID on every run; nothing else may change.
+    assert_same_tree_except(&before, root, &["run/lock"], "second pre-start");
+}
+
+#[test]
+fn privileged_a_changed_host_rewrites_the_file_and_says_what_changed() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    assert_eq!(
+        code(&run(root, &["nspawn-lifecycle", "pre-start", "kube1"])),
+        0
+    );
+    std::fs::remove_file(root.join("dev/kvm")).unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("-/dev/kvm"),
+        "{}",
+        text(&out.stderr)
+    );
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    assert!(!file.contains("/dev/kvm"));
+}
+
+#[test]
+fn privileged_bad_machine_names_exit_2_and_write_nothing() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    let before = snapshot(root, &[]);
+    let long = "x".repeat(65);
+    for bad in [
+        "../etc",
+        "a/b",
+        "",
+        long.as_str(),
+        "ümlaut",
+        ".hidden",
+        "..",
+    ] {
+        for args in [
+            &["nspawn-lifecycle", "pre-start", bad][..],
+            &["nspawn-lifecycle", "post-start", bad][..],
+            &["plan", bad][..],
+        ] {
+            let out = run(root, args);
+            assert_eq!(code(&out), 2, "{args:?}: {}", text(&out.stderr));
+            if !bad.is_empty() {
+                assert!(
+                    text(&out.stderr).contains(bad),
+                    "{args:?} should name {bad:?}: {}",
+                    text(&out.stderr)
+                );
+            }
+        }
+    }
+    assert_same_tree(&before, &snapshot(root, &[]), "bad machine names");
+}
+
+#[test]
+fn privileged_plan_prints_the_file_and_a_diff_and_writes_nothing() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    let before = snapshot(root, &[]);
+    let out = run(root, &["plan", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("[Files]\n"), "{shown}");
+    assert!(shown.contains("(missing)"), "{shown}");
+    assert!(shown.contains("\n+Bind=/dev/nvidia0\n"), "{shown}");
+    assert_same_tree(&before, &snapshot(root, &[]), "plan");
+
+    assert_eq!(
+        code(&run(root, &["nspawn-lifecycle", "pre-start", "kube1"])),
+        0
+    );
+    let out = run(root, &["plan", "kube1"]);
+    assert!(
+        text(&out.stdout).contains("is up to date"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let file = root.join(NSPAWN);
+    let edited = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("Bind=/dev/nvidia1\n", "");
+    std::fs::write(&file, edited).unwrap();
+    let before = snapshot(root, &[]);
+    let out = run(root, &["plan", "kube1"]);
+    assert_eq!(code(&out), 0);
+    assert!(
+        text(&out.stdout).contains("\n+Bind=/dev/nvidia1\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stdout).contains("(on disk)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_same_tree(&before, &snapshot(root, &[]), "plan against an edited file");
+
+    // An incomplete host: plan says why, exits 3, writes nothing.
+    let dir = host("version-mismatch");
+    let before = snapshot(dir.path(), &[]);
+    let out = run(dir.path(), &["plan", "kube1"]);
+    assert_eq!(code(&out), 3);
+    assert_same_tree(
+        &before,
+        &snapshot(dir.path(), &[]),
+        "plan of an incomplete host",
+    );
+}
+
+#[test]
+fn privileged_config_extra_mounts_are_rendered() {
+    let dir = host("one-gpu");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("data/models")).unwrap();
+    std::fs::create_dir_all(root.join("srv/cache")).unwrap();
+    // The default location under the host root.
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"machines": {"kube1": {"mounts": [
+            {"source": "/data/models", "target": "/models"},
+            {"source": "/srv/cache", "readOnly": false}]}}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    assert!(
+        file.contains("\nBindReadOnly=/data/models:/models\n"),
+        "{file}"
+    );
+    assert!(file.contains("\nBind=/srv/cache\n"), "{file}");
+    golden("one-gpu.extra-mounts.nspawn", &file);
+
+    // An explicit --config outside the host root.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let explicit = elsewhere.path().join("c.json");
+    std::fs::write(
+        &explicit,
+        r#"{"defaults": {"mounts": [{"source": "/data/models"}]}}"#,
+    )
+    .unwrap();
+    let out = run(
+        root,
+        &["--config", explicit.to_str().unwrap(), "plan", "kube1"],
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("\n+BindReadOnly=/data/models\n"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn privileged_bad_config_exits_2_and_writes_nothing() {
+    let dir = host("one-gpu");
+    let root = dir.path();
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (r#"{"machine": {}}"#, "machine"),
+        (
+            r#"{"machines": {"kube1": {"mounts": [{"source": "data"}]}}}"#,
+            "machines.kube1.mounts[0].source",
+        ),
+        (
+            r#"{"machines": {"kube1": {"mounts": [{"source": "/nope"}]}}}"#,
+            "\"/nope\" does not exist",
+        ),
+        (
+            r#"{"machines": {"kube1": {"mounts": [{"source": "/etc", "target": "/../x"}]}}}"#,
+            "machines.kube1.mounts[0].target",
+        ),
+        (r#"{"machines": "#, "EOF"),
+        ("\u{ff}", "config file"),
+    ];
+    for (i, (body, needle)) in cases.iter().enumerate() {
+        let cfg = cfg_dir.path().join(format!("{i}.json"));
+        std::fs::write(&cfg, body).unwrap();
+        let before = snapshot(root, &[]);
+        for args in [
+            &["nspawn-lifecycle", "pre-start", "kube1"][..],
+            &["plan", "kube1"][..],
+        ] {
+            let mut full = vec!["--config", cfg.to_str().unwrap()];
+            full.extend_from_slice(args);
+            let out = run(root, &full);
+            assert_eq!(code(&out), 2, "{body}: {}", text(&out.stderr));
+            assert!(
+                text(&out.stderr).contains(needle),
+                "{body}: {}",
+                text(&out.stderr)
+            );
+        }
+        assert_same_tree(&before, &snapshot(root, &[]), body);
+    }
+    let missing = cfg_dir.path().join("missing.json");
+    let out = run(
+        root,
+        &[
+            "--config",
+            missing.to_str().unwrap(),
+            "nspawn-lifecycle",
+            "pre-start",
+            "kube1",
+        ],
+    );
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("missing.json"));
+    assert!(!root.join(NSPAWN).exists());
+}
+
+/// How one malformed file must be answered.
+enum Expect {
+    /// Verdict incomplete (pre-start exit 3), the message naming this text.
+    Incomplete(&'static str),
+    /// A hard error (exit 1 everywhere) naming this text.
+    Error(&'static str),
+}
+
+#[test]
+fn privileged_malformed_proc_and_sys_files_are_named_never_panicked_on() {
+    use Expect::*;
+    const VERSION: &str = "proc/driver/nvidia/version";
+    const INFO: &str = "proc/driver/nvidia/gpus/0000:06:00.0/information";
+    const VENDOR: &str = "sys/bus/pci/devices/0000:06:00.0/vendor";
+    const DEVICES: &str = "proc/devices";
+    let big = vec![b'A'; (1 << 20) + 1];
+    let cases: Vec<(&str, Vec<u8>, Expect)> = vec![
+        (
+            VERSION,
+            b"".to_vec(),
+            Incomplete("/proc/driver/nvidia/version: empty first line"),
+        ),
+        (
+            VERSION,
+            b"NVRM version: NVIDIA UNIX x86_64 Kernel Mo".to_vec(),
+            Incomplete("/proc/driver/nvidia/version: first line"),
+        ),
+        (
+            VERSION,
+            b"NVRM version: NVIDIA UNIX x86_64 Kernel Module  ".to_vec(),
+            Incomplete("no driver version"),
+        ),
+        (
+            VERSION,
+            b"\x00\x01garbage\xff\n".to_vec(),
+            Incomplete("/proc/driver/nvidia/version: first line is not UTF-8"),
+        ),
+        (
+            VERSION,
+            b"Linux version 6.1.0 (gcc)\n".to_vec(),
+            Incomplete("is not \"NVRM version: …\""),
+        ),
+        (
+            VERSION,
+            big.clone(),
+            Error("proc/driver/nvidia/version: larger than 1048576 bytes"),
+        ),
+        (
+            INFO,
+            b"Model: \t\t NVIDIA L4\nIRQ: 100\nGPU UUID: \t GPU-8c3f".to_vec(),
+            Incomplete(
+                "/proc/driver/nvidia/gpus/0000:06:00.0/information: no \"Bus Location:\" line",
+            ),
+        ),
+        (
+            INFO,
+            b"\xff\xfe\xfd".to_vec(),
+            Incomplete("/proc/driver/nvidia/gpus/0000:06:00.0/information: not UTF-8"),
+        ),
+        (
+            INFO,
+            b"random garbage without keys\n".to_vec(),
+            Incomplete("information: no \"Model:\" line"),
+        ),
+        (
+            INFO,
+            big.clone(),
+            Error("information: larger than 1048576 bytes"),
+        ),
+        (
+            VENDOR,
+            b"0x8086\n".to_vec(),
+            Incomplete("/sys/bus/pci/devices/0000:06:00.0/vendor is 0x8086, not NVIDIA's 0x10de"),
+        ),
+        (
+            VENDOR,
+            b"".to_vec(),
+            Incomplete("/sys/bus/pci/devices/0000:06:00.0/vendor: \"\" is not a 16-bit id"),
+        ),
+        (
+            VENDOR,
+            b"\xff\xff".to_vec(),
+            Incomplete("/sys/bus/pci/devices/0000:06:00.0/vendor: not UTF-8"),
+        ),
+        (
+            DEVICES,
+            b"Character devices:\n  1 mem\n195 nv".to_vec(),
+            Incomplete(
+                "/dev/nvidia0 is 195:0 but /proc/devices has no nvidia* driver with major 195",
+            ),
+        ),
+        (
+            DEVICES,
+            b"garbage".to_vec(),
+            Incomplete("/proc/devices: no \"Character devices:\" section"),
+        ),
+        (
+            DEVICES,
+            b"Character devices:\n\xff\xfe nvidia\n".to_vec(),
+            Incomplete("/proc/devices: not UTF-8"),
+        ),
+    ];
+    for (rel, bytes, expect) in cases {
+        let dir = host("one-gpu");
+        let root = dir.path();
+        std::fs::write(root.join(rel), &bytes).unwrap();
+        let before = snapshot(root, &[]);
+        let what = format!(
+            "{rel} = {:?}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+        );
+        let disc = run(root, &["discover", "--json"]);
+        let pre = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+        match expect {
+            Incomplete(needle) => {
+                assert_eq!(code(&disc), 0, "{what}: {}", text(&disc.stderr));
+                let v: serde_json::Value = serde_json::from_slice(&disc.stdout).unwrap();
+                assert_eq!(v["verdict"]["state"], "incomplete", "{what}");
+                assert_eq!(code(&pre), 3, "{what}: {}", text(&pre.stderr));
+                assert!(
+                    error_line(&pre).contains(needle),
+                    "{what}: {}",
+                    error_line(&pre)
+                );
+            }
+            Error(needle) => {
+                assert_eq!(code(&disc), 1, "{what}: {}", text(&disc.stderr));
+                assert!(
+                    error_line(&disc).contains(needle),
+                    "{what}: {}",
+                    error_line(&disc)
+                );
+                assert_eq!(code(&pre), 1, "{what}");
+                assert!(
+                    error_line(&pre).contains(needle),
+                    "{what}: {}",
+                    error_line(&pre)
+                );
+            }
+        }
+        assert!(!root.join(NSPAWN).exists(), "{what}");
+        assert_same_tree_except(&before, root, &["run/lock"], &what);
+    }
+
+    // A directory where a file belongs is an error naming it.
+    let dir = host("one-gpu");
+    let root = dir.path();
+    std::fs::remove_file(root.join(VERSION)).unwrap();
+    std::fs::create_dir(root.join(VERSION)).unwrap();
+    let out = run(root, &["discover"]);
+    assert_eq!(code(&out), 1);
+    assert!(
+        error_line(&out).contains("proc/driver/nvidia/version"),
+        "{}",
+        error_line(&out)
+    );
+
+    // A node where a character device belongs makes the host incomplete, naming it.
+    let dir = host("one-gpu");
+    let root = dir.path();
+    std::fs::remove_file(root.join("dev/nvidia0")).unwrap();
+    std::fs::write(root.join("dev/nvidia0"), "").unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 3);
+    let err = error_line(&out);
+    assert!(
+        err.contains("/dev/nvidia0 is something else, not a character device"),
+        "{err}"
+    );
+    assert!(
+        err.contains("/dev/nvidia0 missing for GPU 0 (0000:06:00.0)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn privileged_unusable_ld_so_cache_falls_back_to_the_standard_dirs() {
+    for bytes in [&b"garbage"[..], b"glibc-ld.so.cache1.1\xff\xff\xff\xff"] {
+        let dir = host("one-gpu");
+        std::fs::write(dir.path().join("etc/ld.so.cache"), bytes).unwrap();
+        let (json, _) = discover_json(dir.path());
+        assert_eq!(json["verdict"]["state"], "complete");
+        // Without the cache the /opt install cannot be found, and the reason says why.
+        let dir = host("ldcache-only");
+        std::fs::write(dir.path().join("etc/ld.so.cache"), bytes).unwrap();
+        let (json, _) = discover_json(dir.path());
+        let reasons = json["verdict"]["reasons"].to_string();
+        assert!(reasons.contains("/etc/ld.so.cache: "), "{reasons}");
+    }
+}
+
+#[test]
+fn privileged_demo_shows_discovery_and_the_nspawn_file() {
+    require_root();
+    let out = Command::new(BIN).args(["demo"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("verdict: complete"), "{shown}");
+    assert!(shown.contains("Bind=/dev/nvidia1\n"), "{shown}");
+    let out = Command::new(BIN)
+        .args(["demo", "--host", "version-mismatch"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0);
+    assert!(text(&out.stdout).contains("refuses to start"));
+    let out = Command::new(BIN).args(["demo", "--list"]).output().unwrap();
+    assert_eq!(text(&out.stdout).lines().count(), fixture::EXAMPLES.len());
+    let out = Command::new(BIN)
+        .args(["demo", "--host", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("\"nope\""));
+}
+
+#[test]
+fn privileged_foreign_and_host_only_nodes_are_never_bound() {
+    let dir = host("foreign-drm");
+    assert_eq!(
+        code(&run(
+            dir.path(),
+            &["nspawn-lifecycle", "pre-start", "kube1"]
+        )),
+        0
+    );
+    let file = std::fs::read_to_string(dir.path().join(NSPAWN)).unwrap();
+    assert!(
+        file.contains("\nBind=/dev/dri/card1\n") && file.contains("\nBind=/dev/dri/renderD129\n")
+    );
+    for intel in ["/dev/dri/card0", "/dev/dri/renderD128", "by-path"] {
+        assert!(
+            !file.contains(intel),
+            "the Intel GPU's {intel} is bound:\n{file}"
+        );
+    }
+    let dir = host("eight-gpus");
+    assert_eq!(
+        code(&run(
+            dir.path(),
+            &["nspawn-lifecycle", "pre-start", "kube1"]
+        )),
+        0
+    );
+    let file = std::fs::read_to_string(dir.path().join(NSPAWN)).unwrap();
+    assert!(!file.contains("nvswitch"), "{file}");
+    assert!(
+        file.contains("\nBind=/dev/nvidia-caps/nvidia-cap1\n"),
+        "{file}"
+    );
+    assert!(
+        file.contains("\nBind=/dev/nvidia-caps-imex-channels/channel0\n"),
+        "{file}"
+    );
+    assert!(
+        file.contains(
+            "\nBind=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+        )
+    );
+}
