@@ -418,10 +418,22 @@ fn classify(section: &str, key: &str, value: &str, machine: &MachineName) -> Fat
     }
 }
 
+/// A line only an older agent's layout has: a hook or clean-up ours replaces, a per-device
+/// NVIDIA/DRM/KVM entry, or the environment nspawn needs. Single values (`Restart=`,
+/// `TimeoutStartSec=`…) are not marks: an operator may set those on purpose.
+fn is_legacy_mark(section: &str, key: &str, value: &str, machine: &MachineName) -> bool {
+    !value.is_empty()
+        && matches!(
+            key,
+            "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
+        )
+        && classify(section, key, value, machine) != Fate::Keep
+}
+
 /// The outcome of migrating one older drop-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
-    /// `None`: nothing in the file is ours, leave it as it is.
+    /// `None`: not an older agent's file (see [`is_legacy_mark`]), leave it as it is.
     /// `Some(None)`: everything in it is ours, remove it. `Some(Some(text))`: rewrite it.
     pub rewrite: Option<Option<String>>,
     /// Lines taken out (or rewritten), as written.
@@ -430,10 +442,28 @@ pub struct Migration {
     pub kept: Vec<String>,
 }
 
-/// Migrate an older agent's `override.conf`: drop what our drop-in now does, keep the rest.
+/// Migrate an older agent's `override.conf`: drop what our drop-in now does or would be
+/// overridden by, keep the rest. A file without the older agent's marks is the operator's own
+/// (`systemctl edit`, or what an earlier migration left) and is not touched.
 pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
     let lines = parse_unit(text);
     let mut section = String::new();
+    let legacy = lines.iter().any(|l| match &l.kind {
+        LineKind::Section(s) => {
+            section = s.clone();
+            false
+        }
+        LineKind::Setting { key, value } => is_legacy_mark(&section, key, value, machine),
+        LineKind::Other => false,
+    });
+    if !legacy {
+        return Migration {
+            rewrite: None,
+            removed: Vec::new(),
+            kept: Vec::new(),
+        };
+    }
+    section.clear();
     // Per line: what to emit (None = drop).
     let mut emit: Vec<Option<String>> = Vec::new();
     let mut removed = Vec::new();
@@ -789,8 +819,9 @@ fn is_driver_incomplete(err: &anyhow::Error) -> bool {
         .any(|c| c.kind == Kind::DriverIncomplete)
 }
 
-/// The other drop-ins in our directory, sorted the way systemd applies them.
-fn other_dropins(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+/// The drop-ins in `dir` other than ours (and `override.conf`, when `skip_override`: it has its
+/// own line), sorted the way systemd applies them.
+fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -800,7 +831,10 @@ fn other_dropins(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     for e in entries {
         let e = e.with_context(|| format!("listing {}", dir.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".conf") && name != DROPIN_NAME && name != LEGACY_OVERRIDE {
+        if name.ends_with(".conf")
+            && name != DROPIN_NAME
+            && !(skip_override && name == LEGACY_OVERRIDE)
+        {
             out.push((name, e.path()));
         }
     }
@@ -950,11 +984,21 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             unit_file: true,
         };
         files.push(match m.rewrite {
-            None => line(
-                Verb::Keep,
-                "nothing in it is managed by nspawn-lifecycle".into(),
-                None,
-            ),
+            None => {
+                let o = overlaps(&text, machine, true);
+                if !o.is_empty() {
+                    warnings.push(format!(
+                        "{legacy_shown} is not an older agent's layout, so it was left alone, but \
+                         it overrides or repeats settings of {DROPIN_NAME}: {}",
+                        o.join(" | ")
+                    ));
+                }
+                line(
+                    Verb::Keep,
+                    "not an older agent's layout; left to the operator".into(),
+                    None,
+                )
+            }
             Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
             Some(Some(new)) => line(
                 Verb::Rewrite,
@@ -967,13 +1011,20 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
         });
     }
 
-    // Other drop-ins are the operator's: never changed, but overlaps are worth knowing.
-    for (name, path) in other_dropins(&host.path(&dir_shown))? {
-        if let Some(text) = read_text(&path)? {
+    // Other drop-ins (this machine's and the template's, which systemd merges with them by
+    // file name) are the operator's: never changed, but overlaps are worth knowing.
+    for (dir, skip_override) in [
+        (dir_shown.clone(), true),
+        (format!("{UNIT_DIR}/systemd-nspawn@.service.d"), false),
+    ] {
+        for (name, path) in other_dropins(&host.path(&dir), skip_override)? {
+            let Some(text) = read_text(&path)? else {
+                continue;
+            };
             let o = overlaps(&text, machine, name.as_str() > DROPIN_NAME);
             if !o.is_empty() {
                 warnings.push(format!(
-                    "{dir_shown}/{name} overlaps settings of {DROPIN_NAME} and was left alone: {}",
+                    "{dir}/{name} overlaps settings of {DROPIN_NAME} and was left alone: {}",
                     o.join(" | ")
                 ));
             }
@@ -1331,10 +1382,12 @@ LimitNOFILE=1048576
     fn override_with_only_our_settings_is_removed_and_foreign_one_left() {
         let ours = "[Service]\nRestart=on-failure\nDeviceAllow=char-nvidia-frontend rwm\n";
         assert_eq!(migrate_override(ours, &m("k")).rewrite, Some(None));
+        // An operator's deliberate override (what `systemctl edit` writes) is theirs to keep.
+        let edit = "[Service]\nTimeoutStartSec=2h\nRestart=always\n";
+        assert_eq!(migrate_override(edit, &m("k")).rewrite, None);
         let theirs = "[Service]\nLimitNOFILE=1048576\n";
         let mig = migrate_override(theirs, &m("k"));
         assert_eq!(mig.rewrite, None);
-        assert_eq!(mig.kept, ["LimitNOFILE=1048576"]);
     }
 
     #[test]

@@ -496,6 +496,45 @@ fn uninstall_removes_exactly_what_install_added() {
 }
 
 #[test]
+fn operator_dropins_are_left_alone_and_overlaps_reported() {
+    let h = host();
+    let root = h.path();
+    let template = root.join("etc/systemd/system/systemd-nspawn@.service.d");
+    std::fs::create_dir_all(&template).unwrap();
+    std::fs::create_dir_all(root.join(DIR)).unwrap();
+    // What `systemctl edit` writes after a migration: deliberate overrides, no older agent marks.
+    let edit = "[Service]\nTimeoutStartSec=2h\nCPUWeight=200\n";
+    std::fs::write(root.join(OVERRIDE), edit).unwrap();
+    // A template-level drop-in with a hook of an earlier helper (the rig's style).
+    let rig = "[Service]\nExecStartPre=/usr/local/bin/nspawn-lifecycle-helper pre %i\n";
+    std::fs::write(template.join("10-lifecycle-helper.conf"), rig).unwrap();
+    let out = ok(root, &["install", "kube1"]);
+    assert_eq!(read(root, OVERRIDE), edit);
+    assert_eq!(
+        read(
+            root,
+            "etc/systemd/system/systemd-nspawn@.service.d/10-lifecycle-helper.conf"
+        ),
+        rig
+    );
+    assert!(
+        out.contains(&format!("/{OVERRIDE}: kept (not an older agent's layout")),
+        "{out}"
+    );
+    let warnings: Vec<_> = out.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 2, "{out}");
+    assert!(warnings[0].contains("TimeoutStartSec=2h"), "{out}");
+    assert!(
+        warnings[1].contains("10-lifecycle-helper.conf") && warnings[1].contains("pre %i"),
+        "{out}"
+    );
+    // The operator's override wins over ours, as systemd applies it after ours.
+    let eff = effective(&root.join(DIR));
+    assert!(eff.iter().any(|e| e.1 == "TimeoutStartSec" && e.2 == "2h"));
+    assert!(!eff.iter().any(|e| e.1 == "TimeoutStartSec" && e.2 != "2h"));
+}
+
+#[test]
 fn two_machines_share_the_helper_copy() {
     let h = host();
     let root = h.path();
