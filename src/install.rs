@@ -5,6 +5,22 @@
 //! do writes nothing (not even the lock file), so a second run leaves every mtime alone, and
 //! `--dry-run` prints the plan instead of applying it. Everything that can fail on bad input
 //! fails while planning, before the first write.
+//!
+//! Decisions an operator should know:
+//! - NVIDIA state incomplete right now (a driver install in progress): the helper and drop-in
+//!   are still installed and the `.nspawn` file is skipped with a note; pre-start renders it at
+//!   every start and refuses to start until the state is complete.
+//! - A `.nspawn` file pre-start did not write is replaced only when everything in it is
+//!   something pre-start renders from the host (GPU, DRM, KVM and driver binds, its `[Exec]`
+//!   settings) or a configured mount; anything else is bad input (exit 2), since pre-start would
+//!   silently drop it at the next start.
+//! - `override.conf` is migrated only when it carries an older agent's marks (see
+//!   `is_legacy_mark`): settings our drop-in now has, or that would override it, are removed;
+//!   everything else is kept and reported. An `override.conf` without those marks is the
+//!   operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps with
+//!   ours in those files are reported as warnings.
+//! - `uninstall` does not restore what a migration removed: those settings were the older
+//!   agent's, which is gone.
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
@@ -433,7 +449,7 @@ fn is_legacy_mark(section: &str, key: &str, value: &str, machine: &MachineName) 
 /// The outcome of migrating one older drop-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
-    /// `None`: not an older agent's file (see [`is_legacy_mark`]), leave it as it is.
+    /// `None`: not an older agent's file (see `is_legacy_mark`), leave it as it is.
     /// `Some(None)`: everything in it is ours, remove it. `Some(Some(text))`: rewrite it.
     pub rewrite: Option<Option<String>>,
     /// Lines taken out (or rewritten), as written.
@@ -1203,6 +1219,10 @@ fn execute(
         plan = make_plan()?;
     }
     let reload_needed = plan.needs_reload();
+    if !dry_run {
+        plan.apply()?;
+    }
+    let mut reload_err = None;
     let reload_word = match (reload_needed, dry_run, ctx.host.is_real_root()) {
         (false, _, _) => "not reloaded (no unit file changed)".to_owned(),
         (true, _, false) => format!(
@@ -1210,16 +1230,21 @@ fn execute(
             ctx.host.root().display()
         ),
         (true, true, true) => "would reload (daemon-reload)".to_owned(),
-        (true, false, true) => "reloaded (daemon-reload)".to_owned(),
+        (true, false, true) => match reload() {
+            Ok(()) => "reloaded (daemon-reload)".to_owned(),
+            Err(e) => {
+                reload_err = Some(e);
+                "daemon-reload FAILED; run `systemctl daemon-reload`".to_owned()
+            }
+        },
     };
-    if !dry_run {
-        plan.apply()?;
-        if reload_needed && ctx.host.is_real_root() {
-            reload().context("daemon-reload after changing unit files")?;
-        }
-    }
+    // The report comes before a reload error: the files did change, and a second run would
+    // find nothing to do (and so not reload either).
     print!("{}", plan.report(dry_run, &reload_word));
-    Ok(())
+    match reload_err {
+        Some(e) => Err(e.context("daemon-reload after changing unit files")),
+        None => Ok(()),
+    }
 }
 
 /// `install <MACHINE>`: see the module docs and DESIGN §1.
