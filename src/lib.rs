@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod error;
 pub mod fixture;
 pub mod host;
+pub mod install;
 pub mod layout;
 pub mod lock;
 pub mod machine_name;
@@ -55,8 +56,12 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
-        Command::Install { machine, .. } | Command::Uninstall { machine, .. } => {
-            anyhow::bail!("install/uninstall of {machine} is not built yet")
+        // TODO(systemd module): pass `systemd::daemon_reload` once it lands.
+        Command::Install { machine, dry_run } => {
+            install::install(&ctx, &machine, dry_run, &install::daemon_reload_unavailable)
+        }
+        Command::Uninstall { machine, dry_run } => {
+            install::uninstall(&ctx, &machine, dry_run, &install::daemon_reload_unavailable)
         }
         Command::Demo { .. } => unreachable!("handled above"),
     }

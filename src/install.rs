@@ -1,0 +1,1437 @@
+//! `install` and `uninstall`: put the helper, its unit drop-in and the machine's `.nspawn` file in
+//! place on a host (or take them away again), migrating what an older agent left behind.
+//!
+//! Both commands first build a plan from what is on disk, then apply it. A plan with nothing to
+//! do writes nothing (not even the lock file), so a second run leaves every mtime alone, and
+//! `--dry-run` prints the plan instead of applying it. Everything that can fail on bad input
+//! fails while planning, before the first write.
+//!
+//! Decisions an operator should know:
+//! - NVIDIA state incomplete right now (a driver install in progress): the helper and drop-in
+//!   are still installed and the `.nspawn` file is skipped with a note; pre-start renders it at
+//!   every start and refuses to start until the state is complete.
+//! - A `.nspawn` file pre-start did not write is replaced only when everything in it is
+//!   something pre-start renders from the host (GPU, DRM, KVM and driver binds, its `[Exec]`
+//!   settings) or a configured mount; anything else is bad input (exit 2), since pre-start would
+//!   silently drop it at the next start.
+//! - `override.conf` is migrated only when it carries an older agent's marks (see
+//!   `is_legacy_mark`): settings our drop-in now has, or that would override it, are removed;
+//!   everything else is kept and reported. An `override.conf` without those marks is the
+//!   operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps with
+//!   ours in those files are reported as warnings.
+//! - `uninstall` does not restore what a migration removed: those settings were the older
+//!   agent's, which is gone.
+
+use crate::Ctx;
+use crate::atomic::{remove_if_exists, write_if_changed};
+use crate::error::{Classified, Kind, bad_input};
+use crate::lock;
+use crate::machine_name::MachineName;
+use crate::nspawn::{NSPAWN_DIR, describe_change, nspawn_path};
+use crate::prestart;
+use anyhow::{Context as _, Result};
+use std::fmt;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+/// File name of our drop-in. `50-` sorts before `override.conf` (what `systemctl edit` writes),
+/// so an operator's own edits still win.
+pub const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
+/// Where unit drop-ins for the machine units live (under the host root).
+pub const UNIT_DIR: &str = "/etc/systemd/system";
+/// The drop-in an older agent (and `systemctl edit`) wrote; migrated by `install`.
+pub const LEGACY_OVERRIDE: &str = "override.conf";
+/// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
+const DROPIN_HEADER: &str = "# Written by nspawn-lifecycle-helper install for machine";
+/// First line of a `.nspawn` file pre-start rendered (see `nspawn.rs`).
+const NSPAWN_HEADER: &str = "# Written by nspawn-lifecycle-helper pre-start";
+/// Added at the top of an `override.conf` that install rewrote.
+const OVERRIDE_NOTE: &str =
+    "# nspawn-lifecycle-helper install moved the settings it manages from this file into";
+
+/// Seconds between a failed start and the next attempt. `StartLimitIntervalSec=0` already turns
+/// the start rate limit off; 5 s also keeps a retry loop below systemd's default limit (5 starts
+/// in 10 s) should a later drop-in turn it back on, while a node still comes up seconds after
+/// its driver install finishes.
+pub const RESTART_SEC: u32 = 5;
+/// Upper bound on one start: each ExecStartPre=, the boot until READY=1, each ExecStartPost=.
+/// post-start bounds every step itself (boot wait 60 s, four unit jobs of 90 s, 300 s per staged
+/// image import, by default); systemd's default 90 s would kill it in the middle of an import and
+/// restart the whole machine, forever. 30 min fits the defaults with about six slow imports and
+/// still turns a hook that hangs into a retry.
+pub const TIMEOUT_START: &str = "30min";
+/// NVIDIA host daemons whose sockets pre-start binds into the machine; ordering after them (a
+/// no-op when they are not installed) keeps a boot-time start from missing their sockets.
+const AFTER: &str = "nvidia-persistenced.service nvidia-fabricmanager.service";
+/// The environment nspawn needs for a Kubernetes node inside.
+const ENV: [(&str, &str); 2] = [
+    ("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1"),
+    ("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "network"),
+];
+
+/// Name of the unit that runs `machine`.
+pub fn unit_name(machine: &MachineName) -> String {
+    format!("systemd-nspawn@{machine}.service")
+}
+
+/// Host path of the machine unit's drop-in directory.
+pub fn dropin_dir(machine: &MachineName) -> String {
+    format!("{UNIT_DIR}/{}.d", unit_name(machine))
+}
+
+/// Host path of our drop-in for `machine`.
+pub fn dropin_path(machine: &MachineName) -> String {
+    format!("{}/{DROPIN_NAME}", dropin_dir(machine))
+}
+
+/// The daemon-reload to pass until `systemd::daemon_reload` (D-Bus `Manager.Reload`) lands: it
+/// fails and tells the operator what to run instead.
+pub fn daemon_reload_unavailable() -> Result<()> {
+    anyhow::bail!(
+        "daemon-reload over D-Bus is not built yet (systemd module); the files are in place, \
+         run `systemctl daemon-reload` so systemd reads them"
+    )
+}
+
+/// One setting of the drop-in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub section: &'static str,
+    pub key: &'static str,
+    pub value: String,
+    /// Comment written above the line: why it is there.
+    pub why: Option<&'static str>,
+}
+
+/// Our drop-in for `systemd-nspawn@<machine>.service` (DESIGN §4); `Display` renders the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropin {
+    pub machine: String,
+    /// Absolute path of the installed helper, as the hooks call it.
+    pub helper_path: String,
+}
+
+impl Dropin {
+    pub fn new(machine: &MachineName, helper_path: &str) -> Dropin {
+        Dropin {
+            machine: machine.to_string(),
+            helper_path: helper_path.to_owned(),
+        }
+    }
+
+    /// The settings in file order.
+    pub fn settings(&self) -> Vec<Setting> {
+        let s = |section, key, value: String, why| Setting {
+            section,
+            key,
+            value,
+            why,
+        };
+        let helper = exec_escape(&self.helper_path);
+        let mut out = vec![
+            s(
+                "Unit",
+                "StartLimitIntervalSec",
+                "0".into(),
+                Some(
+                    "Keep retrying a start that fails (pre-start refuses while the NVIDIA driver install\n\
+                     is incomplete) instead of giving up after 5 starts in 10s.",
+                ),
+            ),
+            s(
+                "Unit",
+                "After",
+                AFTER.into(),
+                Some("So a start at boot finds the NVIDIA daemons' sockets; a no-op without them."),
+            ),
+            s("Service", "Restart", "on-failure".into(), None),
+            s(
+                "Service",
+                "RestartSec",
+                RESTART_SEC.to_string(),
+                Some("Also below the default start limit if a later drop-in turns it back on."),
+            ),
+            s(
+                "Service",
+                "TimeoutStartSec",
+                TIMEOUT_START.into(),
+                Some(
+                    "post-start stops kubelet and containerd, rewires and imports staged images, each\n\
+                     step with its own deadline; the default 90s would kill it mid-import.",
+                ),
+            ),
+        ];
+        for (name, value) in ENV {
+            out.push(s("Service", "Environment", format!("{name}={value}"), None));
+        }
+        out.push(s(
+            "Service",
+            "ExecStartPre",
+            format!("-/usr/bin/machinectl terminate {}", self.machine),
+            Some("Clear a registration left by a machine that died without unregistering."),
+        ));
+        out.push(s(
+            "Service",
+            "ExecStartPre",
+            format!("{helper} nspawn-lifecycle pre-start %i"),
+            None,
+        ));
+        out.push(s(
+            "Service",
+            "ExecStartPost",
+            format!("{helper} nspawn-lifecycle post-start %i"),
+            None,
+        ));
+        out.push(s(
+            "Service",
+            "DeviceAllow",
+            "char-nvidia* rwm".into(),
+            Some(
+                "Device groups resolve from /proc/devices when the unit starts and cover every GPU,\n\
+                 MIG capability and DRM node, whatever their numbers are today.",
+            ),
+        ));
+        out.push(s("Service", "DeviceAllow", "char-drm rwm".into(), None));
+        out.push(s("Service", "DeviceAllow", "/dev/kvm rwm".into(), None));
+        out
+    }
+}
+
+impl fmt::Display for Dropin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{DROPIN_HEADER} {}; install rewrites it, uninstall removes it.",
+            self.machine
+        )?;
+        writeln!(
+            f,
+            "# Local changes belong in a drop-in that sorts after this one (e.g. override.conf)."
+        )?;
+        writeln!(
+            f,
+            "# Per-start host state is not here: pre-start renders {} at every start.",
+            nspawn_path_str(&self.machine)
+        )?;
+        let mut section = "";
+        for s in self.settings() {
+            if s.section != section {
+                write!(f, "\n[{}]\n", s.section)?;
+                section = s.section;
+            }
+            if let Some(why) = s.why {
+                for line in why.lines() {
+                    writeln!(f, "# {line}")?;
+                }
+            }
+            writeln!(f, "{}={}", s.key, s.value)?;
+        }
+        Ok(())
+    }
+}
+
+fn nspawn_path_str(machine: &str) -> String {
+    format!("{NSPAWN_DIR}/{machine}.nspawn")
+}
+
+/// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.
+fn exec_escape(path: &str) -> String {
+    path.replace('%', "%%").replace('$', "$$")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unit-file syntax (also `.nspawn` files): just enough to classify and rewrite lines.
+
+/// One logical line of a unit file; continuation lines are joined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UnitLine {
+    /// The physical lines as written, without the final newline.
+    raw: String,
+    kind: LineKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LineKind {
+    /// Blank, comment, or something systemd would ignore with a warning.
+    Other,
+    Section(String),
+    Setting {
+        key: String,
+        value: String,
+    },
+}
+
+fn parse_unit(text: &str) -> Vec<UnitLine> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(first) = lines.next() {
+        let mut raw = first.to_owned();
+        let trimmed = first.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with(';') {
+            out.push(UnitLine {
+                raw,
+                kind: LineKind::Other,
+            });
+            continue;
+        }
+        if trimmed.starts_with('[') && trimmed.ends_with(']') {
+            out.push(UnitLine {
+                raw,
+                kind: LineKind::Section(trimmed[1..trimmed.len() - 1].to_owned()),
+            });
+            continue;
+        }
+        // A trailing backslash continues the line; comment lines inside are skipped by systemd.
+        let mut logical = trimmed.to_owned();
+        while logical.ends_with('\\') {
+            logical.pop();
+            let Some(next) = lines.next() else { break };
+            raw.push('\n');
+            raw.push_str(next);
+            let t = next.trim();
+            if t.starts_with('#') || t.starts_with(';') {
+                logical.push('\\');
+                continue;
+            }
+            logical.push(' ');
+            logical.push_str(t);
+        }
+        let kind = match logical.split_once('=') {
+            Some((k, v)) => LineKind::Setting {
+                key: k.trim().to_owned(),
+                value: v.trim().to_owned(),
+            },
+            None => LineKind::Other,
+        };
+        out.push(UnitLine { raw, kind });
+    }
+    out
+}
+
+/// The whitespace-separated words of an `Environment=` value, quotes kept.
+fn env_words(value: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let mut start = None;
+    let mut quote = None;
+    let mut escaped = false;
+    for (i, c) in value.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match (c, quote) {
+            ('\\', _) => escaped = true,
+            ('"' | '\'', None) => {
+                quote = Some(c);
+                start.get_or_insert(i);
+            }
+            (c, Some(q)) if c == q => quote = None,
+            (c, None) if c.is_whitespace() => {
+                if let Some(s) = start.take() {
+                    words.push(&value[s..i]);
+                }
+            }
+            _ => {
+                start.get_or_insert(i);
+            }
+        }
+    }
+    if let Some(s) = start {
+        words.push(&value[s..]);
+    }
+    words
+}
+
+/// The variable an `Environment=` word assigns.
+fn env_name(word: &str) -> &str {
+    let w = word.trim_start_matches(['"', '\'']);
+    w.split_once('=').map_or(w, |(n, _)| n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migration of an older agent's override.conf.
+
+/// What happens to one setting of an older layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fate {
+    /// Not ours: kept as written.
+    Keep,
+    /// Covered by, or in conflict with, our drop-in: removed.
+    Remove,
+    /// Partly ours: rewritten to this line.
+    Replace(String),
+}
+
+fn is_ours_device(spec: &str) -> bool {
+    spec.starts_with("char-nvidia")
+        || spec == "char-drm"
+        || spec.starts_with("/dev/nvidia")
+        || spec == "/dev/dri"
+        || spec.starts_with("/dev/dri/")
+        || spec == "/dev/kvm"
+}
+
+/// A hook or clean-up command ours replaces: `machinectl terminate <machine>` (any prefix, any
+/// path) or any earlier version of this helper (`nspawn-lifecycle*`).
+fn is_ours_command(value: &str, machine: &MachineName) -> bool {
+    let cmd = value.trim_start_matches(['-', '@', ':', '+', '!']);
+    let mut words = cmd.split_whitespace();
+    let Some(exe) = words.next() else {
+        return false;
+    };
+    let base = exe.rsplit('/').next().unwrap_or(exe);
+    if base.starts_with("nspawn-lifecycle") {
+        return true;
+    }
+    let args: Vec<_> = words.collect();
+    base == "machinectl"
+        && matches!(args.as_slice(), ["terminate", m] if *m == machine.as_str() || *m == "%i" || *m == "%I")
+}
+
+/// Decide the fate of one setting found in a drop-in other than ours. Everything our drop-in
+/// sets once (a later file would override ours) goes, and so do list entries ours covers and
+/// list resets (a reset after ours would clear ours).
+fn classify(section: &str, key: &str, value: &str, machine: &MachineName) -> Fate {
+    match (section, key) {
+        ("Unit" | "Service", "StartLimitIntervalSec" | "StartLimitInterval") => Fate::Remove,
+        ("Service", "Restart" | "RestartSec" | "TimeoutStartSec") => Fate::Remove,
+        // TimeoutSec= sets both timeouts; keep the stop half.
+        ("Service", "TimeoutSec") => Fate::Replace(format!("TimeoutStopSec={value}")),
+        ("Service", "ExecStartPre" | "ExecStartPost") => {
+            if value.is_empty() || is_ours_command(value, machine) {
+                Fate::Remove
+            } else {
+                Fate::Keep
+            }
+        }
+        ("Service", "DeviceAllow") => {
+            let spec = value.split_whitespace().next().unwrap_or("");
+            if value.is_empty() || is_ours_device(spec) {
+                Fate::Remove
+            } else {
+                Fate::Keep
+            }
+        }
+        ("Service", "Environment") => {
+            if value.is_empty() {
+                return Fate::Remove;
+            }
+            let words = env_words(value);
+            let rest: Vec<&str> = words
+                .iter()
+                .copied()
+                .filter(|w| !ENV.iter().any(|(n, _)| env_name(w) == *n))
+                .collect();
+            if rest.len() == words.len() {
+                Fate::Keep
+            } else if rest.is_empty() {
+                Fate::Remove
+            } else {
+                Fate::Replace(format!("Environment={}", rest.join(" ")))
+            }
+        }
+        _ => Fate::Keep,
+    }
+}
+
+/// A line only an older agent's layout has: a hook or clean-up ours replaces, a per-device
+/// NVIDIA/DRM/KVM entry, or the environment nspawn needs. Single values (`Restart=`,
+/// `TimeoutStartSec=`…) are not marks: an operator may set those on purpose.
+fn is_legacy_mark(section: &str, key: &str, value: &str, machine: &MachineName) -> bool {
+    !value.is_empty()
+        && matches!(
+            key,
+            "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
+        )
+        && classify(section, key, value, machine) != Fate::Keep
+}
+
+/// The outcome of migrating one older drop-in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// `None`: not an older agent's file (see `is_legacy_mark`), leave it as it is.
+    /// `Some(None)`: everything in it is ours, remove it. `Some(Some(text))`: rewrite it.
+    pub rewrite: Option<Option<String>>,
+    /// Lines taken out (or rewritten), as written.
+    pub removed: Vec<String>,
+    /// Settings kept because they are not ours, as written.
+    pub kept: Vec<String>,
+}
+
+/// Migrate an older agent's `override.conf`: drop what our drop-in now does or would be
+/// overridden by, keep the rest. A file without the older agent's marks is the operator's own
+/// (`systemctl edit`, or what an earlier migration left) and is not touched.
+pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
+    let lines = parse_unit(text);
+    let mut section = String::new();
+    let legacy = lines.iter().any(|l| match &l.kind {
+        LineKind::Section(s) => {
+            section = s.clone();
+            false
+        }
+        LineKind::Setting { key, value } => is_legacy_mark(&section, key, value, machine),
+        LineKind::Other => false,
+    });
+    if !legacy {
+        return Migration {
+            rewrite: None,
+            removed: Vec::new(),
+            kept: Vec::new(),
+        };
+    }
+    section.clear();
+    // Per line: what to emit (None = drop).
+    let mut emit: Vec<Option<String>> = Vec::new();
+    let mut removed = Vec::new();
+    let mut kept = Vec::new();
+    for l in &lines {
+        match &l.kind {
+            LineKind::Section(s) => {
+                section = s.clone();
+                emit.push(Some(l.raw.clone()));
+            }
+            LineKind::Other => emit.push(Some(l.raw.clone())),
+            LineKind::Setting { key, value } => match classify(&section, key, value, machine) {
+                Fate::Keep => {
+                    kept.push(l.raw.trim().to_owned());
+                    emit.push(Some(l.raw.clone()));
+                }
+                Fate::Remove => {
+                    removed.push(l.raw.trim().to_owned());
+                    emit.push(None);
+                }
+                Fate::Replace(new) => {
+                    removed.push(l.raw.trim().to_owned());
+                    kept.push(new.clone());
+                    emit.push(Some(new));
+                }
+            },
+        }
+    }
+    if removed.is_empty() {
+        return Migration {
+            rewrite: None,
+            removed,
+            kept,
+        };
+    }
+    if kept.is_empty() {
+        return Migration {
+            rewrite: Some(None),
+            removed,
+            kept,
+        };
+    }
+    // Keep a section (header, comments, settings) only when a setting in it survives.
+    let mut out: Vec<String> = Vec::new();
+    let mut block: Vec<String> = Vec::new();
+    let mut block_has_setting = false;
+    let mut in_preamble = true;
+    let flush = |out: &mut Vec<String>, block: &mut Vec<String>, keep: bool| {
+        if keep {
+            out.append(block);
+        }
+        block.clear();
+    };
+    for (l, e) in lines.iter().zip(&emit) {
+        if let LineKind::Section(_) = l.kind {
+            let keep = in_preamble || block_has_setting;
+            flush(&mut out, &mut block, keep);
+            in_preamble = false;
+            block_has_setting = false;
+        }
+        if let Some(text) = e {
+            if matches!(l.kind, LineKind::Setting { .. }) {
+                block_has_setting = true;
+            }
+            block.push(text.clone());
+        }
+    }
+    let keep = in_preamble || block_has_setting;
+    flush(&mut out, &mut block, keep);
+    let mut text = String::new();
+    if !out.iter().any(|l| l.starts_with(OVERRIDE_NOTE)) {
+        text.push_str(&format!(
+            "{OVERRIDE_NOTE} {DROPIN_NAME};\n# what is left here is not managed by it.\n\n"
+        ));
+    }
+    let mut blank = text.is_empty() || text.ends_with("\n\n");
+    for l in out {
+        let is_blank = l.trim().is_empty();
+        if is_blank && blank {
+            continue;
+        }
+        blank = is_blank;
+        text.push_str(&l);
+        text.push('\n');
+    }
+    while text.ends_with("\n\n") {
+        text.pop();
+    }
+    Migration {
+        rewrite: Some(Some(text)),
+        removed,
+        kept,
+    }
+}
+
+/// Lines of another drop-in that overlap ours (install leaves such files alone but says so).
+/// Single-valued settings and list resets only matter in a file applied after ours.
+fn overlaps(text: &str, machine: &MachineName, after_ours: bool) -> Vec<String> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for l in parse_unit(text) {
+        match l.kind {
+            LineKind::Section(s) => section = s,
+            LineKind::Setting { key, value } => {
+                let list = matches!(
+                    key.as_str(),
+                    "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
+                );
+                if !after_ours && (!list || value.is_empty()) {
+                    continue;
+                }
+                if classify(&section, &key, &value, machine) != Fate::Keep {
+                    out.push(l.raw.trim().to_owned());
+                }
+            }
+            LineKind::Other => {}
+        }
+    }
+    out
+}
+
+/// Lines of a `.nspawn` file pre-start did not write that pre-start's rendering would lose: not
+/// GPU, KVM or driver binds (which pre-start renders from the host), not the `[Exec]` settings it
+/// sets, and not a bind the configuration already carries.
+fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for l in parse_unit(text) {
+        match l.kind {
+            LineKind::Section(s) => section = s,
+            LineKind::Setting { key, value } => {
+                let ours = match (section.as_str(), key.as_str()) {
+                    (
+                        "Exec",
+                        "Boot" | "Capability" | "PrivateUsers" | "SystemCallFilter" | "NotifyReady",
+                    ) => true,
+                    ("Network", "VirtualEthernet") => true,
+                    ("Files", "Bind" | "BindReadOnly") => {
+                        let mut parts = value.splitn(3, ':');
+                        let src = parts.next().unwrap_or("");
+                        let dst = parts.next().unwrap_or(src);
+                        let gpu = |p: &str| {
+                            p.starts_with("/dev/nvidia")
+                                || p == "/dev/dri"
+                                || p.starts_with("/dev/dri/")
+                                || p == "/dev/kvm"
+                                || p == "/lib/modules"
+                                || p.starts_with("/run/host-nvidia")
+                        };
+                        gpu(src)
+                            || gpu(dst)
+                            || config_binds.iter().any(|b| *b == format!("{key}={value}"))
+                    }
+                    _ => false,
+                };
+                if !ours {
+                    out.push(l.raw.trim().to_owned());
+                }
+            }
+            LineKind::Other => {}
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans: what would change, file by file.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Create,
+    Update,
+    Rewrite,
+    Remove,
+    Unchanged,
+    Skip,
+    Keep,
+}
+
+impl Verb {
+    fn word(self, dry_run: bool) -> &'static str {
+        match (self, dry_run) {
+            (Verb::Create, false) => "created",
+            (Verb::Create, true) => "would create",
+            (Verb::Update, false) => "updated",
+            (Verb::Update, true) => "would update",
+            (Verb::Rewrite, false) => "rewritten",
+            (Verb::Rewrite, true) => "would rewrite",
+            (Verb::Remove, false) => "removed",
+            (Verb::Remove, true) => "would remove",
+            (Verb::Unchanged, _) => "unchanged",
+            (Verb::Skip, false) => "skipped",
+            (Verb::Skip, true) => "would skip",
+            (Verb::Keep, _) => "kept",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Op {
+    Write { bytes: Vec<u8>, mode: u32 },
+    Remove,
+    RemoveDir,
+}
+
+#[derive(Debug)]
+struct FileLine {
+    /// The path as the host sees it (`/etc/…`).
+    shown: String,
+    /// The path under the host root.
+    path: PathBuf,
+    verb: Verb,
+    detail: String,
+    op: Option<Op>,
+    /// A unit file: changing it needs a daemon-reload.
+    unit_file: bool,
+}
+
+#[derive(Debug)]
+struct Plan {
+    command: &'static str,
+    machine: MachineName,
+    files: Vec<FileLine>,
+    warnings: Vec<String>,
+}
+
+impl Plan {
+    fn changes(&self) -> usize {
+        self.files.iter().filter(|f| f.op.is_some()).count()
+    }
+
+    fn needs_reload(&self) -> bool {
+        self.files.iter().any(|f| f.op.is_some() && f.unit_file)
+    }
+
+    fn apply(&self) -> Result<()> {
+        for f in &self.files {
+            match &f.op {
+                None => {}
+                Some(Op::Write { bytes, mode }) => {
+                    write_if_changed(&f.path, bytes, *mode)?;
+                }
+                Some(Op::Remove) => {
+                    remove_if_exists(&f.path)?;
+                }
+                Some(Op::RemoveDir) => match std::fs::remove_dir(&f.path) {
+                    Ok(()) => {}
+                    // Something appeared meanwhile: it is not ours to remove.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+                        ) => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("removing {}", f.path.display()));
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// The operator's report: one line per file, then systemd, then a summary.
+    fn report(&self, dry_run: bool, reload: &str) -> String {
+        let mut s = String::new();
+        for f in &self.files {
+            s.push_str(&format!("{}: {}", f.shown, f.verb.word(dry_run)));
+            if !f.detail.is_empty() {
+                s.push_str(&format!(" ({})", f.detail));
+            }
+            s.push('\n');
+        }
+        for w in &self.warnings {
+            s.push_str(&format!("warning: {w}\n"));
+        }
+        s.push_str(&format!("systemd: {reload}\n"));
+        let n = self.changes();
+        let what = match (n, dry_run) {
+            (0, _) => "nothing changed".to_owned(),
+            (n, false) => format!("{n} file{} changed", if n == 1 { "" } else { "s" }),
+            (n, true) => format!(
+                "dry run, nothing written; {n} file{} would change",
+                if n == 1 { "" } else { "s" }
+            ),
+        };
+        s.push_str(&format!("{} {}: {what}\n", self.command, self.machine));
+        s
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn read_text(path: &Path) -> Result<Option<String>> {
+    read_optional(path)?
+        .map(|b| {
+            String::from_utf8(b).map_err(|_| bad_input(format!("{} is not UTF-8", path.display())))
+        })
+        .transpose()
+}
+
+fn mode_of(path: &Path) -> Result<u32> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .permissions()
+        .mode()
+        & 0o7777)
+}
+
+/// A line for writing `bytes` to `shown`: created, updated, or unchanged.
+fn write_line(
+    host: &crate::host::HostRoot,
+    shown: &str,
+    bytes: Vec<u8>,
+    mode: u32,
+    unit_file: bool,
+    detail: impl FnOnce(Option<&[u8]>) -> String,
+) -> Result<FileLine> {
+    let path = host.path(shown);
+    let old = read_optional(&path)?;
+    let same = match &old {
+        Some(o) => *o == bytes && mode_of(&path)? == mode,
+        None => false,
+    };
+    let verb = match (&old, same) {
+        (_, true) => Verb::Unchanged,
+        (None, _) => Verb::Create,
+        (Some(_), false) => Verb::Update,
+    };
+    let detail = if same {
+        String::new()
+    } else {
+        detail(old.as_deref())
+    };
+    Ok(FileLine {
+        shown: shown.to_owned(),
+        path,
+        verb,
+        detail,
+        op: (!same).then_some(Op::Write { bytes, mode }),
+        unit_file,
+    })
+}
+
+fn is_driver_incomplete(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<Classified>())
+        .any(|c| c.kind == Kind::DriverIncomplete)
+}
+
+/// The drop-ins in `dir` other than ours (and `override.conf`, when `skip_override`: it has its
+/// own line), sorted the way systemd applies them.
+fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".conf")
+            && name != DROPIN_NAME
+            && !(skip_override && name == LEGACY_OVERRIDE)
+        {
+            out.push((name, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
+    let host = &ctx.host;
+    let mc = ctx.config.machine(host, machine)?;
+    if std::fs::symlink_metadata(host.path(&mc.directory)).is_err() {
+        return Err(bad_input(format!(
+            "machine {machine}: its directory {} does not exist; check the machine name \
+             (or set machines.{machine}.directory in the configuration)",
+            mc.directory
+        )));
+    }
+    let helper = ctx.config.helper_path();
+    let mut files = Vec::new();
+    let mut warnings = Vec::new();
+
+    // 1. The helper at its stable path, so the hooks survive whatever installed it.
+    files.push(write_line(
+        host,
+        helper,
+        exe.to_vec(),
+        0o755,
+        false,
+        |old| match old {
+            None => format!("copy of the running helper, {} bytes", exe.len()),
+            Some(_) => format!("replaced by the running helper, {} bytes", exe.len()),
+        },
+    )?);
+
+    // 2. The .nspawn file, rendered exactly as pre-start would.
+    let nspawn_shown = nspawn_path(machine);
+    let nspawn_host = host.path(&nspawn_shown);
+    let old_nspawn = read_text(&nspawn_host)?;
+    let foreign = old_nspawn
+        .as_deref()
+        .filter(|t| !t.starts_with(NSPAWN_HEADER));
+    if let Some(text) = foreign {
+        let config_binds: Vec<String> = mc
+            .mounts
+            .iter()
+            .map(|m| {
+                crate::nspawn::BindLine {
+                    source: m.source.clone(),
+                    target: m.target.clone().unwrap_or_else(|| m.source.clone()),
+                    read_only: m.read_only,
+                }
+                .to_string()
+            })
+            .collect();
+        let lost = foreign_nspawn_losses(text, &config_binds);
+        if !lost.is_empty() {
+            return Err(bad_input(format!(
+                "{nspawn_shown} was not written by nspawn-lifecycle and pre-start would drop these \
+                 settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
+                 (or delete the lines), then run install again; nothing was changed",
+                lost.join(", "),
+                crate::config::DEFAULT_PATH
+            )));
+        }
+    }
+    match prestart::render(ctx, machine, &mc) {
+        Ok(r) => {
+            let bytes = r.new.into_bytes();
+            files.push(write_line(
+                host,
+                &nspawn_shown,
+                bytes.clone(),
+                0o644,
+                false,
+                |old| {
+                    let old = old.map(String::from_utf8_lossy);
+                    let new = String::from_utf8_lossy(&bytes);
+                    let change = match old {
+                        Some(old) => describe_change(Some(&old), &new),
+                        None => new
+                            .lines()
+                            .find_map(|l| l.strip_prefix("# Host: "))
+                            .unwrap_or_default()
+                            .to_owned(),
+                    };
+                    if foreign.is_some() {
+                        format!("replaces the file an older agent wrote; {change}")
+                    } else {
+                        change
+                    }
+                },
+            )?);
+        }
+        Err(e) if is_driver_incomplete(&e) => {
+            let msg = format!("{e:#}");
+            files.push(FileLine {
+                shown: nspawn_shown,
+                path: nspawn_host,
+                verb: Verb::Skip,
+                detail: format!(
+                    "pre-start renders it at the next start that finds the driver complete; now: {msg}"
+                ),
+                op: None,
+                unit_file: false,
+            });
+        }
+        Err(e) => return Err(e.context(format!("rendering {nspawn_shown}"))),
+    }
+
+    // 3. Our drop-in.
+    let dropin = Dropin::new(machine, helper).to_string();
+    files.push(write_line(
+        host,
+        &dropin_path(machine),
+        dropin.into_bytes(),
+        0o644,
+        true,
+        |old| match old {
+            Some(o) if !o.starts_with(DROPIN_HEADER.as_bytes()) => {
+                "replaces a file of the same name install did not write".to_owned()
+            }
+            _ => String::new(),
+        },
+    )?);
+
+    // 4. The older layout's override.conf.
+    let dir_shown = dropin_dir(machine);
+    let legacy_shown = format!("{dir_shown}/{LEGACY_OVERRIDE}");
+    let legacy_host = host.path(&legacy_shown);
+    if let Some(text) = read_text(&legacy_host)? {
+        let m = migrate_override(&text, machine);
+        let removed = format!(
+            "moved to {DROPIN_NAME} or dropped as conflicting: {}",
+            m.removed.join(" | ")
+        );
+        let kept = format!(
+            "kept, not managed by nspawn-lifecycle: {}",
+            m.kept.join(" | ")
+        );
+        let mode = mode_of(&legacy_host)?;
+        let line = |verb, detail, op| FileLine {
+            shown: legacy_shown.clone(),
+            path: legacy_host.clone(),
+            verb,
+            detail,
+            op,
+            unit_file: true,
+        };
+        files.push(match m.rewrite {
+            None => {
+                let o = overlaps(&text, machine, true);
+                if !o.is_empty() {
+                    warnings.push(format!(
+                        "{legacy_shown} is not an older agent's layout, so it was left alone, but \
+                         it overrides or repeats settings of {DROPIN_NAME}: {}",
+                        o.join(" | ")
+                    ));
+                }
+                line(
+                    Verb::Keep,
+                    "not an older agent's layout; left to the operator".into(),
+                    None,
+                )
+            }
+            Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
+            Some(Some(new)) => line(
+                Verb::Rewrite,
+                format!("{removed}; {kept}"),
+                Some(Op::Write {
+                    bytes: new.into_bytes(),
+                    mode,
+                }),
+            ),
+        });
+    }
+
+    // Other drop-ins (this machine's and the template's, which systemd merges with them by
+    // file name) are the operator's: never changed, but overlaps are worth knowing.
+    for (dir, skip_override) in [
+        (dir_shown.clone(), true),
+        (format!("{UNIT_DIR}/systemd-nspawn@.service.d"), false),
+    ] {
+        for (name, path) in other_dropins(&host.path(&dir), skip_override)? {
+            let Some(text) = read_text(&path)? else {
+                continue;
+            };
+            let o = overlaps(&text, machine, name.as_str() > DROPIN_NAME);
+            if !o.is_empty() {
+                warnings.push(format!(
+                    "{dir}/{name} overlaps settings of {DROPIN_NAME} and was left alone: {}",
+                    o.join(" | ")
+                ));
+            }
+        }
+    }
+    Ok(Plan {
+        command: "install",
+        machine: machine.clone(),
+        files,
+        warnings,
+    })
+}
+
+fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
+    let host = &ctx.host;
+    let mut files = Vec::new();
+    let mut warnings = Vec::new();
+    let line = |shown: String, verb, detail: &str, op, unit_file| FileLine {
+        path: host.path(&shown),
+        shown,
+        verb,
+        detail: detail.to_owned(),
+        op,
+        unit_file,
+    };
+
+    let dir_shown = dropin_dir(machine);
+    let dropin_shown = dropin_path(machine);
+    match read_optional(&host.path(&dropin_shown))? {
+        Some(b) if b.starts_with(DROPIN_HEADER.as_bytes()) => {
+            files.push(line(
+                dropin_shown.clone(),
+                Verb::Remove,
+                "",
+                Some(Op::Remove),
+                true,
+            ));
+            let others = match std::fs::read_dir(host.path(&dir_shown)) {
+                Ok(entries) => entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_name() != DROPIN_NAME)
+                    .count(),
+                Err(_) => 1,
+            };
+            if others == 0 {
+                files.push(line(
+                    dir_shown.clone(),
+                    Verb::Remove,
+                    "empty",
+                    Some(Op::RemoveDir),
+                    false,
+                ));
+            }
+        }
+        Some(_) => warnings.push(format!(
+            "{dropin_shown} was not written by install; left alone"
+        )),
+        None => {}
+    }
+
+    let nspawn_shown = nspawn_path(machine);
+    match read_optional(&host.path(&nspawn_shown))? {
+        Some(b) if b.starts_with(NSPAWN_HEADER.as_bytes()) => files.push(line(
+            nspawn_shown,
+            Verb::Remove,
+            "",
+            Some(Op::Remove),
+            false,
+        )),
+        Some(_) => warnings.push(format!(
+            "{nspawn_shown} was not written by nspawn-lifecycle; left alone"
+        )),
+        None => {}
+    }
+
+    let helper = ctx.config.helper_path().to_owned();
+    if host.path(&helper).exists() {
+        let users = helper_users(ctx, &helper, &dropin_shown)?;
+        if users.is_empty() {
+            files.push(line(
+                helper.clone(),
+                Verb::Remove,
+                "no machine uses it any more",
+                Some(Op::Remove),
+                false,
+            ));
+            let parent = Path::new(&helper)
+                .parent()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let helper_name = Path::new(&helper).file_name().unwrap_or_default();
+            // Only the directory install made for it, and only when nothing else is in it.
+            if parent.ends_with("/nspawn-lifecycle")
+                && std::fs::read_dir(host.path(&parent))
+                    .map(|d| {
+                        d.filter_map(|e| e.ok())
+                            .all(|e| e.file_name() == helper_name)
+                    })
+                    .unwrap_or(false)
+            {
+                files.push(line(
+                    parent,
+                    Verb::Remove,
+                    "empty",
+                    Some(Op::RemoveDir),
+                    false,
+                ));
+            }
+        } else {
+            files.push(line(
+                helper,
+                Verb::Keep,
+                &format!("still used by {}", users.join(", ")),
+                None,
+                false,
+            ));
+        }
+    }
+    Ok(Plan {
+        command: "uninstall",
+        machine: machine.clone(),
+        files,
+        warnings,
+    })
+}
+
+/// Units (other than `machine`'s drop-in being removed) whose drop-ins call the helper.
+fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
+    let needle = exec_escape(helper);
+    let unit_dir = ctx.host.path(UNIT_DIR);
+    let mut users = Vec::new();
+    let entries = match std::fs::read_dir(&unit_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(users),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", unit_dir.display())),
+    };
+    let mut dirs: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("systemd-nspawn@") && n.ends_with(".service.d"))
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        let Ok(files) = std::fs::read_dir(unit_dir.join(&d)) else {
+            continue;
+        };
+        for f in files.filter_map(|e| e.ok()) {
+            let shown = format!("{UNIT_DIR}/{d}/{}", f.file_name().to_string_lossy());
+            if shown == except || !shown.ends_with(".conf") {
+                continue;
+            }
+            let text = std::fs::read(f.path()).unwrap_or_default();
+            if String::from_utf8_lossy(&text).contains(&needle) {
+                users.push(d.trim_end_matches(".d").to_owned());
+                break;
+            }
+        }
+    }
+    Ok(users)
+}
+
+/// Plan, and apply unless `dry_run` or there is nothing to do; the lock is only taken (and the
+/// plan made again under it) when something will be written.
+fn execute(
+    ctx: &Ctx,
+    machine: &MachineName,
+    dry_run: bool,
+    reload: &dyn Fn() -> Result<()>,
+    make_plan: &dyn Fn() -> Result<Plan>,
+) -> Result<()> {
+    let mut plan = make_plan()?;
+    let mut _lock = None;
+    if !dry_run && plan.changes() > 0 {
+        let timeout = ctx.config.machine(&ctx.host, machine)?.lock_timeout;
+        _lock = Some(lock::lock(&ctx.host, machine, timeout)?);
+        plan = make_plan()?;
+    }
+    let reload_needed = plan.needs_reload();
+    if !dry_run {
+        plan.apply()?;
+    }
+    let mut reload_err = None;
+    let reload_word = match (reload_needed, dry_run, ctx.host.is_real_root()) {
+        (false, _, _) => "not reloaded (no unit file changed)".to_owned(),
+        (true, _, false) => format!(
+            "not reloaded: --host-root {} is not /; run `systemctl daemon-reload` on that host",
+            ctx.host.root().display()
+        ),
+        (true, true, true) => "would reload (daemon-reload)".to_owned(),
+        (true, false, true) => match reload() {
+            Ok(()) => "reloaded (daemon-reload)".to_owned(),
+            Err(e) => {
+                reload_err = Some(e);
+                "daemon-reload FAILED; run `systemctl daemon-reload`".to_owned()
+            }
+        },
+    };
+    // The report comes before a reload error: the files did change, and a second run would
+    // find nothing to do (and so not reload either).
+    print!("{}", plan.report(dry_run, &reload_word));
+    match reload_err {
+        Some(e) => Err(e.context("daemon-reload after changing unit files")),
+        None => Ok(()),
+    }
+}
+
+/// `install <MACHINE>`: see the module docs and DESIGN §1.
+pub fn install(
+    ctx: &Ctx,
+    machine: &MachineName,
+    dry_run: bool,
+    reload: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    let exe =
+        std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
+    execute(ctx, machine, dry_run, reload, &|| {
+        plan_install(ctx, machine, &exe)
+    })
+    .with_context(|| format!("install of {machine}"))
+}
+
+/// `uninstall <MACHINE>`: remove what install added; leaves the rootfs and a running machine alone.
+pub fn uninstall(
+    ctx: &Ctx,
+    machine: &MachineName,
+    dry_run: bool,
+    reload: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    execute(ctx, machine, dry_run, reload, &|| {
+        plan_uninstall(ctx, machine)
+    })
+    .with_context(|| format!("uninstall of {machine}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> MachineName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn helper_path_is_escaped_for_exec_lines() {
+        let d = Dropin::new(&m("kube1"), "/opt/50%/$x/helper");
+        let text = d.to_string();
+        assert!(
+            text.contains("ExecStartPre=/opt/50%%/$$x/helper nspawn-lifecycle pre-start %i\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dropin_sections_hold_their_keys() {
+        let d = Dropin::new(&m("kube1"), crate::config::DEFAULT_HELPER_PATH);
+        for s in d.settings() {
+            let want = if matches!(s.key, "StartLimitIntervalSec" | "After") {
+                "Unit"
+            } else {
+                "Service"
+            };
+            assert_eq!(s.section, want, "{}", s.key);
+        }
+        // Our own drop-in is "ours" line by line: a copy of it elsewhere would be flagged.
+        let text = d.to_string();
+        let o = overlaps(&text, &m("kube1"), true);
+        assert_eq!(o.len(), d.settings().len() - 1, "all but After=: {o:?}");
+        let o = overlaps(&text, &m("kube1"), false);
+        assert_eq!(o.len(), 8, "only list entries count before ours: {o:?}");
+    }
+
+    #[test]
+    fn env_words_respect_quotes() {
+        assert_eq!(
+            env_words(r#"A=1 "B=two words" C='x y'  D=\"q"#),
+            vec!["A=1", "\"B=two words\"", "C='x y'", "D=\\\"q"]
+        );
+        assert_eq!(env_name("\"B=two words\""), "B");
+    }
+
+    #[test]
+    fn commands_of_older_agents_are_recognised() {
+        let k = m("kube1");
+        for ours in [
+            "-/usr/bin/machinectl terminate kube1",
+            "-machinectl terminate %i",
+            "/usr/local/bin/nspawn-lifecycle-helper pre %i",
+            "+/opt/x/nspawn-lifecycle post-start kube1",
+        ] {
+            assert!(is_ours_command(ours, &k), "{ours}");
+        }
+        for theirs in [
+            "-/usr/bin/machinectl terminate kube2",
+            "/usr/bin/machinectl poweroff kube1",
+            "/opt/agent/bin/prepare-gpu %i",
+        ] {
+            assert!(!is_ours_command(theirs, &k), "{theirs}");
+        }
+    }
+
+    #[test]
+    fn override_migration_keeps_what_is_not_ours() {
+        let text = "\
+# set up by gpu-agent 1.4
+[Unit]
+StartLimitIntervalSec=0
+After=network-online.target
+
+[Service]
+Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 HTTP_PROXY=http://proxy:3128
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network
+ExecStartPre=
+ExecStartPre=-/usr/bin/machinectl terminate kube1
+ExecStartPost=/opt/agent/bin/warmup \\
+  --fast %i
+DeviceAllow=/dev/nvidia0 rwm
+DeviceAllow=/dev/fuse rwm
+Restart=on-failure
+TimeoutSec=10min
+LimitNOFILE=1048576
+";
+        let mig = migrate_override(text, &m("kube1"));
+        assert_eq!(
+            mig.rewrite,
+            Some(Some(
+                "\
+# nspawn-lifecycle-helper install moved the settings it manages from this file into 50-nspawn-lifecycle.conf;
+# what is left here is not managed by it.
+
+# set up by gpu-agent 1.4
+[Unit]
+After=network-online.target
+
+[Service]
+Environment=HTTP_PROXY=http://proxy:3128
+ExecStartPost=/opt/agent/bin/warmup \\
+  --fast %i
+DeviceAllow=/dev/fuse rwm
+TimeoutStopSec=10min
+LimitNOFILE=1048576
+"
+                .to_owned()
+            ))
+        );
+        assert_eq!(
+            mig.removed,
+            [
+                "StartLimitIntervalSec=0",
+                "Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 HTTP_PROXY=http://proxy:3128",
+                "Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network",
+                "ExecStartPre=",
+                "ExecStartPre=-/usr/bin/machinectl terminate kube1",
+                "DeviceAllow=/dev/nvidia0 rwm",
+                "Restart=on-failure",
+                "TimeoutSec=10min",
+            ]
+        );
+        // A second pass over the rewritten file finds nothing of ours.
+        let again = migrate_override(mig.rewrite.as_ref().unwrap().as_ref().unwrap(), &m("kube1"));
+        assert_eq!(again.rewrite, None);
+    }
+
+    #[test]
+    fn override_with_only_our_settings_is_removed_and_foreign_one_left() {
+        let ours = "[Service]\nRestart=on-failure\nDeviceAllow=char-nvidia-frontend rwm\n";
+        assert_eq!(migrate_override(ours, &m("k")).rewrite, Some(None));
+        // An operator's deliberate override (what `systemctl edit` writes) is theirs to keep.
+        let edit = "[Service]\nTimeoutStartSec=2h\nRestart=always\n";
+        assert_eq!(migrate_override(edit, &m("k")).rewrite, None);
+        let theirs = "[Service]\nLimitNOFILE=1048576\n";
+        let mig = migrate_override(theirs, &m("k"));
+        assert_eq!(mig.rewrite, None);
+    }
+
+    #[test]
+    fn foreign_nspawn_files_are_checked_for_settings_pre_start_would_lose() {
+        let text = "\
+[Exec]
+Boot=yes
+PrivateUsers=no
+[Files]
+Bind=/dev/nvidia0
+BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0
+BindReadOnly=/data/models:/models
+Bind=/srv/cache
+[Network]
+Port=tcp:8080
+";
+        assert_eq!(
+            foreign_nspawn_losses(text, &["Bind=/srv/cache".to_owned()]),
+            ["BindReadOnly=/data/models:/models", "Port=tcp:8080"]
+        );
+    }
+}
