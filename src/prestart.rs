@@ -75,8 +75,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 pub fn plan(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let r = render(ctx, machine, &mc)?;
-    print!("{}", plan_text(&r));
-    Ok(())
+    print_all(&plan_text(&r))
 }
 
 fn plan_text(r: &Rendered) -> String {
@@ -108,11 +107,10 @@ pub fn discover(ctx: &Ctx, json: bool) -> Result<()> {
     let inv = discovery::discover(&ctx.host)?;
     if json {
         let report = discovery::Report::new(&ctx.host, &inv);
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        print_all(&format!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
-        print!("{}", discovery_text(&inv));
+        print_all(&discovery_text(&inv))
     }
-    Ok(())
 }
 
 /// Human-readable discovery report.
@@ -254,7 +252,23 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
             );
         }
     }
-    // The CDI spec post-start writes into the machine goes here, once the cdi module renders it.
+    match crate::cdi::spec(&inv, &mc.cdi_kind) {
+        Some(spec) => {
+            let _ = write!(
+                out,
+                "\n## {}/{} as `nspawn-lifecycle post-start kube1` writes it inside the machine\n{}",
+                mc.cdi_dir,
+                crate::cdi::spec_file_name(&mc.cdi_kind),
+                crate::cdi::render(&spec)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "\n## CDI\nNo GPUs to hand out: post-start removes any NVIDIA CDI spec an earlier start left."
+            );
+        }
+    }
     print_all(&out)
 }
 
