@@ -185,27 +185,14 @@ ExecStop=/bin/sh -c 'if [ -s /etc/e2e/slow-stop ]; then sleep "$(cat /etc/e2e/sl
 WantedBy=multi-user.target
 EOF
     ln -sfn ../kubelet.service "$r/etc/systemd/system/multi-user.target.wants/kubelet.service"
-    # containerd (real, Debian's): /etc/e2e/fail-containerd makes it fail to start. Its state goes
-    # on a tmpfs: the overlayfs snapshotter cannot use a dir on the rig's overlay rootfs as upper.
-    mkdir -p "$r/etc/systemd/system/containerd.service.d" "$r/etc/systemd/system/local-fs.target.wants"
+    # containerd (real, Debian's, enabled by its postinst): /etc/e2e/fail-containerd makes it fail.
+    # Its state stays on the overlay rootfs: importing (unpacking) an image works there; running
+    # containers would not (overlayfs snapshots cannot use an overlayfs upper) and is not needed.
+    mkdir -p "$r/etc/systemd/system/containerd.service.d"
     cat > "$r/etc/systemd/system/containerd.service.d/e2e.conf" <<'EOF'
-[Unit]
-RequiresMountsFor=/var/lib/containerd
 [Service]
 ExecStartPre=/bin/sh -c 'if [ -e /etc/e2e/fail-containerd ]; then echo "e2e: containerd made to fail (/etc/e2e/fail-containerd exists)"; exit 1; fi'
 EOF
-    cat > "$r/etc/systemd/system/var-lib-containerd.mount" <<'EOF'
-[Unit]
-Description=e2e: containerd state on tmpfs
-[Mount]
-What=tmpfs
-Where=/var/lib/containerd
-Type=tmpfs
-Options=mode=0711,size=512M
-[Install]
-WantedBy=local-fs.target
-EOF
-    ln -sfn ../var-lib-containerd.mount "$r/etc/systemd/system/local-fs.target.wants/var-lib-containerd.mount"
     [ -e "$r/etc/systemd/system/multi-user.target.wants/containerd.service" ] \
         || ln -sfn /lib/systemd/system/containerd.service "$r/etc/systemd/system/multi-user.target.wants/containerd.service"
 }

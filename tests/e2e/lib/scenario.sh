@@ -49,6 +49,7 @@ exec_field() {
 exec_count() { # exec_count <m> <ExecStartPre|ExecStartPost> <argv substring>: how many such entries
     uprop "$2" "$1" | grep -cF -- "$3"
 }
+nrestarts_ge() { [ "$(uprop NRestarts "$1")" -ge "$2" ] 2>/dev/null; }   # <m> <n>
 nspawn_file() { H cat "/etc/systemd/nspawn/$1.nspawn" 2>/dev/null; }
 leader_of()   { H machinectl show "$1" -p Leader --value 2>/dev/null; }
 # open_errno <m> <path>: what open(2) for reading says inside the machine ("opened" or strerror)
@@ -86,3 +87,117 @@ baseline() {
         return 1
     fi
 }
+
+# ---- product artifacts inside the machine ----------------------------------------------------
+CDI_SPEC=/var/run/cdi/nvidia.com-gpu.json
+gpu_uuid() { printf 'GPU-e2e00000-0000-4000-8000-%012d' "$1"; }     # as lib/fakehw.sh makes them
+
+# check_cdi_spec <m> <gpus>: the CDI spec the product wrote in machine <m>, checked against
+# DESIGN §5.3 (structure, names, CDI 0.5.0 compatibility, no nvidia-cdi-hook) on the outer machine,
+# then every device node and mount source it names is checked INSIDE the machine.
+check_cdi_spec() {
+    local m=$1 n=$2 f out line uuids="" i
+    f=$(mktemp)
+    if ! M -m "$m" cat "$CDI_SPEC" > "$f" 2>/dev/null; then
+        fail "$(c cdi-spec-present)" "$CDI_SPEC missing in $m"; rm -f "$f"; return
+    fi
+    pass "$(c cdi-spec-present)"
+    for ((i = 0; i < n; i++)); do uuids+="$(gpu_uuid "$i") "; done
+    out=$(python3 - "$f" "$n" "$DRIVER_VERSION" $uuids <<'PY'
+import json, sys
+path, n, ver, uuids = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+def ok(k): print("OK " + k)
+def bad(k, d): print("BAD %s: %s" % (k, d))
+try:
+    spec = json.load(open(path))
+except Exception as e:
+    bad("cdi-json", e); sys.exit(0)
+ok("cdi-json")
+(ok if spec.get("cdiVersion") == "0.5.0" else lambda k: bad(k, spec.get("cdiVersion")))("cdi-version-0.5.0")
+(ok if spec.get("kind") == "nvidia.com/gpu" else lambda k: bad(k, spec.get("kind")))("cdi-kind")
+extra = set(spec) - {"cdiVersion", "kind", "devices", "containerEdits"}
+(ok if not extra else lambda k: bad(k, sorted(extra)))("cdi-no-unknown-top-level-keys")
+# fields that CDI 0.5.x parsers (podman 4.3) reject
+forbidden = {"annotations", "additionalGids", "intelRdt", "netDevices"}
+found = []
+def walk(o, p=""):
+    if isinstance(o, dict):
+        for k, v in o.items():
+            if k in forbidden: found.append(p + "/" + k)
+            walk(v, p + "/" + k)
+    elif isinstance(o, list):
+        for i, v in enumerate(o): walk(v, "%s[%d]" % (p, i))
+walk(spec)
+(ok if not found else lambda k: bad(k, found))("cdi-no-fields-0.5-rejects")
+devs = {d.get("name"): d for d in spec.get("devices", [])}
+want = {str(i) for i in range(n)} | set(uuids) | {"all"}
+(ok if set(devs) == want else lambda k: bad(k, "got %s want %s" % (sorted(devs), sorted(want))))("cdi-device-names")
+def nodes(edits): return [x.get("path") for x in (edits or {}).get("deviceNodes", [])]
+probs = []
+for i in range(n):
+    for name in (str(i), uuids[i] if i < len(uuids) else None):
+        d = devs.get(name)
+        if d is None: continue
+        p = nodes(d.get("containerEdits"))
+        for node in ("/dev/nvidia%d" % i, "/dev/dri/card%d" % (i + 1), "/dev/dri/renderD%d" % (128 + i)):
+            if node not in p: probs.append("%s lacks %s" % (name, node))
+        others = [x for x in p if x.startswith("/dev/nvidia") and x[11:].isdigit() and x != "/dev/nvidia%d" % i]
+        if others: probs.append("%s also has %s" % (name, others))
+allp = nodes(devs.get("all", {}).get("containerEdits"))
+for i in range(n):
+    if "/dev/nvidia%d" % i not in allp: probs.append("all lacks /dev/nvidia%d" % i)
+(ok if not probs else lambda k: bad(k, "; ".join(probs)))("cdi-device-nodes-per-gpu")
+ce = spec.get("containerEdits", {})
+common = nodes(ce)
+miss = [x for x in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if x not in common]
+(ok if not miss else lambda k: bad(k, "common deviceNodes lack %s (have %s)" % (miss, common)))("cdi-control-nodes")
+env = ce.get("env", [])
+(ok if "NVIDIA_VISIBLE_DEVICES=void" in env else lambda k: bad(k, env))("cdi-env-visible-devices-void")
+mounts = ce.get("mounts", [])
+cps = {m.get("containerPath", ""): m for m in mounts}
+need = ["libcuda.so.%s" % ver, "libcuda.so.1", "libnvidia-ml.so.%s" % ver, "libnvidia-ml.so.1"]
+miss = [x for x in need if not any(cp.endswith("/" + x) for cp in cps)]
+(ok if not miss else lambda k: bad(k, "no mount for %s" % miss))("cdi-mounts-libraries-and-sonames")
+(ok if "/usr/bin/nvidia-smi" in cps else lambda k: bad(k, "no /usr/bin/nvidia-smi mount"))("cdi-mounts-nvidia-smi")
+badopts = [m.get("containerPath") for m in mounts
+           if "/lib" in m.get("containerPath", "") and not {"ro", "nosuid", "nodev", "rbind", "rprivate"} <= set(m.get("options", []))]
+(ok if not badopts else lambda k: bad(k, "mounts without ro,nosuid,nodev,rbind,rprivate: %s" % badopts[:5]))("cdi-mount-options")
+hooks = [h.get("path") for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()] for h in e.get("hooks", [])]
+nh = [h for h in hooks if "nvidia-cdi-hook" in (h or "") or "nvidia-ctk" in (h or "")]
+(ok if not nh else lambda k: bad(k, nh))("cdi-no-nvidia-cdi-hook")
+seen = set()
+for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()]:
+    for x in e.get("deviceNodes", []):
+        p = x.get("hostPath") or x.get("path")
+        if p not in seen: seen.add(p); print("NODE " + p)
+    for x in e.get("mounts", []):
+        p = x.get("hostPath")
+        if p and p not in seen: seen.add(p); print("MOUNT " + p)
+PY
+)
+    while IFS= read -r line; do
+        case "$line" in
+            "OK "*)  pass "$(c "${line#OK }")";;
+            "BAD "*) line=${line#BAD }; fail "$(c "${line%%:*}")" "${line#*: }";;
+        esac
+    done <<< "$out"
+    # every node must be a real character device (not a symlink) and every mount source must exist,
+    # as seen from inside the machine, where containerd/runc will resolve them
+    local script="r=0" p
+    while read -r kind p; do
+        case "$kind" in
+            NODE)  script+="; if [ -L '$p' ] || [ ! -c '$p' ]; then echo 'not a char device: $p'; r=1; fi";;
+            MOUNT) script+="; [ -e '$p' ] || { echo 'missing mount source: $p'; r=1; }";;
+        esac
+    done < <(printf '%s\n' "$out" | grep -E '^(NODE|MOUNT) ')
+    script+="; exit \$r"
+    local res
+    if res=$(M -m "$m" /bin/sh -c "$script" 2>&1); then pass "$(c cdi-paths-resolve-in-machine)"
+    else fail "$(c cdi-paths-resolve-in-machine)" "$res"; fi
+    rm -f "$f"
+}
+
+# snapshot <path...>: "path sha256 mtime" for each file (in the host container) to prove "writes nothing"
+snapshot() { H sh -c 'for f in "$@"; do if [ -f "$f" ]; then echo "$f $(sha256sum < "$f" | cut -c1-16) $(stat -c %Y.%y "$f")"; else echo "$f absent"; fi; done' sh "$@"; }
+# reconcile <m>: the product's reconcile, bounded; prints its output, returns its status
+reconcile() { H timeout 180 "$HP" nspawn-lifecycle reconcile "$1"; }
