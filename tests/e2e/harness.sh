@@ -334,6 +334,7 @@ _scenario() { # internal: run one scenario file with the scenario library loaded
     . "$E2E_SRC/lib/scenario.sh"
     # shellcheck disable=SC1090
     . "$1"
+    exit 0     # a scenario's verdict is its assertions, not the status of its last command
 }
 
 # ---------------------------------------------------------------------------------------------
