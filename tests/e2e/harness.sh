@@ -229,6 +229,7 @@ helper_path() { # what gets bind-mounted at the stable path
 }
 
 up() {
+    helper_path >/dev/null     # validate HELPER here: a failure inside $(...) would not stop us
     if [ -n "$(host_leader)" ] && kill -0 "$(host_leader)" 2>/dev/null; then log "host already up"; return; fi
     down >/dev/null 2>&1 || true     # leftovers of a crashed run: every boot starts pristine
     local t0; t0=$(date +%s%N)
@@ -319,11 +320,16 @@ scenarios() {
         if [ -n "${E2E_SCENARIOS:-}" ] && ! printf '%s\n' $E2E_SCENARIOS | grep -qx "${name%%-*}\|$name"; then continue; fi
         echo "==== scenario $name"
         rc=0
-        timeout --foreground -k 10 "$SCENARIO_TIMEOUT" bash "$E2E_SRC/harness.sh" _scenario "$f" || rc=$?
+        # not --foreground: timeout then signals the scenario's whole process group (nsenter,
+        # systemctl, ...), and `wait` lets a SIGTERM/SIGINT to the harness interrupt at once
+        timeout -k 10 "$SCENARIO_TIMEOUT" bash "$E2E_SRC/harness.sh" _scenario "$f" &
+        SCENARIO_PID=$!
+        wait "$SCENARIO_PID" || rc=$?
+        SCENARIO_PID=
         case $rc in
             0) ;;
-            124|137) fail "$name.completed" "timed out after ${SCENARIO_TIMEOUT}s";;
-            *) fail "$name.completed" "scenario script exited $rc";;
+            124) fail "$name.completed" "timed out after ${SCENARIO_TIMEOUT}s (E2E_SCENARIO_TIMEOUT)";;
+            *) fail "$name.completed" "scenario script died with status $rc";;
         esac
     done
 }
@@ -393,7 +399,7 @@ run() {
     local t0 rc=0; t0=$(date +%s)
     : > "$RESULTS"
     trap 'down; check_clean; summary || true; exit 1' EXIT
-    trap 'exit 130' INT TERM
+    trap 'fail harness.interrupted "signal received; tearing down"; [ -n "${SCENARIO_PID:-}" ] && kill -TERM "$SCENARIO_PID" 2>/dev/null; exit 130' INT TERM
     log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}"
     deps; build; up
     scenarios

@@ -79,6 +79,13 @@ baseline() {
     for m in kube1 kube2; do
         mflag_clear "$m" fail-containerd; mflag_clear "$m" slow-stop
     done
+    # an earlier scenario may have removed the drop-in (scenario 1 does, then relies on install):
+    # put it back so one broken install does not cascade through every later scenario
+    if [ "$(exec_count kube1 ExecStartPre 'nspawn-lifecycle pre-start')" != 1 ]; then
+        info "baseline: our hooks are not in effect for kube1, installing again"
+        install_machine kube1 baseline
+        stop_unit kube1 >/dev/null 2>&1
+    fi
     if ! unit_active kube1 || ! machine_registered kube1; then
         start_unit kube1 >/dev/null 2>&1
     fi
