@@ -73,12 +73,12 @@ pre_start() {
 
 # ---- post-start ----------------------------------------------------------------------------------
 post_start() {
-    local m=$1 L R st i
+    local m=$1 L R st
     lock "$m"; discover
     [ "$VERDICT" = incomplete ] && { say "NVIDIA driver state incomplete: $WHY"; exit $EXIT_INCOMPLETE; }
     L=$(machinectl show "$m" -p Leader --value) || die "machine $m not registered"
     R=/proc/$L/root
-    for i in $(seq 1 300); do
+    for _ in $(seq 1 300); do
         st=$(systemctl -M "$m" is-system-running 2>/dev/null); case "$st" in running|degraded) break;; esac; sleep 0.1
     done
     cleanup() {

@@ -65,9 +65,24 @@ open_errno() {
         *) echo "other: $out";;
     esac
 }
-# journal of the unit under test since a cursor-ish point in time (usec since epoch)
-unit_journal_since() { # <m> <since: "@epoch">
+# journal of the unit under test since a point in time ("@epoch")
+unit_journal_since() { # <m> <since>
     H journalctl --no-pager -o cat -u "$(unit_of "$1")" --since "$2" 2>/dev/null
+}
+# only what the helper itself logged (its stdout/stderr stream or syslog), not the machine's
+# console, which the unit's journal also carries ("[FAILED] Failed to start containerd.service")
+hook_journal_since() { # <m> <since>
+    H journalctl --no-pager -o json --output-fields=MESSAGE,_CMDLINE,_EXE,SYSLOG_IDENTIFIER \
+        -u "$(unit_of "$1")" --since "$2" 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: e = json.loads(line)
+    except ValueError: continue
+    who = " ".join(str(e.get(k, "")) for k in ("_CMDLINE", "_EXE", "SYSLOG_IDENTIFIER"))
+    if "nspawn-lifecycle" not in who: continue
+    m = e.get("MESSAGE", "")
+    if isinstance(m, list): m = bytes(m).decode("utf-8", "replace")
+    print(m)'
 }
 
 # baseline: the state every scenario may assume: E2E_GPUS fake GPUs, driver libraries present,

@@ -27,7 +27,7 @@ assert_cmd "$(c corrupt-tarball-moved-from-staged-dir)" test ! -e "$r$STAGED/e2e
 aside=$(find "$r$STAGED" -type f -exec sha256sum {} + 2>/dev/null | awk -v s="$bad_sha" '$1==s{print $2}' | head -1)
 if [ -n "$aside" ]; then pass "$(c corrupt-tarball-set-aside-not-deleted)"; info "set aside at ${aside#"$r"}"
 else fail "$(c corrupt-tarball-set-aside-not-deleted)" "no file with the corrupt tarball's sha256 under $STAGED: $(find "$r$STAGED" | tr '\n' ' ')"; fi
-assert_match "$(c corrupt-tarball-reported)" 'e2e-corrupt\.tar' "$(unit_journal_since kube1 "$since")"
+assert_match "$(c corrupt-tarball-reported)" 'e2e-corrupt\.tar' "$(hook_journal_since kube1 "$since")"
 assert_eq "$(c kubelet-active)" active "$(inner_state kubelet.service)"
 assert_eq "$(c containerd-active)" active "$(inner_state containerd.service)"
 sleep 3

@@ -24,7 +24,7 @@ incomplete_case() { # incomplete_case <label> <break command...>; the fix is `ba
     assert_not_cmd "$(c "$label.machine-not-running")" machine_registered kube1
     assert_ne "$(c "$label.pre-start-exit-nonzero")" 0 "$(exec_field kube1 ExecStartPre 'pre-start' status)"
     info "$label: pre-start exit status $(exec_field kube1 ExecStartPre 'pre-start' status), unit $st/$(uprop SubState kube1), NRestarts $n0 -> $(uprop NRestarts kube1)"
-    local j; j=$(unit_journal_since kube1 "$since")
+    local j; j=$(hook_journal_since kube1 "$since")
     info "$label: journal says: $(printf '%s\n' "$j" | grep -iE 'incomplete|missing|mismatch|libcuda|version' | head -3 | tr '\n' ' ')"
     assert_match "$(c "$label.message-names-what-is-missing")" "$EXPECT_MSG" "$j"
     assert_eq "$(c "$label.nspawn-untouched")" "$before" "$(snapshot /etc/systemd/nspawn/kube1.nspawn)"

@@ -16,9 +16,8 @@ stop_unit kube1 >/dev/null 2>&1; stop_unit kube2 >/dev/null 2>&1
 H systemctl reset-failed "$(unit_of kube1)" "$(unit_of kube2)" 2>/dev/null
 t0=$(now_ms)
 H systemctl start --no-block "$(unit_of kube1)" "$(unit_of kube2)"
-ok=1
 for m in kube1 kube2; do
-    if wait_machine_up "$m" 120; then pass "$(c "$m-up")"; else fail "$(c "$m-up")" "$(uprop ActiveState "$m")/$(uprop SubState "$m")"; ok=0; fi
+    if wait_machine_up "$m" 120; then pass "$(c "$m-up")"; else fail "$(c "$m-up")" "$(uprop ActiveState "$m")/$(uprop SubState "$m")"; fi
 done
 info "both machines up $(( $(now_ms) - t0 )) ms after a concurrent start"
 assert_eq "$(c both-registered)" "kube1 kube2" "$(H machinectl list --no-legend 2>/dev/null | awk '{print $1}' | sort | tr '\n' ' ' | sed 's/ $//')"
