@@ -1,0 +1,118 @@
+# shellcheck shell=bash
+# Scenario 1 (issue 5 §1): install + start with two fake GPUs. From a node without our drop-in or
+# .nspawn file: `install`, then start the stock unit; the .nspawn binds, devices usable in the
+# machine (ENXIO, not EPERM), driver root, links, /dev/char links and CDI spec present and valid,
+# containerd and kubelet active, and post-start stopped kubelet before containerd and started
+# containerd before kubelet.
+scenario "install + start with two GPUs" --needs-helper
+baseline
+fake_gpus 2
+
+u=$(unit_of kube1)
+stop_unit kube1 >/dev/null 2>&1
+H rm -rf "/etc/systemd/system/$u.d" /etc/systemd/nspawn/kube1.nspawn
+H systemctl daemon-reload
+
+# ---- install ----------------------------------------------------------------------------------
+out=$(helper install kube1 2>&1); rc=$?
+info "install output: $(printf '%s' "$out" | tail -5 | tr '\n' ' ')"
+assert_eq "$(c install-exit-0)" 0 "$rc"
+assert_eq "$(c install-no-daemon-reload-needed)" no "$(uprop NeedDaemonReload kube1)"
+assert_eq "$(c execstartpre-pre-start-once)" 1 "$(exec_count kube1 ExecStartPre 'nspawn-lifecycle pre-start kube1')"
+assert_eq "$(c execstartpost-post-start-once)" 1 "$(exec_count kube1 ExecStartPost 'nspawn-lifecycle post-start kube1')"
+assert_eq "$(c execstartpre-terminate-once)" 1 "$(exec_count kube1 ExecStartPre 'machinectl terminate kube1')"
+assert_match "$(c hooks-use-stable-path)" "argv\[\]=$HP nspawn-lifecycle pre-start" "$(uprop ExecStartPre kube1)"
+da=$(uprop DeviceAllow kube1)
+for want in 'char-nvidia\* rwm' 'char-drm rwm' '/dev/kvm rwm'; do
+    assert_match "$(c "deviceallow-${want%% *}")" "$want" "$da"
+done
+env_=$(uprop Environment kube1)
+assert_match "$(c env-unified-hierarchy)" 'SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1' "$env_"
+assert_match "$(c env-api-vfs-writable)" 'SYSTEMD_NSPAWN_API_VFS_WRITABLE=network' "$env_"
+assert_eq "$(c restart-on-failure)" on-failure "$(uprop Restart kube1)"
+assert_eq "$(c start-limit-off)" 0 "$(uprop StartLimitIntervalUSec kube1)"
+assert_no_match "$(c dropin-no-ignored-keys)" "systemd-nspawn@kube1\.service\.d/.*ignoring" \
+    "$(H journalctl -b --no-pager -o cat _PID=1 2>/dev/null | sort -u)"
+assert_cmd "$(c install-rendered-nspawn)" H test -s /etc/systemd/nspawn/kube1.nspawn
+assert_cmd "$(c stable-helper-present)" H test -x "$HP"
+
+# ---- start ------------------------------------------------------------------------------------
+t0=$(now_ms)
+if start_unit kube1; then pass "$(c unit-start)"; else fail "$(c unit-start)" "$(H systemctl status "$u" --no-pager -l 2>&1 | tail -15)"; fi
+info "start with two GPUs took $(( $(now_ms) - t0 )) ms"
+assert_eq "$(c pre-start-status)" 0 "$(exec_field kube1 ExecStartPre 'pre-start' status)"
+assert_eq "$(c post-start-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
+assert_cmd "$(c machine-up)" wait_machine_up kube1 60
+
+# ---- the rendered .nspawn --------------------------------------------------------------------
+nf=$(nspawn_file kube1)
+info "kube1.nspawn:"; printf '%s\n' "$nf" | sed 's/^/    | /'
+for d in /dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools \
+         /dev/dri/card1 /dev/dri/card2 /dev/dri/renderD128 /dev/dri/renderD129; do
+    assert_match "$(c "nspawn-bind-${d#/dev/}")" "^Bind=$d(:$d)?$" "$nf"
+done
+for kv in 'PrivateUsers=no' 'NotifyReady=yes' 'Capability=all' 'VirtualEthernet=no' 'BindReadOnly=/lib/modules'; do
+    assert_match "$(c "nspawn-${kv%%=*}")" "^$kv" "$nf"
+done
+assert_match "$(c nspawn-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu:/run/host-nvidia/lib/[0-9]+$' "$nf"
+assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia(/$DRIVER_VERSION)?:/run/host-nvidia/" "$nf"
+assert_match "$(c nspawn-nvidia-smi-bind)" '^BindReadOnly=/usr/bin/nvidia-smi:/run/host-nvidia/' "$nf"
+assert_no_match "$(c nspawn-no-kvm-when-absent)" '/dev/kvm' "$nf"
+assert_no_match "$(c nspawn-no-nonexistent-nodes)" '^Bind=/dev/nvidia[2-9]' "$nf"
+
+# ---- devices in the machine ------------------------------------------------------------------
+for d in /dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/dri/renderD128 /dev/dri/card2; do
+    assert_eq "$(c "open-${d#/dev/}")" ENXIO "$(open_errno kube1 "$d")"
+done
+
+# ---- driver root, links, /dev/char, ldconfig -------------------------------------------------
+DR=/run/nvidia/driver
+ML=/usr/lib/x86_64-linux-gnu
+assert_cmd "$(c driver-root-libcuda)" M test -e "$DR$ML/libcuda.so.$DRIVER_VERSION"
+assert_cmd "$(c driver-root-libcuda-soname)" M test -e "$DR$ML/libcuda.so.1"
+assert_cmd "$(c driver-root-libnvidia-ml)" M test -e "$DR$ML/libnvidia-ml.so.$DRIVER_VERSION"
+assert_cmd "$(c driver-root-vdpau)" M test -e "$DR$ML/vdpau/libvdpau_nvidia.so.$DRIVER_VERSION"
+assert_match "$(c driver-root-points-into-host-nvidia)" '^/run/host-nvidia/' "$(M readlink -f "$DR$ML/libcuda.so.$DRIVER_VERSION" 2>&1)"
+assert_match "$(c driver-root-nvidia-smi-runs)" "Driver Version: $DRIVER_VERSION" "$(M "$DR/usr/bin/nvidia-smi" 2>&1)"
+assert_cmd "$(c driver-root-firmware)" M test -s "$DR/lib/firmware/nvidia/$DRIVER_VERSION/gsp_ga10x.bin"
+assert_cmd "$(c machine-libcuda-soname-link)" M test -e "$ML/libcuda.so.1"
+assert_match "$(c machine-libcuda-resolves-to-version)" "libcuda\.so\.$DRIVER_VERSION$" "$(M readlink -f "$ML/libcuda.so.1" 2>&1)"
+assert_cmd "$(c machine-libcuda-loads)" M /lib64/ld-linux-x86-64.so.2 --list "$ML/libcuda.so.1"
+ldp=$(M /sbin/ldconfig -p 2>&1)
+assert_match "$(c machine-ldcache-libcuda)" 'libcuda\.so\.1 ' "$ldp"
+assert_match "$(c machine-ldcache-libnvidia-ml)" 'libnvidia-ml\.so\.1 ' "$ldp"
+uvm=$(H awk '$2=="nvidia-uvm"{print $1}' /proc/devices)
+for mm in 195:0 195:1 195:255 "$uvm:0" "$uvm:1"; do
+    got=$(M /bin/sh -c "p=/dev/char/$mm; [ -L \$p ] && [ -c \$p ] && stat -L -c '%t %T' \$p" 2>&1)
+    want=$(printf '%x %x' "${mm%%:*}" "${mm#*:}")
+    assert_eq "$(c "dev-char-$mm")" "$want" "$got"
+done
+info "/dev/char in kube1: $(M ls -l /dev/char 2>&1 | awk 'NR>1{print $(NF-2), $NF}' | tr '\n' ' ')"
+
+# ---- CDI -------------------------------------------------------------------------------------
+check_cdi_spec kube1 2
+
+# ---- services and the order post-start drove them in ------------------------------------------
+assert_eq "$(c containerd-active)" active "$(inner_state containerd.service)"
+assert_eq "$(c kubelet-active)" active "$(inner_state kubelet.service)"
+ts() { H systemctl -M kube1 show -p "$2" --value "$1" 2>/dev/null; }
+k_stop=$(ts kubelet.service InactiveEnterTimestampMonotonic)     # kubelet finished stopping
+c_stop=$(ts containerd.service ActiveExitTimestampMonotonic)      # containerd began stopping
+c_up=$(ts containerd.service ActiveEnterTimestampMonotonic)       # containerd active again
+k_start=$(ts kubelet.service InactiveExitTimestampMonotonic)      # kubelet began starting
+info "machine monotonic usec: kubelet stopped $k_stop, containerd stop began $c_stop, containerd active $c_up, kubelet start began $k_start"
+# a unit never stopped since the machine booted has 0 here: then the order checks must fail too
+nz() { [ "${1:-0}" -gt 0 ] 2>/dev/null && echo "$1" || echo never; }
+k_stop=$(nz "$k_stop"); c_stop=$(nz "$c_stop")
+assert_lt "$(c post-start-stopped-kubelet)" 0 "$k_stop"
+assert_lt "$(c post-start-stopped-containerd)" 0 "$c_stop"
+assert_le "$(c kubelet-stopped-before-containerd)" "$k_stop" "$c_stop"
+assert_le "$(c containerd-started-before-kubelet)" "$c_up" "$k_start"
+assert_lt "$(c containerd-restarted-after-stop)" "$c_stop" "$c_up"
+assert_lt "$(c kubelet-restarted-after-stop)" "$k_stop" "$k_start"
+
+# ---- idempotency: pre-start again on the same host rewrites nothing ---------------------------
+before=$(snapshot /etc/systemd/nspawn/kube1.nspawn)
+sleep 1.1
+assert_cmd "$(c pre-start-again)" helper nspawn-lifecycle pre-start kube1
+assert_eq "$(c pre-start-again-writes-nothing)" "$before" "$(snapshot /etc/systemd/nspawn/kube1.nspawn)"

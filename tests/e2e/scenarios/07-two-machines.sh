@@ -1,0 +1,56 @@
+# shellcheck shell=bash
+# Scenario 7 (issue 5 §7, DESIGN §7 locking): two machines. kube1 and kube2 start concurrently and
+# both come up; a slow post-start on kube1 does not hold up kube2's; two post-starts on the same
+# machine serialize (one lock per machine).
+# Slowness is injected in the machine: /etc/e2e/slow-stop makes stopping kubelet take N seconds.
+scenario "two machines: concurrent lifecycles, same-machine serialization" --needs-helper
+baseline
+SLOW=${E2E_SLOW_STOP:-4}
+
+install_out=$(helper install kube2 2>&1); rc=$?
+assert_eq "$(c install-kube2)" 0 "$rc"
+[ $rc = 0 ] || info "install kube2: $install_out"
+
+# ---- both units started at once ---------------------------------------------------------------
+stop_unit kube1 >/dev/null 2>&1; stop_unit kube2 >/dev/null 2>&1
+H systemctl reset-failed "$(unit_of kube1)" "$(unit_of kube2)" 2>/dev/null
+t0=$(now_ms)
+H systemctl start --no-block "$(unit_of kube1)" "$(unit_of kube2)"
+for m in kube1 kube2; do
+    if wait_machine_up "$m" 120; then pass "$(c "$m-up")"; else fail "$(c "$m-up")" "$(uprop ActiveState "$m")/$(uprop SubState "$m")"; fi
+done
+info "both machines up $(( $(now_ms) - t0 )) ms after a concurrent start"
+assert_eq "$(c both-registered)" "kube1 kube2" "$(H machinectl list --no-legend 2>/dev/null | awk '{print $1}' | sort | tr '\n' ' ' | sed 's/ $//')"
+check_cdi_spec kube2 "$E2E_GPUS"
+
+# ---- different machines do not block each other ------------------------------------------------
+# run inside the host: start both post-starts together, report each one's wall time in ms
+timed_pair() { # timed_pair <m1> <m2>: "rc1 ms1 rc2 ms2"
+    H bash -c '
+        run() { local t0=$(date +%s%N); "$0" nspawn-lifecycle post-start "$1" >/tmp/e2e-post-$2.log 2>&1; local rc=$?
+                echo "$rc $(( ($(date +%s%N) - t0) / 1000000 ))" > /tmp/e2e-post-$2.res; }
+        run "$1" a & run "$2" b & wait
+        echo "$(cat /tmp/e2e-post-a.res) $(cat /tmp/e2e-post-b.res)"' "$HP" "$1" "$2"
+}
+mflag_set kube1 slow-stop "$SLOW"
+read -r rc1 ms1 rc2 ms2 <<< "$(timed_pair kube1 kube2)"
+info "concurrent post-start: kube1 (slow kubelet stop ${SLOW}s) rc=$rc1 ${ms1} ms, kube2 rc=$rc2 ${ms2} ms"
+assert_eq "$(c cross-machine-both-ok)" "0 0" "$rc1 $rc2"
+assert_le "$(c cross-machine-kube1-was-slow)" $((SLOW * 1000)) "${ms1:-0}"
+assert_lt "$(c cross-machine-kube2-not-blocked)" "${ms2:-999999}" $((SLOW * 1000))
+
+# ---- the same machine serializes ----------------------------------------------------------------
+t0=$(now_ms)
+read -r rc1 ms1 rc2 ms2 <<< "$(timed_pair kube1 kube1)"
+total=$(( $(now_ms) - t0 ))
+info "two post-starts on kube1: rc=$rc1 ${ms1} ms and rc=$rc2 ${ms2} ms, ${total} ms in all"
+assert_eq "$(c same-machine-both-ok)" "0 0" "$rc1 $rc2"
+# overlapping runs would share one kubelet stop job (~1x SLOW); serialized runs stop it twice
+assert_le "$(c same-machine-serialized)" $((2 * SLOW * 1000 - 500)) "$total"
+mflag_clear kube1 slow-stop
+for m in kube1 kube2; do
+    assert_eq "$(c "$m-kubelet-active-after")" active "$(inner_state kubelet.service "$m")"
+    assert_eq "$(c "$m-containerd-active-after")" active "$(inner_state containerd.service "$m")"
+done
+
+stop_unit kube2 >/dev/null 2>&1
