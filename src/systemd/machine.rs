@@ -109,6 +109,28 @@ impl MachineHandle {
         self.own_user_namespace
     }
 
+    /// The user ID the machine's bus sees this process as: our effective UID mapped through the
+    /// leader's `uid_map`, or the kernel's overflow UID when it is unmapped (host root under -U).
+    /// D-Bus `EXTERNAL` authentication must claim exactly this ID or the bus rejects it.
+    pub(crate) fn uid_seen_inside(&self) -> Result<u32> {
+        let euid = nix::unistd::geteuid().as_raw();
+        if !self.own_user_namespace {
+            return Ok(euid);
+        }
+        let map_path = format!("/proc/{}/uid_map", self.leader);
+        let map = std::fs::read_to_string(&map_path)
+            .with_context(|| format!("machine {}: reading {map_path}", self.name))?;
+        if let Some(uid) = map_uid(&map, euid) {
+            return Ok(uid);
+        }
+        let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+            .context("reading /proc/sys/kernel/overflowuid")?;
+        overflow
+            .trim()
+            .parse()
+            .with_context(|| format!("parsing overflowuid {overflow:?}"))
+    }
+
     pub(crate) fn check_user_namespace(&self) -> Result<()> {
         if self.own_user_namespace {
             return Err(SystemdError::ForeignUserNamespace {
@@ -150,6 +172,21 @@ impl MachineHandle {
             )
         })
     }
+}
+
+/// `uid` (outside) mapped through a `uid_map` text (`inside outside count` per line).
+fn map_uid(uid_map: &str, uid: u32) -> Option<u32> {
+    uid_map.lines().find_map(|line| {
+        let mut f = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(inside)), Some(Ok(outside)), Some(Ok(count))) = (f.next(), f.next(), f.next())
+        else {
+            return None;
+        };
+        let uid = u64::from(uid);
+        (uid >= outside && uid - outside < count)
+            .then(|| u32::try_from(inside + (uid - outside)).ok())
+            .flatten()
+    })
 }
 
 #[cfg(test)]
@@ -216,6 +253,19 @@ mod tests {
         let m = MachineHandle::from_root_dir("m", root.path()).unwrap();
         let err = format!("{:#}", m.connect_bus_socket().unwrap_err());
         assert!(err.contains("is not a socket"), "{err}");
+    }
+
+    #[test]
+    fn uid_maps_translate_or_leave_unmapped() {
+        // Stock -U: host root is not mapped, machine root is host 1273692160.
+        let stock = "         0 1273692160      65536\n";
+        assert_eq!(map_uid(stock, 0), None);
+        assert_eq!(map_uid(stock, 1_273_692_160), Some(0));
+        assert_eq!(map_uid(stock, 1_273_692_160 + 65_535), Some(65_535));
+        assert_eq!(map_uid(stock, 1_273_692_160 + 65_536), None);
+        // PrivateUsers=no / initial namespace.
+        assert_eq!(map_uid("0 0 4294967295\n", 0), Some(0));
+        assert_eq!(map_uid("garbage\n", 0), None);
     }
 
     #[test]

@@ -222,8 +222,11 @@ impl Systemd {
     /// work and state changes are refused ("Access denied"). For diagnostics.
     pub fn machine_unchecked(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
         let stream = machine.connect_bus_socket()?;
+        // zbus claims our own UID in EXTERNAL; under -U the bus sees host root as the overflow
+        // UID and would reject the claim outright, so claim what it sees.
+        let uid = machine.uid_seen_inside()?;
         zbus::block_on(Systemd::connect(
-            zbus::connection::Builder::unix_stream(stream),
+            zbus::connection::Builder::unix_stream(stream).user_id(uid),
             format!("machine {}", machine.name()),
             deadline,
         ))
@@ -389,7 +392,8 @@ impl Systemd {
             }
             _ => "",
         };
-        anyhow!(e).context(format!("{}: {what} failed{hint}", self.label))
+        // Flattened: zbus repeats a method error as its own source.
+        anyhow!(e.to_string()).context(format!("{}: {what} failed{hint}", self.label))
     }
 
     async fn system_state_async(&self, deadline: Instant) -> Result<String> {
@@ -641,21 +645,27 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
     let mut conn: Option<Systemd> = None;
     let mut last = String::from("nothing yet");
     let mut polls = 0u32;
+    let note = |last: &mut String, now: String, polls: u32| {
+        if *last != now {
+            tracing::debug!(machine = %machine.name(), polls, "{now}");
+            *last = now;
+        }
+    };
     loop {
         polls += 1;
         if conn.is_none() {
             match Systemd::machine_unchecked(machine, deadline) {
                 Ok(c) => conn = Some(c),
-                Err(e) => last = format!("no bus yet ({e:#})"),
+                Err(e) => note(&mut last, format!("no bus yet ({e:#})"), polls),
             }
         }
         if let Some(c) = &conn {
             match c.system_state(deadline) {
                 Ok(state) => {
-                    tracing::debug!(machine = %machine.name(), %state, polls, "SystemState");
+                    note(&mut last, format!("SystemState '{state}'"), polls);
                     match state.as_str() {
                         "running" | "degraded" => {
-                            tracing::info!(machine = %machine.name(), %state,
+                            tracing::info!(machine = %machine.name(), %state, polls,
                                 "machine's systemd is up after {:.2}s", started.elapsed().as_secs_f64());
                             return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
                         }
@@ -666,12 +676,16 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
                                 machine.name()
                             ));
                         }
-                        _ => last = format!("SystemState '{state}'"),
+                        _ => {}
                     }
                 }
                 Err(e) => {
                     // The bus went away (the machine is still starting or restarting): reconnect.
-                    last = format!("reading SystemState failed ({e:#})");
+                    note(
+                        &mut last,
+                        format!("reading SystemState failed ({e:#})"),
+                        polls,
+                    );
                     conn = None;
                 }
             }
