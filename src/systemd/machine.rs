@@ -21,6 +21,8 @@ const BUS_SOCKET: &str = "run/dbus/system_bus_socket";
 pub struct MachineHandle {
     name: String,
     leader: u32,
+    /// `/proc/<leader>`, which stays tied to that very process even if its PID is reused.
+    pid_dir: Option<OwnedFd>,
     root: OwnedFd,
     own_user_namespace: bool,
 }
@@ -70,6 +72,7 @@ impl MachineHandle {
         Ok(MachineHandle {
             name: machine.to_owned(),
             leader,
+            pid_dir: Some(pid_dir),
             root,
             own_user_namespace: (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino),
         })
@@ -86,6 +89,7 @@ impl MachineHandle {
         Ok(MachineHandle {
             name: machine.to_owned(),
             leader: 0,
+            pid_dir: None,
             root,
             own_user_namespace: false,
         })
@@ -102,6 +106,14 @@ impl MachineHandle {
     /// The machine's root directory (`O_PATH`); resolve paths under it with `RESOLVE_IN_ROOT`.
     pub fn root(&self) -> BorrowedFd<'_> {
         self.root.as_fd()
+    }
+
+    /// Whether the leader is still running (false once it has exited and been reaped; a new
+    /// process that reuses its PID does not count).
+    pub fn leader_alive(&self) -> bool {
+        self.pid_dir
+            .as_ref()
+            .is_none_or(|d| fstatat(d, "stat", AtFlags::empty()).is_ok())
     }
 
     /// Whether the machine has a user namespace of its own (`PrivateUsers=` other than `no`).
@@ -269,8 +281,22 @@ mod tests {
     }
 
     #[test]
+    fn a_leader_that_exits_is_noticed() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let m = MachineHandle::from_leader("m", child.id()).unwrap();
+        assert!(m.leader_alive());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!m.leader_alive());
+    }
+
+    #[test]
     fn this_process_shares_its_own_user_namespace() {
         let me = MachineHandle::from_leader("self", std::process::id()).unwrap();
+        assert!(me.leader_alive());
         assert!(!me.has_own_user_namespace());
         me.check_user_namespace().unwrap();
         let err = MachineHandle::from_leader("gone", u32::MAX).unwrap_err();

@@ -637,8 +637,8 @@ impl JobKind {
 
 /// Wait until `machine`'s manager reports `SystemState` `running` or `degraded`, connecting
 /// (again) as often as needed: right after a start the machine's bus may not exist yet. Returns
-/// the connection. Fails at once for a machine in its own user namespace, or when the manager
-/// reports `stopping`/`maintenance`, which do not end by waiting.
+/// the connection. Fails at once for a machine in its own user namespace, when the manager
+/// reports `stopping`/`maintenance` (which do not end by waiting), or when the leader exits.
 pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
     machine.check_user_namespace()?;
     let started = Instant::now();
@@ -689,6 +689,14 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
                     conn = None;
                 }
             }
+        }
+        if !machine.leader_alive() {
+            return Err(anyhow!(
+                "machine {}: its leader (PID {}) exited while waiting for its systemd; last seen: \
+                 {last}",
+                machine.name(),
+                machine.leader()
+            ));
         }
         if Instant::now() + POLL_EVERY >= deadline {
             return Err(anyhow!(SystemdError::Timeout {
