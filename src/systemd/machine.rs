@@ -7,6 +7,7 @@
 
 use super::{Systemd, SystemdError};
 use anyhow::{Context as _, Result, anyhow, bail};
+use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat, openat2};
 use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -159,22 +160,33 @@ impl MachineHandle {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let fd = openat2(&self.root, BUS_SOCKET, how).with_context(|| {
-            format!(
-                "machine {}: resolving /{BUS_SOCKET} inside the machine",
-                self.name
-            )
-        })?;
+        let fd = match openat2(&self.root, BUS_SOCKET, how) {
+            Ok(fd) => fd,
+            // Not there (yet): the machine's dbus may still be starting. Callers retry.
+            Err(e @ Errno::ENOENT) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "machine {}: resolving /{BUS_SOCKET} inside the machine",
+                    self.name
+                )));
+            }
+            // A magic link, a path escaping the root, …: never a state dbus passes through.
+            Err(e) => {
+                return Err(SystemdError::UnsafeBusSocket {
+                    machine: self.name.clone(),
+                    detail: format!("resolving it inside the machine failed: {e}"),
+                }
+                .into());
+            }
+        };
         let st =
             fstat(&fd).with_context(|| format!("machine {}: fstat /{BUS_SOCKET}", self.name))?;
         let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
         if kind != SFlag::S_IFSOCK {
-            bail!(
-                "machine {}: /{BUS_SOCKET} inside the machine is not a socket (mode {:o}); \
-                 refusing to connect to it",
-                self.name,
-                st.st_mode
-            );
+            return Err(SystemdError::UnsafeBusSocket {
+                machine: self.name.clone(),
+                detail: format!("it is not a socket (mode {:o})", st.st_mode),
+            }
+            .into());
         }
         let via = format!("/proc/self/fd/{}", fd.as_raw_fd());
         UnixStream::connect(&via).with_context(|| {
@@ -264,7 +276,8 @@ mod tests {
         std::fs::write(root.path().join(BUS_SOCKET), b"").unwrap();
         let m = MachineHandle::from_root_dir("m", root.path()).unwrap();
         let err = format!("{:#}", m.connect_bus_socket().unwrap_err());
-        assert!(err.contains("is not a socket"), "{err}");
+        assert!(err.contains("it is not a socket"), "{err}");
+        assert!(err.contains("refusing"), "{err}");
     }
 
     #[test]

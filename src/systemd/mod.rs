@@ -114,6 +114,9 @@ pub enum SystemdError {
     /// The machine runs in a user namespace of its own (stock `-U`): host root is not root in it,
     /// so its systemd refuses to start or stop units for us.
     ForeignUserNamespace { machine: String, leader: u32 },
+    /// The machine's bus socket path resolves to something that is not a socket, or through a
+    /// magic link: a broken or hostile machine, not one still booting.
+    UnsafeBusSocket { machine: String, detail: String },
 }
 
 impl fmt::Display for SystemdError {
@@ -141,6 +144,11 @@ impl fmt::Display for SystemdError {
                  root is unmapped inside it, so the machine's systemd would answer \"Access \
                  denied\" to StopUnit/StartUnit; set PrivateUsers=no in \
                  /etc/systemd/nspawn/{machine}.nspawn (pre-start renders it) and restart the machine"
+            ),
+            SystemdError::UnsafeBusSocket { machine, detail } => write!(
+                f,
+                "machine {machine}: refusing to connect to /run/dbus/system_bus_socket inside the \
+                 machine: {detail}"
             ),
         }
     }
@@ -656,6 +664,14 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
         if conn.is_none() {
             match Systemd::machine_unchecked(machine, deadline) {
                 Ok(c) => conn = Some(c),
+                Err(e)
+                    if matches!(
+                        e.downcast_ref::<SystemdError>(),
+                        Some(SystemdError::UnsafeBusSocket { .. })
+                    ) =>
+                {
+                    return Err(e);
+                }
                 Err(e) => note(&mut last, format!("no bus yet ({e:#})"), polls),
             }
         }
