@@ -183,7 +183,13 @@ pub(super) fn run(
         };
         // Let systemd collect the unit. After our own deadline, stop the command first.
         if let Ok(p) = &path {
-            if job.is_err() {
+            let timed_out = job.as_ref().err().is_some_and(|e| {
+                matches!(
+                    e.downcast_ref::<super::SystemdError>(),
+                    Some(super::SystemdError::Timeout { .. })
+                )
+            });
+            if timed_out {
                 let stop_by = Instant::now() + GRACE;
                 if let Err(e) = sd.unit_job_stop_quietly(&unit, stop_by).await {
                     tracing::warn!(%unit, "stopping transient unit after the deadline: {e:#}");
