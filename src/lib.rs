@@ -17,6 +17,7 @@ pub mod machine_root;
 pub mod nspawn;
 pub mod poststart;
 pub mod prestart;
+pub mod reconcile;
 pub mod rewire;
 pub mod systemd;
 
@@ -52,7 +53,7 @@ pub fn run(cli: Cli) -> Result<()> {
             poststart::post_start(&ctx, &machine)
         }
         Command::NspawnLifecycle(Phase::Reconcile { machine }) => {
-            anyhow::bail!("reconcile of {machine} is not built yet")
+            reconcile::reconcile(&ctx, &machine)
         }
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),

@@ -1,0 +1,812 @@
+//! Talking to systemd and machined over D-Bus (zbus): on the host's system bus, and on the
+//! machine's own system bus reached through the leader's root.
+//!
+//! Every call has a deadline. Changing a unit's state is a job: the helper subscribes to
+//! `JobRemoved` before it asks for the job, then waits for the signal that names the returned job
+//! path, so a job that finishes before the reply arrives is never missed. A job that ends other
+//! than `done` is a [`SystemdError::Job`] naming the unit.
+//!
+//! zbus 6 has no blocking API; the public functions here are synchronous and each drives its
+//! futures with one `zbus::block_on`, so callers must not call them from inside an async task.
+
+mod deadline;
+mod machine;
+pub mod proxies;
+mod transient;
+
+pub use machine::MachineHandle;
+pub use transient::{ExitStatus, OUTPUT_LIMIT, TransientOutcome};
+
+use anyhow::{Context as _, Result, anyhow};
+use deadline::{Elapsed, timeout_at};
+use futures_core::Stream;
+use proxies::{
+    JobRemovedStream, MachineManagerProxy, MachineProxy, ManagerProxy, ServiceProxy, UnitProxy,
+};
+use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+use zbus::proxy::CacheProperties;
+use zbus::{Connection, OwnedObjectPath};
+
+/// Backstop for one method call that never answers (the D-Bus reference timeout); every call is
+/// also bounded by the caller's deadline, whichever is earlier.
+const METHOD_TIMEOUT: Duration = Duration::from_secs(25);
+/// How often a job wait with progress reporting samples the unit's state.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// How often [`wait_running`] retries the machine's bus and reads `SystemState`.
+const POLL_EVERY: Duration = Duration::from_millis(100);
+
+/// How a systemd job ended (the `result` of `JobRemoved`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobResult {
+    Done,
+    Canceled,
+    Timeout,
+    Failed,
+    Dependency,
+    Skipped,
+    Other(String),
+}
+
+impl JobResult {
+    pub fn parse(s: &str) -> JobResult {
+        match s {
+            "done" => JobResult::Done,
+            "canceled" => JobResult::Canceled,
+            "timeout" => JobResult::Timeout,
+            "failed" => JobResult::Failed,
+            "dependency" => JobResult::Dependency,
+            "skipped" => JobResult::Skipped,
+            other => JobResult::Other(other.to_owned()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            JobResult::Done => "done",
+            JobResult::Canceled => "canceled",
+            JobResult::Timeout => "timeout",
+            JobResult::Failed => "failed",
+            JobResult::Dependency => "dependency",
+            JobResult::Skipped => "skipped",
+            JobResult::Other(s) => s,
+        }
+    }
+
+    /// What the result means, in an operator's words.
+    fn meaning(&self) -> &'static str {
+        match self {
+            JobResult::Done => "it finished",
+            JobResult::Canceled => "another job replaced it or the unit was stopped meanwhile",
+            JobResult::Timeout => "the unit's own systemd timeout expired",
+            JobResult::Failed => "the unit failed",
+            JobResult::Dependency => "a unit it depends on failed",
+            JobResult::Skipped => "the unit was not active, so there was nothing to do",
+            JobResult::Other(_) => "systemd reported an unknown result",
+        }
+    }
+}
+
+impl fmt::Display for JobResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Failures a caller may want to tell apart; everything else is a plain `anyhow` error.
+#[derive(Debug)]
+pub enum SystemdError {
+    /// A job ended with a result other than `done`.
+    Job {
+        bus: String,
+        verb: &'static str,
+        unit: String,
+        result: JobResult,
+    },
+    /// A deadline passed while waiting for `what`.
+    Timeout {
+        bus: String,
+        what: String,
+        waited: Duration,
+    },
+    /// The machine runs in a user namespace of its own (stock `-U`): host root is not root in it,
+    /// so its systemd refuses to start or stop units for us.
+    ForeignUserNamespace { machine: String, leader: u32 },
+    /// The machine's bus socket path resolves to something that is not a socket, or through a
+    /// magic link: a broken or hostile machine, not one still booting.
+    UnsafeBusSocket { machine: String, detail: String },
+}
+
+impl fmt::Display for SystemdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SystemdError::Job {
+                bus,
+                verb,
+                unit,
+                result,
+            } => write!(
+                f,
+                "{bus}: {verb} job for {unit} ended with result '{result}' ({})",
+                result.meaning()
+            ),
+            SystemdError::Timeout { bus, what, waited } => write!(
+                f,
+                "{bus}: gave up waiting for {what} after {:.1}s (deadline passed)",
+                waited.as_secs_f64()
+            ),
+            SystemdError::ForeignUserNamespace { machine, leader } => write!(
+                f,
+                "machine {machine} (leader PID {leader}) runs in a user namespace of its own \
+                 (PrivateUsers= is not \"no\", e.g. the stock -U of systemd-nspawn@.service): host \
+                 root is unmapped inside it, so the machine's systemd would answer \"Access \
+                 denied\" to StopUnit/StartUnit; set PrivateUsers=no in \
+                 /etc/systemd/nspawn/{machine}.nspawn (pre-start renders it) and restart the machine"
+            ),
+            SystemdError::UnsafeBusSocket { machine, detail } => write!(
+                f,
+                "machine {machine}: refusing to connect to /run/dbus/system_bus_socket inside the \
+                 machine: {detail}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SystemdError {}
+
+/// Called while a job runs with the unit's state and the time waited so far.
+pub type Progress<'a> = &'a mut dyn FnMut(&UnitState, Duration);
+
+/// The state of a unit as `systemctl show` would print it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitState {
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+    /// 32 hex digits, empty when the unit has not run since it was loaded.
+    pub invocation_id: String,
+}
+
+/// The state of a service's main process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceState {
+    /// `success`, `exit-code`, `signal`, `timeout`, `start-limit-hit`, …
+    pub result: String,
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    pub n_restarts: u32,
+    /// systemd's own start and stop timeouts for the unit (`None` = infinity).
+    pub timeout_start: Option<Duration>,
+    pub timeout_stop: Option<Duration>,
+}
+
+/// A connection to one systemd instance (the host's, or a machine's).
+pub struct Systemd {
+    conn: Connection,
+    label: String,
+}
+
+impl fmt::Debug for Systemd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Systemd")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Systemd {
+    /// Connect to the host's system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the default socket).
+    pub fn host(deadline: Instant) -> Result<Systemd> {
+        zbus::block_on(Systemd::connect(
+            zbus::connection::Builder::system(),
+            "host".to_owned(),
+            deadline,
+        ))
+        .context("connecting to the host's system bus")
+    }
+
+    /// Connect to the bus at a D-Bus address (for tests against a private `dbus-daemon`).
+    pub fn at_address(address: &str, label: &str, deadline: Instant) -> Result<Systemd> {
+        zbus::block_on(Systemd::connect(
+            zbus::connection::Builder::address(address),
+            label.to_owned(),
+            deadline,
+        ))
+        .with_context(|| format!("connecting to {address}"))
+    }
+
+    /// Connect to `machine`'s system bus through its leader's root. Refuses a machine in a user
+    /// namespace of its own with [`SystemdError::ForeignUserNamespace`]; see
+    /// [`Systemd::machine_unchecked`]. The bus may not exist yet right after a start: see
+    /// [`wait_running`].
+    pub fn machine(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+        machine.check_user_namespace()?;
+        Systemd::machine_unchecked(machine, deadline)
+    }
+
+    /// Like [`Systemd::machine`] but also for a machine in its own user namespace, where reads
+    /// work and state changes are refused ("Access denied"). For diagnostics.
+    pub fn machine_unchecked(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+        let stream = machine.connect_bus_socket()?;
+        // zbus claims our own UID in EXTERNAL; under -U the bus sees host root as the overflow
+        // UID and would reject the claim outright, so claim what it sees.
+        let uid = machine.uid_seen_inside()?;
+        zbus::block_on(Systemd::connect(
+            zbus::connection::Builder::unix_stream(stream).user_id(uid),
+            format!("machine {}", machine.name()),
+            deadline,
+        ))
+        .with_context(|| format!("connecting to the system bus of machine {}", machine.name()))
+    }
+
+    async fn connect(
+        builder: zbus::connection::Builder<'_>,
+        label: String,
+        deadline: Instant,
+    ) -> Result<Systemd> {
+        let started = Instant::now();
+        let conn = match timeout_at(deadline, builder.method_timeout(METHOD_TIMEOUT).build()).await
+        {
+            Ok(r) => r?,
+            Err(Elapsed) => {
+                return Err(SystemdError::Timeout {
+                    bus: label,
+                    what: "the bus to accept the connection".into(),
+                    waited: started.elapsed(),
+                }
+                .into());
+            }
+        };
+        let sd = Systemd { conn, label };
+        // Subscribe so systemd emits JobRemoved for jobs other clients queue too (our own jobs
+        // are reported to us regardless); harmless when already subscribed.
+        let mgr = sd.manager().await?;
+        sd.call("Subscribe", deadline, mgr.subscribe()).await?;
+        Ok(sd)
+    }
+
+    /// "host" or "machine <name>", the prefix of every error from this connection.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The manager's `SystemState`: `initializing`, `starting`, `running`, `degraded`, …
+    pub fn system_state(&self, deadline: Instant) -> Result<String> {
+        zbus::block_on(self.system_state_async(deadline))
+    }
+
+    /// Start `unit` (mode `replace`) and wait until its job is done.
+    pub fn start_unit(&self, unit: &str, deadline: Instant) -> Result<()> {
+        zbus::block_on(self.unit_job(JobKind::Start, unit, deadline, None))
+    }
+
+    /// Stop `unit` (mode `replace`) and wait until its job is done.
+    pub fn stop_unit(&self, unit: &str, deadline: Instant) -> Result<()> {
+        zbus::block_on(self.unit_job(JobKind::Stop, unit, deadline, None))
+    }
+
+    /// Restart `unit` (mode `replace`) and wait until its job is done; `progress`, if given, is
+    /// called about every 250 ms with the unit's state and the time waited so far.
+    pub fn restart_unit(
+        &self,
+        unit: &str,
+        deadline: Instant,
+        progress: Option<Progress<'_>>,
+    ) -> Result<()> {
+        zbus::block_on(self.unit_job(JobKind::Restart, unit, deadline, progress))
+    }
+
+    /// Clear `unit`'s failed state (and its start rate-limit counter).
+    pub fn reset_failed_unit(&self, unit: &str, deadline: Instant) -> Result<()> {
+        zbus::block_on(async {
+            let mgr = self.manager().await?;
+            self.call(
+                &format!("ResetFailedUnit({unit})"),
+                deadline,
+                mgr.reset_failed_unit(unit),
+            )
+            .await
+        })
+    }
+
+    /// Load `unit` if needed and read its state.
+    pub fn unit_state(&self, unit: &str, deadline: Instant) -> Result<UnitState> {
+        zbus::block_on(self.unit_state_async(unit, deadline))
+    }
+
+    /// Read a service's result, main-process status, restart count and timeouts.
+    pub fn service_state(&self, unit: &str, deadline: Instant) -> Result<ServiceState> {
+        zbus::block_on(async {
+            let path = self.load_unit(unit, deadline).await?;
+            self.service_state_at(unit, &path, deadline).await
+        })
+    }
+
+    /// Reload the manager's unit files (`daemon-reload`); returns once systemd has reloaded.
+    pub fn daemon_reload(&self, deadline: Instant) -> Result<()> {
+        zbus::block_on(async {
+            let mgr = self.manager().await?;
+            self.call("Reload", deadline, mgr.reload()).await
+        })
+    }
+
+    /// The leader PID of a machine registered with machined, `None` when it is not registered.
+    pub fn machine_leader(&self, machine: &str, deadline: Instant) -> Result<Option<u32>> {
+        zbus::block_on(self.machine_leader_async(machine, deadline))
+    }
+
+    /// Run `argv` as a transient oneshot service; see [`run_transient`].
+    pub fn run_transient(
+        &self,
+        name_prefix: &str,
+        argv: &[&str],
+        timeout: Duration,
+    ) -> Result<TransientOutcome> {
+        transient::run(self, name_prefix, argv, timeout)
+    }
+
+    // ---- internals ---------------------------------------------------------------------------
+
+    async fn manager(&self) -> Result<ManagerProxy<'static>> {
+        Ok(ManagerProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?)
+    }
+
+    async fn unit_proxy(&self, path: &OwnedObjectPath) -> Result<UnitProxy<'static>> {
+        Ok(UnitProxy::builder(&self.conn)
+            .path(path.clone())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?)
+    }
+
+    async fn service_proxy(&self, path: &OwnedObjectPath) -> Result<ServiceProxy<'static>> {
+        Ok(ServiceProxy::builder(&self.conn)
+            .path(path.clone())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?)
+    }
+
+    /// One method call bounded by `deadline`, its error named after the bus and the call.
+    async fn call<T>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        fut: impl Future<Output = zbus::Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        match timeout_at(deadline, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.describe(e, what)),
+            Err(Elapsed) => Err(SystemdError::Timeout {
+                bus: self.label.clone(),
+                what: format!("the reply to {what}"),
+                waited: started.elapsed(),
+            }
+            .into()),
+        }
+    }
+
+    fn describe(&self, e: zbus::Error, what: &str) -> anyhow::Error {
+        let hint = match error_name(&e).as_deref() {
+            Some("org.freedesktop.DBus.Error.AccessDenied") => {
+                "; the caller is not privileged there (a machine in its own user namespace, the \
+                 stock -U, maps host root to nobody)"
+            }
+            _ => "",
+        };
+        // Flattened: zbus repeats a method error as its own source.
+        anyhow!(e.to_string()).context(format!("{}: {what} failed{hint}", self.label))
+    }
+
+    async fn system_state_async(&self, deadline: Instant) -> Result<String> {
+        let mgr = self.manager().await?;
+        self.call("reading SystemState", deadline, mgr.system_state())
+            .await
+    }
+
+    async fn load_unit(&self, unit: &str, deadline: Instant) -> Result<OwnedObjectPath> {
+        let mgr = self.manager().await?;
+        self.call(&format!("LoadUnit({unit})"), deadline, mgr.load_unit(unit))
+            .await
+    }
+
+    async fn unit_state_async(&self, unit: &str, deadline: Instant) -> Result<UnitState> {
+        let path = self.load_unit(unit, deadline).await?;
+        self.unit_state_at(unit, &path, deadline).await
+    }
+
+    async fn unit_state_at(
+        &self,
+        unit: &str,
+        path: &OwnedObjectPath,
+        deadline: Instant,
+    ) -> Result<UnitState> {
+        let u = self.unit_proxy(path).await?;
+        let what = |p: &str| format!("reading {p} of {unit}");
+        Ok(UnitState {
+            load_state: self
+                .call(&what("LoadState"), deadline, u.load_state())
+                .await?,
+            active_state: self
+                .call(&what("ActiveState"), deadline, u.active_state())
+                .await?,
+            sub_state: self
+                .call(&what("SubState"), deadline, u.sub_state())
+                .await?,
+            invocation_id: hex(&self
+                .call(&what("InvocationID"), deadline, u.invocation_id())
+                .await?),
+        })
+    }
+
+    async fn service_state_at(
+        &self,
+        unit: &str,
+        path: &OwnedObjectPath,
+        deadline: Instant,
+    ) -> Result<ServiceState> {
+        let s = self.service_proxy(path).await?;
+        let what = |p: &str| format!("reading {p} of {unit}");
+        let usec = |v: u64| (v != u64::MAX).then(|| Duration::from_micros(v));
+        Ok(ServiceState {
+            result: self.call(&what("Result"), deadline, s.result()).await?,
+            exec_main_code: self
+                .call(&what("ExecMainCode"), deadline, s.exec_main_code())
+                .await?,
+            exec_main_status: self
+                .call(&what("ExecMainStatus"), deadline, s.exec_main_status())
+                .await?,
+            n_restarts: self
+                .call(&what("NRestarts"), deadline, s.n_restarts())
+                .await?,
+            timeout_start: usec(
+                self.call(&what("TimeoutStartUSec"), deadline, s.timeout_start_usec())
+                    .await?,
+            ),
+            timeout_stop: usec(
+                self.call(&what("TimeoutStopUSec"), deadline, s.timeout_stop_usec())
+                    .await?,
+            ),
+        })
+    }
+
+    async fn machine_leader_async(&self, machine: &str, deadline: Instant) -> Result<Option<u32>> {
+        let mm = MachineManagerProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?;
+        let gone = |e: &zbus::Error| {
+            matches!(
+                error_name(e).as_deref(),
+                Some(
+                    "org.freedesktop.machine1.NoSuchMachine"
+                        | "org.freedesktop.DBus.Error.UnknownObject"
+                )
+            )
+        };
+        let started = Instant::now();
+        let timed_out = |what: String| -> anyhow::Error {
+            SystemdError::Timeout {
+                bus: self.label.clone(),
+                what,
+                waited: started.elapsed(),
+            }
+            .into()
+        };
+        let what = format!("GetMachine({machine}) on org.freedesktop.machine1");
+        let path = match timeout_at(deadline, mm.get_machine(machine)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) if gone(&e) => return Ok(None),
+            Ok(Err(e)) => return Err(self.describe(e, &what)),
+            Err(Elapsed) => return Err(timed_out(format!("the reply to {what}"))),
+        };
+        let m = MachineProxy::builder(&self.conn)
+            .path(path)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?;
+        match timeout_at(deadline, m.leader()).await {
+            Ok(Ok(pid)) => Ok(Some(pid)),
+            // It went away between the two calls.
+            Ok(Err(e)) if gone(&e) => Ok(None),
+            Ok(Err(e)) => Err(self.describe(e, &format!("reading Leader of machine {machine}"))),
+            Err(Elapsed) => Err(timed_out(format!("the Leader of machine {machine}"))),
+        }
+    }
+
+    async fn unit_job(
+        &self,
+        kind: JobKind,
+        unit: &str,
+        deadline: Instant,
+        progress: Option<Progress<'_>>,
+    ) -> Result<()> {
+        let result = self
+            .job(kind.verb(), unit, deadline, progress, |mgr| async move {
+                match kind {
+                    JobKind::Start => mgr.start_unit(unit, "replace").await,
+                    JobKind::Stop => mgr.stop_unit(unit, "replace").await,
+                    JobKind::Restart => mgr.restart_unit(unit, "replace").await,
+                }
+            })
+            .await?;
+        match result {
+            JobResult::Done => Ok(()),
+            result => Err(SystemdError::Job {
+                bus: self.label.clone(),
+                verb: kind.verb(),
+                unit: unit.to_owned(),
+                result,
+            }
+            .into()),
+        }
+    }
+
+    /// Subscribe to `JobRemoved`, queue a job with `enqueue`, and wait for the signal naming
+    /// that job. Returns the job's result, whatever it is.
+    async fn job<F, Fut>(
+        &self,
+        verb: &'static str,
+        unit: &str,
+        deadline: Instant,
+        mut progress: Option<Progress<'_>>,
+        enqueue: F,
+    ) -> Result<JobResult>
+    where
+        F: FnOnce(ManagerProxy<'static>) -> Fut,
+        Fut: Future<Output = zbus::Result<OwnedObjectPath>>,
+    {
+        let started = Instant::now();
+        let mgr = self.manager().await?;
+        // Subscribing first means the signal is queued for us even if the job finishes before
+        // the reply to the call reaches us.
+        let removed = self
+            .call(
+                "subscribing to JobRemoved",
+                deadline,
+                mgr.receive_job_removed(),
+            )
+            .await?;
+        let mut removed: Pin<Box<JobRemovedStream>> = Box::pin(removed);
+        let what = format!("{verb} of {unit}");
+        let job = self.call(&what, deadline, enqueue(mgr.clone())).await?;
+        tracing::debug!(bus = %self.label, %unit, job = %job.as_str(), "{verb} job queued");
+        let mut next_sample = started;
+        loop {
+            let wake_at = if progress.is_some() {
+                next_sample.min(deadline)
+            } else {
+                deadline
+            };
+            match timeout_at(wake_at, next(removed.as_mut())).await {
+                Ok(Some(signal)) => {
+                    let args = signal
+                        .args()
+                        .with_context(|| format!("{}: malformed JobRemoved signal", self.label))?;
+                    if args.job == job {
+                        tracing::debug!(bus = %self.label, %unit, result = %args.result,
+                            "{verb} job finished in {:.2}s", started.elapsed().as_secs_f64());
+                        return Ok(JobResult::parse(&args.result));
+                    }
+                }
+                Ok(None) => {
+                    return Err(anyhow!(
+                        "{}: the bus connection closed while waiting for the {verb} job of {unit} \
+                         ({})",
+                        self.label,
+                        job.as_str()
+                    ));
+                }
+                Err(Elapsed) if Instant::now() >= deadline => {
+                    return Err(SystemdError::Timeout {
+                        bus: self.label.clone(),
+                        what: format!("the {verb} job of {unit} ({}) to finish", job.as_str()),
+                        waited: started.elapsed(),
+                    }
+                    .into());
+                }
+                Err(Elapsed) => {
+                    next_sample = Instant::now() + PROGRESS_EVERY;
+                    if let Some(report) = progress.as_mut() {
+                        // A sample that cannot be read is skipped; the job wait is what matters.
+                        let sample_deadline = deadline.min(Instant::now() + Duration::from_secs(2));
+                        if let Ok(st) = self.unit_state_async(unit, sample_deadline).await {
+                            report(&st, started.elapsed());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum JobKind {
+    Start,
+    Stop,
+    Restart,
+}
+
+impl JobKind {
+    fn verb(self) -> &'static str {
+        match self {
+            JobKind::Start => "start",
+            JobKind::Stop => "stop",
+            JobKind::Restart => "restart",
+        }
+    }
+}
+
+/// Wait until `machine`'s manager reports `SystemState` `running` or `degraded`, connecting
+/// (again) as often as needed: right after a start the machine's bus may not exist yet. Returns
+/// the connection. Fails at once for a machine in its own user namespace, when the manager
+/// reports `stopping`/`maintenance` (which do not end by waiting), or when the leader exits.
+pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+    machine.check_user_namespace()?;
+    let started = Instant::now();
+    let mut conn: Option<Systemd> = None;
+    let mut last = String::from("nothing yet");
+    let mut polls = 0u32;
+    let note = |last: &mut String, now: String, polls: u32| {
+        if *last != now {
+            tracing::debug!(machine = %machine.name(), polls, "{now}");
+            *last = now;
+        }
+    };
+    loop {
+        polls += 1;
+        if conn.is_none() {
+            match Systemd::machine_unchecked(machine, deadline) {
+                Ok(c) => conn = Some(c),
+                Err(e)
+                    if matches!(
+                        e.downcast_ref::<SystemdError>(),
+                        Some(SystemdError::UnsafeBusSocket { .. })
+                    ) =>
+                {
+                    return Err(e);
+                }
+                Err(e) => note(&mut last, format!("no bus yet ({e:#})"), polls),
+            }
+        }
+        if let Some(c) = &conn {
+            match c.system_state(deadline) {
+                Ok(state) => {
+                    note(&mut last, format!("SystemState '{state}'"), polls);
+                    match state.as_str() {
+                        "running" | "degraded" => {
+                            tracing::info!(machine = %machine.name(), %state, polls,
+                                "machine's systemd is up after {:.2}s", started.elapsed().as_secs_f64());
+                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
+                        }
+                        "stopping" | "maintenance" => {
+                            return Err(anyhow!(
+                                "machine {}: its systemd reports SystemState '{state}', which \
+                                 will not turn into running by waiting",
+                                machine.name()
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) => {
+                    // The bus went away (the machine is still starting or restarting): reconnect.
+                    note(
+                        &mut last,
+                        format!("reading SystemState failed ({e:#})"),
+                        polls,
+                    );
+                    conn = None;
+                }
+            }
+        }
+        if !machine.leader_alive() {
+            return Err(anyhow!(
+                "machine {}: its leader (PID {}) exited while waiting for its systemd; last seen: \
+                 {last}",
+                machine.name(),
+                machine.leader()
+            ));
+        }
+        if Instant::now() + POLL_EVERY >= deadline {
+            return Err(anyhow!(SystemdError::Timeout {
+                bus: format!("machine {}", machine.name()),
+                what: "SystemState running or degraded".into(),
+                waited: started.elapsed(),
+            })
+            .context(format!(
+                "machine {} did not finish booting; last seen: {last}",
+                machine.name()
+            )));
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+}
+
+/// Reload the host manager's unit files (what `install` does after writing a drop-in).
+pub fn daemon_reload(host: &Systemd, deadline: Instant) -> Result<()> {
+    host.daemon_reload(deadline)
+}
+
+/// Run `argv` in the manager behind `conn` as a transient oneshot service named
+/// `<name_prefix>-<unique>.service`, wait at most `timeout`, and return its exit status and
+/// combined stdout+stderr (the last [`OUTPUT_LIMIT`] bytes). The unit is collected afterwards.
+pub fn run_transient(
+    conn: &Systemd,
+    name_prefix: &str,
+    argv: &[&str],
+    timeout: Duration,
+) -> Result<TransientOutcome> {
+    transient::run(conn, name_prefix, argv, timeout)
+}
+
+/// The D-Bus error name of a method error reply, if `e` is one.
+fn error_name(e: &zbus::Error) -> Option<String> {
+    match e {
+        zbus::Error::MethodError(name, _, _) => Some(name.to_string()),
+        zbus::Error::FDO(f) => Some(zbus::DBusError::name(&**f).to_string()),
+        _ => None,
+    }
+}
+
+async fn next<S: Stream>(mut s: Pin<&mut S>) -> Option<S::Item> {
+    poll_fn(|cx| s.as_mut().poll_next(cx)).await
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_results_round_trip_and_explain_themselves() {
+        for s in [
+            "done",
+            "canceled",
+            "timeout",
+            "failed",
+            "dependency",
+            "skipped",
+            "weird",
+        ] {
+            assert_eq!(JobResult::parse(s).as_str(), s);
+        }
+        let e = SystemdError::Job {
+            bus: "machine kube1".into(),
+            verb: "stop",
+            unit: "kubelet.service".into(),
+            result: JobResult::Dependency,
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("machine kube1"), "{msg}");
+        assert!(msg.contains("kubelet.service"), "{msg}");
+        assert!(msg.contains("'dependency'"), "{msg}");
+    }
+
+    #[test]
+    fn foreign_userns_error_says_what_to_change() {
+        let msg = SystemdError::ForeignUserNamespace {
+            machine: "kube1".into(),
+            leader: 42,
+        }
+        .to_string();
+        assert!(msg.contains("PrivateUsers=no"), "{msg}");
+        assert!(msg.contains("/etc/systemd/nspawn/kube1.nspawn"), "{msg}");
+        assert!(msg.contains("Access denied"), "{msg}");
+    }
+
+    #[test]
+    fn invocation_ids_print_as_hex() {
+        assert_eq!(hex(&[0x0a, 0xff, 0x00]), "0aff00");
+        assert_eq!(hex(&[]), "");
+    }
+}
