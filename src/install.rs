@@ -84,15 +84,6 @@ pub fn dropin_path(machine: &MachineName) -> String {
     format!("{}/{DROPIN_NAME}", dropin_dir(machine))
 }
 
-/// The daemon-reload to pass until `systemd::daemon_reload` (D-Bus `Manager.Reload`) lands: it
-/// fails and tells the operator what to run instead.
-pub fn daemon_reload_unavailable() -> Result<()> {
-    anyhow::bail!(
-        "daemon-reload over D-Bus is not built yet (systemd module); the files are in place, \
-         run `systemctl daemon-reload` so systemd reads them"
-    )
-}
-
 /// One setting of the drop-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {

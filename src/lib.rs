@@ -57,15 +57,22 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
-        // TODO(systemd module): pass `systemd::daemon_reload` once it lands.
         Command::Install { machine, dry_run } => {
-            install::install(&ctx, &machine, dry_run, &install::daemon_reload_unavailable)
+            install::install(&ctx, &machine, dry_run, &host_daemon_reload)
         }
         Command::Uninstall { machine, dry_run } => {
-            install::uninstall(&ctx, &machine, dry_run, &install::daemon_reload_unavailable)
+            install::uninstall(&ctx, &machine, dry_run, &host_daemon_reload)
         }
         Command::Demo { .. } => unreachable!("handled above"),
     }
+}
+
+/// `daemon-reload` of the host's systemd over D-Bus (what install and uninstall run after
+/// changing a unit file).
+fn host_daemon_reload() -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let host = systemd::Systemd::host(deadline)?;
+    systemd::daemon_reload(&host, deadline)
 }
 
 /// Set up logging to stderr without timestamps (journald adds them).

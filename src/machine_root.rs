@@ -191,6 +191,12 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
+impl std::os::fd::AsFd for MachineRoot {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl MachineRoot {
     /// Open the machine root at a host path. The host path itself is trusted (it comes from the
     /// operator's configuration or from the leader's `/proc/<pid>/root`), so it may be a symlink.
@@ -683,6 +689,21 @@ impl MachineDir {
                     "renaming {} to {} in the machine",
                     self.child(from),
                     self.child(to)
+                )
+            })
+    }
+
+    /// Move `name` from this directory to `to` in `dest` (same filesystem), failing if `to`
+    /// exists there: nothing is ever overwritten.
+    pub fn move_noreplace(&self, name: &str, dest: &MachineDir, to: &str) -> Result<()> {
+        check_name(name)?;
+        check_name(to)?;
+        nix::fcntl::renameat2(&self.fd, name, &dest.fd, to, RenameFlags::RENAME_NOREPLACE)
+            .with_context(|| {
+                format!(
+                    "moving {} to {} in the machine",
+                    self.child(name),
+                    dest.child(to)
                 )
             })
     }

@@ -7,27 +7,15 @@
 use crate::Ctx;
 use crate::config::MachineConfig;
 use crate::error::bad_input;
+use crate::install::{dropin_path, unit_name};
 use crate::machine_name::MachineName;
 use crate::systemd::{Systemd, UnitState};
 use anyhow::{Result, anyhow};
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant, SystemTime};
 
-/// File name of the unit drop-in `install` writes; its presence means "installed".
-pub const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
-
 /// Margin on top of the unit's own stop and start timeouts before reconcile gives up.
 const MARGIN: Duration = Duration::from_secs(15);
-
-/// `systemd-nspawn@<machine>.service`.
-pub fn unit_name(machine: &MachineName) -> String {
-    format!("systemd-nspawn@{machine}.service")
-}
-
-/// Absolute host path of our drop-in for `machine`.
-pub fn dropin_path(machine: &MachineName) -> String {
-    format!("/etc/systemd/system/{}.d/{DROPIN_NAME}", unit_name(machine))
-}
 
 /// The command that shows the unit's log from `since` on.
 pub fn journal_command(machine: &MachineName, since: SystemTime) -> String {
@@ -287,7 +275,7 @@ mod tests {
             .path()
             .join("etc/systemd/system/systemd-nspawn@kube1.service.d");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(DROPIN_NAME), "[Service]\n").unwrap();
+        std::fs::write(d.join(crate::install::DROPIN_NAME), "[Service]\n").unwrap();
         let err = reconcile(&ctx(dir.path()), &m("kube1")).unwrap_err();
         assert_eq!(exit_code(&err), 2);
         assert!(format!("{err:#}").contains("--host-root"), "{err:#}");

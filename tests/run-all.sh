@@ -15,7 +15,7 @@ step() { printf '\n=== %s\n' "$*" >&2; }
 
 step "installing test dependencies (apt-get)"
 need=()
-for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc; do
+for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -6,11 +6,12 @@
 //! socket, and connected through `/proc/self/fd/<n>`, which names exactly that inode.
 
 use super::{Systemd, SystemdError};
+use crate::machine_root::MachineRoot;
 use anyhow::{Context as _, Result, anyhow, bail};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat, openat2};
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ pub struct MachineHandle {
     leader: u32,
     /// `/proc/<leader>`, which stays tied to that very process even if its PID is reused.
     pid_dir: Option<OwnedFd>,
-    root: OwnedFd,
+    root: MachineRoot,
     own_user_namespace: bool,
 }
 
@@ -58,14 +59,9 @@ impl MachineHandle {
             Mode::empty(),
         )
         .with_context(|| format!("machine {machine}: opening {proc_dir}"))?;
-        // `root` is a magic link to the leader's root directory: following it is the point.
-        let root = openat(
-            &pid_dir,
-            "root",
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("machine {machine}: opening {proc_dir}/root"))?;
+        // The root every write into the machine and the bus socket resolve under, opened once.
+        let root = MachineRoot::for_leader(leader)
+            .with_context(|| format!("machine {machine}: opening its root"))?;
         let theirs = fstatat(&pid_dir, "ns/user", AtFlags::empty())
             .with_context(|| format!("machine {machine}: reading {proc_dir}/ns/user"))?;
         let ours =
@@ -82,11 +78,7 @@ impl MachineHandle {
     /// A stand-in machine whose root is a directory (tests of socket resolution).
     #[cfg(test)]
     pub(crate) fn from_root_dir(machine: &str, dir: &std::path::Path) -> Result<MachineHandle> {
-        let root = open(
-            dir,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
+        let root = MachineRoot::open(dir)?;
         Ok(MachineHandle {
             name: machine.to_owned(),
             leader: 0,
@@ -104,9 +96,9 @@ impl MachineHandle {
         self.leader
     }
 
-    /// The machine's root directory (`O_PATH`); resolve paths under it with `RESOLVE_IN_ROOT`.
-    pub fn root(&self) -> BorrowedFd<'_> {
-        self.root.as_fd()
+    /// The machine's root directory; every path under it resolves with `RESOLVE_IN_ROOT`.
+    pub fn root(&self) -> &MachineRoot {
+        &self.root
     }
 
     /// Whether the leader is still running (false once it has exited and been reaped; a new
@@ -299,7 +291,19 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let m = MachineHandle::from_leader("m", child.id()).unwrap();
+        // A leader sharing our root is refused (see below), so pin the child's /proc entry on a
+        // stand-in machine rooted in a temp dir.
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = MachineHandle::from_root_dir("m", dir.path()).unwrap();
+        m.leader = child.id();
+        m.pid_dir = Some(
+            open(
+                format!("/proc/{}", child.id()).as_str(),
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap(),
+        );
         assert!(m.leader_alive());
         child.kill().unwrap();
         child.wait().unwrap();
@@ -307,9 +311,15 @@ mod tests {
     }
 
     #[test]
-    fn this_process_shares_its_own_user_namespace() {
-        let me = MachineHandle::from_leader("self", std::process::id()).unwrap();
-        assert!(me.leader_alive());
+    fn a_leader_whose_root_is_the_hosts_is_refused() {
+        // Every write through such a "machine" would land on the host.
+        let err = MachineHandle::from_leader("self", std::process::id()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("is the host's root directory"),
+            "{err:#}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let me = MachineHandle::from_root_dir("stand-in", dir.path()).unwrap();
         assert!(!me.has_own_user_namespace());
         me.check_user_namespace().unwrap();
         let err = MachineHandle::from_leader("gone", u32::MAX).unwrap_err();
