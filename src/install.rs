@@ -25,6 +25,7 @@
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
 use crate::error::{Classified, Kind, bad_input};
+use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NSPAWN_DIR, describe_change, nspawn_path};
@@ -671,7 +672,12 @@ impl Verb {
 
 #[derive(Debug)]
 enum Op {
-    Write { bytes: Vec<u8>, mode: u32 },
+    /// `point`: the crash-test point between the temp file and the rename.
+    Write {
+        bytes: Vec<u8>,
+        mode: u32,
+        point: Point,
+    },
     Remove,
     RemoveDir,
 }
@@ -710,8 +716,8 @@ impl Plan {
         for f in &self.files {
             match &f.op {
                 None => {}
-                Some(Op::Write { bytes, mode }) => {
-                    write_if_changed(&f.path, bytes, *mode)?;
+                Some(Op::Write { bytes, mode, point }) => {
+                    write_if_changed(&f.path, bytes, *mode, *point)?;
                 }
                 Some(Op::Remove) => {
                     remove_if_exists(&f.path)?;
@@ -792,6 +798,7 @@ fn write_line(
     bytes: Vec<u8>,
     mode: u32,
     unit_file: bool,
+    point: Point,
     detail: impl FnOnce(Option<&[u8]>) -> String,
 ) -> Result<FileLine> {
     let path = host.path(shown);
@@ -815,7 +822,7 @@ fn write_line(
         path,
         verb,
         detail,
-        op: (!same).then_some(Op::Write { bytes, mode }),
+        op: (!same).then_some(Op::Write { bytes, mode, point }),
         unit_file,
     })
 }
@@ -870,6 +877,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
         exe.to_vec(),
         0o755,
         false,
+        Point::InstallMidHelperCopy,
         |old| match old {
             None => format!("copy of the running helper, {} bytes", exe.len()),
             Some(_) => format!("replaced by the running helper, {} bytes", exe.len()),
@@ -916,6 +924,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
                 bytes.clone(),
                 0o644,
                 false,
+                Point::InstallMidNspawnWrite,
                 |old| {
                     let old = old.map(String::from_utf8_lossy);
                     let new = String::from_utf8_lossy(&bytes);
@@ -959,6 +968,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
         dropin.into_bytes(),
         0o644,
         true,
+        Point::InstallMidDropinWrite,
         |old| match old {
             Some(o) if !o.starts_with(DROPIN_HEADER.as_bytes()) => {
                 "replaces a file of the same name install did not write".to_owned()
@@ -1013,6 +1023,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
                 Some(Op::Write {
                     bytes: new.into_bytes(),
                     mode,
+                    point: Point::InstallMidOverrideWrite,
                 }),
             ),
         });

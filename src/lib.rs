@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod discovery;
 pub mod error;
+pub mod failpoint;
 pub mod fixture;
 pub mod host;
 pub mod install;
@@ -64,12 +65,25 @@ pub fn run(cli: Cli) -> Result<()> {
             install::uninstall(&ctx, &machine, dry_run, &host_daemon_reload)
         }
         Command::Demo { .. } => unreachable!("handled above"),
+        #[cfg(feature = "failpoints")]
+        Command::Failpoints => {
+            for p in failpoint::ALL {
+                println!("{}", p.name());
+            }
+            Ok(())
+        }
+        #[cfg(feature = "failpoints")]
+        Command::RewireRoot {
+            machine,
+            machine_root,
+        } => poststart::rewire_root(&ctx, &machine, &machine_root),
     }
 }
 
 /// `daemon-reload` of the host's systemd over D-Bus (what install and uninstall run after
 /// changing a unit file).
 fn host_daemon_reload() -> Result<()> {
+    failpoint::hit(failpoint::Point::InstallBeforeDaemonReload);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let host = systemd::Systemd::host(deadline)?;
     systemd::daemon_reload(&host, deadline)
