@@ -3,7 +3,8 @@
 #
 # Runs as root on a fresh Debian 12 machine with the pinned Rust toolchain; installs what it needs.
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
-#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs
+#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs; then
+#      again with --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build, checked with file/ldd
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
@@ -29,6 +30,10 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --locked
+step "cargo clippy --all-targets --features failpoints -- -D warnings"
+cargo clippy --all-targets --locked --features failpoints -- -D warnings
+step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
+cargo test --locked --features failpoints
 
 step "static release build"
 target=$(rustc -vV | sed -n 's/^host: //p')
