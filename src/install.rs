@@ -1204,13 +1204,22 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
     Ok(users)
 }
 
+/// What install and uninstall ask the host's systemd: `reload` is `daemon-reload`; `pending`
+/// tells whether the unit still runs from unit files older than those on disk
+/// (`NeedDaemonReload`). A run killed after writing a unit file and before reloading leaves the
+/// next run nothing to write: only `pending` tells it the reload is still owed.
+pub struct HostSystemd<'a> {
+    pub reload: &'a dyn Fn() -> Result<()>,
+    pub pending: &'a dyn Fn(&str) -> Result<bool>,
+}
+
 /// Plan, and apply unless `dry_run` or there is nothing to do; the lock is only taken (and the
 /// plan made again under it) when something will be written.
 fn execute(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
     make_plan: &dyn Fn() -> Result<Plan>,
 ) -> Result<()> {
     let mut plan = make_plan()?;
@@ -1220,7 +1229,19 @@ fn execute(
         _lock = Some(lock::lock(&ctx.host, machine, timeout)?);
         plan = make_plan()?;
     }
-    let reload_needed = plan.needs_reload();
+    let mut reload_needed = plan.needs_reload();
+    let mut owed = "";
+    if !reload_needed && ctx.host.is_real_root() {
+        let unit = unit_name(machine);
+        match (systemd.pending)(&unit) {
+            Ok(p) => {
+                reload_needed = p;
+                owed = "; unit files on disk are newer than what systemd loaded";
+            }
+            // A host without a reachable systemd (an image build) has nothing loaded to update.
+            Err(e) => tracing::debug!(%unit, "NeedDaemonReload not known: {e:#}"),
+        }
+    }
     if !dry_run {
         plan.apply()?;
     }
@@ -1231,9 +1252,9 @@ fn execute(
             "not reloaded: --host-root {} is not /; run `systemctl daemon-reload` on that host",
             ctx.host.root().display()
         ),
-        (true, true, true) => "would reload (daemon-reload)".to_owned(),
-        (true, false, true) => match reload() {
-            Ok(()) => "reloaded (daemon-reload)".to_owned(),
+        (true, true, true) => format!("would reload (daemon-reload{owed})"),
+        (true, false, true) => match (systemd.reload)() {
+            Ok(()) => format!("reloaded (daemon-reload{owed})"),
             Err(e) => {
                 reload_err = Some(e);
                 "daemon-reload FAILED; run `systemctl daemon-reload`".to_owned()
@@ -1254,11 +1275,11 @@ pub fn install(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
 ) -> Result<()> {
     let exe =
         std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
-    execute(ctx, machine, dry_run, reload, &|| {
+    execute(ctx, machine, dry_run, systemd, &|| {
         plan_install(ctx, machine, &exe)
     })
     .with_context(|| format!("install of {machine}"))
@@ -1269,9 +1290,9 @@ pub fn uninstall(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
 ) -> Result<()> {
-    execute(ctx, machine, dry_run, reload, &|| {
+    execute(ctx, machine, dry_run, systemd, &|| {
         plan_uninstall(ctx, machine)
     })
     .with_context(|| format!("uninstall of {machine}"))

@@ -59,10 +59,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
         Command::Install { machine, dry_run } => {
-            install::install(&ctx, &machine, dry_run, &host_daemon_reload)
+            install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
         Command::Uninstall { machine, dry_run } => {
-            install::uninstall(&ctx, &machine, dry_run, &host_daemon_reload)
+            install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
         Command::Demo { .. } => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]
@@ -78,6 +78,18 @@ pub fn run(cli: Cli) -> Result<()> {
             machine_root,
         } => poststart::rewire_root(&ctx, &machine, &machine_root),
     }
+}
+
+/// The host's systemd as install and uninstall use it.
+const HOST_SYSTEMD: install::HostSystemd<'static> = install::HostSystemd {
+    reload: &host_daemon_reload,
+    pending: &host_reload_pending,
+};
+
+/// Whether the host's systemd runs `unit` from older unit files than those on disk.
+fn host_reload_pending(unit: &str) -> Result<bool> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    systemd::Systemd::host(deadline)?.needs_daemon_reload(unit, deadline)
 }
 
 /// `daemon-reload` of the host's systemd over D-Bus (what install and uninstall run after
