@@ -24,14 +24,16 @@ pub enum Point {
     MidDriverRoot,
     /// post-start: the new driver root was swapped in, the old tree not yet removed.
     AfterDriverRootSwap,
-    /// post-start: after each library or `/dev/char` link created or replaced.
+    /// post-start: after each library or `/dev/char` link is brought in line (changed or not).
     MidLinks,
     /// post-start: the CDI spec's temp file is written and synced, not yet renamed.
     MidCdiWrite,
     /// post-start: containerd was started again, images not yet imported.
     AfterContainerdStart,
     /// post-start: after each `ctr images import` finished, before its outcome is acted on
-    /// (counted, or the tarball moved to `failed/`).
+    /// (counted, or the tarball moved to `failed/`): the one moment a kill could lose track of
+    /// a tarball. (Killed while `ctr` runs, the helper leaves the import to its transient unit
+    /// in the machine, which finishes or goes down with the machine; the tarball stays put.)
     MidImageImport,
     /// post-start: images imported, kubelet not yet started.
     BeforeKubeletStart,

@@ -156,6 +156,20 @@ fn every_point_is_killed_by_some_test() {
             p.name()
         );
     }
+    // The e2e scenario takes its post-start list from the binary and names the install point.
+    let scenario = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/scenarios/08-crash-points.sh"),
+    )
+    .unwrap();
+    assert!(scenario.contains("failpoints | grep '^post-start-'"));
+    assert!(scenario.contains(Point::InstallBeforeDaemonReload.name()));
+    for p in COVERED_BY_E2E {
+        assert!(
+            p.name().starts_with("post-start-") || scenario.contains(p.name()),
+            "{} is not in the e2e scenario",
+            p.name()
+        );
+    }
 }
 
 #[test]

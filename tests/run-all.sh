@@ -5,8 +5,9 @@
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
 #   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs; then
 #      again with --features failpoints: the binary killed at each crash point, concurrent callers
-#   3. the static release build, checked with file/ldd
-#   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary
+#   3. the static release build, checked with file/ldd, and the same with --features failpoints
+#   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
+#      its crash scenario (8) runs the failpoints build
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,10 +43,18 @@ bin=target/$target/release/nspawn-lifecycle-helper
 file "$bin"
 file "$bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $bin is not statically linked" >&2; exit 1; }
 if ldd "$bin" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $bin" >&2; exit 1; fi
+# The same, with the crash points compiled in, for the crash scenario of the harness. Its own
+# target dir, so the two builds do not invalidate each other.
+step "static release build with --features failpoints"
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target" \
+    --features failpoints --target-dir target/failpoints
+fp_bin=target/failpoints/$target/release/nspawn-lifecycle-helper
+file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $fp_bin is not statically linked" >&2; exit 1; }
 
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"
     exit 0
 fi
 step "end-to-end harness under a real systemd"
-HELPER=$PWD/$bin E2E_REQUIRE_HELPER=1 tests/e2e/harness.sh run
+HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
+    tests/e2e/harness.sh run
