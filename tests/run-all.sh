@@ -50,6 +50,9 @@ RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --targe
     --features failpoints --target-dir target/failpoints
 fp_bin=target/failpoints/$target/release/nspawn-lifecycle-helper
 file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $fp_bin is not statically linked" >&2; exit 1; }
+# Crash points exist only in the failpoints build: the product binary must not even know the knob.
+grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
+if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
 
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"

@@ -406,7 +406,8 @@ run() {
     : > "$RESULTS"
     trap 'down; check_clean; summary || true; exit 1' EXIT
     trap 'fail harness.interrupted "signal received; tearing down"; [ -n "${SCENARIO_PID:-}" ] && kill -TERM "$SCENARIO_PID" 2>/dev/null; exit 130' INT TERM
-    log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}"
+    log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}" \
+        "HELPER_FAILPOINTS=${HELPER_FAILPOINTS:-<unset: scenario 8 skipped>} E2E_REQUIRE_FAILPOINTS=${E2E_REQUIRE_FAILPOINTS:-0}"
     deps; build; up
     scenarios
     trap - EXIT
