@@ -44,6 +44,14 @@ pub fn run(cli: Cli) -> Result<()> {
     {
         return prestart::demo(example, *list);
     }
+    // Needs no host and no configuration: a crash test lists the points before it arms one.
+    #[cfg(feature = "failpoints")]
+    if let Command::Failpoints = &cli.command {
+        for p in failpoint::ALL {
+            println!("{}", p.name());
+        }
+        return Ok(());
+    }
     let config = Config::load(&host, cli.config.as_deref())?;
     let ctx = Ctx { host, config };
     match cli.command {
@@ -66,12 +74,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Demo { .. } => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]
-        Command::Failpoints => {
-            for p in failpoint::ALL {
-                println!("{}", p.name());
-            }
-            Ok(())
-        }
+        Command::Failpoints => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]
         Command::RewireRoot {
             machine,
