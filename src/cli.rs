@@ -77,6 +77,22 @@ pub enum Command {
         #[arg(long)]
         list: bool,
     },
+
+    /// (failpoints builds only) List the crash points, one `<name>` per line.
+    #[cfg(feature = "failpoints")]
+    #[command(hide = true)]
+    Failpoints,
+
+    /// (failpoints builds only) Run post-start's file steps (driver root, links, CDI spec) for
+    /// MACHINE against the machine rootfs directory DIR, under the machine lock, with the host as
+    /// discovered under --host-root: what the crash tests kill mid-way without a running machine.
+    #[cfg(feature = "failpoints")]
+    #[command(hide = true)]
+    RewireRoot {
+        machine: MachineName,
+        #[arg(long, value_name = "DIR")]
+        machine_root: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

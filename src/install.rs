@@ -25,6 +25,7 @@
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
 use crate::error::{Classified, Kind, bad_input};
+use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NSPAWN_DIR, describe_change, nspawn_path};
@@ -671,7 +672,12 @@ impl Verb {
 
 #[derive(Debug)]
 enum Op {
-    Write { bytes: Vec<u8>, mode: u32 },
+    /// `point`: the crash-test point between the temp file and the rename.
+    Write {
+        bytes: Vec<u8>,
+        mode: u32,
+        point: Point,
+    },
     Remove,
     RemoveDir,
 }
@@ -710,8 +716,8 @@ impl Plan {
         for f in &self.files {
             match &f.op {
                 None => {}
-                Some(Op::Write { bytes, mode }) => {
-                    write_if_changed(&f.path, bytes, *mode)?;
+                Some(Op::Write { bytes, mode, point }) => {
+                    write_if_changed(&f.path, bytes, *mode, *point)?;
                 }
                 Some(Op::Remove) => {
                     remove_if_exists(&f.path)?;
@@ -792,6 +798,7 @@ fn write_line(
     bytes: Vec<u8>,
     mode: u32,
     unit_file: bool,
+    point: Point,
     detail: impl FnOnce(Option<&[u8]>) -> String,
 ) -> Result<FileLine> {
     let path = host.path(shown);
@@ -815,7 +822,7 @@ fn write_line(
         path,
         verb,
         detail,
-        op: (!same).then_some(Op::Write { bytes, mode }),
+        op: (!same).then_some(Op::Write { bytes, mode, point }),
         unit_file,
     })
 }
@@ -870,6 +877,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
         exe.to_vec(),
         0o755,
         false,
+        Point::InstallMidHelperCopy,
         |old| match old {
             None => format!("copy of the running helper, {} bytes", exe.len()),
             Some(_) => format!("replaced by the running helper, {} bytes", exe.len()),
@@ -916,6 +924,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
                 bytes.clone(),
                 0o644,
                 false,
+                Point::InstallMidNspawnWrite,
                 |old| {
                     let old = old.map(String::from_utf8_lossy);
                     let new = String::from_utf8_lossy(&bytes);
@@ -959,6 +968,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
         dropin.into_bytes(),
         0o644,
         true,
+        Point::InstallMidDropinWrite,
         |old| match old {
             Some(o) if !o.starts_with(DROPIN_HEADER.as_bytes()) => {
                 "replaces a file of the same name install did not write".to_owned()
@@ -1013,6 +1023,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
                 Some(Op::Write {
                     bytes: new.into_bytes(),
                     mode,
+                    point: Point::InstallMidOverrideWrite,
                 }),
             ),
         });
@@ -1193,13 +1204,22 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
     Ok(users)
 }
 
+/// What install and uninstall ask the host's systemd: `reload` is `daemon-reload`; `pending`
+/// tells whether the unit still runs from unit files older than those on disk
+/// (`NeedDaemonReload`). A run killed after writing a unit file and before reloading leaves the
+/// next run nothing to write: only `pending` tells it the reload is still owed.
+pub struct HostSystemd<'a> {
+    pub reload: &'a dyn Fn() -> Result<()>,
+    pub pending: &'a dyn Fn(&str) -> Result<bool>,
+}
+
 /// Plan, and apply unless `dry_run` or there is nothing to do; the lock is only taken (and the
 /// plan made again under it) when something will be written.
 fn execute(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
     make_plan: &dyn Fn() -> Result<Plan>,
 ) -> Result<()> {
     let mut plan = make_plan()?;
@@ -1209,7 +1229,19 @@ fn execute(
         _lock = Some(lock::lock(&ctx.host, machine, timeout)?);
         plan = make_plan()?;
     }
-    let reload_needed = plan.needs_reload();
+    let mut reload_needed = plan.needs_reload();
+    let mut owed = "";
+    if !reload_needed && ctx.host.is_real_root() {
+        let unit = unit_name(machine);
+        match (systemd.pending)(&unit) {
+            Ok(p) => {
+                reload_needed = p;
+                owed = "; unit files on disk are newer than what systemd loaded";
+            }
+            // A host without a reachable systemd (an image build) has nothing loaded to update.
+            Err(e) => tracing::debug!(%unit, "NeedDaemonReload not known: {e:#}"),
+        }
+    }
     if !dry_run {
         plan.apply()?;
     }
@@ -1220,9 +1252,9 @@ fn execute(
             "not reloaded: --host-root {} is not /; run `systemctl daemon-reload` on that host",
             ctx.host.root().display()
         ),
-        (true, true, true) => "would reload (daemon-reload)".to_owned(),
-        (true, false, true) => match reload() {
-            Ok(()) => "reloaded (daemon-reload)".to_owned(),
+        (true, true, true) => format!("would reload (daemon-reload{owed})"),
+        (true, false, true) => match (systemd.reload)() {
+            Ok(()) => format!("reloaded (daemon-reload{owed})"),
             Err(e) => {
                 reload_err = Some(e);
                 "daemon-reload FAILED; run `systemctl daemon-reload`".to_owned()
@@ -1243,11 +1275,11 @@ pub fn install(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
 ) -> Result<()> {
     let exe =
         std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
-    execute(ctx, machine, dry_run, reload, &|| {
+    execute(ctx, machine, dry_run, systemd, &|| {
         plan_install(ctx, machine, &exe)
     })
     .with_context(|| format!("install of {machine}"))
@@ -1258,9 +1290,9 @@ pub fn uninstall(
     ctx: &Ctx,
     machine: &MachineName,
     dry_run: bool,
-    reload: &dyn Fn() -> Result<()>,
+    systemd: &HostSystemd<'_>,
 ) -> Result<()> {
-    execute(ctx, machine, dry_run, reload, &|| {
+    execute(ctx, machine, dry_run, systemd, &|| {
         plan_uninstall(ctx, machine)
     })
     .with_context(|| format!("uninstall of {machine}"))

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod discovery;
 pub mod error;
+pub mod failpoint;
 pub mod fixture;
 pub mod host;
 pub mod install;
@@ -43,6 +44,14 @@ pub fn run(cli: Cli) -> Result<()> {
     {
         return prestart::demo(example, *list);
     }
+    // Needs no host and no configuration: a crash test lists the points before it arms one.
+    #[cfg(feature = "failpoints")]
+    if let Command::Failpoints = &cli.command {
+        for p in failpoint::ALL {
+            println!("{}", p.name());
+        }
+        return Ok(());
+    }
     let config = Config::load(&host, cli.config.as_deref())?;
     let ctx = Ctx { host, config };
     match cli.command {
@@ -58,18 +67,38 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
         Command::Install { machine, dry_run } => {
-            install::install(&ctx, &machine, dry_run, &host_daemon_reload)
+            install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
         Command::Uninstall { machine, dry_run } => {
-            install::uninstall(&ctx, &machine, dry_run, &host_daemon_reload)
+            install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
         Command::Demo { .. } => unreachable!("handled above"),
+        #[cfg(feature = "failpoints")]
+        Command::Failpoints => unreachable!("handled above"),
+        #[cfg(feature = "failpoints")]
+        Command::RewireRoot {
+            machine,
+            machine_root,
+        } => poststart::rewire_root(&ctx, &machine, &machine_root),
     }
+}
+
+/// The host's systemd as install and uninstall use it.
+const HOST_SYSTEMD: install::HostSystemd<'static> = install::HostSystemd {
+    reload: &host_daemon_reload,
+    pending: &host_reload_pending,
+};
+
+/// Whether the host's systemd runs `unit` from older unit files than those on disk.
+fn host_reload_pending(unit: &str) -> Result<bool> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    systemd::Systemd::host(deadline)?.needs_daemon_reload(unit, deadline)
 }
 
 /// `daemon-reload` of the host's systemd over D-Bus (what install and uninstall run after
 /// changing a unit file).
 fn host_daemon_reload() -> Result<()> {
+    failpoint::hit(failpoint::Point::InstallBeforeDaemonReload);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let host = systemd::Systemd::host(deadline)?;
     systemd::daemon_reload(&host, deadline)

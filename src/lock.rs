@@ -6,6 +6,7 @@
 //! SIGTERM/SIGINT, with exit code 4.
 
 use crate::error::{Kind, classified};
+use crate::failpoint::{self, Point};
 use crate::host::HostRoot;
 use crate::machine_name::MachineName;
 use anyhow::{Context as _, Result};
@@ -130,6 +131,7 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
         .and_then(|()| lock.seek(SeekFrom::Start(0)).map(|_| ()))
         .and_then(|()| lock.write_all(format!("{pid}\n").as_bytes()))
         .with_context(|| format!("recording PID in {}", path.display()))?;
+    failpoint::hit(Point::AfterLock);
     Ok(MachineLock { _lock: lock, path })
 }
 

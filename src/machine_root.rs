@@ -18,6 +18,7 @@
 //! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
 //! user-namespaced machine (`PrivateUsers=pick`) would need `fchownat` to the machine's base uid.
 
+use crate::failpoint::{self, Point};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, RenameFlags, ResolveFlag};
@@ -505,9 +506,18 @@ impl MachineDir {
 
     /// Atomically make `name` a regular file holding `contents` with `mode`: temp file in this
     /// directory → write → fchmod → fsync → renameat → fsync the directory. Nothing is written
-    /// when the bytes and mode are already there. Returns whether the file was written.
-    pub fn write_file(&self, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
+    /// when the bytes and mode are already there. `point` names the moment between the temp
+    /// file's fsync and the rename for crash tests. Returns whether the file was written.
+    pub fn write_file(&self, name: &str, contents: &[u8], mode: u32, point: Point) -> Result<bool> {
         let path = self.child(name);
+        // A fixed temp name, so a killed run's leftover is cleared by the next run, even one that
+        // finds the bytes already in place; a leading dot and a `.tmp` suffix keep it invisible
+        // to readers that scan the directory (the CDI cache). Callers hold the machine lock.
+        let tmp = format!(".{name}.tmp");
+        check_name(&tmp)?;
+        if self.remove_tree(&tmp)? {
+            self.sync()?;
+        }
         let existing = self.stat(name)?;
         let kind = existing.as_ref().map(FileKind::from_stat);
         // Only a file of the same size can hold the same bytes; never read more than that.
@@ -528,10 +538,6 @@ impl MachineDir {
             // Anything else (a symlink, a FIFO…) is replaced by the rename, never opened.
             _ => {}
         }
-        // A fixed temp name, so a crashed run's leftover is cleared by the next; a leading dot
-        // and a `.tmp` suffix keep it invisible to readers that scan the directory (the CDI cache).
-        let tmp = format!(".{name}.tmp");
-        self.remove_tree(&tmp)?;
         let how = OpenHow::new()
             .flags(
                 OFlag::O_WRONLY
@@ -549,6 +555,7 @@ impl MachineDir {
             let mut file = std::fs::File::from(fd);
             file.write_all(contents).context("write")?;
             file.sync_all().context("fsync")?;
+            failpoint::hit(point);
             nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name).context("rename")?;
             Ok(())
         })();
@@ -798,6 +805,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt as _;
 
+    const P: Point = Point::MidCdiWrite;
+
     fn root() -> (tempfile::TempDir, MachineRoot) {
         let dir = tempfile::tempdir().unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
@@ -826,31 +835,31 @@ mod tests {
     fn write_file_is_atomic_and_skips_unchanged_bytes() {
         let (dir, root) = root();
         let d = root.create_dir_all("/etc/cdi", 0o755).unwrap();
-        assert!(d.write_file("a.json", b"{}", 0o644).unwrap());
+        assert!(d.write_file("a.json", b"{}", 0o644, P).unwrap());
         let ino = std::fs::metadata(dir.path().join("etc/cdi/a.json"))
             .unwrap()
             .ino();
-        assert!(!d.write_file("a.json", b"{}", 0o644).unwrap());
+        assert!(!d.write_file("a.json", b"{}", 0o644, P).unwrap());
         assert_eq!(
             std::fs::metadata(dir.path().join("etc/cdi/a.json"))
                 .unwrap()
                 .ino(),
             ino
         );
-        assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
+        assert!(d.write_file("a.json", b"{ }", 0o644, P).unwrap());
         assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
         // Shorter and longer contents replace it too (never "file too large").
         assert!(
-            d.write_file("a.json", b"{ \"kind\": \"x\" }", 0o644)
+            d.write_file("a.json", b"{ \"kind\": \"x\" }", 0o644, P)
                 .unwrap()
         );
-        assert!(d.write_file("a.json", b"{ }", 0o644).unwrap());
+        assert!(d.write_file("a.json", b"{ }", 0o644, P).unwrap());
         assert_eq!(d.read_regular("a.json", 10).unwrap().unwrap(), b"{ }");
         let names: Vec<_> = d.entries().unwrap().into_iter().map(|e| e.0).collect();
         assert_eq!(names, [OsString::from("a.json")]);
         // A symlink where the file goes is replaced, never written through.
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("etc/cdi/b.json")).unwrap();
-        assert!(d.write_file("b.json", b"x", 0o644).unwrap());
+        assert!(d.write_file("b.json", b"x", 0o644, P).unwrap());
         assert!(
             std::fs::symlink_metadata(dir.path().join("etc/cdi/b.json"))
                 .unwrap()

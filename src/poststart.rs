@@ -10,6 +10,7 @@ use crate::Ctx;
 use crate::cdi;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
+use crate::failpoint::{self, Point};
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, MachineRoot};
@@ -115,6 +116,59 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     Ok(())
 }
 
+/// `rewire-root` (failpoints builds only): post-start's file steps against a rootfs directory,
+/// without services (so without `ldconfig`), for the crash tests.
+#[cfg(feature = "failpoints")]
+pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
+    let inv = discovery::discover(&ctx.host)?;
+    check_complete(&inv)?;
+    let root = MachineRoot::open(dir)?;
+    root.refuse_host_root(std::path::Path::new("/"))?;
+    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
+    let Some(spec) = cdi::spec(&inv, &mc.cdi_kind) else {
+        let report = rewire::cleanup(&root, &mc.cdi_dir, &spec_file)?;
+        tracing::info!(%machine, "{report}");
+        return Ok(());
+    };
+    let json = cdi::render(&spec);
+    for step in FileStep::ALL {
+        if step == FileStep::Ldconfig {
+            continue;
+        }
+        let line = run_file_step(
+            step,
+            &root,
+            &inv,
+            &mc,
+            &spec_file,
+            json.as_bytes(),
+            &NoServices,
+        )
+        .with_context(|| format!("rewire-root of {machine}: step '{}'", step.name()))?;
+        tracing::info!(%machine, "{line}");
+    }
+    Ok(())
+}
+
+/// The services of a machine that is not running: every call fails.
+#[cfg(feature = "failpoints")]
+struct NoServices;
+
+#[cfg(feature = "failpoints")]
+impl Services for NoServices {
+    fn stop(&self, unit: &str) -> Result<()> {
+        anyhow::bail!("no machine is running: cannot stop {unit}")
+    }
+    fn start(&self, unit: &str) -> Result<()> {
+        anyhow::bail!("no machine is running: cannot start {unit}")
+    }
+    fn run(&self, _: &str, argv: &[&str], _: Duration) -> Result<TransientOutcome> {
+        anyhow::bail!("no machine is running: cannot run {}", argv.join(" "))
+    }
+}
+
 /// The file steps, in order, between stopping and starting the services.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileStep {
@@ -187,7 +241,10 @@ pub fn rewire_with_services_stopped(
     import: &mut dyn FnMut() -> Result<(usize, usize)>,
 ) -> Result<()> {
     let mut stopped = Vec::new();
-    for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
+    for (unit, point) in [
+        (&mc.kubelet_unit, Point::AfterKubeletStop),
+        (&mc.containerd_unit, Point::AfterContainerdStop),
+    ] {
         if let Err(e) = services.stop(unit) {
             // Put back what was already stopped (kubelet) before giving up.
             start_again(machine, services, stopped.iter().rev().copied());
@@ -195,6 +252,7 @@ pub fn rewire_with_services_stopped(
         }
         tracing::info!(%machine, %unit, "stopped");
         stopped.push(unit);
+        failpoint::hit(point);
     }
     let result = (|| -> Result<()> {
         for step in FileStep::ALL {
@@ -207,6 +265,7 @@ pub fn rewire_with_services_stopped(
             .start(unit)
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
         tracing::info!(%machine, %unit, "started");
+        failpoint::hit(Point::AfterContainerdStart);
         match import() {
             Ok((0, 0)) => {}
             Ok((ok, 0)) => tracing::info!(%machine, "imported {ok} staged image(s)"),
@@ -222,6 +281,7 @@ pub fn rewire_with_services_stopped(
             ),
         }
         let unit = &mc.kubelet_unit;
+        failpoint::hit(Point::BeforeKubeletStart);
         services
             .start(unit)
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
@@ -292,6 +352,7 @@ pub fn import_images(
         let outcome = services
             .run("nspawn-lifecycle-import", &argv, mc.import_timeout)
             .and_then(|o| o.check(&format!("importing {path}")).map(|()| o));
+        failpoint::hit(Point::MidImageImport);
         match outcome {
             Ok(o) => {
                 imported += 1;

@@ -5,6 +5,7 @@ use crate::atomic::write_if_changed;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, Verdict};
 use crate::error::{Kind, classified};
+use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, describe_change, nspawn_path};
@@ -58,7 +59,12 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
-    if write_if_changed(&r.host_path, r.new.as_bytes(), 0o644)? {
+    if write_if_changed(
+        &r.host_path,
+        r.new.as_bytes(),
+        0o644,
+        Point::PreStartMidNspawnWrite,
+    )? {
         tracing::info!(
             %machine,
             file = %r.host_path.display(),

@@ -20,6 +20,7 @@
 //!   link is ours once the GPU, and with it the major/minor we could match, is gone.
 
 use crate::discovery::{Inventory, UserspaceDriver};
+use crate::failpoint::{self, Point};
 use crate::layout::{DRIVER_ROOT, EntryKind, HOST_NVIDIA, driver_entries};
 use crate::machine_root::{
     FileKind, LinkOutcome, Lookup, MachineDir, MachineRoot, Subdir, check_name, components,
@@ -202,6 +203,7 @@ pub fn build_driver_root(root: &MachineRoot, driver: &UserspaceDriver) -> Result
                 }
             }
         }
+        failpoint::hit(Point::MidDriverRoot);
     }
     drop(dirs);
     staging.sync()?;
@@ -217,6 +219,7 @@ pub fn build_driver_root(root: &MachineRoot, driver: &UserspaceDriver) -> Result
             report.replaced.push(path);
             // The old tree now sits at the staging name. A crash right here leaves it for the
             // next run's leftover removal; readers already see the new tree.
+            failpoint::hit(Point::AfterDriverRootSwap);
             parent.remove_tree(STAGING)?;
         }
     }
@@ -314,6 +317,7 @@ fn sync_lib_links(
     for (name, target) in desired {
         let outcome = dir.symlink(name, target)?;
         report.link(dir.child(name), outcome);
+        failpoint::hit(Point::MidLinks);
     }
     Ok(())
 }
@@ -464,6 +468,7 @@ fn sync_dev_char(
     for (name, target) in wanted {
         let outcome = dir.symlink(name, target)?;
         report.link(dir.child(name), outcome);
+        failpoint::hit(Point::MidLinks);
     }
     Ok(())
 }
@@ -504,7 +509,7 @@ pub fn write_cdi(
     check_spec_name(file_name)?;
     let out = root.create_dir_all(dir, DIR_MODE)?;
     let existed = out.kind(file_name)?.is_some();
-    if out.write_file(file_name, json, SPEC_MODE)? {
+    if out.write_file(file_name, json, SPEC_MODE, Point::MidCdiWrite)? {
         let p = out.child(file_name);
         if existed {
             report.replaced.push(p);

@@ -3,9 +3,11 @@
 #
 # Runs as root on a fresh Debian 12 machine with the pinned Rust toolchain; installs what it needs.
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
-#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs
-#   3. the static release build, checked with file/ldd
-#   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary
+#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs; then
+#      again with --features failpoints: the binary killed at each crash point, concurrent callers
+#   3. the static release build, checked with file/ldd, and the same with --features failpoints
+#   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
+#      its crash scenario (8) runs the failpoints build
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,10 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --locked
+step "cargo clippy --all-targets --features failpoints -- -D warnings"
+cargo clippy --all-targets --locked --features failpoints -- -D warnings
+step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
+cargo test --locked --features failpoints
 
 step "static release build"
 target=$(rustc -vV | sed -n 's/^host: //p')
@@ -37,6 +43,16 @@ bin=target/$target/release/nspawn-lifecycle-helper
 file "$bin"
 file "$bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $bin is not statically linked" >&2; exit 1; }
 if ldd "$bin" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $bin" >&2; exit 1; fi
+# The same, with the crash points compiled in, for the crash scenario of the harness. Its own
+# target dir, so the two builds do not invalidate each other.
+step "static release build with --features failpoints"
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target" \
+    --features failpoints --target-dir target/failpoints
+fp_bin=target/failpoints/$target/release/nspawn-lifecycle-helper
+file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $fp_bin is not statically linked" >&2; exit 1; }
+# Crash points exist only in the failpoints build: the product binary must not even know the knob.
+grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
+if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
 
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"
@@ -44,4 +60,5 @@ if [ "${SKIP_E2E:-0}" = 1 ]; then
 fi
 step "end-to-end harness under a real systemd"
 # The lock only matters on a shared development machine (the harness uses fixed paths).
-HELPER=$PWD/$bin E2E_REQUIRE_HELPER=1 flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run
+HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
+    flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run

@@ -35,6 +35,8 @@ use zbus::{Connection, OwnedObjectPath};
 const METHOD_TIMEOUT: Duration = Duration::from_secs(25);
 /// How often a job wait with progress reporting samples the unit's state.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// The error systemd answers `GetUnit` with for a unit that is not loaded.
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 /// How often [`wait_running`] retries the machine's bus and reads `SystemState`.
 const POLL_EVERY: Duration = Duration::from_millis(100);
 
@@ -321,6 +323,28 @@ impl Systemd {
         zbus::block_on(async {
             let path = self.load_unit(unit, deadline).await?;
             self.service_state_at(unit, &path, deadline).await
+        })
+    }
+
+    /// Whether `unit` is loaded from unit files (or drop-ins) that changed on disk since
+    /// (`NeedDaemonReload`); a unit that is not loaded is read fresh, so never.
+    pub fn needs_daemon_reload(&self, unit: &str, deadline: Instant) -> Result<bool> {
+        zbus::block_on(async {
+            let mgr = self.manager().await?;
+            let what = format!("GetUnit({unit})");
+            let path = match timeout_at(deadline, mgr.get_unit(unit)).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) if error_name(&e).as_deref() == Some(NO_SUCH_UNIT) => return Ok(false),
+                Ok(Err(e)) => return Err(self.describe(e, &what)),
+                Err(Elapsed) => anyhow::bail!("{}: no reply to {what} in time", self.label),
+            };
+            let u = self.unit_proxy(&path).await?;
+            self.call(
+                &format!("reading NeedDaemonReload of {unit}"),
+                deadline,
+                u.need_daemon_reload(),
+            )
+            .await
         })
     }
 

@@ -57,6 +57,8 @@ pub trait Unit {
     fn load_state(&self) -> zbus::Result<String>;
     #[zbus(property, name = "InvocationID")]
     fn invocation_id(&self) -> zbus::Result<Vec<u8>>;
+    #[zbus(property)]
+    fn need_daemon_reload(&self) -> zbus::Result<bool>;
 }
 
 #[proxy(

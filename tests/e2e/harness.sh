@@ -36,7 +36,8 @@ E2E_GPUS=${E2E_GPUS:-2}
 DRIVER_VERSION=${E2E_DRIVER_VERSION:-580.82.07}
 DRIVER_VERSIONS="$DRIVER_VERSION ${E2E_EXTRA_DRIVER_VERSIONS:-580.95.05}"   # stubs built for each
 SCENARIO_TIMEOUT=${E2E_SCENARIO_TIMEOUT:-600}
-export E2E_DIR RUN LOGS RESULTS MACHINE HELPER E2E_REQUIRE_HELPER E2E_GPUS DRIVER_VERSION
+export E2E_DIR RUN LOGS RESULTS MACHINE HELPER E2E_REQUIRE_HELPER E2E_GPUS DRIVER_VERSION \
+    HELPER_FAILPOINTS E2E_REQUIRE_FAILPOINTS
 
 # shellcheck source=lib/common.sh
 . "$E2E_SRC/lib/common.sh"
@@ -230,6 +231,11 @@ helper_path() { # what gets bind-mounted at the stable path
 
 up() {
     helper_path >/dev/null     # validate HELPER here: a failure inside $(...) would not stop us
+    local fp_bind=()
+    if [ -n "${HELPER_FAILPOINTS:-}" ]; then
+        [ -x "$HELPER_FAILPOINTS" ] || die "HELPER_FAILPOINTS=$HELPER_FAILPOINTS is not an executable file"
+        fp_bind=(--bind-ro="$(readlink -f "$HELPER_FAILPOINTS"):$HP_FAILPOINTS")
+    fi
     if [ -n "$(host_leader)" ] && kill -0 "$(host_leader)" 2>/dev/null; then log "host already up"; return; fi
     down >/dev/null 2>&1 || true     # leftovers of a crashed run: every boot starts pristine
     local t0; t0=$(date +%s%N)
@@ -249,7 +255,7 @@ up() {
             --register=no --keep-unit --private-network \
             --system-call-filter=bpf \
             --bind="$RUN/machines:/var/lib/machines" \
-            --bind-ro="$(helper_path):$HP" \
+            --bind-ro="$(helper_path):$HP" "${fp_bind[@]}" \
             --console=read-only \
             ${E2E_HOST_NSPAWN_ARGS:-} ${E2E_HOST_INIT_ARGS:-}
     ) </dev/null >"$LOGS/host-console.log" 2>&1 &
@@ -400,7 +406,8 @@ run() {
     : > "$RESULTS"
     trap 'down; check_clean; summary || true; exit 1' EXIT
     trap 'fail harness.interrupted "signal received; tearing down"; [ -n "${SCENARIO_PID:-}" ] && kill -TERM "$SCENARIO_PID" 2>/dev/null; exit 130' INT TERM
-    log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}"
+    log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}" \
+        "HELPER_FAILPOINTS=${HELPER_FAILPOINTS:-<unset: scenario 8 skipped>} E2E_REQUIRE_FAILPOINTS=${E2E_REQUIRE_FAILPOINTS:-0}"
     deps; build; up
     scenarios
     trap - EXIT

@@ -133,5 +133,8 @@ unit_active() { [ "$(uprop ActiveState "${1:-$MACHINE}")" = active ]; }
 
 # The helper as the product's CLI, run in the host container from its stable path.
 HP=/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper
+# The failpoints build (HELPER_FAILPOINTS), bind-mounted here when given; scenario 8 mounts it
+# over $HP for its duration so the hooks systemd runs are that build.
+HP_FAILPOINTS=/usr/local/lib/e2e/nspawn-lifecycle-helper-failpoints
 helper() { H "$HP" "$@"; }
 have_real_helper() { [ -n "${HELPER:-}" ]; }

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Scenario 7 (issue 5 §7, DESIGN §7 locking): two machines. kube1 and kube2 start concurrently and
 # both come up; a slow post-start on kube1 does not hold up kube2's; two post-starts on the same
-# machine serialize (one lock per machine).
+# machine serialize (one lock per machine): the second waits, naming the holder, and finds
+# nothing left to change.
 # Slowness is injected in the machine: /etc/e2e/slow-stop makes stopping kubelet take N seconds.
 scenario "two machines: concurrent lifecycles, same-machine serialization" --needs-helper
 baseline
@@ -40,6 +41,9 @@ assert_le "$(c cross-machine-kube1-was-slow)" $((SLOW * 1000)) "${ms1:-0}"
 assert_lt "$(c cross-machine-kube2-not-blocked)" "${ms2:-999999}" $((SLOW * 1000))
 
 # ---- the same machine serializes ----------------------------------------------------------------
+# The driver root and the CDI spec drift first: whichever run takes the lock first repairs them,
+# and the one that waited must find nothing left to change.
+M sh -c "touch /run/nvidia/driver/e2e-drift; printf ' ' >> '$CDI_SPEC'"
 t0=$(now_ms)
 read -r rc1 ms1 rc2 ms2 <<< "$(timed_pair kube1 kube1)"
 total=$(( $(now_ms) - t0 ))
@@ -47,6 +51,15 @@ info "two post-starts on kube1: rc=$rc1 ${ms1} ms and rc=$rc2 ${ms2} ms, ${total
 assert_eq "$(c same-machine-both-ok)" "0 0" "$rc1 $rc2"
 # overlapping runs would share one kubelet stop job (~1x SLOW); serialized runs stop it twice
 assert_le "$(c same-machine-serialized)" $((2 * SLOW * 1000 - 500)) "$total"
+log_a=$(H cat /tmp/e2e-post-a.log); log_b=$(H cat /tmp/e2e-post-b.log)
+if printf '%s' "$log_a" | grep -q 'waiting for the machine lock'; then second=$log_a first=$log_b; else second=$log_b first=$log_a; fi
+assert_match "$(c same-machine-second-waited-naming-holder)" 'waiting for the machine lock.*holder=PID [0-9]+' "$second"
+assert_no_match "$(c same-machine-first-did-not-wait)" 'waiting for the machine lock' "$first"
+assert_match "$(c same-machine-first-repaired)" 'driver root: 0 created, 1 replaced' "$first"
+assert_match "$(c same-machine-first-rewrote-spec)" 'CDI spec: 0 created, 1 replaced' "$first"
+for step in 'driver root' links 'CDI spec'; do
+    assert_match "$(c "same-machine-second-changed-nothing-${step// /-}")" "$step: 0 created, 0 replaced, 0 removed" "$second"
+done
 mflag_clear kube1 slow-stop
 for m in kube1 kube2; do
     assert_eq "$(c "$m-kubelet-active-after")" active "$(inner_state kubelet.service "$m")"
