@@ -62,13 +62,17 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             ctx.host.root().display()
         )));
     }
-    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let inv = discovery::discover(&ctx.host)?;
+    let total = Instant::now();
+    let _lock = timed(machine, "lock", || {
+        lock::lock(&ctx.host, machine, mc.lock_timeout)
+    })?;
+    let inv = timed(machine, "discover", || discovery::discover(&ctx.host))?;
     check_complete(&inv).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
-    let host = Systemd::host(deadline)?;
-    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let handle = timed(machine, "find machine", || {
+        MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+    })?;
     let root = handle.root();
     let spec_file = cdi::spec_file_name(&mc.cdi_kind);
 
@@ -81,7 +85,9 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         tracing::info!(%machine, "no NVIDIA GPUs on the host; {report}");
         return Ok(());
     };
-    let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
+    let sd = timed(machine, "wait running", || {
+        systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)
+    })?;
     let services = MachineServices {
         sd: &sd,
         job_timeout: mc.job_timeout,
@@ -106,6 +112,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         },
         &mut || import_images(machine, root, &mc, &services),
     )?;
+    tracing::debug!(%machine, step = "post-start", us = micros(total.elapsed()), "step timing");
     tracing::info!(
         %machine,
         "post-start done in {:.2}s: NVIDIA driver {driver_version}, {} GPU(s)",
@@ -113,6 +120,19 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         inv.gpus.len()
     );
     Ok(())
+}
+
+/// Run `f` and log how long it took: one debug line per step (`step timing`, fields `step` and
+/// `us`), which `tests/bench/e2e-bench.sh` reads to time the rewiring apart from the services.
+fn timed<T>(machine: &MachineName, step: &str, f: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let out = f();
+    tracing::debug!(%machine, step, us = micros(started.elapsed()), "step timing");
+    out
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The file steps, in order, between stopping and starting the services.
@@ -188,7 +208,7 @@ pub fn rewire_with_services_stopped(
 ) -> Result<()> {
     let mut stopped = Vec::new();
     for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
-        if let Err(e) = services.stop(unit) {
+        if let Err(e) = timed(machine, &format!("stop {unit}"), || services.stop(unit)) {
             // Put back what was already stopped (kubelet) before giving up.
             start_again(machine, services, stopped.iter().rev().copied());
             return Err(e.context(format!("post-start of {machine}: stopping {unit}")));
@@ -198,16 +218,15 @@ pub fn rewire_with_services_stopped(
     }
     let result = (|| -> Result<()> {
         for step in FileStep::ALL {
-            let line = file_step(step)
+            let line = timed(machine, step.name(), || file_step(step))
                 .with_context(|| format!("post-start of {machine}: step '{}'", step.name()))?;
             tracing::info!(%machine, "{line}");
         }
         let unit = &mc.containerd_unit;
-        services
-            .start(unit)
+        timed(machine, &format!("start {unit}"), || services.start(unit))
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
         tracing::info!(%machine, %unit, "started");
-        match import() {
+        match timed(machine, "import", &mut *import) {
             Ok((0, 0)) => {}
             Ok((ok, 0)) => tracing::info!(%machine, "imported {ok} staged image(s)"),
             Ok((ok, bad)) => tracing::error!(
@@ -222,8 +241,7 @@ pub fn rewire_with_services_stopped(
             ),
         }
         let unit = &mc.kubelet_unit;
-        services
-            .start(unit)
+        timed(machine, &format!("start {unit}"), || services.start(unit))
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
         tracing::info!(%machine, %unit, "started");
         Ok(())
