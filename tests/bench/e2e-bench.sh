@@ -27,7 +27,10 @@
 #   µs timestamps and the hooks' `step timing` lines (NSPAWN_LIFECYCLE_LOG=nspawn_lifecycle=debug
 #   through an extra drop-in, present for both variants).
 #
-# Knobs: HELPER (required), BENCH_N (10), BENCH_PARTS ("rewire reconcile"), BENCH_OUT (output dir,
+# HELPER_B (optional): a second binary (e.g. before/after a change). reconcile then interleaves a
+#   third variant, oursB (the same drop-in with HELPER_B in the hooks, `HELPER_B reconcile`), and
+#   BENCH_PARTS=ab compares post-start alone, A (HELPER) and B alternating, in steady state.
+# Knobs: HELPER (required), BENCH_N (10), BENCH_PARTS ("rewire reconcile"; also "ab"), BENCH_OUT (output dir,
 #   default target/e2e-bench/<date>), BENCH_SETTLE (seconds before each restart, 2), E2E_GPUS (8),
 #   E2E_EXTRA_LIBS (192), and every harness knob.
 # Output in BENCH_OUT: samples.csv (part,variant,iter,metric,ms), facts.json (machine, date,
@@ -45,6 +48,7 @@ REPO=$(cd "$BENCH_SRC/../.." && pwd)
 E2E_SRC=$REPO/tests/e2e
 [ -n "${HELPER:-}" ] || { echo "HELPER=/path/to/nspawn-lifecycle-helper is required" >&2; exit 2; }
 HELPER=$(readlink -f "$HELPER")
+if [ -n "${HELPER_B:-}" ]; then HELPER_B=$(readlink -f "$HELPER_B"); fi
 
 N=${BENCH_N:-10}
 PARTS=${BENCH_PARTS:-rewire reconcile}
@@ -72,6 +76,7 @@ UNIT=systemd-nspawn@kube1.service
 DROPIN=/etc/systemd/system/$UNIT.d/50-nspawn-lifecycle.conf
 DEBUG_DROPIN=/etc/systemd/system/$UNIT.d/90-e2e-bench-debug.conf
 BENCHDIR=/run/e2e-bench           # in the host container
+HPB=${HELPER_B:+/usr/local/lib/e2e-bench/nspawn-lifecycle-helper-b}   # HELPER_B in the host
 MULTIARCH=/usr/lib/x86_64-linux-gnu
 
 harness() { "$E2E_SRC/harness.sh" "$@"; }
@@ -100,6 +105,11 @@ up() {
     start_unit kube1 >/dev/null 2>&1 || true
     wait_machine_up kube1 180 || die "kube1 did not come up: $(uprop ActiveState kube1)/$(uprop SubState kube1)"
     H mkdir -p "$BENCHDIR"
+    if [ -n "${HELPER_B:-}" ]; then
+        # a second binary to compare against (before/after a change), in the host's rootfs
+        mkdir -p "$RUN/host/usr/local/lib/e2e-bench"
+        install -m755 "$HELPER_B" "$RUN/host$HPB"
+    fi
     # a GPU node image with libvdpau has the dir; without it ours skips vdpau/ and ln -s would fail
     M mkdir -p "$MULTIARCH/vdpau"
     # every hook logs its per-step timings (debug), for both variants of the reconcile part
@@ -125,9 +135,10 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
 json.dump({
   "date": sh("date -Iseconds"),
-  "command": "HELPER=$HELPER BENCH_N=$N tests/bench/e2e-bench.sh",
+  "command": "HELPER=$HELPER${HELPER_B:+ HELPER_B=$HELPER_B} BENCH_N=$N BENCH_PARTS='$PARTS' tests/bench/e2e-bench.sh",
   "git": sh("git -C '$REPO' rev-parse HEAD") + (" (dirty)" if sh("git -C '$REPO' status --porcelain -- src tests") else ""),
   "helper": "$hv", "helper_sha256": sh("sha256sum '$HELPER' | cut -c1-16"),
+  "helper_b_sha256": sh("sha256sum '${HELPER_B:-}' | cut -c1-16") if "${HELPER_B:-}" else None,
   "kernel": platform.release(), "cpu": cpu, "nproc": os.cpu_count(), "mem_kb": int(mem),
   "pid1": open("/proc/1/comm").read().strip(), "host_systemd": "$sysv",
   "fake_gpus": int("$gpus"), "driver_version": "$DRIVER_VERSION", "driver_library_files": int("$libs"),
@@ -259,14 +270,17 @@ part_rewire() {
 
 # ---------------------------------------------------------------------------------------------
 # Item 4.
-use_dropin() { # use_dropin ours|bare
+use_dropin() { # use_dropin ours|oursB|bare
     H cp "$BENCHDIR/$1.conf" "$DROPIN"
     H systemctl daemon-reload
     local pre post
     pre=$(uprop ExecStartPre kube1); post=$(uprop ExecStartPost kube1)
     case "$1" in
-        ours) [[ $pre == *"nspawn-lifecycle pre-start"* && $post == *"nspawn-lifecycle post-start"* ]] \
+        ours) [[ $pre == *"$HP nspawn-lifecycle pre-start"* && $post == *"$HP nspawn-lifecycle post-start"* ]] \
                   || die "our hooks are not in effect after restoring the drop-in";;
+        oursB) [[ $pre == *"$HPB nspawn-lifecycle pre-start"* && $post == *"$HPB nspawn-lifecycle post-start"* \
+                  && $pre != *"$HP "* && $post != *"$HP "* ]] \
+                  || die "the hooks of HELPER_B are not in effect: $pre $post";;
         bare) [[ $pre != *nspawn-lifecycle* && $post != *nspawn-lifecycle* ]] \
                   || die "the bare drop-in still runs our hooks: $pre $post";;
     esac
@@ -291,7 +305,11 @@ restart_once() { # restart_once ours|bare <iter>
     sleep "$SETTLE"
     since=$(date +%s)
     local cmd
-    if [ "$v" = ours ]; then cmd="\"$HP\" nspawn-lifecycle reconcile kube1"; else cmd="systemctl restart $UNIT"; fi
+    case "$v" in
+        ours) cmd="\"$HP\" nspawn-lifecycle reconcile kube1";;
+        oursB) cmd="\"$HPB\" nspawn-lifecycle reconcile kube1";;
+        *) cmd="systemctl restart $UNIT";;
+    esac
     out=$(H bash -c "l=\$(cut -d' ' -f1 /proc/loadavg); s=\$(date +%s%6N); $cmd >/dev/null 2>&1; rc=\$?; e=\$(date +%s%6N); echo \$rc \$s \$e \$l")
     read -r rc t_start t_end l1 <<< "$out"
     [ "$rc" = 0 ] || die "$v restart #$i failed ($rc)"
@@ -329,11 +347,11 @@ else:
 seg("seg:active-to-return", P["ActiveEnterTimestamp"], t1)
 print("\n".join(out))
 EOF
-    if [ "$v" = ours ]; then
+    if [ "$v" != bare ]; then
         local j step us
         j=$(H journalctl --no-pager -o cat -u "$UNIT" --since "@$since" 2>/dev/null | grep 'step timing' || true)
         while IFS=$'\t' read -r step us; do
-            [ -n "$step" ] && sample reconcile ours "$i" "post:$step" "$(us_to_ms "$us")"
+            [ -n "$step" ] && sample reconcile "$v" "$i" "post:$step" "$(us_to_ms "$us")"
         done < <(step_timings "$j")
     fi
     log "$v #$i: $(us_to_ms $((t_end - t_start))) ms (load $l1)"
@@ -342,24 +360,37 @@ EOF
 part_reconcile() {
     H cp "$DROPIN" "$BENCHDIR/ours.conf"
     H sh -c "grep -v '$HP nspawn-lifecycle' '$BENCHDIR/ours.conf' > '$BENCHDIR/bare.conf'"
-    log "== reconcile vs bare restart, N=$N each, interleaved; load $(load)"
+    local variants=(bare ours)
+    if [ -n "$HPB" ]; then
+        # the same drop-in with HELPER_B in the hooks
+        H sh -c "sed 's|$HP nspawn-lifecycle|$HPB nspawn-lifecycle|' '$BENCHDIR/ours.conf' > '$BENCHDIR/oursB.conf'"
+        variants+=(oursB)
+    fi
+    log "== reconcile vs bare restart, N=$N each, interleaved (${variants[*]}); load $(load)"
     log "bare drop-in drops: $(H diff "$BENCHDIR/ours.conf" "$BENCHDIR/bare.conf" | grep '^<' | tr '\n' ' ')"
     sample reconcile meta 0 load-start "$(load | cut -d' ' -f1)"
-    # one unrecorded warm-up of each
-    use_dropin bare; restart_once bare 0
-    use_dropin ours; restart_once ours 0
-    local i
-    for ((i = 1; i <= N; i++)); do
-        if ((i % 2)); then
-            use_dropin bare; restart_once bare "$i"
-            use_dropin ours; restart_once ours "$i"
-        else
-            restart_once ours "$i"
-            use_dropin bare; restart_once bare "$i"
-            use_dropin ours
-        fi
+    local i k n=${#variants[@]} v
+    # iteration 0 is an unrecorded warm-up; the order rotates every iteration
+    for ((i = 0; i <= N; i++)); do
+        for ((k = 0; k < n; k++)); do
+            v=${variants[$(( (i + k) % n ))]}
+            use_dropin "$v"; restart_once "$v" "$i"
+        done
     done
+    use_dropin ours
     sample reconcile meta 0 load-end "$(load | cut -d' ' -f1)"
+}
+
+# A/B of post-start alone (steady state, no change to rewire), HELPER vs HELPER_B, alternating.
+part_ab() {
+    [ -n "$HPB" ] || die "BENCH_PARTS=ab needs HELPER_B"
+    log "== post-start A (HELPER) vs B (HELPER_B), steady, alternating, N=$N; load $(load)"
+    local i save=$HP
+    for ((i = 0; i <= N; i++)); do
+        HP=$save; ours A "$i"
+        HP=$HPB; ours B "$i"
+    done
+    HP=$save
 }
 
 # ---------------------------------------------------------------------------------------------

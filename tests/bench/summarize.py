@@ -61,9 +61,9 @@ def main(out):
         s = S.get("%s/%s/%s" % (part, variant, metric))
         return s["median"] if s else None
 
-    def paired(a, b, f):
+    def paired(a, b, f, ratio=True):
         ia, ib = by_iter.get(a, {}), by_iter.get(b, {})
-        xs = [f(ia[i], ib[i]) for i in sorted(set(ia) & set(ib)) if ib[i] > 0]
+        xs = [f(ia[i], ib[i]) for i in sorted(set(ia) & set(ib)) if ib[i] > 0 or not ratio]
         return statistics.median(xs) if xs else None
 
     lines = []
@@ -119,25 +119,29 @@ def main(out):
         w("| what | n | median | min | p90 | load1 median |")
         w("|---|---:|---:|---:|---:|---:|")
         for variant, label in [("bare", "bare restart (drop-in without our hooks)"),
-                               ("ours", "reconcile (our hooks)")]:
+                               ("ours", "reconcile (our hooks)"),
+                               ("oursB", "reconcile, HELPER_B in the hooks")]:
             s = S.get("reconcile/%s/wall" % variant)
             ld = S.get("reconcile/%s/load1" % variant)
             if s:
                 w("| %s | %d | %s | %s | %s | %s |" % (label, s["n"], fmt(s["median"]), fmt(s["min"]),
                                                     fmt(s["p90"]), fmt(ld["median"]) if ld else "-"))
-        b, o = med("reconcile", "bare", "wall"), med("reconcile", "ours", "wall")
-        if b and o:
-            r = o / b - 1
-            pr = paired(("reconcile", "ours", "wall"), ("reconcile", "bare", "wall"), lambda a, c: a / c - 1)
-            summary["ratios"]["reconcile/bare-1"] = {"of_medians": r, "paired_median": pr}
-            w("")
-            w("Hooks add **%+.1f%%** to a restart (median of paired: %s); target < 10%%: %s"
-              % (100 * r, "%+.1f%%" % (100 * pr) if pr is not None else "-", "met" if r < 0.10 else "MISSED"))
+        w("")
+        for variant, label in [("ours", "Hooks"), ("oursB", "Hooks of HELPER_B")]:
+            b, o = med("reconcile", "bare", "wall"), med("reconcile", variant, "wall")
+            if b and o:
+                r = o / b - 1
+                pr = paired(("reconcile", variant, "wall"), ("reconcile", "bare", "wall"), lambda a, c: a / c - 1)
+                summary["ratios"]["reconcile-%s/bare-1" % variant] = {"of_medians": r, "paired_median": pr}
+                w("%s add **%+.1f%%** to a restart (median of paired: %s); target < 10%%: %s"
+                  % (label, 100 * r, "%+.1f%%" % (100 * pr) if pr is not None else "-",
+                     "met" if r < 0.10 else "MISSED"))
         w("")
         w("Breakdown (medians, ms; from the unit's µs timestamps and the hooks' step timings):")
         w("")
-        w("| segment | bare | ours |")
-        w("|---|---:|---:|")
+        has_b = any(k[:2] == ("reconcile", "oursB") for k in data)
+        w("| segment | bare | ours |" + (" ours B |" if has_b else ""))
+        w("|---|---:|---:|" + ("---:|" if has_b else ""))
         segs = []
         for k in data:
             if k[0] == "reconcile" and k[2].startswith(("seg:", "post:")) and k[2] not in segs:
@@ -148,11 +152,27 @@ def main(out):
                 "seg:active-to-return"]
         rest = [s for s in rest if s not in tail]
         for s in order + rest + tail + [s for s in segs if s.startswith("post:")]:
-            b, o = med("reconcile", "bare", s), med("reconcile", "ours", s)
-            if b is None and o is None:
+            b, o, ob = med("reconcile", "bare", s), med("reconcile", "ours", s), med("reconcile", "oursB", s)
+            if b is None and o is None and ob is None:
                 continue
             label = s[4:] if s.startswith("seg:") else "  post-start: " + s[5:]
-            w("| %s | %s | %s |" % (label, fmt(b), fmt(o)))
+            w("| %s | %s | %s |" % (label, fmt(b), fmt(o)) + (" %s |" % fmt(ob) if has_b else ""))
+        w("")
+
+    if any(k[0] == "rewire" and k[1] in ("A", "B") for k in data):
+        w("### post-start alone, A (HELPER) vs B (HELPER_B), steady state, alternating; ms")
+        w("")
+        w("| step | A median | A p90 | B median | B p90 | B - A (median of paired) |")
+        w("|---|---:|---:|---:|---:|---:|")
+        steps = sorted({k[2] for k in data if k[0] == "rewire" and k[1] in ("A", "B")
+                        and k[2] not in ("load1",)})
+        for m in steps:
+            a, b = S.get("rewire/A/" + m), S.get("rewire/B/" + m)
+            if not a or not b:
+                continue
+            d = paired(("rewire", "B", m), ("rewire", "A", m), lambda x, y: x - y, ratio=False)
+            w("| %s | %s | %s | %s | %s | %s |" % (m, fmt(a["median"]), fmt(a["p90"]), fmt(b["median"]),
+                                                 fmt(b["p90"]), "%+.2f" % d if d is not None else "-"))
         w("")
 
     text = "\n".join(lines)
