@@ -63,13 +63,17 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             ctx.host.root().display()
         )));
     }
-    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let inv = discovery::discover(&ctx.host)?;
+    let total = Instant::now();
+    let _lock = timed(machine, "lock", || {
+        lock::lock(&ctx.host, machine, mc.lock_timeout)
+    })?;
+    let inv = timed(machine, "discover", || discovery::discover(&ctx.host))?;
     check_complete(&inv).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
-    let host = Systemd::host(deadline)?;
-    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let handle = timed(machine, "find machine", || {
+        MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+    })?;
     let root = handle.root();
     let spec_file = cdi::spec_file_name(&mc.cdi_kind);
 
@@ -82,7 +86,9 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         tracing::info!(%machine, "no NVIDIA GPUs on the host; {report}");
         return Ok(());
     };
-    let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
+    let sd = timed(machine, "wait running", || {
+        systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)
+    })?;
     let services = MachineServices {
         sd: &sd,
         job_timeout: mc.job_timeout,
@@ -90,6 +96,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let json = cdi::render(&spec);
     let driver_version = driver.version.clone();
     let started = Instant::now();
+    let mut library_links_changed = true;
     rewire_with_services_stopped(
         machine,
         &mc,
@@ -103,10 +110,12 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
                 &spec_file,
                 json.as_bytes(),
                 &services,
+                &mut library_links_changed,
             )
         },
         &mut || import_images(machine, root, &mc, &services),
     )?;
+    tracing::debug!(%machine, step = "post-start", us = micros(total.elapsed()), "step timing");
     tracing::info!(
         %machine,
         "post-start done in {:.2}s: NVIDIA driver {driver_version}, {} GPU(s)",
@@ -133,6 +142,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         return Ok(());
     };
     let json = cdi::render(&spec);
+    let mut library_links_changed = false;
     for step in FileStep::ALL {
         if step == FileStep::Ldconfig {
             continue;
@@ -145,6 +155,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
             &spec_file,
             json.as_bytes(),
             &NoServices,
+            &mut library_links_changed,
         )
         .with_context(|| format!("rewire-root of {machine}: step '{}'", step.name()))?;
         tracing::info!(%machine, "{line}");
@@ -167,6 +178,19 @@ impl Services for NoServices {
     fn run(&self, _: &str, argv: &[&str], _: Duration) -> Result<TransientOutcome> {
         anyhow::bail!("no machine is running: cannot run {}", argv.join(" "))
     }
+}
+
+/// Run `f` and log how long it took: one debug line per step (`step timing`, fields `step` and
+/// `us`), which `tests/bench/e2e-bench.sh` reads to time the rewiring apart from the services.
+fn timed<T>(machine: &MachineName, step: &str, f: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let out = f();
+    tracing::debug!(%machine, step, us = micros(started.elapsed()), "step timing");
+    out
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The file steps, in order, between stopping and starting the services.
@@ -196,6 +220,11 @@ impl FileStep {
     }
 }
 
+/// One file step. `library_links_changed` carries what the links step did to the ldconfig step:
+/// `ldconfig` is skipped when no library link changed and the machine's `ld.so.cache` already
+/// lists the driver's libraries (a transient unit and a full cache rebuild on every start
+/// otherwise, most of the rewiring's time when nothing changed).
+#[allow(clippy::too_many_arguments)]
 fn run_file_step(
     step: FileStep,
     root: &MachineRoot,
@@ -204,13 +233,22 @@ fn run_file_step(
     spec_file: &str,
     json: &[u8],
     services: &dyn Services,
+    library_links_changed: &mut bool,
 ) -> Result<String> {
     let driver = inv
         .complete_driver()
         .context("the host's NVIDIA state changed under the lock")?;
     Ok(match step {
         FileStep::DriverRoot => rewire::build_driver_root(root, driver)?.to_string(),
-        FileStep::Links => rewire::rebuild_links(root, inv)?.to_string(),
+        FileStep::Links => {
+            let report = rewire::rebuild_links(root, inv)?;
+            *library_links_changed = rewire::library_links_changed(&report);
+            report.to_string()
+        }
+        FileStep::Ldconfig if !*library_links_changed && ld_cache_current(root, driver) => {
+            "ldconfig: not needed, no library link changed and /etc/ld.so.cache lists the driver"
+                .to_owned()
+        }
         FileStep::Ldconfig => {
             let out = services.run(
                 "nspawn-lifecycle-ldconfig",
@@ -230,6 +268,14 @@ fn run_file_step(
     })
 }
 
+/// [`rewire::ld_cache_lists_driver`], where a cache that cannot be read means running `ldconfig`.
+fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> bool {
+    rewire::ld_cache_lists_driver(root, driver).unwrap_or_else(|e| {
+        tracing::debug!("reading the machine's ld.so.cache: {e:#}; running ldconfig");
+        false
+    })
+}
+
 /// Stop kubelet then containerd, run the file steps, start containerd, import staged images,
 /// start kubelet. On a failure after the stops, start both again before returning the error.
 /// Image imports never fail the start: a problem there is logged and kubelet starts anyway.
@@ -245,7 +291,7 @@ pub fn rewire_with_services_stopped(
         (&mc.kubelet_unit, Point::AfterKubeletStop),
         (&mc.containerd_unit, Point::AfterContainerdStop),
     ] {
-        if let Err(e) = services.stop(unit) {
+        if let Err(e) = timed(machine, &format!("stop {unit}"), || services.stop(unit)) {
             // Put back what was already stopped (kubelet) before giving up.
             start_again(machine, services, stopped.iter().rev().copied());
             return Err(e.context(format!("post-start of {machine}: stopping {unit}")));
@@ -256,17 +302,16 @@ pub fn rewire_with_services_stopped(
     }
     let result = (|| -> Result<()> {
         for step in FileStep::ALL {
-            let line = file_step(step)
+            let line = timed(machine, step.name(), || file_step(step))
                 .with_context(|| format!("post-start of {machine}: step '{}'", step.name()))?;
             tracing::info!(%machine, "{line}");
         }
         let unit = &mc.containerd_unit;
-        services
-            .start(unit)
+        timed(machine, &format!("start {unit}"), || services.start(unit))
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
         tracing::info!(%machine, %unit, "started");
         failpoint::hit(Point::AfterContainerdStart);
-        match import() {
+        match timed(machine, "import", &mut *import) {
             Ok((0, 0)) => {}
             Ok((ok, 0)) => tracing::info!(%machine, "imported {ok} staged image(s)"),
             Ok((ok, bad)) => tracing::error!(
@@ -282,8 +327,7 @@ pub fn rewire_with_services_stopped(
         }
         let unit = &mc.kubelet_unit;
         failpoint::hit(Point::BeforeKubeletStart);
-        services
-            .start(unit)
+        timed(machine, &format!("start {unit}"), || services.start(unit))
             .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
         tracing::info!(%machine, %unit, "started");
         Ok(())

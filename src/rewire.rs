@@ -26,7 +26,7 @@ use crate::machine_root::{
     FileKind, LinkOutcome, Lookup, MachineDir, MachineRoot, Subdir, check_name, components,
 };
 use anyhow::{Context as _, Result, bail};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 /// Staging name beside the driver root; a crashed run's leftover is removed by the next run.
@@ -37,6 +37,12 @@ const DEV_CHAR: &str = "/dev/char";
 const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// Largest CDI spec we read when looking for conflicts.
 const MAX_SPEC_BYTES: usize = 16 << 20;
+/// The machine's dynamic linker cache, which `ldconfig` writes.
+const LD_CACHE: (&str, &str) = ("/etc", "ld.so.cache");
+/// Largest `ld.so.cache` we read.
+const MAX_LD_CACHE_BYTES: usize = 64 << 20;
+/// How the cache formats glibc reads begin (the new one, and the old one the new follows).
+const LD_CACHE_MAGICS: [&[u8]; 2] = [b"glibc-ld.so.cache1.1", b"ld.so-1.7.0"];
 const DIR_MODE: u32 = 0o755;
 const SPEC_MODE: u32 = 0o644;
 
@@ -436,6 +442,62 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
     Ok(report)
 }
 
+/// Whether the report of [`rebuild_links`] changed a library link (anything outside
+/// `/dev/char`, which is a fresh tmpfs on every boot and says nothing about `ld.so.cache`).
+pub fn library_links_changed(report: &Report) -> bool {
+    report
+        .created
+        .iter()
+        .chain(&report.replaced)
+        .chain(&report.removed)
+        .any(|p| !is_under(p, DEV_CHAR))
+}
+
+/// Whether the machine's `/etc/ld.so.cache` already lists every driver library of each multiarch
+/// dir the machine has, under the name `ldconfig` gives it (its SONAME, else its file name), at
+/// that dir. After a links step that changed no library link this makes `ldconfig` redundant.
+/// A cache written while the links dangled (say an `ldconfig` at boot, before the driver root
+/// existed) lacks those entries, so `ldconfig` runs. `vdpau/` is not in the cache (`ldconfig`
+/// does not scan it) and not checked. Any doubt (no cache, unknown format, no dir) is `false`.
+pub fn ld_cache_lists_driver(root: &MachineRoot, driver: &UserspaceDriver) -> Result<bool> {
+    let Some(etc) = open_dir_if_dir(root, LD_CACHE.0)? else {
+        return Ok(false);
+    };
+    let Some(cache) = etc.read_regular(LD_CACHE.1, MAX_LD_CACHE_BYTES)? else {
+        return Ok(false);
+    };
+    let mut wanted = Vec::new();
+    for dir in &driver.lib_dirs {
+        // The links go to /usr/lib/<triplet> only when the machine has it (see sync_all_lib_links).
+        if open_dir_if_dir(root, &format!("/usr/lib/{}", dir.triplet))?.is_none() {
+            continue;
+        }
+        for f in dir.files.iter().filter(|f| !f.name.contains('/')) {
+            let name = f.soname.as_deref().unwrap_or(&f.name);
+            wanted.push(format!("/lib/{}/{name}", dir.triplet));
+        }
+    }
+    Ok(ld_cache_lists(&cache, &wanted))
+}
+
+/// Whether `cache` (the bytes of an `ld.so.cache`) holds every path in `wanted`
+/// (`/lib/<triplet>/<name>`), written `/lib/…` or `/usr/lib/…` (one dir under usrmerge), as a
+/// whole NUL-terminated string: entries' paths in its string table. A path stored only as the
+/// tail of a longer string is not found, which costs an `ldconfig` run, never a stale cache.
+fn ld_cache_lists(cache: &[u8], wanted: &[String]) -> bool {
+    if wanted.is_empty() || !LD_CACHE_MAGICS.iter().any(|m| cache.starts_with(m)) {
+        return false;
+    }
+    let have: HashSet<&[u8]> = cache
+        .split(|&b| b == 0)
+        .map(|s| match s.strip_prefix(b"/usr") {
+            Some(rest) if rest.starts_with(b"/lib/") => rest,
+            _ => s,
+        })
+        .collect();
+    wanted.iter().all(|w| have.contains(w.as_bytes()))
+}
+
 /// Whether a `/dev/char` link is an NVIDIA one we may remove: it points at `/dev/nvidia*`
 /// (absolute or relative — the name alone says NVIDIA), or it is a `/dev/dri/*` link with an
 /// absolute target, the form only we write (udev writes `../dri/card1`).
@@ -635,6 +697,47 @@ mod tests {
         ));
         assert!(!points_into_driver("/usr/lib/x", "/run/nvidia/drivers/a"));
         assert!(!points_into_driver("/usr/lib/x", "libfoo.so.1.2"));
+    }
+
+    #[test]
+    fn ld_cache_must_list_every_path_whole() {
+        let mut cache = b"glibc-ld.so.cache1.1\x03\x00\x00\x00".to_vec();
+        for s in [
+            "libcuda.so.1",
+            "libGLX_nvidia.so.0",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            "/usr/local/lib/x86_64-linux-gnu/libEGL_nvidia.so.0",
+        ] {
+            cache.extend_from_slice(s.as_bytes());
+            cache.push(0);
+        }
+        let want = |names: &[&str]| -> Vec<String> {
+            names
+                .iter()
+                .map(|n| format!("/lib/x86_64-linux-gnu/{n}"))
+                .collect()
+        };
+        assert!(ld_cache_lists(
+            &cache,
+            &want(&["libcuda.so.1", "libnvidia-ml.so.1"])
+        ));
+        // Another dir's entry is not ours; a key without its path is no entry of that dir;
+        // nothing wanted is no proof; neither is an unknown format.
+        assert!(!ld_cache_lists(&cache, &want(&["libEGL_nvidia.so.0"])));
+        assert!(!ld_cache_lists(&cache, &want(&["libGLX_nvidia.so.0"])));
+        assert!(!ld_cache_lists(&cache, &[]));
+        assert!(!ld_cache_lists(&cache[1..], &want(&["libcuda.so.1"])));
+    }
+
+    #[test]
+    fn only_library_link_changes_count_for_ldconfig() {
+        let mut r = Report::new("links");
+        r.created.push("/dev/char/195:0".into());
+        assert!(!library_links_changed(&r));
+        r.removed
+            .push("/usr/lib/x86_64-linux-gnu/libcuda.so.1".into());
+        assert!(library_links_changed(&r));
     }
 
     #[test]

@@ -243,3 +243,48 @@ fn spec_file_name_is_checked() {
         );
     }
 }
+
+/// Against the real `ldconfig` (run chrooted into the machine, so root only): the cache check
+/// that lets post-start skip `ldconfig` sees a cache that lists the driver, and one that does
+/// not (no cache yet; one written while a library was missing).
+#[test]
+fn ld_cache_check_agrees_with_real_ldconfig() {
+    let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let (Some(ldconfig), true) = (ldconfig, nix::unistd::geteuid().is_root()) else {
+        eprintln!("skipped: needs root and ldconfig");
+        return;
+    };
+    let (dir, root) = machine();
+    let d = dir.path();
+    let inv = inventory(OLD);
+    let driver = inv.driver.as_ref().unwrap();
+    gpu_pass(&root, &inv);
+    // The host files the driver root points at (bound at /run/host-nvidia in a real machine).
+    let host = d.join("run/host-nvidia/lib/0");
+    std::fs::create_dir_all(host.join("vdpau")).unwrap();
+    for f in &driver.lib_dirs[0].files {
+        let elf = nspawn_lifecycle::fixture::elf_shared_object(
+            nspawn_lifecycle::fixture::Arch::X86_64,
+            f.soname.as_deref(),
+        );
+        std::fs::write(host.join(&f.name), elf).unwrap();
+    }
+    std::fs::write(d.join("etc/ld.so.conf"), "/usr/lib/x86_64-linux-gnu\n").unwrap();
+    let run_ldconfig = || {
+        let st = std::process::Command::new(ldconfig)
+            .arg("-r")
+            .arg(d)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    assert!(!rewire::ld_cache_lists_driver(&root, driver).unwrap());
+    run_ldconfig();
+    assert!(rewire::ld_cache_lists_driver(&root, driver).unwrap());
+    // A library that was not there when ldconfig ran (its link dangled) is missing from the cache.
+    std::fs::remove_file(host.join(format!("libnvidia-ml.so.{OLD}"))).unwrap();
+    run_ldconfig();
+    assert!(!rewire::ld_cache_lists_driver(&root, driver).unwrap());
+}

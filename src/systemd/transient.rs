@@ -8,12 +8,13 @@
 
 use super::{JobResult, Systemd};
 use anyhow::{Context as _, Result, bail};
+use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::fmt;
 use std::io::Read as _;
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zbus::{Fd, Variant};
@@ -255,25 +256,27 @@ fn unique_name(prefix: &str) -> String {
 
 /// The reader side of the output pipe: keeps the tail, never blocks the writer.
 struct Capture {
-    stop: Arc<AtomicBool>,
+    /// Closing it wakes the reader to finish: systemd may hold the output pipe's write end
+    /// until it collects the unit, so the end of the output cannot be waited for.
+    stop: OwnedFd,
     thread: JoinHandle<(Vec<u8>, u64)>,
 }
 
 impl Capture {
     fn start(read: OwnedFd) -> Result<Capture> {
         fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).context("output pipe O_NONBLOCK")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let theirs = Arc::clone(&stop);
+        let (stop_read, stop) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).context("creating the reader's stop pipe")?;
         let thread = std::thread::Builder::new()
             .name("unit-output".into())
-            .spawn(move || read_tail(std::fs::File::from(read), &theirs))
+            .spawn(move || read_tail(std::fs::File::from(read), &stop_read))
             .context("starting the output reader thread")?;
         Ok(Capture { stop, thread })
     }
 
     /// Drain what is left and return the kept text and the number of bytes dropped.
     fn finish(self) -> (String, u64) {
-        self.stop.store(true, Ordering::SeqCst);
+        drop(self.stop);
         match self.thread.join() {
             Ok((bytes, dropped)) => {
                 let mut text = String::from_utf8_lossy(&bytes).into_owned();
@@ -290,10 +293,14 @@ impl Capture {
     }
 }
 
-fn read_tail(mut pipe: std::fs::File, stop: &AtomicBool) -> (Vec<u8>, u64) {
+/// Read `pipe` until end of file, or until `stop` becomes readable (its write end closed) and
+/// `pipe` is drained, so everything written before the stop is kept. Sleeps in `poll` on both,
+/// so a stop is seen at once (a fixed sleep here cost every transient unit up to 10 ms).
+fn read_tail(mut pipe: std::fs::File, stop: &OwnedFd) -> (Vec<u8>, u64) {
     let mut kept: Vec<u8> = Vec::new();
     let mut dropped = 0u64;
     let mut buf = [0u8; 8192];
+    let mut stopping = false;
     loop {
         match pipe.read(&mut buf) {
             Ok(0) => break,
@@ -308,10 +315,24 @@ fn read_tail(mut pipe: std::fs::File, stop: &AtomicBool) -> (Vec<u8>, u64) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 // Checked only after an empty read, so everything written before `stop` is kept.
-                if stop.load(Ordering::SeqCst) {
+                if stopping {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                let mut fds = [
+                    PollFd::new(pipe.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    // Read the pipe once more before leaving: data may have come with the stop.
+                    Ok(_) => stopping = fds[1].revents().is_some_and(|r| !r.is_empty()),
+                    Err(Errno::EINTR) => {}
+                    Err(e) => {
+                        kept.extend_from_slice(
+                            format!("\n[waiting for output failed: {e}]").as_bytes(),
+                        );
+                        break;
+                    }
+                }
             }
             Err(e) => {
                 kept.extend_from_slice(format!("\n[reading output failed: {e}]").as_bytes());
@@ -361,6 +382,22 @@ mod tests {
         assert_eq!(dropped, 10_003);
         assert!(text.ends_with("END"), "{}", &text[text.len() - 20..]);
         assert!(text.starts_with("[… 10003 bytes"), "{}", &text[..40]);
+        drop(w);
+    }
+
+    #[test]
+    fn capture_finishes_at_once_and_keeps_what_came_just_before() {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let cap = Capture::start(read).unwrap();
+        let mut w = std::fs::File::from(write);
+        // Let the reader go to sleep on the empty pipe first.
+        std::thread::sleep(Duration::from_millis(20));
+        w.write_all(b"last words").unwrap();
+        let started = Instant::now();
+        // The write end stays open, as systemd's copy may.
+        let (text, dropped) = cap.finish();
+        assert_eq!((text.as_str(), dropped), ("last words", 0));
+        assert!(started.elapsed() < Duration::from_secs(5));
         drop(w);
     }
 

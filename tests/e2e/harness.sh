@@ -94,7 +94,7 @@ overlay() { # overlay <name> <mountpoint>
 
 # Stand-in driver files, built on the outer machine (the host image has no compiler).
 build_driver_stubs() {
-    local v lib soname d
+    local v lib soname d i
     for v in $DRIVER_VERSIONS; do
         d=$RUN/support/driver/$v
         mkdir -p "$d/lib/vdpau" "$d/bin" "$d/firmware"
@@ -105,6 +105,13 @@ build_driver_stubs() {
                    "libnvidia-glcore:libnvidia-glcore.so.$v" vdpau/libvdpau_nvidia:libvdpau_nvidia.so.1; do
             soname=${lib#*:}; lib=${lib%%:*}
             gcc -shared -fPIC -O0 -DE2E_LIB="\"${lib##*/}\"" -DE2E_VERSION="\"$v\"" -Wl,-soname,"$soname" \
+                -o "$d/lib/$lib.so.$v" "$E2E_SRC/lib/stub.c"
+        done
+        # E2E_EXTRA_LIBS=N more stand-in libraries (libnvidia-e2e-extraNNN.so.<v>, SONAME .so.1), so
+        # a driver install has 8+N library files, like a real one (~200); used by tests/bench
+        for ((i = 1; i <= ${E2E_EXTRA_LIBS:-0}; i++)); do
+            lib=$(printf 'libnvidia-e2e-extra%03d' "$i")
+            gcc -shared -fPIC -O0 -DE2E_LIB="\"$lib\"" -DE2E_VERSION="\"$v\"" -Wl,-soname,"$lib.so.1" \
                 -o "$d/lib/$lib.so.$v" "$E2E_SRC/lib/stub.c"
         done
         for b in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-control nvidia-cuda-mps-server; do
