@@ -21,7 +21,7 @@ use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, Userspac
 use crate::host::HostRoot;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::Metadata;
+use std::fs::{FileType, Metadata};
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
@@ -597,6 +597,10 @@ impl Scan<'_> {
     }
 
     /// Every regular `*.so.<version>` file in `dir` and `dir/vdpau`, with its SONAME.
+    ///
+    /// A library directory holds hundreds or thousands of entries, so file types come from the
+    /// listing (`d_type`), not one `lstat` each, and symlinks are read only for a library whose
+    /// ELF has no SONAME: per driver file this costs an open, a few `pread`s and a close.
     fn driver_files(&mut self, dir: &str, version: &str) -> Result<Vec<DriverFile>> {
         let suffix = format!(".so.{version}");
         let mut out = Vec::new();
@@ -604,29 +608,17 @@ impl Scan<'_> {
             if !sub.is_empty() && !self.lstat(&at)?.is_some_and(|m| m.is_dir()) {
                 continue;
             }
-            let names = self.list(&at)?.unwrap_or_default();
+            let entries = self.list_typed(&at)?.unwrap_or_default();
             // SONAME fallback: symlinks in this directory, by the name they point at.
-            let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for name in &names {
-                let p = format!("{at}/{name}");
-                if self.lstat(&p)?.is_some_and(|m| m.file_type().is_symlink())
-                    && let Ok(target) = std::fs::read_link(self.host.path(&p))
-                    && let Some(t) = target.to_str()
-                {
-                    links.entry(t.to_owned()).or_default().push(name.clone());
-                }
-            }
-            for name in &names {
+            let mut links: Option<BTreeMap<String, Vec<String>>> = None;
+            for (name, kind) in &entries {
                 let Some(stem) = name.strip_suffix(&suffix) else {
                     continue;
                 };
-                if stem.is_empty() {
+                if stem.is_empty() || !kind.is_file() {
                     continue;
                 }
                 let p = format!("{at}/{name}");
-                if !self.lstat(&p)?.is_some_and(|m| m.is_file()) {
-                    continue;
-                }
                 let soname = match self.elf(&p)? {
                     Ok(info) => info.soname,
                     Err(e) => {
@@ -635,6 +627,7 @@ impl Scan<'_> {
                     }
                 };
                 let soname = soname.or_else(|| {
+                    let links = links.get_or_insert_with(|| self.links_by_target(&at, &entries));
                     let prefix = format!("{stem}.so.");
                     let mut c: Vec<&String> = links
                         .get(name.as_str())
@@ -653,6 +646,25 @@ impl Scan<'_> {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// The symlinks among `entries` of directory `at`, by their (UTF-8) target. A link that
+    /// cannot be read is left out, as it can name no SONAME.
+    fn links_by_target(
+        &self,
+        at: &str,
+        entries: &[(String, FileType)],
+    ) -> BTreeMap<String, Vec<String>> {
+        let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, kind) in entries {
+            if kind.is_symlink()
+                && let Ok(target) = std::fs::read_link(self.host.path(format!("{at}/{name}")))
+                && let Some(t) = target.to_str()
+            {
+                links.entry(t.to_owned()).or_default().push(name.clone());
+            }
+        }
+        links
     }
 
     fn elf(&self, abs: &str) -> Result<Result<parse::ElfInfo, parse::ParseError>> {
@@ -707,6 +719,33 @@ impl Scan<'_> {
         }
         names.sort();
         Ok(Some(names))
+    }
+
+    /// Like [`Self::list`], with each entry's type as the directory reports it (`d_type`; std
+    /// falls back to an `lstat` of that entry where the filesystem does not say). Never follows
+    /// a symlink.
+    fn list_typed(&self, abs: &str) -> Result<Option<Vec<(String, FileType)>>> {
+        let p = self.host.path(abs);
+        let rd = match std::fs::read_dir(&p) {
+            Ok(rd) => rd,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e).with_context(|| format!("listing {}", p.display())),
+        };
+        let mut entries = Vec::new();
+        for entry in rd {
+            let entry = entry.with_context(|| format!("listing {}", p.display()))?;
+            let kind = entry
+                .file_type()
+                .with_context(|| format!("stat {}", entry.path().display()))?;
+            match entry.file_name().into_string() {
+                Ok(n) => entries.push((n, kind)),
+                Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
+            }
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(entries))
     }
 
     fn lstat(&self, abs: &str) -> Result<Option<Metadata>> {
