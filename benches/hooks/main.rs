@@ -49,10 +49,12 @@ struct Opts {
     work_dir: PathBuf,
     machine_dir: PathBuf,
     keep: bool,
+    /// Skip the process series (to profile the in-process ones alone).
+    processes: bool,
 }
 
 const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] \
-[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep]";
+[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes]";
 
 fn opts() -> Result<Option<Opts>> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -70,6 +72,7 @@ fn opts() -> Result<Option<Opts>> {
         work_dir: std::env::temp_dir(),
         machine_dir: PathBuf::from("/dev/shm"),
         keep: false,
+        processes: true,
     };
     while let Some(a) = args.next() {
         let mut value = || {
@@ -86,6 +89,7 @@ fn opts() -> Result<Option<Opts>> {
             "--work-dir" => o.work_dir = value()?.into(),
             "--machine-dir" => o.machine_dir = value()?.into(),
             "--keep" => o.keep = true,
+            "--no-processes" => o.processes = false,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -232,7 +236,7 @@ fn real_main() -> Result<()> {
         eprintln!(
             "  {:<10} prestart {:>7.0} µs  rewire cold {:>7.0} µs  ({:.0} s)",
             h.name,
-            r.series["prestart"].median(),
+            r.series.get("prestart").map_or(f64::NAN, Series::median),
             r.series["rewire_cold"].median(),
             t.elapsed().as_secs_f64()
         );
@@ -314,7 +318,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
         Ok(r)
     };
     let mut series: BTreeMap<&'static str, Series> = BTreeMap::new();
-    for i in 0..o.warmup + o.runs {
+    for i in 0..(o.warmup + o.runs) * usize::from(o.processes) {
         let measured = i >= o.warmup;
         remove_if_exists(&nspawn)?;
         let first = check("pre-start (first write)", run_process(&mut prestart())?)?;
@@ -547,21 +551,23 @@ fn tables(r: &Results) -> String {
         "| host | GPUs | nodes | driver files | floor `--version` | pre-start, steady | pre-start, first write | pre-start peak RSS | `ldconfig -p` (cache entries) |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let cell = |se: &Series| -> String {
-        se.summary.as_ref().map_or("-".into(), |x| {
-            format!(
-                "{} [{}–{}] ({}–{})",
-                ms(x.median),
-                ms(x.p10),
-                ms(x.p90),
-                ms(x.min),
-                ms(x.max)
-            )
-        })
+    let cell = |se: Option<&Series>| -> String {
+        se.and_then(|se| se.summary.as_ref())
+            .map_or("-".into(), |x| {
+                format!(
+                    "{} [{}–{}] ({}–{})",
+                    ms(x.median),
+                    ms(x.p10),
+                    ms(x.p90),
+                    ms(x.min),
+                    ms(x.max)
+                )
+            })
     };
-    let rss = |a: &Series, b: &Series| -> String {
+    let rss = |a: Option<&Series>, b: Option<&Series>| -> String {
         let peak = [a, b]
             .iter()
+            .flatten()
             .filter_map(|se| se.max_rss_kib.as_ref().map(|x| x.max))
             .max();
         peak.map_or("-".into(), |kib| format!("{:.1} MiB", kib as f64 / 1024.0))
@@ -574,11 +580,11 @@ fn tables(r: &Results) -> String {
             h.gpus,
             h.device_nodes,
             h.driver_files,
-            cell(&h.series["floor"]),
-            cell(&h.series["prestart"]),
-            cell(&h.series["prestart_first"]),
-            rss(&h.series["prestart"], &h.series["prestart_first"]),
-            cell(&h.series["ldconfig_p"]),
+            cell(h.series.get("floor")),
+            cell(h.series.get("prestart")),
+            cell(h.series.get("prestart_first")),
+            rss(h.series.get("prestart"), h.series.get("prestart_first")),
+            cell(h.series.get("ldconfig_p")),
             h.ld_cache_entries,
         );
     }
@@ -598,9 +604,9 @@ fn tables(r: &Results) -> String {
             "| {} | {} | {} | {} | {} |",
             h.name,
             h.driver_files,
-            cell(&h.series["discover"]),
-            cell(&h.series["rewire_cold"]),
-            cell(&h.series["rewire_steady"]),
+            cell(h.series.get("discover")),
+            cell(h.series.get("rewire_cold")),
+            cell(h.series.get("rewire_steady")),
         );
     }
     s
