@@ -26,8 +26,9 @@ pub struct BenchHost {
     pub file_series: bool,
 }
 
-/// Every host, in the order they are measured and reported.
-pub fn all() -> Result<Vec<BenchHost>> {
+/// Every host, in the order they are measured and reported, each with `system_libs` unrelated
+/// libraries beside the driver (see [`with_system_libs`]).
+pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
     let example = |name: &str| -> Result<String> {
         fixture::example(name)
             .map(str::to_owned)
@@ -80,26 +81,36 @@ pub fn all() -> Result<Vec<BenchHost>> {
             file_series: true,
         });
     }
+    for h in &mut hosts {
+        h.text = with_system_libs(&h.text, system_libs)?;
+    }
     Ok(hosts)
 }
 
-/// `base` with `n` more `libnvidia-bench<k>.so.<version>` ELF stand-ins in the driver's library
-/// directory, each with its SONAME link, all listed in the ld.so.cache (inserted before the
-/// `ldcache` line, which lists the ELF objects made before it).
-pub fn with_extra_libs(base: &str, n: usize) -> Result<String> {
+/// `base` with `n` unrelated libraries in the multiarch dir, each with its SONAME link and an
+/// ld.so.cache entry. A host's library dir is not just the driver: discovery lists all of it,
+/// and `ldconfig -p` prints the whole cache (a Debian 12 host has ~500 entries, a desktop-ish
+/// GPU host more), so the default of 500 keeps both comparisons honest.
+pub fn with_system_libs(base: &str, n: usize) -> Result<String> {
     let mut extra = String::new();
     for k in 0..n {
-        let stem = format!("libnvidia-bench{k:04}");
+        let stem = format!("libsystem{k:04}");
         let _ = writeln!(
             extra,
-            "elf {LIB_DIR}/{stem}.so.{VERSION} x86_64 {stem}.so.1\nlink {LIB_DIR}/{stem}.so.1 {stem}.so.{VERSION}"
+            "elf {LIB_DIR}/{stem}.so.{major}.2.3 x86_64 {stem}.so.{major}\nlink {LIB_DIR}/{stem}.so.{major} {stem}.so.{major}.2.3",
+            major = k % 7
         );
     }
+    insert_before_ldcache(base, &extra)
+}
+
+/// Insert `lines` before the `ldcache` line, which lists the ELF objects made before it.
+fn insert_before_ldcache(base: &str, lines: &str) -> Result<String> {
     let mut out = String::new();
     let mut inserted = false;
     for line in base.lines() {
         if !inserted && line.starts_with("ldcache ") {
-            out.push_str(&extra);
+            out.push_str(lines);
             inserted = true;
         }
         out.push_str(line);
@@ -109,6 +120,20 @@ pub fn with_extra_libs(base: &str, n: usize) -> Result<String> {
         bail!("the base host has no ldcache line to insert libraries before");
     }
     Ok(out)
+}
+
+/// `base` with `n` more `libnvidia-bench<k>.so.<version>` ELF stand-ins in the driver's library
+/// directory, each with its SONAME link, all listed in the ld.so.cache.
+pub fn with_extra_libs(base: &str, n: usize) -> Result<String> {
+    let mut extra = String::new();
+    for k in 0..n {
+        let stem = format!("libnvidia-bench{k:04}");
+        let _ = writeln!(
+            extra,
+            "elf {LIB_DIR}/{stem}.so.{VERSION} x86_64 {stem}.so.1\nlink {LIB_DIR}/{stem}.so.1 {stem}.so.{VERSION}"
+        );
+    }
+    insert_before_ldcache(base, &extra)
 }
 
 /// `base` (eight GPUs, minors 0–7) grown to `total` GPUs, with MIG capability nodes for every GPU

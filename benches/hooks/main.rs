@@ -51,10 +51,11 @@ struct Opts {
     keep: bool,
     /// Skip the process series (to profile the in-process ones alone).
     processes: bool,
+    system_libs: usize,
 }
 
 const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] \
-[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes]";
+[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--system-libs N]";
 
 fn opts() -> Result<Option<Opts>> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -73,6 +74,7 @@ fn opts() -> Result<Option<Opts>> {
         machine_dir: PathBuf::from("/dev/shm"),
         keep: false,
         processes: true,
+        system_libs: 500,
     };
     while let Some(a) = args.next() {
         let mut value = || {
@@ -90,6 +92,7 @@ fn opts() -> Result<Option<Opts>> {
             "--machine-dir" => o.machine_dir = value()?.into(),
             "--keep" => o.keep = true,
             "--no-processes" => o.processes = false,
+            "--system-libs" => o.system_libs = value()?.parse().context("--system-libs")?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -199,7 +202,7 @@ fn real_main() -> Result<()> {
             std::env::consts::ARCH
         );
     }
-    let mut hosts = hosts::all()?;
+    let mut hosts = hosts::all(o.system_libs)?;
     if let Some(only) = &o.hosts {
         for n in only {
             if !hosts.iter().any(|h| &h.name == n) {
@@ -519,6 +522,7 @@ fn machine_facts(o: &Opts) -> Result<BTreeMap<&'static str, String>> {
         std::env::args().skip(1).collect::<Vec<_>>().join(" "),
     );
     f.insert("otherLibsInMachine", machine::OTHER_LIBS.to_string());
+    f.insert("systemLibsOnHost", o.system_libs.to_string());
     Ok(f)
 }
 
@@ -533,7 +537,8 @@ fn tables(r: &Results) -> String {
     let fact = |k: &str| f.get(k).map_or("?", String::as_str);
     let _ = writeln!(
         s,
-        "\n{} · {} CPUs · Linux {} · {} · load before/after: {} / {} · {} runs per cell\n",
+        "\n{} · {} CPUs · Linux {} · {} · load before/after: {} / {} · {} runs per cell · \
+         {} unrelated libraries on each host, {} in each machine root\n",
         fact("cpuModel"),
         fact("cpus"),
         fact("kernel"),
@@ -541,6 +546,8 @@ fn tables(r: &Results) -> String {
         fact("loadAvgBefore"),
         fact("loadAvgAfter"),
         fact("runs"),
+        fact("systemLibsOnHost"),
+        fact("otherLibsInMachine"),
     );
     let _ = writeln!(
         s,
