@@ -424,16 +424,20 @@ impl Scan<'_> {
         // (canonical dir, version) of every regular file libcuda.so.<version>, in search order.
         let mut found: Vec<(String, String)> = Vec::new();
         for dir in &dirs {
-            for name in self.list(dir)?.unwrap_or_default() {
-                let Some(v) = name.strip_prefix("libcuda.so.") else {
-                    continue;
-                };
-                if !parse::is_version(v) {
-                    continue;
-                }
-                match self.lstat(&format!("{dir}/{name}"))? {
-                    Some(m) if m.is_file() => found.push((dir.clone(), v.to_owned())),
-                    _ => tracing::debug!("{dir}/{name} is not a regular file; skipping"),
+            // A library dir holds hundreds of entries: pick libcuda's before sorting.
+            let mut cudas: Vec<(String, FileType)> = self
+                .list_typed(dir)?
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(n, _)| n.strip_prefix("libcuda.so.").is_some_and(parse::is_version))
+                .collect();
+            cudas.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (name, kind) in cudas {
+                let v = name.strip_prefix("libcuda.so.").unwrap_or_default();
+                if kind.is_file() {
+                    found.push((dir.clone(), v.to_owned()));
+                } else {
+                    tracing::debug!("{dir}/{name} is not a regular file; skipping");
                 }
             }
         }
@@ -609,15 +613,18 @@ impl Scan<'_> {
                 continue;
             }
             let entries = self.list_typed(&at)?.unwrap_or_default();
+            let mut candidates: Vec<(&str, &str)> = entries
+                .iter()
+                .filter(|(_, kind)| kind.is_file())
+                .filter_map(|(name, _)| {
+                    let stem = name.strip_suffix(&suffix)?;
+                    (!stem.is_empty()).then_some((name.as_str(), stem))
+                })
+                .collect();
+            candidates.sort_unstable();
             // SONAME fallback: symlinks in this directory, by the name they point at.
             let mut links: Option<BTreeMap<String, Vec<String>>> = None;
-            for (name, kind) in &entries {
-                let Some(stem) = name.strip_suffix(&suffix) else {
-                    continue;
-                };
-                if stem.is_empty() || !kind.is_file() {
-                    continue;
-                }
+            for (name, stem) in candidates {
                 let p = format!("{at}/{name}");
                 let soname = match self.elf(&p)? {
                     Ok(info) => info.soname,
@@ -630,7 +637,7 @@ impl Scan<'_> {
                     let links = links.get_or_insert_with(|| self.links_by_target(&at, &entries));
                     let prefix = format!("{stem}.so.");
                     let mut c: Vec<&String> = links
-                        .get(name.as_str())
+                        .get(name)
                         .into_iter()
                         .flatten()
                         .filter(|l| l.starts_with(&prefix))
@@ -640,7 +647,7 @@ impl Scan<'_> {
                 });
                 out.push(DriverFile {
                     name: format!("{sub}{name}"),
-                    soname: soname.filter(|s| s != name),
+                    soname: soname.filter(|s| s.as_str() != name),
                 });
             }
         }
@@ -721,9 +728,10 @@ impl Scan<'_> {
         Ok(Some(names))
     }
 
-    /// Like [`Self::list`], with each entry's type as the directory reports it (`d_type`; std
-    /// falls back to an `lstat` of that entry where the filesystem does not say). Never follows
-    /// a symlink.
+    /// Like [`Self::list`] but in directory order (callers sort what they keep: sorting a whole
+    /// library dir costs more than the rest of its scan), with each entry's type as the
+    /// directory reports it (`d_type`; std falls back to an `lstat` of that entry where the
+    /// filesystem does not say). Never follows a symlink.
     fn list_typed(&self, abs: &str) -> Result<Option<Vec<(String, FileType)>>> {
         let p = self.host.path(abs);
         let rd = match std::fs::read_dir(&p) {
@@ -744,7 +752,6 @@ impl Scan<'_> {
                 Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
             }
         }
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Some(entries))
     }
 
