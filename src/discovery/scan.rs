@@ -81,6 +81,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     let mut s = Scan {
         host,
         reasons: Vec::new(),
+        listings: BTreeMap::new(),
     };
     let module = s.kernel_module()?;
     let mut gpus = s.gpus()?;
@@ -152,6 +153,9 @@ enum Module {
 struct Scan<'a> {
     host: &'a HostRoot,
     reasons: Vec<String>,
+    /// Library dirs listed while looking for libcuda, kept for the driver-file pass: listing a
+    /// big directory is the costliest step of discovery, and once is enough.
+    listings: BTreeMap<String, Vec<(String, FileType)>>,
 }
 
 impl Scan<'_> {
@@ -424,14 +428,16 @@ impl Scan<'_> {
         // (canonical dir, version) of every regular file libcuda.so.<version>, in search order.
         let mut found: Vec<(String, String)> = Vec::new();
         for dir in &dirs {
+            let Some(listing) = self.list_typed(dir)? else {
+                continue;
+            };
             // A library dir holds hundreds of entries: pick libcuda's before sorting.
-            let mut cudas: Vec<(String, FileType)> = self
-                .list_typed(dir)?
-                .unwrap_or_default()
-                .into_iter()
+            let mut cudas: Vec<(&str, FileType)> = listing
+                .iter()
                 .filter(|(n, _)| n.strip_prefix("libcuda.so.").is_some_and(parse::is_version))
+                .map(|(n, k)| (n.as_str(), *k))
                 .collect();
-            cudas.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            cudas.sort_unstable_by(|a, b| a.0.cmp(b.0));
             for (name, kind) in cudas {
                 let v = name.strip_prefix("libcuda.so.").unwrap_or_default();
                 if kind.is_file() {
@@ -440,6 +446,7 @@ impl Scan<'_> {
                     tracing::debug!("{dir}/{name} is not a regular file; skipping");
                 }
             }
+            self.listings.insert(dir.clone(), listing);
         }
         let versions: BTreeSet<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
         let chosen = match kernel {
@@ -612,7 +619,10 @@ impl Scan<'_> {
             if !sub.is_empty() && !self.lstat(&at)?.is_some_and(|m| m.is_dir()) {
                 continue;
             }
-            let entries = self.list_typed(&at)?.unwrap_or_default();
+            let entries = match self.listings.remove(&at) {
+                Some(listed) => listed,
+                None => self.list_typed(&at)?.unwrap_or_default(),
+            };
             let mut candidates: Vec<(&str, &str)> = entries
                 .iter()
                 .filter(|(_, kind)| kind.is_file())
