@@ -18,6 +18,11 @@
 //! - in this process, through the library: `discover` (host discovery alone), `rewire_cold`
 //!   (post-start's file steps on a fresh machine root) and `rewire_steady` (the same on a machine
 //!   root where nothing changes).
+//!
+//! Hosts (`hosts.rs`) are the shipped examples and ones derived from eight-gpus, each with 500
+//! unrelated libraries in its multiarch dir and ld.so.cache (`--system-libs`); the cache is the
+//! one the fixture writes in glibc's format, which `ldconfig -p` reads as it reads its own.
+//! Machine roots (`machine.rs`) are Debian-like with 150 unrelated libraries.
 
 mod hosts;
 mod machine;
@@ -51,11 +56,15 @@ struct Opts {
     keep: bool,
     /// Skip the process series (to profile the in-process ones alone).
     processes: bool,
+    /// Skip the in-process series (to compare helper binaries alone).
+    in_process: bool,
     system_libs: usize,
+    /// Free text recorded in the results, e.g. which helper build this is.
+    label: String,
 }
 
 const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] \
-[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--system-libs N]";
+[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process] [--system-libs N] [--label TEXT]";
 
 fn opts() -> Result<Option<Opts>> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -74,6 +83,8 @@ fn opts() -> Result<Option<Opts>> {
         machine_dir: PathBuf::from("/dev/shm"),
         keep: false,
         processes: true,
+        in_process: true,
+        label: String::new(),
         system_libs: 500,
     };
     while let Some(a) = args.next() {
@@ -92,6 +103,8 @@ fn opts() -> Result<Option<Opts>> {
             "--machine-dir" => o.machine_dir = value()?.into(),
             "--keep" => o.keep = true,
             "--no-processes" => o.processes = false,
+            "--no-in-process" => o.in_process = false,
+            "--label" => o.label = value()?,
             "--system-libs" => o.system_libs = value()?.parse().context("--system-libs")?,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -240,7 +253,7 @@ fn real_main() -> Result<()> {
             "  {:<10} prestart {:>7.0} µs  rewire cold {:>7.0} µs  ({:.0} s)",
             h.name,
             r.series.get("prestart").map_or(f64::NAN, Series::median),
-            r.series["rewire_cold"].median(),
+            r.series.get("rewire_cold").map_or(f64::NAN, Series::median),
             t.elapsed().as_secs_f64()
         );
         results.push(r);
@@ -340,8 +353,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     }
 
     // In-process: discovery alone.
+    let in_process_runs = (o.warmup + o.runs) * usize::from(o.in_process);
     let mut disc = Series::default();
-    for i in 0..o.warmup + o.runs {
+    for i in 0..in_process_runs {
         let t = Instant::now();
         let again = discovery::discover(&host)?;
         let d = t.elapsed();
@@ -352,7 +366,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             disc.samples_us.push(micros(d));
         }
     }
-    series.insert("discover", disc);
+    if o.in_process {
+        series.insert("discover", disc);
+    }
 
     // In-process: rewiring, cold and steady.
     let machine: MachineName = MACHINE.parse().map_err(anyhow::Error::msg)?;
@@ -361,7 +377,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     fs_err::create_dir_all(&base)?;
     let mut reports = BTreeMap::new();
     let mut cold = Series::default();
-    for i in 0..o.warmup + o.runs {
+    for i in 0..in_process_runs {
         let dir = base.join(format!("cold{i}"));
         fs_err::create_dir(&dir)?;
         machine::skeleton(&dir)?;
@@ -378,7 +394,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
         }
         fs_err::remove_dir_all(&dir)?;
     }
-    series.insert("rewire_cold", cold);
+    if o.in_process {
+        series.insert("rewire_cold", cold);
+    }
 
     let dir = base.join("steady");
     fs_err::create_dir(&dir)?;
@@ -386,7 +404,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     let mroot = MachineRoot::open(&dir)?;
     machine::rewire_pass(&mroot, &inv, &mc)?;
     let mut steady = Series::default();
-    for i in 0..o.warmup + o.runs {
+    for i in 0..in_process_runs {
         let t = Instant::now();
         let r = machine::rewire_pass(&mroot, &inv, &mc)?;
         let d = t.elapsed();
@@ -400,7 +418,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             steady.samples_us.push(micros(d));
         }
     }
-    series.insert("rewire_steady", steady);
+    if o.in_process {
+        series.insert("rewire_steady", steady);
+    }
 
     for s in series.values_mut() {
         s.finish();
@@ -523,6 +543,7 @@ fn machine_facts(o: &Opts) -> Result<BTreeMap<&'static str, String>> {
     );
     f.insert("otherLibsInMachine", machine::OTHER_LIBS.to_string());
     f.insert("systemLibsOnHost", o.system_libs.to_string());
+    f.insert("label", o.label.clone());
     Ok(f)
 }
 

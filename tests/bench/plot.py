@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Plot hook cost against the number of driver library files from the benchmark's results file.
 
-Usage: plot.py RESULTS.json OUT.png   (needs matplotlib; tests/bench/run.sh sets up a venv)
+Usage: plot.py RESULTS.json OUT.png [BEFORE.json]
+(needs matplotlib; tests/bench/run.sh sets up a venv). BEFORE.json, a run of an older helper
+(e.g. with --no-in-process), adds its pre-start medians as a faded line.
 
 Uses the hosts marked fileSeries (8 GPUs, 23/50/200/800 driver files): medians with p10-p90
 bars, on linear axes and on log-log axes with a slope-1 (linear growth) guide.
@@ -26,10 +28,18 @@ SERIES = [
 ]
 
 
-def main(src, dst):
+def file_series(res):
+    return sorted((h for h in res["hosts"] if h["fileSeries"]), key=lambda h: h["driverFiles"])
+
+
+def main(src, dst, before_src=None):
     with open(src) as f:
         res = json.load(f)
-    hosts = sorted((h for h in res["hosts"] if h["fileSeries"]), key=lambda h: h["driverFiles"])
+    before = None
+    if before_src:
+        with open(before_src) as f:
+            before = json.load(f)
+    hosts = file_series(res)
     if not hosts:
         sys.exit("no fileSeries hosts in " + src)
     xs = [h["driverFiles"] for h in hosts]
@@ -43,6 +53,12 @@ def main(src, dst):
             hi = [(x["p90"] - x["median"]) / 1000 for x in s]
             ax.errorbar(xs, med, yerr=[lo, hi], fmt=style, color=color, label=label,
                         capsize=3, markersize=5, linewidth=1.4)
+        if before:
+            bh = [h for h in file_series(before) if "prestart" in h["series"]]
+            ax.plot([h["driverFiles"] for h in bh],
+                    [h["series"]["prestart"]["summary"]["median"] / 1000 for h in bh],
+                    "o-", color="tab:blue", alpha=0.3,
+                    label=f"pre-start, steady, before ({before['facts'].get('label') or 'older helper'})")
         if log:
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -76,6 +92,6 @@ def main(src, dst):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
