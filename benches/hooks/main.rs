@@ -43,6 +43,8 @@ use std::process::Command;
 use std::time::Instant;
 
 const MACHINE: &str = "kube1";
+/// The series measured in this process, in the order they run.
+const IN_PROCESS: [&str; 3] = ["discover", "rewire_cold", "rewire_steady"];
 const RESULTS_SCHEMA: &str = "nspawn-lifecycle-bench/v1";
 
 struct Opts {
@@ -56,15 +58,15 @@ struct Opts {
     keep: bool,
     /// Skip the process series (to profile the in-process ones alone).
     processes: bool,
-    /// Skip the in-process series (to compare helper binaries alone).
-    in_process: bool,
+    /// In-process series to run (all by default; none compares helper binaries alone).
+    in_process: Vec<String>,
     system_libs: usize,
     /// Free text recorded in the results, e.g. which helper build this is.
     label: String,
 }
 
 const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] \
-[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process] [--system-libs N] [--label TEXT]";
+[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process | --in-process a,b] [--system-libs N] [--label TEXT]";
 
 fn opts() -> Result<Option<Opts>> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -83,7 +85,7 @@ fn opts() -> Result<Option<Opts>> {
         machine_dir: PathBuf::from("/dev/shm"),
         keep: false,
         processes: true,
-        in_process: true,
+        in_process: IN_PROCESS.iter().map(|s| (*s).to_owned()).collect(),
         label: String::new(),
         system_libs: 500,
     };
@@ -103,7 +105,20 @@ fn opts() -> Result<Option<Opts>> {
             "--machine-dir" => o.machine_dir = value()?.into(),
             "--keep" => o.keep = true,
             "--no-processes" => o.processes = false,
-            "--no-in-process" => o.in_process = false,
+            "--no-in-process" => o.in_process.clear(),
+            "--in-process" => {
+                o.in_process = value()?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = o
+                    .in_process
+                    .iter()
+                    .find(|s| !IN_PROCESS.contains(&s.as_str()))
+                {
+                    bail!(
+                        "--in-process: no series {bad:?} ({})",
+                        IN_PROCESS.join(", ")
+                    );
+                }
+            }
             "--label" => o.label = value()?,
             "--system-libs" => o.system_libs = value()?.parse().context("--system-libs")?,
             "-h" | "--help" => {
@@ -353,9 +368,10 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     }
 
     // In-process: discovery alone.
-    let in_process_runs = (o.warmup + o.runs) * usize::from(o.in_process);
+    let runs_of =
+        |series: &str| (o.warmup + o.runs) * usize::from(o.in_process.iter().any(|s| s == series));
     let mut disc = Series::default();
-    for i in 0..in_process_runs {
+    for i in 0..runs_of("discover") {
         let t = Instant::now();
         let again = discovery::discover(&host)?;
         let d = t.elapsed();
@@ -366,7 +382,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             disc.samples_us.push(micros(d));
         }
     }
-    if o.in_process {
+    if runs_of("discover") > 0 {
         series.insert("discover", disc);
     }
 
@@ -377,7 +393,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     fs_err::create_dir_all(&base)?;
     let mut reports = BTreeMap::new();
     let mut cold = Series::default();
-    for i in 0..in_process_runs {
+    for i in 0..runs_of("rewire_cold") {
         let dir = base.join(format!("cold{i}"));
         fs_err::create_dir(&dir)?;
         machine::skeleton(&dir)?;
@@ -394,7 +410,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
         }
         fs_err::remove_dir_all(&dir)?;
     }
-    if o.in_process {
+    if runs_of("rewire_cold") > 0 {
         series.insert("rewire_cold", cold);
     }
 
@@ -404,7 +420,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
     let mroot = MachineRoot::open(&dir)?;
     machine::rewire_pass(&mroot, &inv, &mc)?;
     let mut steady = Series::default();
-    for i in 0..in_process_runs {
+    for i in 0..runs_of("rewire_steady") {
         let t = Instant::now();
         let r = machine::rewire_pass(&mroot, &inv, &mc)?;
         let d = t.elapsed();
@@ -418,7 +434,7 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             steady.samples_us.push(micros(d));
         }
     }
-    if o.in_process {
+    if runs_of("rewire_steady") > 0 {
         series.insert("rewire_steady", steady);
     }
 

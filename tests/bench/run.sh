@@ -10,7 +10,9 @@
 #      machine's /run); writes tests/bench/results/hooks.json (machine facts, summaries and every
 #      sample) and prints Markdown tables, also saved as tests/bench/results/hooks.md;
 #   3. draws tests/bench/results/hooks.png (tests/bench/plot.py) with matplotlib from PyPI in a
-#      venv at $VENV (default /tmp/nspawn-bench-venv); PLOT=0 skips it.
+#      venv at $VENV (default /tmp/nspawn-bench-venv); PLOT=0 skips it; BEFORE=FILE adds the
+#      pre-start medians of an earlier results file (e.g. an older helper, run with
+#      `cargo bench --bench hooks -- --helper OLD --no-in-process --label … --out FILE`).
 #
 # Bench options: --runs N (200), --warmup N (5), --hosts a,b, --work-dir DIR, --machine-dir DIR,
 # --keep (leave the fixture hosts and machine roots for profiling), --out FILE.
@@ -25,9 +27,11 @@ RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --targe
 helper=$PWD/target/$target/release/nspawn-lifecycle-helper
 cargo bench --locked --bench hooks --no-run
 
+label="static release build of $(git rev-parse --short HEAD)"
+git diff --quiet HEAD -- src Cargo.toml Cargo.lock || label+=" (with uncommitted changes)"
 echo "load average before: $(cat /proc/loadavg)" >&2
-cargo bench --locked --bench hooks -- --helper "$helper" --out "$results/hooks.json" "$@" \
-    | tee "$results/hooks.md"
+cargo bench --locked --bench hooks -- --helper "$helper" --label "$label" \
+    --out "$results/hooks.json" "$@" | tee "$results/hooks.md"
 
 if [ "${PLOT:-1}" = 1 ]; then
     venv=${VENV:-/tmp/nspawn-bench-venv}
@@ -35,5 +39,5 @@ if [ "${PLOT:-1}" = 1 ]; then
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q matplotlib
     fi
-    "$venv/bin/python" tests/bench/plot.py "$results/hooks.json" "$results/hooks.png"
+    "$venv/bin/python" tests/bench/plot.py "$results/hooks.json" "$results/hooks.png" ${BEFORE:+"$BEFORE"}
 fi
