@@ -52,6 +52,8 @@ struct Opts {
     warmup: usize,
     out: PathBuf,
     helper: PathBuf,
+    /// Another helper build whose pre-start runs interleaved with ours (before/after).
+    compare: Option<PathBuf>,
     hosts: Option<Vec<String>>,
     work_dir: PathBuf,
     machine_dir: PathBuf,
@@ -65,7 +67,7 @@ struct Opts {
     label: String,
 }
 
-const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] \
+const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] [--compare PATH] \
 [--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process | --in-process a,b] [--system-libs N] [--label TEXT]";
 
 fn opts() -> Result<Option<Opts>> {
@@ -80,6 +82,7 @@ fn opts() -> Result<Option<Opts>> {
             "target/{}-unknown-linux-gnu/release/nspawn-lifecycle-helper",
             std::env::consts::ARCH
         )),
+        compare: None,
         hosts: None,
         work_dir: std::env::temp_dir(),
         machine_dir: PathBuf::from("/dev/shm"),
@@ -100,6 +103,7 @@ fn opts() -> Result<Option<Opts>> {
             "--warmup" => o.warmup = value()?.parse().context("--warmup")?,
             "--out" => o.out = value()?.into(),
             "--helper" => o.helper = value()?.into(),
+            "--compare" => o.compare = Some(value()?.into()),
             "--hosts" => o.hosts = Some(value()?.split(',').map(str::to_owned).collect()),
             "--work-dir" => o.work_dir = value()?.into(),
             "--machine-dir" => o.machine_dir = value()?.into(),
@@ -337,6 +341,13 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             .args(["nspawn-lifecycle", "pre-start", MACHINE]);
         c
     };
+    let compare = |helper: &Path| {
+        let mut c = Command::new(helper);
+        c.arg("--host-root")
+            .arg(&root)
+            .args(["nspawn-lifecycle", "pre-start", MACHINE]);
+        c
+    };
     let floor = || {
         let mut c = Command::new(&o.helper);
         c.arg("--version");
@@ -357,11 +368,21 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             bail!("pre-start did not write {}", nspawn.display());
         }
         let steady = check("pre-start", run_process(&mut prestart())?)?;
+        let other = match &o.compare {
+            Some(h) => Some(check(
+                "pre-start (--compare)",
+                run_process(&mut compare(h))?,
+            )?),
+            None => None,
+        };
         let fl = check("--version", run_process(&mut floor())?)?;
         let ld = check("ldconfig -p", run_process(&mut ldconfig_p(&cache))?)?;
         if measured {
             series.entry("prestart_first").or_default().push_run(first);
             series.entry("prestart").or_default().push_run(steady);
+            if let Some(r) = other {
+                series.entry("prestart_compare").or_default().push_run(r);
+            }
             series.entry("floor").or_default().push_run(fl);
             series.entry("ldconfig_p").or_default().push_run(ld);
         }
@@ -539,6 +560,9 @@ fn machine_facts(o: &Opts) -> Result<BTreeMap<&'static str, String>> {
         ])),
     );
     f.insert("helper", o.helper.display().to_string());
+    if let Some(c) = &o.compare {
+        f.insert("compareHelper", c.display().to_string());
+    }
     f.insert(
         "helperVersion",
         first_line(Command::new(&o.helper).arg("--version")),
@@ -631,6 +655,31 @@ fn tables(r: &Results) -> String {
             cell(h.series.get("ldconfig_p")),
             h.ld_cache_entries,
         );
+    }
+    if r.hosts
+        .iter()
+        .any(|h| h.series.contains_key("prestart_compare"))
+    {
+        let _ = writeln!(
+            s,
+            "\npre-start, steady, this helper and `--compare` {} in the same interleaved runs, wall ms\n",
+            fact("compareHelper")
+        );
+        let _ = writeln!(
+            s,
+            "| host | driver files | this helper | --compare helper |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|");
+        for h in &r.hosts {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                h.name,
+                h.driver_files,
+                cell(h.series.get("prestart")),
+                cell(h.series.get("prestart_compare")),
+            );
+        }
     }
     let _ = writeln!(
         s,

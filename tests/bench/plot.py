@@ -2,8 +2,9 @@
 """Plot hook cost against the number of driver library files from the benchmark's results file.
 
 Usage: plot.py RESULTS.json OUT.png [BEFORE.json]
-(needs matplotlib; tests/bench/run.sh sets up a venv). BEFORE.json, a run of an older helper
-(e.g. with --no-in-process), adds its pre-start medians as a faded line.
+(needs matplotlib; tests/bench/run.sh sets up a venv). A run with --compare OLD_HELPER shows
+that helper's pre-start medians too; BEFORE.json, a separate run of an older helper (e.g. with
+--no-in-process), adds its pre-start medians as a faded line.
 
 Uses the hosts marked fileSeries (8 GPUs, 23/50/200/800 driver files): medians with p10-p90
 bars, on linear axes and on log-log axes with a slope-1 (linear growth) guide.
@@ -53,6 +54,13 @@ def main(src, dst, before_src=None):
             hi = [(x["p90"] - x["median"]) / 1000 for x in s]
             ax.errorbar(xs, med, yerr=[lo, hi], fmt=style, color=color, label=label,
                         capsize=3, markersize=5, linewidth=1.4)
+        ch = [h for h in hosts if "prestart_compare" in h["series"]]
+        if ch:
+            name = facts.get("compareHelper", "").rsplit("/", 1)[-1] or "--compare helper"
+            ax.plot([h["driverFiles"] for h in ch],
+                    [h["series"]["prestart_compare"]["summary"]["median"] / 1000 for h in ch],
+                    "o-", color="tab:purple", alpha=0.45,
+                    label=f"pre-start, steady, {name} (same runs, interleaved)")
         if before:
             bh = [h for h in file_series(before) if "prestart" in h["series"]]
             ax.plot([h["driverFiles"] for h in bh],

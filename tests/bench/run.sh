@@ -14,6 +14,8 @@
 #      pre-start medians of an earlier results file (e.g. an older helper, run with
 #      `cargo bench --bench hooks -- --helper OLD --no-in-process --label … --out FILE`).
 #
+# COMPARE=PATH runs that older helper's pre-start interleaved with ours (before/after numbers
+# from the same runs, so load drift cannot favour either).
 # Bench options: --runs N (200), --warmup N (5), --hosts a,b, --work-dir DIR, --machine-dir DIR,
 # --keep (leave the fixture hosts and machine roots for profiling), --out FILE.
 set -euo pipefail
@@ -30,7 +32,7 @@ cargo bench --locked --bench hooks --no-run
 label="static release build of $(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- src Cargo.toml Cargo.lock || label+=" (with uncommitted changes)"
 echo "load average before: $(cat /proc/loadavg)" >&2
-cargo bench --locked --bench hooks -- --helper "$helper" --label "$label" \
+cargo bench --locked --bench hooks -- --helper "$helper" --label "$label" ${COMPARE:+--compare "$COMPARE"} \
     --out "$results/hooks.json" "$@" | tee "$results/hooks.md"
 
 if [ "${PLOT:-1}" = 1 ]; then
