@@ -503,6 +503,16 @@ const MAX_SONAME: usize = 255;
 /// The SONAME is found the way the dynamic linker finds it (`PT_DYNAMIC`, `DT_STRTAB` mapped
 /// through `PT_LOAD`), so it works on stripped objects without section headers.
 pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
+    let mut head = vec![0u8; ELF_HEAD];
+    let got = r
+        .read_at(0, &mut head)
+        .map_err(|e| ParseError::new(format!("reading the ELF header: {e}")))?;
+    head.truncate(got);
+    let r = &Head {
+        whole: got < ELF_HEAD,
+        head,
+        rest: r,
+    };
     let mut ehdr = [0u8; 64];
     let n = r
         .read_at(0, &mut ehdr)
@@ -638,6 +648,33 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
     }
     info.soname = Some(name.to_owned());
     Ok(info)
+}
+
+/// Bytes [`elf_info`] reads first: the ELF header and up to 17 64-bit program headers (shared
+/// objects have 7–14; Debian 12's libc.so.6: 64 + 14 × 56 = 848 bytes), so those cost one
+/// `pread`, not two. Discovery reads every driver library at every machine start.
+const ELF_HEAD: usize = 1024;
+
+/// A reader that answers from the first bytes of the file when it can.
+struct Head<'a, R: ?Sized> {
+    head: Vec<u8>,
+    /// The file ended within `head`.
+    whole: bool,
+    rest: &'a R,
+}
+
+impl<R: ReadAt + ?Sized> ReadAt for Head<'_, R> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let inside = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(buf.len()))
+            .is_some_and(|end| end <= self.head.len());
+        if self.whole || inside {
+            self.head.as_slice().read_at(offset, buf)
+        } else {
+            self.rest.read_at(offset, buf)
+        }
+    }
 }
 
 /// [`elf_info`] of bytes in memory.
@@ -964,9 +1001,52 @@ mod tests {
     }
 
     #[test]
+    fn head_reads_answer_like_the_file() {
+        let file: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let head = |len: usize, whole| Head {
+            head: file[..len].to_vec(),
+            whole,
+            rest: file.as_slice(),
+        };
+        let read = |r: &Head<'_, [u8]>, off: u64, len: usize| {
+            let mut buf = vec![0u8; len];
+            let n = r.read_at(off, &mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        };
+        let r = head(1024, false);
+        // Inside the head, straddling its end, past it, and past the end of the file.
+        for (off, len) in [
+            (0, 64),
+            (64, 960),
+            (1000, 100),
+            (2000, 500),
+            (2990, 100),
+            (5000, 8),
+        ] {
+            let end = (off + len).min(file.len());
+            let want = file.get(off..end).unwrap_or_default();
+            assert_eq!(read(&r, off as u64, len), want, "{off}+{len}");
+        }
+        // A file that ended within the head: nothing beyond it, and no read of the rest.
+        let r = Head {
+            head: file[..300].to_vec(),
+            whole: true,
+            rest: &[][..],
+        };
+        assert_eq!(read(&r, 250, 100), &file[250..300]);
+        assert!(read(&r, 400, 10).is_empty());
+    }
+
+    #[test]
     fn elf_of_real_system_libraries() {
         let libc = std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         let info = elf_info(&libc).unwrap();
+        // Its dynamic segment lies far past the head: both paths of the head reader agree.
+        assert_eq!(
+            elf_info_bytes(&std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap(),
+            info
+        );
         assert_eq!(info.triplet(), Some("x86_64-linux-gnu"));
         assert_eq!(info.soname.as_deref(), Some("libc.so.6"));
         let exe = std::fs::File::open("/bin/sh").unwrap();

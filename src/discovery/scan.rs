@@ -21,7 +21,7 @@ use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, Userspac
 use crate::host::HostRoot;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::Metadata;
+use std::fs::{FileType, Metadata};
 use std::io::{ErrorKind, Read as _};
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
@@ -81,6 +81,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     let mut s = Scan {
         host,
         reasons: Vec::new(),
+        listings: BTreeMap::new(),
     };
     let module = s.kernel_module()?;
     let mut gpus = s.gpus()?;
@@ -152,6 +153,9 @@ enum Module {
 struct Scan<'a> {
     host: &'a HostRoot,
     reasons: Vec<String>,
+    /// Library dirs listed while looking for libcuda, kept for the driver-file pass: listing a
+    /// big directory is the costliest step of discovery, and once is enough.
+    listings: BTreeMap<String, Vec<(String, FileType)>>,
 }
 
 impl Scan<'_> {
@@ -424,18 +428,25 @@ impl Scan<'_> {
         // (canonical dir, version) of every regular file libcuda.so.<version>, in search order.
         let mut found: Vec<(String, String)> = Vec::new();
         for dir in &dirs {
-            for name in self.list(dir)?.unwrap_or_default() {
-                let Some(v) = name.strip_prefix("libcuda.so.") else {
-                    continue;
-                };
-                if !parse::is_version(v) {
-                    continue;
-                }
-                match self.lstat(&format!("{dir}/{name}"))? {
-                    Some(m) if m.is_file() => found.push((dir.clone(), v.to_owned())),
-                    _ => tracing::debug!("{dir}/{name} is not a regular file; skipping"),
+            let Some(listing) = self.list_typed(dir)? else {
+                continue;
+            };
+            // A library dir holds hundreds of entries: pick libcuda's before sorting.
+            let mut cudas: Vec<(&str, FileType)> = listing
+                .iter()
+                .filter(|(n, _)| n.strip_prefix("libcuda.so.").is_some_and(parse::is_version))
+                .map(|(n, k)| (n.as_str(), *k))
+                .collect();
+            cudas.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (name, kind) in cudas {
+                let v = name.strip_prefix("libcuda.so.").unwrap_or_default();
+                if kind.is_file() {
+                    found.push((dir.clone(), v.to_owned()));
+                } else {
+                    tracing::debug!("{dir}/{name} is not a regular file; skipping");
                 }
             }
+            self.listings.insert(dir.clone(), listing);
         }
         let versions: BTreeSet<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
         let chosen = match kernel {
@@ -597,6 +608,10 @@ impl Scan<'_> {
     }
 
     /// Every regular `*.so.<version>` file in `dir` and `dir/vdpau`, with its SONAME.
+    ///
+    /// A library directory holds hundreds or thousands of entries, so file types come from the
+    /// listing (`d_type`), not one `lstat` each, and symlinks are read only for a library whose
+    /// ELF has no SONAME: per driver file this costs an open, a few `pread`s and a close.
     fn driver_files(&mut self, dir: &str, version: &str) -> Result<Vec<DriverFile>> {
         let suffix = format!(".so.{version}");
         let mut out = Vec::new();
@@ -604,29 +619,23 @@ impl Scan<'_> {
             if !sub.is_empty() && !self.lstat(&at)?.is_some_and(|m| m.is_dir()) {
                 continue;
             }
-            let names = self.list(&at)?.unwrap_or_default();
+            let entries = match self.listings.remove(&at) {
+                Some(listed) => listed,
+                None => self.list_typed(&at)?.unwrap_or_default(),
+            };
+            let mut candidates: Vec<(&str, &str)> = entries
+                .iter()
+                .filter(|(_, kind)| kind.is_file())
+                .filter_map(|(name, _)| {
+                    let stem = name.strip_suffix(&suffix)?;
+                    (!stem.is_empty()).then_some((name.as_str(), stem))
+                })
+                .collect();
+            candidates.sort_unstable();
             // SONAME fallback: symlinks in this directory, by the name they point at.
-            let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for name in &names {
+            let mut links: Option<BTreeMap<String, Vec<String>>> = None;
+            for (name, stem) in candidates {
                 let p = format!("{at}/{name}");
-                if self.lstat(&p)?.is_some_and(|m| m.file_type().is_symlink())
-                    && let Ok(target) = std::fs::read_link(self.host.path(&p))
-                    && let Some(t) = target.to_str()
-                {
-                    links.entry(t.to_owned()).or_default().push(name.clone());
-                }
-            }
-            for name in &names {
-                let Some(stem) = name.strip_suffix(&suffix) else {
-                    continue;
-                };
-                if stem.is_empty() {
-                    continue;
-                }
-                let p = format!("{at}/{name}");
-                if !self.lstat(&p)?.is_some_and(|m| m.is_file()) {
-                    continue;
-                }
                 let soname = match self.elf(&p)? {
                     Ok(info) => info.soname,
                     Err(e) => {
@@ -635,9 +644,10 @@ impl Scan<'_> {
                     }
                 };
                 let soname = soname.or_else(|| {
+                    let links = links.get_or_insert_with(|| self.links_by_target(&at, &entries));
                     let prefix = format!("{stem}.so.");
                     let mut c: Vec<&String> = links
-                        .get(name.as_str())
+                        .get(name)
                         .into_iter()
                         .flatten()
                         .filter(|l| l.starts_with(&prefix))
@@ -647,12 +657,31 @@ impl Scan<'_> {
                 });
                 out.push(DriverFile {
                     name: format!("{sub}{name}"),
-                    soname: soname.filter(|s| s != name),
+                    soname: soname.filter(|s| s.as_str() != name),
                 });
             }
         }
         out.sort();
         Ok(out)
+    }
+
+    /// The symlinks among `entries` of directory `at`, by their (UTF-8) target. A link that
+    /// cannot be read is left out, as it can name no SONAME.
+    fn links_by_target(
+        &self,
+        at: &str,
+        entries: &[(String, FileType)],
+    ) -> BTreeMap<String, Vec<String>> {
+        let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, kind) in entries {
+            if kind.is_symlink()
+                && let Ok(target) = std::fs::read_link(self.host.path(format!("{at}/{name}")))
+                && let Some(t) = target.to_str()
+            {
+                links.entry(t.to_owned()).or_default().push(name.clone());
+            }
+        }
+        links
     }
 
     fn elf(&self, abs: &str) -> Result<Result<parse::ElfInfo, parse::ParseError>> {
@@ -707,6 +736,33 @@ impl Scan<'_> {
         }
         names.sort();
         Ok(Some(names))
+    }
+
+    /// Like [`Self::list`] but in directory order (callers sort what they keep: sorting a whole
+    /// library dir costs more than the rest of its scan), with each entry's type as the
+    /// directory reports it (`d_type`; std falls back to an `lstat` of that entry where the
+    /// filesystem does not say). Never follows a symlink.
+    fn list_typed(&self, abs: &str) -> Result<Option<Vec<(String, FileType)>>> {
+        let p = self.host.path(abs);
+        let rd = match std::fs::read_dir(&p) {
+            Ok(rd) => rd,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e).with_context(|| format!("listing {}", p.display())),
+        };
+        let mut entries = Vec::new();
+        for entry in rd {
+            let entry = entry.with_context(|| format!("listing {}", p.display()))?;
+            let kind = entry
+                .file_type()
+                .with_context(|| format!("stat {}", entry.path().display()))?;
+            match entry.file_name().into_string() {
+                Ok(n) => entries.push((n, kind)),
+                Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
+            }
+        }
+        Ok(Some(entries))
     }
 
     fn lstat(&self, abs: &str) -> Result<Option<Metadata>> {

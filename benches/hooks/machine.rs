@@ -1,0 +1,70 @@
+//! A machine root for the rewiring measurement, and the rewiring pass itself: post-start's file
+//! steps (driver root, links, CDI spec) through the library, without systemd and `ldconfig`.
+
+use anyhow::{Context as _, Result};
+use nspawn_lifecycle::cdi;
+use nspawn_lifecycle::config::MachineConfig;
+use nspawn_lifecycle::discovery::Inventory;
+use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::rewire::{self, Report};
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+/// Unrelated libraries in the machine's multiarch dir (each a file plus its SONAME link): the
+/// link step lists that directory, so an empty one would flatter it. A Debian 12 node rootfs
+/// with containerd and kubelet holds a few hundred entries there.
+pub const OTHER_LIBS: usize = 150;
+
+/// Build a Debian-like machine root at `root`: merged /usr, `var/run → ../run`, the multiarch
+/// dir with [`OTHER_LIBS`] unrelated libraries, empty `/etc/cdi` and `/dev/char`.
+pub fn skeleton(root: &Path) -> Result<()> {
+    let at = |p: &str| root.join(p);
+    for d in [
+        "usr/lib/x86_64-linux-gnu/vdpau",
+        "usr/bin",
+        "etc/cdi",
+        "run",
+        "var/lib",
+        "dev/char",
+    ] {
+        fs_err::create_dir_all(at(d))?;
+    }
+    symlink("usr/lib", at("lib")).context("lib link")?;
+    symlink("usr/bin", at("bin")).context("bin link")?;
+    symlink("../run", at("var/run")).context("var/run link")?;
+    for k in 0..OTHER_LIBS {
+        let file = format!("libother{k:03}.so.1.2.3");
+        fs_err::write(at(&format!("usr/lib/x86_64-linux-gnu/{file}")), b"ELF")?;
+        symlink(
+            &file,
+            at(&format!("usr/lib/x86_64-linux-gnu/libother{k:03}.so.1")),
+        )
+        .context("library link")?;
+    }
+    Ok(())
+}
+
+/// Post-start's file steps for `inv` in the machine, in post-start's order: with a complete
+/// driver, the driver root, the links and the CDI spec (rendered here, as post-start renders
+/// it); otherwise the no-GPU cleanup.
+pub fn rewire_pass(root: &MachineRoot, inv: &Inventory, mc: &MachineConfig) -> Result<Vec<Report>> {
+    let file_name = cdi::spec_file_name(&mc.cdi_kind);
+    let Some(driver) = inv.complete_driver() else {
+        return Ok(vec![rewire::cleanup(root, &mc.cdi_dir, &file_name)?]);
+    };
+    let mut reports = vec![
+        rewire::build_driver_root(root, driver)?,
+        rewire::rebuild_links(root, inv)?,
+    ];
+    let spec = cdi::spec(inv, &mc.cdi_kind).context("a complete host has a CDI spec")?;
+    let json = cdi::render(&spec);
+    let kind = mc.cdi_kind.as_str();
+    reports.push(rewire::write_cdi(
+        root,
+        &mc.cdi_dir,
+        &file_name,
+        json.as_bytes(),
+        |name, bytes| cdi::conflicts(kind, name, bytes),
+    )?);
+    Ok(reports)
+}

@@ -1,0 +1,45 @@
+#!/bin/bash
+# The hook benchmark, run on demand and never by the test suite (tests/run-all.sh does not call
+# it; no timed test exists). As root on an idle machine:
+#
+#   tests/bench/run.sh [bench options]        e.g. tests/bench/run.sh --runs 200
+#
+#   1. builds the shipped binary: static release build, exactly as tests/run-all.sh does;
+#   2. runs `cargo bench --bench hooks -- --helper <that binary> …`: fixture hosts built in a
+#      temp dir under $TMPDIR (default /tmp), machine roots on /dev/shm (tmpfs, like the
+#      machine's /run); writes tests/bench/results/hooks.json (machine facts, summaries and every
+#      sample) and prints Markdown tables, also saved as tests/bench/results/hooks.md;
+#   3. draws tests/bench/results/hooks.png (tests/bench/plot.py) with matplotlib from PyPI in a
+#      venv at $VENV (default /tmp/nspawn-bench-venv); PLOT=0 skips it; BEFORE=FILE adds the
+#      pre-start medians of an earlier results file (e.g. an older helper, run with
+#      `cargo bench --bench hooks -- --helper OLD --no-in-process --label … --out FILE`).
+#
+# COMPARE=PATH runs that older helper's pre-start interleaved with ours (before/after numbers
+# from the same runs, so load drift cannot favour either).
+# Bench options: --runs N (200), --warmup N (5), --hosts a,b, --work-dir DIR, --machine-dir DIR,
+# --keep (leave the fixture hosts and machine roots for profiling), --out FILE.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" = 0 ] || { echo "tests/bench/run.sh must run as root (fixture hosts need mknod)" >&2; exit 1; }
+
+results=tests/bench/results
+mkdir -p "$results"
+target=$(rustc -vV | sed -n 's/^host: //p')
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target"
+helper=$PWD/target/$target/release/nspawn-lifecycle-helper
+cargo bench --locked --bench hooks --no-run
+
+label="static release build of $(git rev-parse --short HEAD)"
+git diff --quiet HEAD -- src Cargo.toml Cargo.lock || label+=" (with uncommitted changes)"
+echo "load average before: $(cat /proc/loadavg)" >&2
+cargo bench --locked --bench hooks -- --helper "$helper" --label "$label" ${COMPARE:+--compare "$COMPARE"} \
+    --out "$results/hooks.json" "$@" | tee "$results/hooks.md"
+
+if [ "${PLOT:-1}" = 1 ]; then
+    venv=${VENV:-/tmp/nspawn-bench-venv}
+    if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q matplotlib
+    fi
+    "$venv/bin/python" tests/bench/plot.py "$results/hooks.json" "$results/hooks.png" ${BEFORE:+"$BEFORE"}
+fi
