@@ -8,6 +8,7 @@ pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod fixture;
+pub mod fuzzing;
 pub mod host;
 pub mod install;
 pub mod layout;
