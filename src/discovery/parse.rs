@@ -257,8 +257,9 @@ pub fn proc_devices(bytes: &[u8]) -> Result<Vec<(u32, String)>> {
 pub fn pci_id(bytes: &[u8]) -> Result<u16> {
     let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
     let t = text.trim_end_matches('\n');
+    // `from_str_radix` alone would also take a sign (`0x+0de`): only the kernel's `0x%04x`.
     t.strip_prefix("0x")
-        .filter(|h| h.len() == 4)
+        .filter(|h| h.len() == 4 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|h| u16::from_str_radix(h, 16).ok())
         .ok_or_else(|| ParseError::new(format!("{:?} is not a 16-bit id like 0x10de", shorten(t))))
 }
@@ -846,6 +847,8 @@ mod tests {
         for bad in [&b""[..], b"10de\n", b"0x10de0\n", b"0xzzzz\n", b"\xff"] {
             assert!(pci_id(bad).is_err(), "{bad:?}");
         }
+        // Found by the pci_id fuzz target: a sign slipped through u16::from_str_radix.
+        assert!(pci_id(b"0x+0de\n").is_err());
     }
 
     /// `ldconfig -p` lines: `\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1`.
