@@ -1,0 +1,235 @@
+//! Oversized hosts (issue 7, hostile input): a 1 GiB /proc stand-in, 100 000 device nodes, a
+//! 10 000-deep directory, a huge ld.so.cache. `discover` and `pre-start` must give the correct
+//! result or a clear error naming what was too big, in bounded memory (peak RSS of the helper,
+//! from wait4) and bounded time (a hang detector, not a performance target).
+//!
+//! Privileged (mknod): these tests fail, not skip, when not run as root. Trees live on tmpfs
+//! (/dev/shm) so 100 000 nodes take seconds, and the 1 GiB files are sparse so they cost nothing.
+
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
+
+use nspawn_lifecycle::fixture;
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+/// Peak RSS the helper may reach on any of these hosts. A generous bound: it reads at most one
+/// capped file at a time (ld.so.cache: 16 MiB) and keeps names, never contents, of directories.
+const MAX_RSS_KIB: i64 = 64 * 1024;
+/// Any run longer than this is a hang, not a slow machine.
+const MAX_TIME: Duration = Duration::from_secs(20);
+/// A run still going after this is killed so the test can report it.
+const KILL_AFTER: Duration = Duration::from_secs(60);
+/// Address-space limit for the helper, so a regression fails the test instead of eating the
+/// (shared) machine's memory.
+const MAX_ADDRESS_SPACE: u64 = 2 << 30;
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged tests build host trees with mknod and must run as root"
+    );
+}
+
+/// The one-gpu example host (complete verdict) on tmpfs.
+fn host() -> tempfile::TempDir {
+    require_root();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::Builder::new()
+            .prefix("oversized.")
+            .tempdir_in(shm)
+            .unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    fixture::materialize(fixture::example("one-gpu").unwrap(), dir.path()).unwrap();
+    dir
+}
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    max_rss_kib: i64,
+    elapsed: Duration,
+}
+
+impl Run {
+    /// The helper's exit code (`time` passes it on; a signal becomes 128 + N).
+    fn code(&self) -> i32 {
+        let code = self.status.code().unwrap_or_else(|| {
+            panic!(
+                "killed by signal {:?}:\n{}",
+                self.status.signal(),
+                self.stderr
+            )
+        });
+        assert!(
+            code < 128,
+            "helper died of signal {}:\n{}",
+            code - 128,
+            self.stderr
+        );
+        code
+    }
+}
+
+/// Run the helper against `root`, measuring its peak RSS and wall time; asserts both bounds and
+/// that it did not panic.
+///
+/// The peak RSS comes from GNU time (wait4 on its own fork of the helper). A wait4 here would
+/// not do: Linux carries the exec'ing process's high-water mark into the child's `ru_maxrss`,
+/// so a child spawned from this test process (over 100 MB while fixtures are built) reports
+/// at least that much; `time` is a small process whose fork starts clean.
+fn run(root: &Path, args: &[&str]) -> Run {
+    use std::os::unix::process::CommandExt as _;
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let rss = tempfile::NamedTempFile::new().unwrap();
+    let start = Instant::now();
+    let mut child = Command::new("/usr/bin/time")
+        .arg("-o")
+        .arg(rss.path())
+        .args(["-f", "%M", "prlimit"])
+        .arg(format!("--as={MAX_ADDRESS_SPACE}"))
+        .arg("--")
+        .arg(BIN)
+        .arg("--host-root")
+        .arg(root)
+        .args(args)
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > KILL_AFTER {
+            // The whole group: `time` and the helper it forked.
+            let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let read = |mut f: File| {
+        use std::io::{Read as _, Seek as _};
+        f.rewind().unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    };
+    let stderr = read(err);
+    assert!(
+        elapsed < MAX_TIME,
+        "{args:?} took {elapsed:?} (hang?); stderr:\n{}",
+        shorten(&stderr)
+    );
+    let rss_text = std::fs::read_to_string(rss.path()).unwrap();
+    // On a signal, GNU time writes "Command terminated by signal N" before the number.
+    let max_rss_kib = rss_text
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{args:?}: no RSS from time: {rss_text:?}; {stderr}"));
+    let r = Run {
+        status,
+        stdout: read(out),
+        stderr,
+        max_rss_kib,
+        elapsed,
+    };
+    assert!(
+        !r.stderr.contains("panicked"),
+        "{args:?} panicked:\n{}",
+        r.stderr
+    );
+    assert!(
+        r.max_rss_kib < MAX_RSS_KIB,
+        "{args:?} peaked at {} KiB RSS; stderr:\n{}",
+        r.max_rss_kib,
+        shorten(&r.stderr)
+    );
+    eprintln!(
+        "{args:?}: exit {:?}, {:?}, peak RSS {} KiB",
+        r.status.code(),
+        r.elapsed,
+        r.max_rss_kib
+    );
+    r
+}
+
+fn shorten(s: &str) -> String {
+    let mut end = s.len().min(2000);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// discover and pre-start both fail with exit 1 and an error naming `file` as too large.
+fn assert_refused(root: &Path, file: &str, limit: u64) {
+    for args in [
+        &["discover", "--json"][..],
+        &["nspawn-lifecycle", "pre-start", "kube1"],
+    ] {
+        let r = run(root, args);
+        assert_eq!(r.code(), 1, "{args:?}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{args:?}: a refused run prints no result");
+        let want = format!("{file}: larger than {limit} bytes");
+        assert!(r.stderr.contains(&want), "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.lines().count() <= 3,
+            "{args:?}: error not short: {}",
+            r.stderr
+        );
+    }
+    assert!(
+        !root.join("etc/systemd/nspawn/kube1.nspawn").exists(),
+        "a refused pre-start wrote the .nspawn file"
+    );
+}
+
+/// Replace `rel` (under `root`) by a sparse file of `len` bytes.
+fn sparse(root: &Path, rel: &str, len: u64) {
+    let p = root.join(rel);
+    let _ = std::fs::remove_file(&p);
+    let f = File::create(&p).unwrap();
+    f.set_len(len).unwrap();
+    assert!(
+        std::fs::metadata(&p).unwrap().len() == len,
+        "{}",
+        p.display()
+    );
+}
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn privileged_gib_proc_and_sys_files_are_refused_by_name() {
+    for rel in [
+        "proc/driver/nvidia/version",
+        "proc/devices",
+        "proc/driver/nvidia/gpus/0000:06:00.0/information",
+        "sys/bus/pci/devices/0000:06:00.0/vendor",
+    ] {
+        let dir = host();
+        sparse(dir.path(), rel, GIB);
+        assert_refused(dir.path(), rel, 1 << 20);
+    }
+}
+
+#[test]
+fn privileged_gib_ld_so_cache_is_refused_by_name() {
+    let dir = host();
+    sparse(dir.path(), "etc/ld.so.cache", GIB);
+    assert_refused(dir.path(), "etc/ld.so.cache", 16 << 20);
+}
