@@ -233,3 +233,63 @@ fn privileged_gib_ld_so_cache_is_refused_by_name() {
     sparse(dir.path(), "etc/ld.so.cache", GIB);
     assert_refused(dir.path(), "etc/ld.so.cache", 16 << 20);
 }
+
+/// The baseline: the untouched host discovers complete, in bounds; what the other tests compare
+/// their results with.
+fn baseline(root: &Path) -> String {
+    let r = run(root, &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert!(r.stdout.contains("\"state\": \"complete\""), "{}", r.stdout);
+    r.stdout
+}
+
+#[test]
+fn privileged_ld_so_cache_at_the_size_limit_with_every_entry_a_long_libcuda_path() {
+    // At the 16 MiB limit with as many entries as the parser takes (65 536), every one keyed
+    // libcuda.so.1 and naming a long path that walks the tree (`/usr/../usr/../…`, 570 different
+    // ones) spread over 16 MiB of strings: built to make each entry cost as much memory and as
+    // many lookups as possible. The cache is not believed; the standard directories still are.
+    let dir = host();
+    let expected = baseline(dir.path());
+    let limit = 16usize << 20;
+    let entries = 1usize << 16;
+    let key = b"libcuda.so.1\0";
+    let walk = "/usr/..".repeat(570);
+    let path = format!("{walk}/lib/x86_64-linux-gnu/libcuda.so.580.95.05\0");
+    let strings_at = 48 + entries * 24;
+    let copies = (limit - strings_at - key.len()) / path.len();
+    let mut cache = Vec::with_capacity(limit);
+    cache.extend_from_slice(b"glibc-ld.so.cache1.1");
+    cache.extend_from_slice(&(entries as u32).to_le_bytes());
+    cache.extend_from_slice(&((limit - strings_at) as u32).to_le_bytes());
+    cache.extend_from_slice(&[2, 0, 0, 0]);
+    cache.extend_from_slice(&[0; 16]);
+    let paths_at = strings_at + key.len();
+    for i in 0..entries {
+        let at = paths_at + (i % copies) * path.len() + 7 * (i % 570);
+        cache.extend_from_slice(&0x0303u32.to_le_bytes());
+        cache.extend_from_slice(&(strings_at as u32).to_le_bytes());
+        cache.extend_from_slice(&(at as u32).to_le_bytes());
+        cache.extend_from_slice(&[0; 12]);
+    }
+    cache.extend_from_slice(key);
+    for _ in 0..copies {
+        cache.extend_from_slice(path.as_bytes());
+    }
+    assert!(cache.len() <= limit && cache.len() > limit - path.len());
+    std::fs::write(dir.path().join("etc/ld.so.cache"), &cache).unwrap();
+
+    let r = run(dir.path(), &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout, expected,
+        "the same driver, from the standard directories"
+    );
+    assert!(
+        r.stderr.contains("more than 64 different libcuda paths"),
+        "{}",
+        r.stderr
+    );
+    let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+}

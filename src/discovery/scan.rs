@@ -73,6 +73,10 @@ const BIN_DIRS: &[&str] = &[
 /// IPC directories bound when they hold a `socket`.
 const SOCKET_DIRS: &[&str] = &["/run/nvidia-persistenced", "/run/nvidia-fabricmanager"];
 
+/// How many different `libcuda.so*` paths of ld.so.cache are looked at. A host has one or two
+/// per architecture; a cache with thousands would cost thousands of walks through the tree.
+const MAX_CACHED_LIBCUDA: usize = 64;
+
 /// How many symlinks one path may traverse (Linux's limit).
 const MAX_SYMLINKS: usize = 40;
 
@@ -563,19 +567,35 @@ impl Scan<'_> {
     fn candidate_lib_dirs(&mut self) -> Result<(Vec<String>, Option<String>)> {
         let mut dirs: Vec<String> = Vec::new();
         let mut problem = None;
-        let mut cached = Vec::new();
-        match self.read(LD_CACHE, MAX_LD_CACHE)? {
-            None => {}
-            Some(bytes) => match parse::ld_so_cache(&bytes) {
-                Ok(entries) => cached = entries,
-                Err(e) => {
-                    tracing::warn!("{LD_CACHE}: {e}; searching the standard directories only");
-                    problem = Some(format!("{LD_CACHE}: {e}"));
+        let bytes = self.read(LD_CACHE, MAX_LD_CACHE)?.unwrap_or_default();
+        // Distinct libcuda paths in cache order; each costs a walk of the tree to resolve.
+        let mut cached: Vec<&str> = Vec::new();
+        let mut too_many = false;
+        if !bytes.is_empty() {
+            let parsed = parse::ld_so_cache_each(&bytes, |e| {
+                if e.key.starts_with("libcuda.so") && !cached.contains(&e.path) {
+                    if cached.len() < MAX_CACHED_LIBCUDA {
+                        cached.push(e.path);
+                    } else {
+                        too_many = true;
+                    }
                 }
-            },
+            });
+            let why = match parsed {
+                Err(e) => Some(e.to_string()),
+                Ok(()) if too_many => Some(format!(
+                    "more than {MAX_CACHED_LIBCUDA} different libcuda paths, which no ldconfig writes"
+                )),
+                Ok(()) => None,
+            };
+            if let Some(why) = why {
+                tracing::warn!("{LD_CACHE}: {why}; searching the standard directories only");
+                problem = Some(format!("{LD_CACHE}: {why}"));
+                cached.clear();
+            }
         }
-        for e in cached.iter().filter(|e| e.key.starts_with("libcuda.so")) {
-            if let Some((canon, m)) = self.resolve(&e.path)?
+        for path in cached {
+            if let Some((canon, m)) = self.resolve(path)?
                 && m.is_file()
                 && let Some((dir, _)) = canon.rsplit_once('/')
             {
@@ -1043,6 +1063,39 @@ mod tests {
         .unwrap();
         let inv = discover(&HostRoot::new(dir.path())).unwrap();
         assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 23);
+    }
+
+    /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000
+    /// walks through the tree (minutes). Past 64 the cache is not believed, as for garbage.
+    #[test]
+    fn a_cache_with_too_many_libcuda_paths_is_not_used() {
+        let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");
+        let with_cache = |n: usize| {
+            let dir = tempfile::tempdir().unwrap();
+            materialize(&text, dir.path()).unwrap();
+            // The same library under n different spellings: /opt/nv/lib/././libcuda.so.1
+            let paths: Vec<String> = (0..n)
+                .map(|i| format!("/opt/nv/lib/{}libcuda.so.1", "./".repeat(i)))
+                .collect();
+            let entries: Vec<_> = paths
+                .iter()
+                .map(|p| ("libcuda.so.1", p.as_str(), 0x303))
+                .collect();
+            let cache = crate::fixture::ld_so_cache(&entries);
+            std::fs::write(dir.path().join("etc/ld.so.cache"), cache).unwrap();
+            let inv = discover(&HostRoot::new(dir.path())).unwrap();
+            (dir, inv)
+        };
+        let (_d, inv) = with_cache(MAX_CACHED_LIBCUDA);
+        assert_eq!(inv.driver.unwrap().lib_dirs[0].path, "/opt/nv/lib");
+        let (_d, inv) = with_cache(MAX_CACHED_LIBCUDA + 1);
+        assert_eq!(inv.driver, None);
+        let r = reasons(&inv);
+        assert!(
+            r.iter()
+                .any(|r| r.contains("more than 64 different libcuda paths")),
+            "{r:?}"
+        );
     }
 
     #[test]
