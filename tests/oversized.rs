@@ -293,3 +293,99 @@ fn privileged_ld_so_cache_at_the_size_limit_with_every_entry_a_long_libcuda_path
     let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
     assert_eq!(r.code(), 0, "{}", r.stderr);
 }
+
+/// `count` character devices named `name(i)` under `dir` (relative to `root`).
+fn many_nodes(root: &Path, dir: &str, count: u32, name: impl Fn(u32) -> String, major: u64) {
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    let d = root.join(dir);
+    std::fs::create_dir_all(&d).unwrap();
+    for i in 0..count {
+        mknod(
+            &d.join(name(i)),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(major, u64::from(i)),
+        )
+        .unwrap();
+    }
+}
+
+/// discover and pre-start both refuse with exit 1 and a one-line error naming `dir`.
+fn assert_too_many_nodes(root: &Path, dir: &str) {
+    for args in [
+        &["discover", "--json"][..],
+        &["nspawn-lifecycle", "pre-start", "kube1"],
+    ] {
+        let r = run(root, args);
+        assert_eq!(r.code(), 1, "{args:?}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{args:?}");
+        let want = format!("{dir} holds more than 16384 NVIDIA device nodes");
+        assert!(r.stderr.contains(&want), "{args:?}: {}", shorten(&r.stderr));
+        assert!(r.stderr.len() < 1024, "{args:?}: {}", shorten(&r.stderr));
+    }
+    assert!(!root.join("etc/systemd/nspawn/kube1.nspawn").exists());
+}
+
+#[test]
+fn privileged_100k_mig_capability_nodes_are_refused_by_name() {
+    let dir = host();
+    let caps = |i| format!("nvidia-cap{}", i + 1);
+    many_nodes(dir.path(), "dev/nvidia-caps", 100_000, caps, 509);
+    assert_too_many_nodes(dir.path(), "/dev/nvidia-caps");
+}
+
+#[test]
+fn privileged_100k_gpu_nodes_are_refused_by_name() {
+    let dir = host();
+    many_nodes(
+        dir.path(),
+        "dev",
+        100_000,
+        |i| format!("nvidia{}", i + 1),
+        195,
+    );
+    assert_too_many_nodes(dir.path(), "/dev");
+}
+
+/// As many nodes as a driver can make: every MIG capability of 32 GPUs and every IMEX channel
+/// (6 370 nodes). They are all found and bound.
+#[test]
+fn privileged_the_most_nodes_a_driver_makes_are_all_bound() {
+    let dir = host();
+    let devices = dir.path().join("proc/devices");
+    let table = std::fs::read_to_string(&devices).unwrap().replace(
+        "508 nvidia-uvm\n",
+        "508 nvidia-uvm\n509 nvidia-caps\n510 nvidia-caps-imex-channels\n",
+    );
+    std::fs::write(&devices, table).unwrap();
+    let caps = |i| format!("nvidia-cap{}", i + 1);
+    many_nodes(dir.path(), "dev/nvidia-caps", 4_322, caps, 509);
+    let channels = |i| format!("channel{i}");
+    many_nodes(
+        dir.path(),
+        "dev/nvidia-caps-imex-channels",
+        2_048,
+        channels,
+        510,
+    );
+    let r = run(dir.path(), &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert!(r.stdout.contains("\"state\": \"complete\""));
+    assert!(r.stdout.contains("/dev/nvidia-caps/nvidia-cap4322\""));
+    assert!(
+        r.stdout
+            .contains("/dev/nvidia-caps-imex-channels/channel2047\"")
+    );
+    let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    let nspawn =
+        std::fs::read_to_string(dir.path().join("etc/systemd/nspawn/kube1.nspawn")).unwrap();
+    let binds = nspawn
+        .lines()
+        .filter(|l| l.contains("/dev/nvidia-caps"))
+        .count();
+    assert!(
+        binds >= 4_322 + 2_048,
+        "{binds} lines bind caps and channels"
+    );
+}

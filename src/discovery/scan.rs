@@ -73,6 +73,11 @@ const BIN_DIRS: &[&str] = &[
 /// IPC directories bound when they hold a `socket`.
 const SOCKET_DIRS: &[&str] = &["/run/nvidia-persistenced", "/run/nvidia-fabricmanager"];
 
+/// Most NVIDIA device nodes discovery takes. The most a driver makes is a few thousand (MIG
+/// capabilities of 32 GPUs are 4 322 nodes, IMEX channels 2 048); each node becomes a line of
+/// the `.nspawn` file and an entry of the CDI spec.
+pub const MAX_DEVICE_NODES: usize = 16384;
+
 /// How many different `libcuda.so*` paths of ld.so.cache are looked at. A host has one or two
 /// per architecture; a cache with thousands would cost thousands of walks through the tree.
 const MAX_CACHED_LIBCUDA: usize = 64;
@@ -143,6 +148,17 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
         driver,
         verdict,
     })
+}
+
+/// Refuse a host with more NVIDIA device nodes than any driver makes (a hard error, exit 1):
+/// binding them all would write megabytes of `.nspawn` file and CDI spec.
+fn too_many_nodes(count: usize, dir: &str) -> Result<()> {
+    if count > MAX_DEVICE_NODES {
+        bail!(
+            "{dir} holds more than {MAX_DEVICE_NODES} NVIDIA device nodes, which no driver creates; refusing to bind them"
+        );
+    }
+    Ok(())
 }
 
 enum Module {
@@ -266,6 +282,7 @@ impl Scan<'_> {
                 _ => continue,
             };
             candidates.push((format!("/dev/{name}"), role));
+            too_many_nodes(candidates.len(), "/dev")?;
         }
         for (dir, role) in [
             ("/dev/nvidia-caps", DeviceRole::Cap),
@@ -276,6 +293,7 @@ impl Scan<'_> {
                 Some(m) if m.is_dir() => {
                     for name in self.list(dir)?.unwrap_or_default() {
                         candidates.push((format!("{dir}/{name}"), role));
+                        too_many_nodes(candidates.len(), dir)?;
                     }
                 }
                 Some(_) => {
