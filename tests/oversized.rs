@@ -389,3 +389,54 @@ fn privileged_the_most_nodes_a_driver_makes_are_all_bound() {
         "{binds} lines bind caps and channels"
     );
 }
+
+/// A chain of `depth` directories named `d` under `root/rel`, made one level at a time relative
+/// to the previous (the whole path is far beyond PATH_MAX).
+fn deep(root: &Path, rel: &str, depth: usize) {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    let base = root.join(rel);
+    std::fs::create_dir_all(&base).unwrap();
+    let mut fd = std::os::fd::OwnedFd::from(File::open(&base).unwrap());
+    for _ in 0..depth {
+        mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(
+            &fd,
+            "d",
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn privileged_10k_deep_directories_where_discovery_looks() {
+    let dir = host();
+    let expected = baseline(dir.path());
+    // In the library directory and in /run/nvidia-persistenced: not driver files, ignored.
+    deep(dir.path(), "usr/lib/x86_64-linux-gnu", 10_000);
+    deep(dir.path(), "run/nvidia-persistenced", 10_000);
+    let r = run(dir.path(), &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert_eq!(r.stdout, expected);
+    // A standard library directory that is a link 2 047 levels down: longer than PATH_MAX once
+    // joined to the host root, so not a directory anyone can bind; the driver is still found.
+    let target = "d/".repeat(2_047);
+    std::fs::remove_dir(dir.path().join("usr/lib64")).unwrap();
+    deep(dir.path(), "usr", 2_100);
+    std::os::unix::fs::symlink(target.trim_end_matches('/'), dir.path().join("usr/lib64")).unwrap();
+    let r = run(dir.path(), &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert_eq!(r.stdout, expected);
+    // In /dev/nvidia-caps, where only device nodes belong: named, in a short message.
+    deep(dir.path(), "dev/nvidia-caps", 10_000);
+    let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(r.code(), 3, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("/dev/nvidia-caps/d is something else, not a character device"),
+        "{}",
+        r.stderr
+    );
+}

@@ -82,6 +82,9 @@ pub const MAX_DEVICE_NODES: usize = 16384;
 /// per architecture; a cache with thousands would cost thousands of walks through the tree.
 const MAX_CACHED_LIBCUDA: usize = 64;
 
+/// Longest path the kernel takes, with its NUL.
+const PATH_MAX: usize = libc::PATH_MAX as usize;
+
 /// How many symlinks one path may traverse (Linux's limit).
 const MAX_SYMLINKS: usize = 40;
 
@@ -787,6 +790,12 @@ impl Scan<'_> {
             for part in done.iter().chain(std::iter::once(&c)) {
                 candidate.push('/');
                 candidate.push_str(part);
+            }
+            // Deeper than the kernel takes in one name (links can lead there): nothing at such a
+            // path can be bound into a machine, and lstat would fail with ENAMETOOLONG.
+            if self.host.path(&candidate).as_os_str().len() >= PATH_MAX {
+                tracing::debug!("{abs} leads deeper than PATH_MAX; skipping");
+                return Ok(None);
             }
             let Some(m) = self.lstat(&candidate)? else {
                 return Ok(None);
