@@ -234,6 +234,40 @@ fn privileged_gib_ld_so_cache_is_refused_by_name() {
     assert_refused(dir.path(), "etc/ld.so.cache", 16 << 20);
 }
 
+/// A FIFO (endless wait) or a device like /dev/zero (endless bytes) where a host file belongs:
+/// refused at once, by name.
+#[test]
+fn privileged_fifos_and_devices_in_place_of_host_files_are_refused_by_name() {
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    for (rel, code) in [
+        ("proc/driver/nvidia/version", 1),
+        ("proc/devices", 1),
+        ("sys/bus/pci/devices/0000:06:00.0/vendor", 1),
+        ("etc/ld.so.cache", 1),
+    ] {
+        for fifo in [true, false] {
+            let dir = host();
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            let _ = std::fs::remove_file(&p);
+            let mode = Mode::from_bits_truncate(0o644);
+            if fifo {
+                nix::unistd::mkfifo(&p, mode).unwrap();
+            } else {
+                mknod(&p, SFlag::S_IFCHR, mode, makedev(1, 5)).unwrap();
+            }
+            let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+            assert_eq!(r.code(), code, "{rel}: {}", r.stderr);
+            assert!(r.stderr.contains(rel), "{rel}: {}", r.stderr);
+            assert!(
+                r.stderr.contains("not a regular file"),
+                "{rel}: {}",
+                r.stderr
+            );
+        }
+    }
+}
+
 /// The baseline: the untouched host discovers complete, in bounds; what the other tests compare
 /// their results with.
 fn baseline(root: &Path) -> String {

@@ -8,8 +8,9 @@
 //! driver is being loaded or replaced, and `incomplete` makes pre-start fail with exit code 3 so
 //! systemd retries the start until the host settles; a hard error would look like a bug in us.
 //! Only what we cannot read at all is an error (exit 1, naming the file): an I/O error, a
-//! directory where a file belongs, or a file over [`MAX_PROC_FILE`] (real ones are a few hundred
-//! bytes; a huge one is not a driver file and is not worth reading into memory).
+//! directory where a file belongs, a FIFO or device node where a file belongs, or a file over
+//! [`MAX_PROC_FILE`] (real ones are a few hundred bytes; a huge one is not a driver file and is
+//! not worth reading into memory).
 //!
 //! Reasons only matter when the host has NVIDIA hardware: with no NVIDIA device nodes and no GPU
 //! in /proc the verdict is `none` and they are logged at debug level.
@@ -23,7 +24,7 @@ use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::Metadata;
 use std::io::{ErrorKind, Read as _};
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
 
 /// Largest /proc or /sys file discovery reads.
 pub const MAX_PROC_FILE: u64 = 1 << 20;
@@ -704,16 +705,31 @@ impl Scan<'_> {
 
     // -- host tree access ----------------------------------------------------------------
 
-    /// Read a whole small file, `None` when it does not exist; more than `limit` bytes is an error.
+    /// Read a whole small file, `None` when it does not exist; more than `limit` bytes, or
+    /// something that is not a regular file, is an error.
     fn read(&self, abs: &str, limit: u64) -> Result<Option<Vec<u8>>> {
         let p = self.host.path(abs);
-        let f = match std::fs::File::open(&p) {
+        // Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
+        let f = match std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+        {
             Ok(f) => f,
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 return Ok(None);
             }
             Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
         };
+        let meta = f
+            .metadata()
+            .with_context(|| format!("stat {}", p.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "refusing to read {}: not a regular file (a FIFO or device would never end or never start)",
+                p.display()
+            );
+        }
         let mut buf = Vec::new();
         f.take(limit + 1)
             .read_to_end(&mut buf)
