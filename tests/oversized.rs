@@ -234,6 +234,21 @@ fn privileged_gib_ld_so_cache_is_refused_by_name() {
     assert_refused(dir.path(), "etc/ld.so.cache", 16 << 20);
 }
 
+#[test]
+fn privileged_gib_config_file_is_refused_by_name() {
+    let dir = host();
+    std::fs::create_dir_all(dir.path().join("etc/nspawn-lifecycle")).unwrap();
+    sparse(dir.path(), "etc/nspawn-lifecycle/config.json", GIB);
+    let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(r.code(), 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("nspawn-lifecycle/config.json: larger than 1048576 bytes"),
+        "{}",
+        r.stderr
+    );
+}
+
 /// A FIFO (endless wait) or a device like /dev/zero (endless bytes) where a host file belongs:
 /// refused at once, by name.
 #[test]
@@ -244,6 +259,7 @@ fn privileged_fifos_and_devices_in_place_of_host_files_are_refused_by_name() {
         ("proc/devices", 1),
         ("sys/bus/pci/devices/0000:06:00.0/vendor", 1),
         ("etc/ld.so.cache", 1),
+        ("etc/nspawn-lifecycle/config.json", 2),
     ] {
         for fifo in [true, false] {
             let dir = host();
