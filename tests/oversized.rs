@@ -397,6 +397,30 @@ fn privileged_100k_gpu_nodes_are_refused_by_name() {
     assert_too_many_nodes(dir.path(), "/dev");
 }
 
+/// Just under the node limit, every node with a major the driver does not list: one reason
+/// per node in `discover --json`, but pre-start's one-line error names ten and counts the rest.
+#[test]
+fn privileged_16k_stale_nodes_make_a_short_error() {
+    let dir = host();
+    let caps = |i| format!("nvidia-cap{}", i + 1);
+    many_nodes(dir.path(), "dev/nvidia-caps", 16_000, caps, 509);
+    let r = run(dir.path(), &["discover", "--json"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .contains("/dev/nvidia-caps/nvidia-cap16000 is 509:15999 but")
+    );
+    let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(r.code(), 3, "{}", shorten(&r.stderr));
+    assert!(r.stderr.len() < 2048, "{} bytes", r.stderr.len());
+    assert!(
+        r.stderr
+            .contains("; and 15990 more (`discover` lists every one)"),
+        "{}",
+        r.stderr
+    );
+}
+
 /// As many nodes as a driver can make: every MIG capability of 32 GPUs and every IMEX channel
 /// (6 370 nodes). They are all found and bound.
 #[test]
