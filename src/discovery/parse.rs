@@ -150,6 +150,11 @@ pub fn gpu_information(bytes: &[u8]) -> Result<GpuInformation> {
     }
     let need = |v: Option<&str>, key: &str| -> Result<String> {
         match v {
+            // The values reach `discover`'s output on a terminal: no `\r`, escapes or NULs.
+            Some(s) if s.contains(char::is_control) => Err(ParseError::new(format!(
+                "{key} {:?} contains control characters",
+                shorten(s)
+            ))),
             Some(s) if !s.is_empty() => Ok(s.to_owned()),
             _ => Err(ParseError::new(format!("no \"{key}:\" line"))),
         }
@@ -810,6 +815,11 @@ mod tests {
         let bad_uuid = text.replace("GPU-edfee158", "GPU-../../x");
         assert!(gpu_information(bad_uuid.as_bytes()).is_err());
         assert!(gpu_information(b"\xff\xfe").is_err());
+        // Found by the gpu_information fuzz target: a `\r` (and NULs) inside a line passed.
+        let cr = text.replace("Tesla V100", "Tesla V1\r\0\0\x1b[2J");
+        let err = gpu_information(cr.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("Model \"Tesla V1\\r"), "{err}");
+        assert!(err.contains("contains control characters"), "{err}");
     }
 
     #[test]
