@@ -117,7 +117,7 @@ impl Config {
             Some(p) => (p.to_path_buf(), true),
             None => (host.path(DEFAULT_PATH), false),
         };
-        let text = match std::fs::read(&path) {
+        let text = match read_small(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
                 return Ok(Config::default());
@@ -274,6 +274,32 @@ impl Config {
             import_timeout: secs(s.import_timeout_seconds, "importTimeoutSeconds", 300)?,
         })
     }
+}
+
+/// Largest config file read: a real one is a few hundred bytes per machine.
+pub const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// The bytes of a regular file of at most [`MAX_CONFIG_FILE`] bytes. Opened non-blocking, so a
+/// FIFO in its place is refused instead of waiting for a writer forever.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_CONFIG_FILE + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > MAX_CONFIG_FILE {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("larger than {MAX_CONFIG_FILE} bytes"),
+        ));
+    }
+    Ok(buf)
 }
 
 impl Settings {
@@ -468,6 +494,29 @@ mod tests {
             assert_eq!(exit_code(&err), 2, "{text}");
             let msg = format!("{err:#}");
             assert!(msg.contains(needle), "{text}: {msg} should name {needle}");
+        }
+    }
+
+    /// Found by tests/oversized.rs: a 1 GiB config file was read whole (1 GB RSS), and a FIFO
+    /// in its place blocked the helper forever.
+    #[test]
+    fn huge_or_endless_config_files_are_bad_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let huge = dir.path().join("huge.json");
+        std::fs::File::create(&huge)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        let fifo = dir.path().join("fifo.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for (path, needle) in [
+            (huge, "huge.json: larger than 1048576 bytes"),
+            (fifo, "fifo.json: not a regular file"),
+        ] {
+            let err = Config::load(&host, Some(&path)).unwrap_err();
+            assert_eq!(exit_code(&err), 2);
+            assert!(format!("{err:#}").contains(needle), "{err:#}");
         }
     }
 

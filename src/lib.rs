@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod error;
 pub mod failpoint;
 pub mod fixture;
+pub mod fuzzing;
 pub mod host;
 pub mod install;
 pub mod layout;

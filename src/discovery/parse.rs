@@ -150,6 +150,11 @@ pub fn gpu_information(bytes: &[u8]) -> Result<GpuInformation> {
     }
     let need = |v: Option<&str>, key: &str| -> Result<String> {
         match v {
+            // The values reach `discover`'s output on a terminal: no `\r`, escapes or NULs.
+            Some(s) if s.contains(char::is_control) => Err(ParseError::new(format!(
+                "{key} {:?} contains control characters",
+                shorten(s)
+            ))),
             Some(s) if !s.is_empty() => Ok(s.to_owned()),
             _ => Err(ParseError::new(format!("no \"{key}:\" line"))),
         }
@@ -257,8 +262,9 @@ pub fn proc_devices(bytes: &[u8]) -> Result<Vec<(u32, String)>> {
 pub fn pci_id(bytes: &[u8]) -> Result<u16> {
     let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
     let t = text.trim_end_matches('\n');
+    // `from_str_radix` alone would also take a sign (`0x+0de`): only the kernel's `0x%04x`.
     t.strip_prefix("0x")
-        .filter(|h| h.len() == 4)
+        .filter(|h| h.len() == 4 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|h| u16::from_str_radix(h, 16).ok())
         .ok_or_else(|| ParseError::new(format!("{:?} is not a 16-bit id like 0x10de", shorten(t))))
 }
@@ -277,14 +283,29 @@ const NEW_HEADER: usize = 48; // magic+version[20], nlibs, len_strings, flags u8
 const NEW_ENTRY: usize = 24; // flags i32, key u32, value u32, osversion u32, hwcap u64
 /// Longest name or path we read out of the string table.
 const MAX_CACHE_STRING: usize = 4096;
+/// Most entries we read: Debian's cache lists a few thousand libraries. Each entry costs UTF-8
+/// checks of strings up to 4 KiB, so a 16 MiB cache of 700 000 entries is seconds of work.
+pub const MAX_CACHE_ENTRIES: u32 = 1 << 16;
+
+fn check_entry_count(nlibs: u32) -> Result<()> {
+    if nlibs > MAX_CACHE_ENTRIES {
+        return Err(ParseError::new(format!(
+            "{nlibs} entries; more than {MAX_CACHE_ENTRIES} is not a cache ldconfig wrote"
+        )));
+    }
+    Ok(())
+}
 
 /// One `ld.so.cache` entry: `libcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LdCacheEntry {
+///
+/// It borrows its strings from the cache: entries may share one string, so owned copies could
+/// cost far more than the file (a 16 MiB cache of 700 000 entries naming one 4 KiB path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LdCacheEntry<'a> {
     /// The SONAME (or file name) the dynamic linker looks up.
-    pub key: String,
+    pub key: &'a str,
     /// The absolute path it maps to.
-    pub path: String,
+    pub path: &'a str,
     /// glibc's `FLAG_*` bits: the low byte is the library type (3 = libc6), the next the
     /// required ABI (`0x0300` x86-64, `0x0a00` AArch64, 0 for i386 on x86 hosts).
     pub flags: u32,
@@ -293,9 +314,17 @@ pub struct LdCacheEntry {
 /// Parse a glibc `ld.so.cache`: the `glibc-ld.so.cache1.1` format (Debian 12's default), the old
 /// `ld.so-1.7.0` format with the new one appended (what older ldconfig wrote by default), or the old
 /// format alone. Entries whose key or path is not UTF-8 are skipped.
-pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry>> {
+pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry<'_>>> {
+    let mut out = Vec::new();
+    ld_so_cache_each(bytes, |e| out.push(e))?;
+    Ok(out)
+}
+
+/// [`ld_so_cache`] without collecting: `f` sees each entry in file order, in constant memory.
+/// On an error `f` may already have seen some entries; the caller discards them.
+pub fn ld_so_cache_each<'a>(bytes: &'a [u8], mut f: impl FnMut(LdCacheEntry<'a>)) -> Result<()> {
     if bytes.starts_with(NEW_MAGIC) {
-        return parse_new_cache(bytes, 0);
+        return parse_new_cache(bytes, 0, &mut f);
     }
     if !bytes.starts_with(OLD_MAGIC) {
         return Err(ParseError::new(
@@ -303,6 +332,7 @@ pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry>> {
         ));
     }
     let nlibs = read_u32(bytes, 12, false).ok_or_else(|| ParseError::new("truncated header"))?;
+    check_entry_count(nlibs)?;
     let entries_end = usize::try_from(nlibs)
         .ok()
         .and_then(|n| n.checked_mul(OLD_ENTRY))
@@ -320,9 +350,8 @@ pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry>> {
         .get(new_start..)
         .is_some_and(|b| b.starts_with(NEW_MAGIC))
     {
-        return parse_new_cache(bytes, new_start);
+        return parse_new_cache(bytes, new_start, &mut f);
     }
-    let mut out = Vec::new();
     for i in 0..nlibs as usize {
         let at = OLD_HEADER + i * OLD_ENTRY;
         let (Some(flags), Some(key), Some(value)) = (
@@ -332,12 +361,16 @@ pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry>> {
         ) else {
             return Err(ParseError::new("truncated entry"));
         };
-        push_entry(&mut out, bytes, entries_end, flags, key, value)?;
+        push_entry(&mut f, bytes, entries_end, flags, key, value)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-fn parse_new_cache(bytes: &[u8], base: usize) -> Result<Vec<LdCacheEntry>> {
+fn parse_new_cache<'a>(
+    bytes: &'a [u8],
+    base: usize,
+    f: &mut impl FnMut(LdCacheEntry<'a>),
+) -> Result<()> {
     let header = bytes
         .get(base..)
         .filter(|h| h.len() >= NEW_HEADER)
@@ -350,6 +383,7 @@ fn parse_new_cache(bytes: &[u8], base: usize) -> Result<Vec<LdCacheEntry>> {
         _ => return Err(ParseError::new("header says its byte order is invalid")),
     };
     let nlibs = read_u32(header, 20, big_endian).unwrap_or(0);
+    check_entry_count(nlibs)?;
     usize::try_from(nlibs)
         .ok()
         .and_then(|n| n.checked_mul(NEW_ENTRY))
@@ -361,7 +395,6 @@ fn parse_new_cache(bytes: &[u8], base: usize) -> Result<Vec<LdCacheEntry>> {
                 header.len()
             ))
         })?;
-    let mut out = Vec::new();
     for i in 0..nlibs as usize {
         let at = NEW_HEADER + i * NEW_ENTRY;
         let (Some(flags), Some(key), Some(value)) = (
@@ -372,14 +405,14 @@ fn parse_new_cache(bytes: &[u8], base: usize) -> Result<Vec<LdCacheEntry>> {
             return Err(ParseError::new("truncated entry"));
         };
         // String offsets of the new format count from its own header.
-        push_entry(&mut out, header, 0, flags, key, value)?;
+        push_entry(f, header, 0, flags, key, value)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-fn push_entry(
-    out: &mut Vec<LdCacheEntry>,
-    bytes: &[u8],
+fn push_entry<'a>(
+    f: &mut impl FnMut(LdCacheEntry<'a>),
+    bytes: &'a [u8],
     strings: usize,
     flags: u32,
     key: u32,
@@ -388,11 +421,7 @@ fn push_entry(
     let key = cstr_at(bytes, strings, key)?;
     let path = cstr_at(bytes, strings, value)?;
     if let (Ok(key), Ok(path)) = (std::str::from_utf8(key), std::str::from_utf8(path)) {
-        out.push(LdCacheEntry {
-            key: key.to_owned(),
-            path: path.to_owned(),
-            flags,
-        });
+        f(LdCacheEntry { key, path, flags });
     }
     Ok(())
 }
@@ -823,6 +852,11 @@ mod tests {
         let bad_uuid = text.replace("GPU-edfee158", "GPU-../../x");
         assert!(gpu_information(bad_uuid.as_bytes()).is_err());
         assert!(gpu_information(b"\xff\xfe").is_err());
+        // Found by the gpu_information fuzz target: a `\r` (and NULs) inside a line passed.
+        let cr = text.replace("Tesla V100", "Tesla V1\r\0\0\x1b[2J");
+        let err = gpu_information(cr.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("Model \"Tesla V1\\r"), "{err}");
+        assert!(err.contains("contains control characters"), "{err}");
     }
 
     #[test]
@@ -883,6 +917,8 @@ mod tests {
         for bad in [&b""[..], b"10de\n", b"0x10de0\n", b"0xzzzz\n", b"\xff"] {
             assert!(pci_id(bad).is_err(), "{bad:?}");
         }
+        // Found by the pci_id fuzz target: a sign slipped through u16::from_str_radix.
+        assert!(pci_id(b"0x+0de\n").is_err());
     }
 
     /// `ldconfig -p` lines: `\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1`.
@@ -911,7 +947,7 @@ mod tests {
         let ours: Vec<_> = ld_so_cache(&bytes)
             .unwrap()
             .into_iter()
-            .map(|e| (e.key, e.path))
+            .map(|e| (e.key.to_owned(), e.path.to_owned()))
             .collect();
         let theirs = ldconfig_p(&[]);
         assert!(theirs.len() > 10, "suspiciously small cache");
@@ -955,10 +991,7 @@ mod tests {
             };
             assert!(bytes.starts_with(magic), "{format}");
             let ours = ld_so_cache(&bytes).unwrap();
-            let keys: Vec<_> = ours
-                .iter()
-                .map(|e| (e.key.as_str(), e.path.as_str()))
-                .collect();
+            let keys: Vec<_> = ours.iter().map(|e| (e.key, e.path)).collect();
             assert!(
                 keys.contains(&("libcuda.so.1", "/opt/nv/lib/libcuda.so.1")),
                 "{format}: {keys:?}"
@@ -976,7 +1009,10 @@ mod tests {
                 "-C",
                 root.join(cache.trim_start_matches('/')).to_str().unwrap(),
             ]);
-            let ours: Vec<_> = ours.into_iter().map(|e| (e.key, e.path)).collect();
+            let ours: Vec<_> = ours
+                .into_iter()
+                .map(|e| (e.key.to_owned(), e.path.to_owned()))
+                .collect();
             assert_eq!(ours, theirs, "{format}");
         }
     }
@@ -998,6 +1034,26 @@ mod tests {
         let mut old = b"ld.so-1.7.0\0".to_vec();
         old.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(ld_so_cache(&old).is_err());
+    }
+
+    /// Found by tests/oversized.rs: 700 000 entries naming one 4 KiB path within the 16 MiB
+    /// limit were gigabytes as owned strings. Entries point into the cache instead.
+    #[test]
+    fn cache_entries_borrow_from_the_cache() {
+        let long = format!("/{}/libcuda.so.1", "x".repeat(4000));
+        let bytes = crate::fixture::ld_so_cache(&[("libcuda.so.1", &long, 0x303)]);
+        let e = ld_so_cache(&bytes).unwrap();
+        assert_eq!(e[0].path, long);
+        assert!(bytes.as_ptr_range().contains(&e[0].path.as_ptr()));
+        let mut seen = 0;
+        ld_so_cache_each(&bytes, |_| seen += 1).unwrap();
+        assert_eq!(seen, 1);
+        // And there are at most 65536 of them, whatever the header says.
+        let mut many = crate::fixture::ld_so_cache(&[("libcuda.so.1", &long, 0x303)]);
+        many.resize(48 + 24 * (MAX_CACHE_ENTRIES as usize + 1), 0);
+        many[20..24].copy_from_slice(&(MAX_CACHE_ENTRIES + 1).to_le_bytes());
+        let err = ld_so_cache(&many).unwrap_err().to_string();
+        assert!(err.contains("65537 entries; more than 65536"), "{err}");
     }
 
     #[test]

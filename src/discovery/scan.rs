@@ -8,8 +8,9 @@
 //! driver is being loaded or replaced, and `incomplete` makes pre-start fail with exit code 3 so
 //! systemd retries the start until the host settles; a hard error would look like a bug in us.
 //! Only what we cannot read at all is an error (exit 1, naming the file): an I/O error, a
-//! directory where a file belongs, or a file over [`MAX_PROC_FILE`] (real ones are a few hundred
-//! bytes; a huge one is not a driver file and is not worth reading into memory).
+//! directory where a file belongs, a FIFO or device node where a file belongs, or a file over
+//! [`MAX_PROC_FILE`] (real ones are a few hundred bytes; a huge one is not a driver file and is
+//! not worth reading into memory).
 //!
 //! Reasons only matter when the host has NVIDIA hardware: with no NVIDIA device nodes and no GPU
 //! in /proc the verdict is `none` and they are logged at debug level.
@@ -23,7 +24,7 @@ use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{FileType, Metadata};
 use std::io::{ErrorKind, Read as _};
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
 
 /// Largest /proc or /sys file discovery reads.
 pub const MAX_PROC_FILE: u64 = 1 << 20;
@@ -72,6 +73,18 @@ const BIN_DIRS: &[&str] = &[
 
 /// IPC directories bound when they hold a `socket`.
 const SOCKET_DIRS: &[&str] = &["/run/nvidia-persistenced", "/run/nvidia-fabricmanager"];
+
+/// Most NVIDIA device nodes discovery takes. The most a driver makes is a few thousand (MIG
+/// capabilities of 32 GPUs are 4 322 nodes, IMEX channels 2 048); each node becomes a line of
+/// the `.nspawn` file and an entry of the CDI spec.
+pub const MAX_DEVICE_NODES: usize = 16384;
+
+/// How many different `libcuda.so*` paths of ld.so.cache are looked at. A host has one or two
+/// per architecture; a cache with thousands would cost thousands of walks through the tree.
+const MAX_CACHED_LIBCUDA: usize = 64;
+
+/// Longest path the kernel takes, with its NUL.
+const PATH_MAX: usize = libc::PATH_MAX as usize;
 
 /// How many symlinks one path may traverse (Linux's limit).
 const MAX_SYMLINKS: usize = 40;
@@ -140,6 +153,17 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
         driver,
         verdict,
     })
+}
+
+/// Refuse a host with more NVIDIA device nodes than any driver makes (a hard error, exit 1):
+/// binding them all would write megabytes of `.nspawn` file and CDI spec.
+fn too_many_nodes(count: usize, dir: &str) -> Result<()> {
+    if count > MAX_DEVICE_NODES {
+        bail!(
+            "{dir} holds more than {MAX_DEVICE_NODES} NVIDIA device nodes, which no driver creates; refusing to bind them"
+        );
+    }
+    Ok(())
 }
 
 enum Module {
@@ -266,6 +290,7 @@ impl Scan<'_> {
                 _ => continue,
             };
             candidates.push((format!("/dev/{name}"), role));
+            too_many_nodes(candidates.len(), "/dev")?;
         }
         for (dir, role) in [
             ("/dev/nvidia-caps", DeviceRole::Cap),
@@ -276,6 +301,7 @@ impl Scan<'_> {
                 Some(m) if m.is_dir() => {
                     for name in self.list(dir)?.unwrap_or_default() {
                         candidates.push((format!("{dir}/{name}"), role));
+                        too_many_nodes(candidates.len(), dir)?;
                     }
                 }
                 Some(_) => {
@@ -574,19 +600,35 @@ impl Scan<'_> {
     fn candidate_lib_dirs(&mut self) -> Result<(Vec<String>, Option<String>)> {
         let mut dirs: Vec<String> = Vec::new();
         let mut problem = None;
-        let mut cached = Vec::new();
-        match self.read(LD_CACHE, MAX_LD_CACHE)? {
-            None => {}
-            Some(bytes) => match parse::ld_so_cache(&bytes) {
-                Ok(entries) => cached = entries,
-                Err(e) => {
-                    tracing::warn!("{LD_CACHE}: {e}; searching the standard directories only");
-                    problem = Some(format!("{LD_CACHE}: {e}"));
+        let bytes = self.read(LD_CACHE, MAX_LD_CACHE)?.unwrap_or_default();
+        // Distinct libcuda paths in cache order; each costs a walk of the tree to resolve.
+        let mut cached: Vec<&str> = Vec::new();
+        let mut too_many = false;
+        if !bytes.is_empty() {
+            let parsed = parse::ld_so_cache_each(&bytes, |e| {
+                if e.key.starts_with("libcuda.so") && !cached.contains(&e.path) {
+                    if cached.len() < MAX_CACHED_LIBCUDA {
+                        cached.push(e.path);
+                    } else {
+                        too_many = true;
+                    }
                 }
-            },
+            });
+            let why = match parsed {
+                Err(e) => Some(e.to_string()),
+                Ok(()) if too_many => Some(format!(
+                    "more than {MAX_CACHED_LIBCUDA} different libcuda paths, which no ldconfig writes"
+                )),
+                Ok(()) => None,
+            };
+            if let Some(why) = why {
+                tracing::warn!("{LD_CACHE}: {why}; searching the standard directories only");
+                problem = Some(format!("{LD_CACHE}: {why}"));
+                cached.clear();
+            }
         }
-        for e in cached.iter().filter(|e| e.key.starts_with("libcuda.so")) {
-            if let Some((canon, m)) = self.resolve(&e.path)?
+        for path in cached {
+            if let Some((canon, m)) = self.resolve(path)?
                 && m.is_file()
                 && let Some((dir, _)) = canon.rsplit_once('/')
             {
@@ -692,16 +734,31 @@ impl Scan<'_> {
 
     // -- host tree access ----------------------------------------------------------------
 
-    /// Read a whole small file, `None` when it does not exist; more than `limit` bytes is an error.
+    /// Read a whole small file, `None` when it does not exist; more than `limit` bytes, or
+    /// something that is not a regular file, is an error.
     fn read(&self, abs: &str, limit: u64) -> Result<Option<Vec<u8>>> {
         let p = self.host.path(abs);
-        let f = match std::fs::File::open(&p) {
+        // Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
+        let f = match std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+        {
             Ok(f) => f,
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 return Ok(None);
             }
             Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
         };
+        let meta = f
+            .metadata()
+            .with_context(|| format!("stat {}", p.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "refusing to read {}: not a regular file (a FIFO or device would never end or never start)",
+                p.display()
+            );
+        }
         let mut buf = Vec::new();
         f.take(limit + 1)
             .read_to_end(&mut buf)
@@ -805,6 +862,12 @@ impl Scan<'_> {
             for part in done.iter().chain(std::iter::once(&c)) {
                 candidate.push('/');
                 candidate.push_str(part);
+            }
+            // Deeper than the kernel takes in one name (links can lead there): nothing at such a
+            // path can be bound into a machine, and lstat would fail with ENAMETOOLONG.
+            if self.host.path(&candidate).as_os_str().len() >= PATH_MAX {
+                tracing::debug!("{abs} leads deeper than PATH_MAX; skipping");
+                return Ok(None);
             }
             let Some(m) = self.lstat(&candidate)? else {
                 return Ok(None);
@@ -1099,6 +1162,39 @@ mod tests {
         .unwrap();
         let inv = discover(&HostRoot::new(dir.path())).unwrap();
         assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 23);
+    }
+
+    /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000
+    /// walks through the tree (minutes). Past 64 the cache is not believed, as for garbage.
+    #[test]
+    fn a_cache_with_too_many_libcuda_paths_is_not_used() {
+        let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");
+        let with_cache = |n: usize| {
+            let dir = tempfile::tempdir().unwrap();
+            materialize(&text, dir.path()).unwrap();
+            // The same library under n different spellings: /opt/nv/lib/././libcuda.so.1
+            let paths: Vec<String> = (0..n)
+                .map(|i| format!("/opt/nv/lib/{}libcuda.so.1", "./".repeat(i)))
+                .collect();
+            let entries: Vec<_> = paths
+                .iter()
+                .map(|p| ("libcuda.so.1", p.as_str(), 0x303))
+                .collect();
+            let cache = crate::fixture::ld_so_cache(&entries);
+            std::fs::write(dir.path().join("etc/ld.so.cache"), cache).unwrap();
+            let inv = discover(&HostRoot::new(dir.path())).unwrap();
+            (dir, inv)
+        };
+        let (_d, inv) = with_cache(MAX_CACHED_LIBCUDA);
+        assert_eq!(inv.driver.unwrap().lib_dirs[0].path, "/opt/nv/lib");
+        let (_d, inv) = with_cache(MAX_CACHED_LIBCUDA + 1);
+        assert_eq!(inv.driver, None);
+        let r = reasons(&inv);
+        assert!(
+            r.iter()
+                .any(|r| r.contains("more than 64 different libcuda paths")),
+            "{r:?}"
+        );
     }
 
     #[test]

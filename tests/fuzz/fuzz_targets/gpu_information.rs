@@ -1,0 +1,3 @@
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| nspawn_lifecycle::fuzzing::gpu_information(data));

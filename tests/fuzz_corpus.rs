@@ -1,0 +1,64 @@
+//! Replays every committed fuzz corpus file (`tests/fuzz/corpus/<target>/`) through the entry
+//! point its cargo-fuzz target calls, on stable and without libFuzzer, so CI keeps exercising
+//! what the fuzzers found interesting. A panic names the target and the file.
+
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
+
+use nspawn_lifecycle::fuzzing::TARGETS;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz")
+}
+
+/// Names of the entries of `dir`, sorted; `strip` removes a suffix and skips names without it.
+fn names(dir: &Path, strip: &str) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter_map(|n| n.strip_suffix(strip).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn every_fuzz_target_has_an_entry_point_and_a_corpus() {
+    let entry_points: BTreeSet<String> = TARGETS.iter().map(|(n, _)| (*n).to_owned()).collect();
+    assert_eq!(entry_points.len(), TARGETS.len(), "duplicate target name");
+    assert_eq!(
+        names(&fuzz_dir().join("fuzz_targets"), ".rs"),
+        entry_points,
+        "tests/fuzz/fuzz_targets/*.rs and nspawn_lifecycle::fuzzing::TARGETS disagree"
+    );
+    assert_eq!(
+        names(&fuzz_dir().join("corpus"), ""),
+        entry_points,
+        "tests/fuzz/corpus/ must hold one directory per target, and nothing else"
+    );
+}
+
+#[test]
+fn every_corpus_file_replays_without_a_panic() {
+    let mut total = 0;
+    for (name, entry) in TARGETS {
+        let dir = fuzz_dir().join("corpus").join(name);
+        let files = names(&dir, "");
+        assert!(
+            !files.is_empty(),
+            "{}: empty corpus; run the target and `cargo fuzz cmin` (tests/fuzz/README.md)",
+            dir.display()
+        );
+        for file in &files {
+            let path = dir.join(file);
+            let data = std::fs::read(&path).unwrap();
+            if std::panic::catch_unwind(|| entry(&data)).is_err() {
+                panic!("fuzz target {name} panicked on {}", path.display());
+            }
+        }
+        total += files.len();
+    }
+    eprintln!(
+        "replayed {total} corpus files through {} targets",
+        TARGETS.len()
+    );
+}
