@@ -516,8 +516,13 @@ fn first_line(cmd: &mut Command) -> String {
     }
 }
 
+/// The filesystem type of the mount holding `p` (`stat -f` would call ext4 "ext2/ext3").
 fn fs_type(p: &Path) -> String {
-    first_line(Command::new("stat").args(["-f", "-c", "%T"]).arg(p))
+    first_line(
+        Command::new("findmnt")
+            .args(["-n", "-o", "FSTYPE", "--target"])
+            .arg(p),
+    )
 }
 
 fn machine_facts(o: &Opts) -> Result<BTreeMap<&'static str, String>> {
