@@ -53,6 +53,13 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         return Ok(());
     }
+    // A mistyped --host-root must not become an empty host with verdict "none" and new files.
+    if !host.root().is_dir() {
+        return Err(error::bad_input(format!(
+            "--host-root {}: not a directory",
+            host.root().display()
+        )));
+    }
     let config = Config::load(&host, cli.config.as_deref())?;
     let ctx = Ctx { host, config };
     match cli.command {

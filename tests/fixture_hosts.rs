@@ -837,3 +837,18 @@ fn privileged_foreign_and_host_only_nodes_are_never_bound() {
         )
     );
 }
+
+#[test]
+fn a_missing_host_root_is_bad_input_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"))
+        .arg("--host-root")
+        .arg(&missing)
+        .args(["nspawn-lifecycle", "pre-start", "kube1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("typo"));
+    assert!(!missing.exists());
+}
