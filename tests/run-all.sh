@@ -3,7 +3,8 @@
 #
 # Runs as root on a fresh Debian 12 machine with the pinned Rust toolchain; installs what it needs.
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
-#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs
+#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs,
+#      oversized hosts (GNU time measures peak RSS), fuzz corpus replay
 #   3. the static release build, checked with file/ldd
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
@@ -15,7 +16,8 @@ step() { printf '\n=== %s\n' "$*" >&2; }
 
 step "installing test dependencies (apt-get)"
 need=()
-for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus; do
+for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus \
+    /usr/bin/time:time prlimit:util-linux; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
