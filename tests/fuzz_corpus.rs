@@ -1,6 +1,7 @@
-//! Replays every committed fuzz corpus file (`tests/fuzz/corpus/<target>/`) through the entry
-//! point its cargo-fuzz target calls, on stable and without libFuzzer, so CI keeps exercising
-//! what the fuzzers found interesting. A panic names the target and the file.
+//! Replays every committed fuzz input through the entry point its cargo-fuzz target calls, on
+//! stable and without libFuzzer, so CI keeps exercising what the fuzzers found interesting:
+//! `tests/fuzz/seeds/<target>/` (real inputs written by hand or by ldconfig) and
+//! `tests/fuzz/corpus/<target>/` (what the fuzzers kept, minimized). A panic names the file.
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
 
@@ -30,35 +31,39 @@ fn every_fuzz_target_has_an_entry_point_and_a_corpus() {
         entry_points,
         "tests/fuzz/fuzz_targets/*.rs and nspawn_lifecycle::fuzzing::TARGETS disagree"
     );
-    assert_eq!(
-        names(&fuzz_dir().join("corpus"), ""),
-        entry_points,
-        "tests/fuzz/corpus/ must hold one directory per target, and nothing else"
-    );
+    for dir in ["corpus", "seeds"] {
+        assert_eq!(
+            names(&fuzz_dir().join(dir), ""),
+            entry_points,
+            "tests/fuzz/{dir}/ must hold one directory per target, and nothing else"
+        );
+    }
 }
 
 #[test]
 fn every_corpus_file_replays_without_a_panic() {
     let mut total = 0;
     for (name, entry) in TARGETS {
-        let dir = fuzz_dir().join("corpus").join(name);
-        let files = names(&dir, "");
-        assert!(
-            !files.is_empty(),
-            "{}: empty corpus; run the target and `cargo fuzz cmin` (tests/fuzz/README.md)",
-            dir.display()
-        );
-        for file in &files {
-            let path = dir.join(file);
-            let data = std::fs::read(&path).unwrap();
-            if std::panic::catch_unwind(|| entry(&data)).is_err() {
-                panic!("fuzz target {name} panicked on {}", path.display());
+        for kind in ["seeds", "corpus"] {
+            let dir = fuzz_dir().join(kind).join(name);
+            let files = names(&dir, "");
+            assert!(
+                !files.is_empty(),
+                "{}: empty; run the target and tests/fuzz/cmin.sh (tests/fuzz/README.md)",
+                dir.display()
+            );
+            for file in &files {
+                let path = dir.join(file);
+                let data = std::fs::read(&path).unwrap();
+                if std::panic::catch_unwind(|| entry(&data)).is_err() {
+                    panic!("fuzz target {name} panicked on {}", path.display());
+                }
             }
+            total += files.len();
         }
-        total += files.len();
     }
     eprintln!(
-        "replayed {total} corpus files through {} targets",
+        "replayed {total} seed and corpus files through {} targets",
         TARGETS.len()
     );
 }

@@ -3,8 +3,9 @@
 #
 # Runs as root on a fresh Debian 12 machine with the pinned Rust toolchain; installs what it needs.
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
-#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs; then
-#      again with --features failpoints: the binary killed at each crash point, concurrent callers
+#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs,
+#      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
+#      --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build, checked with file/ldd, and the same with --features failpoints
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
 #      its crash scenario (8) runs the failpoints build
@@ -17,7 +18,8 @@ step() { printf '\n=== %s\n' "$*" >&2; }
 
 step "installing test dependencies (apt-get)"
 need=()
-for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus; do
+for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus \
+    /usr/bin/time:time prlimit:util-linux; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Run fuzz targets one after another (one process, one core), each for SECONDS_PER_TARGET
-# (default 240), growing tests/fuzz/corpus/<target>; then summarize executions and coverage.
+# (default 240), starting from seeds/<target> and corpus/<target> and growing corpus/<target>;
+# then summarize executions and coverage.
 #   tests/fuzz/run.sh                 # every target
 #   tests/fuzz/run.sh config elf_info # some
 #   SECONDS_PER_TARGET=60 tests/fuzz/run.sh
@@ -21,7 +22,8 @@ for t in "${targets[@]}"; do
     echo "=== $t (${secs}s)" >&2
     # -rss_limit_mb: a parser that needs a GiB for a few KB of input is a finding, not a host.
     # -timeout: one input taking seconds is a hang.
-    cargo fuzz run --fuzz-dir . "$t" "corpus/$t" -- \
+    # New inputs go to corpus/ (the first directory); seeds/ is read as well, never written.
+    cargo fuzz run --fuzz-dir . "$t" "corpus/$t" "seeds/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=1024 -timeout=5 -print_final_stats=1 \
         "${dict[@]}" >"target/logs/$t.log" 2>&1 || { echo "FAIL: $t, see target/logs/$t.log" >&2; tail -40 "target/logs/$t.log" >&2; exit 1; }
 done
