@@ -775,24 +775,11 @@ impl Scan<'_> {
 
     /// Sorted UTF-8 entry names of a directory, `None` when it does not exist.
     fn list(&self, abs: &str) -> Result<Option<Vec<String>>> {
-        let p = self.host.path(abs);
-        let rd = match std::fs::read_dir(&p) {
-            Ok(rd) => rd,
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(e).with_context(|| format!("listing {}", p.display())),
-        };
-        let mut names = Vec::new();
-        for entry in rd {
-            let entry = entry.with_context(|| format!("listing {}", p.display()))?;
-            match entry.file_name().into_string() {
-                Ok(n) => names.push(n),
-                Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
-            }
-        }
-        names.sort();
-        Ok(Some(names))
+        Ok(self.list_typed(abs)?.map(|entries| {
+            let mut names: Vec<String> = entries.into_iter().map(|(n, _)| n).collect();
+            names.sort();
+            names
+        }))
     }
 
     /// Like [`Self::list`] but in directory order (callers sort what they keep: sorting a whole
