@@ -14,6 +14,8 @@
 
 mod rewire_support;
 
+mod common;
+use common::copy_tree;
 use nspawn_lifecycle::failpoint::{self, Point};
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
@@ -132,19 +134,6 @@ fn leftovers(root: &Path) -> Vec<PathBuf> {
 
 fn read_opt(p: &Path) -> Option<Vec<u8>> {
     std::fs::read(p).ok()
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&dst).unwrap();
-            copy_tree(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), &dst).unwrap();
-        }
-    }
 }
 
 #[test]

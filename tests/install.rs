@@ -10,6 +10,8 @@
 // Test helpers outside #[test] fns panic on setup failures by design.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::copy_tree;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -51,19 +53,6 @@ fn legacy_host(name: &str) -> tempfile::TempDir {
         t.path(),
     );
     t
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&dst).unwrap();
-            copy_tree(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), &dst).unwrap();
-        }
-    }
 }
 
 struct Out {
