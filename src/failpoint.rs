@@ -28,6 +28,9 @@ pub enum Point {
     MidLinks,
     /// post-start: the CDI spec's temp file is written and synced, not yet renamed.
     MidCdiWrite,
+    /// post-start: the unit-gate marker's temp file is written, not yet renamed (file steps done,
+    /// containerd not yet started).
+    PostStartMidGateRelease,
     /// post-start: containerd was started again, images not yet imported.
     AfterContainerdStart,
     /// post-start: after each `ctr images import` finished, before its outcome is acted on
@@ -37,6 +40,8 @@ pub enum Point {
     MidImageImport,
     /// post-start: images imported, kubelet not yet started.
     BeforeKubeletStart,
+    /// pre-start: the unit-gate drop-in's temp file is written, not yet renamed.
+    PreStartMidGateWrite,
     /// pre-start: the `.nspawn` file's temp file is written and synced, not yet renamed.
     PreStartMidNspawnWrite,
     /// install: the helper copy's temp file is written, not yet renamed.
@@ -52,7 +57,7 @@ pub enum Point {
 }
 
 /// Every point, in the order a run meets them.
-pub const ALL: [Point; 16] = [
+pub const ALL: [Point; 18] = [
     Point::AfterLock,
     Point::AfterKubeletStop,
     Point::AfterContainerdStop,
@@ -60,9 +65,11 @@ pub const ALL: [Point; 16] = [
     Point::AfterDriverRootSwap,
     Point::MidLinks,
     Point::MidCdiWrite,
+    Point::PostStartMidGateRelease,
     Point::AfterContainerdStart,
     Point::MidImageImport,
     Point::BeforeKubeletStart,
+    Point::PreStartMidGateWrite,
     Point::PreStartMidNspawnWrite,
     Point::InstallMidHelperCopy,
     Point::InstallMidNspawnWrite,
@@ -82,9 +89,11 @@ impl Point {
             Point::AfterDriverRootSwap => "post-start-after-driver-root-swap",
             Point::MidLinks => "post-start-mid-links",
             Point::MidCdiWrite => "post-start-mid-cdi-write",
+            Point::PostStartMidGateRelease => "post-start-mid-gate-release",
             Point::AfterContainerdStart => "post-start-after-containerd-start",
             Point::MidImageImport => "post-start-mid-image-import",
             Point::BeforeKubeletStart => "post-start-before-kubelet-start",
+            Point::PreStartMidGateWrite => "pre-start-mid-gate-write",
             Point::PreStartMidNspawnWrite => "pre-start-mid-nspawn-write",
             Point::InstallMidHelperCopy => "install-mid-helper-copy",
             Point::InstallMidNspawnWrite => "install-mid-nspawn-write",

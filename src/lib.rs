@@ -10,6 +10,7 @@ pub mod error;
 pub mod failpoint;
 pub mod fixture;
 pub mod fuzzing;
+pub mod gate;
 pub mod host;
 pub mod install;
 pub mod layout;

@@ -4,6 +4,7 @@
 
 use crate::config::MachineConfig;
 use crate::discovery::Inventory;
+use crate::gate;
 use crate::layout;
 use crate::machine_name::MachineName;
 use std::collections::BTreeSet;
@@ -51,6 +52,13 @@ pub struct NspawnFile {
 }
 
 impl NspawnFile {
+    /// Whether the file binds the unit gate into the machine (so [`gate::HOST_FILE`] must exist).
+    pub fn binds_gate(&self) -> bool {
+        self.binds.iter().any(|b| b.source == gate::HOST_FILE)
+    }
+}
+
+impl NspawnFile {
     /// Render for `inv` (whose verdict must not be incomplete; callers check first).
     /// `has_lib_modules`: whether the host has `/lib/modules` (nspawn fails on a missing source).
     pub fn render(
@@ -76,6 +84,14 @@ impl NspawnFile {
                         source: b.source,
                         target: b.target,
                         read_only: b.read_only,
+                    });
+                }
+                // containerd and kubelet wait at boot for post-start (src/gate.rs).
+                for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
+                    binds.push(BindLine {
+                        source: gate::HOST_FILE.to_owned(),
+                        target: gate::dropin(unit),
+                        read_only: true,
                     });
                 }
                 format!(

@@ -1,7 +1,9 @@
 //! `nspawn-lifecycle post-start`: rewire NVIDIA state inside the machine with its services stopped.
 //!
 //! Order (DESIGN §5): stop kubelet → stop containerd → driver root → links → `ldconfig` → CDI spec
-//! → start containerd → import staged images → start kubelet. When a step after the stops fails,
+//! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
+//! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
+//! the two stops find nothing running and each service starts once, after the driver is wired. When a step after the stops fails,
 //! containerd and kubelet are started again (best effort, each result logged) before the error is
 //! returned, so a failed start never leaves a node with its services down and nobody to restart
 //! them except systemd's `Restart=on-failure`, which retries the whole start anyway.
@@ -11,6 +13,7 @@ use crate::cdi;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::failpoint::{self, Point};
+use crate::gate;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, MachineRoot};
@@ -46,7 +49,18 @@ impl Services for MachineServices<'_> {
         self.sd.stop_unit(unit, Instant::now() + self.job_timeout)
     }
     fn start(&self, unit: &str) -> Result<()> {
-        self.sd.start_unit(unit, Instant::now() + self.job_timeout)
+        let deadline = Instant::now() + self.job_timeout;
+        self.sd.start_unit(unit, deadline)?;
+        // A start job also finishes "done" when a condition skipped the unit: check it runs.
+        let st = self.sd.unit_state(unit, deadline)?;
+        match st.active_state.as_str() {
+            "active" | "reloading" => Ok(()),
+            other => anyhow::bail!(
+                "{unit} is {other} ({}) after its start job finished; an unmet Condition…= \
+                 skips a unit that way (see `systemctl status {unit}` in the machine)",
+                st.sub_state
+            ),
+        }
     }
     fn run(&self, prefix: &str, argv: &[&str], timeout: Duration) -> Result<TransientOutcome> {
         self.sd.run_transient(prefix, argv, timeout)
@@ -84,6 +98,22 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         let report = rewire::cleanup(root, &mc.cdi_dir, &spec_file)
             .with_context(|| format!("post-start of {machine}: removing stale NVIDIA state"))?;
         tracing::info!(%machine, "no NVIDIA GPUs on the host; {report}");
+        // Unless pre-start still saw GPUs and gated the services (they went in between): then
+        // nothing else would ever start them this boot.
+        if gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)? {
+            gate::release(root)?;
+            let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
+            let services = MachineServices {
+                sd: &sd,
+                job_timeout: mc.job_timeout,
+            };
+            for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
+                services
+                    .start(unit)
+                    .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
+                tracing::info!(%machine, %unit, "started (gated at boot while the host had GPUs)");
+            }
+        }
         return Ok(());
     };
     let sd = timed(machine, "wait running", || {
@@ -200,14 +230,17 @@ pub enum FileStep {
     Links,
     Ldconfig,
     Cdi,
+    /// Create the unit gate's marker (src/gate.rs): containerd and kubelet may start now.
+    Gate,
 }
 
 impl FileStep {
-    const ALL: [FileStep; 4] = [
+    const ALL: [FileStep; 5] = [
         FileStep::DriverRoot,
         FileStep::Links,
         FileStep::Ldconfig,
         FileStep::Cdi,
+        FileStep::Gate,
     ];
 
     fn name(self) -> &'static str {
@@ -216,6 +249,7 @@ impl FileStep {
             FileStep::Links => "library and /dev/char links",
             FileStep::Ldconfig => "ldconfig",
             FileStep::Cdi => "CDI spec",
+            FileStep::Gate => "unit gate",
         }
     }
 }
@@ -265,6 +299,8 @@ fn run_file_step(
             })?
             .to_string()
         }
+        FileStep::Gate if gate::release(root)? => format!("unit gate: released ({})", gate::WIRED),
+        FileStep::Gate => "unit gate: already released".to_owned(),
     })
 }
 
@@ -530,6 +566,7 @@ mod tests {
                 "file library and /dev/char links",
                 "file ldconfig",
                 "file CDI spec",
+                "file unit gate",
                 "start containerd.service",
                 "import",
                 "start kubelet.service",
@@ -560,7 +597,7 @@ mod tests {
         let (r, log) = sequence(&fake, None);
         assert!(format!("{:#}", r.unwrap_err()).contains("starting containerd.service"));
         assert_eq!(
-            log[6..],
+            log[7..],
             [
                 "start containerd.service",
                 "start containerd.service",

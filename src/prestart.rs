@@ -6,6 +6,7 @@ use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, Verdict};
 use crate::error::{Kind, classified};
 use crate::failpoint::Point;
+use crate::gate;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, describe_change, nspawn_path};
@@ -18,6 +19,8 @@ pub struct Rendered {
     pub host_path: std::path::PathBuf,
     pub old: Option<String>,
     pub new: String,
+    /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
+    pub gate: bool,
 }
 
 /// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
@@ -26,7 +29,8 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     let inv = discovery::discover(&ctx.host)?;
     check_complete(&inv)?;
     let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
-    let new = NspawnFile::render(machine, &inv, mc, has_lib_modules).to_string();
+    let file = NspawnFile::render(machine, &inv, mc, has_lib_modules);
+    let (new, gate) = (file.to_string(), file.binds_gate());
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -37,6 +41,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         host_path,
         old,
         new,
+        gate,
     })
 }
 
@@ -75,6 +80,10 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    // The bind's source first: nspawn refuses to start when it is missing.
+    if r.gate && gate::write_host_file(&ctx.host)? {
+        tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
+    }
     if write_if_changed(
         &r.host_path,
         r.new.as_bytes(),

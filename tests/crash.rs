@@ -38,6 +38,8 @@ const COVERED_HERE: &[Point] = &[
     Point::AfterDriverRootSwap,
     Point::MidLinks,
     Point::MidCdiWrite,
+    Point::PostStartMidGateRelease,
+    Point::PreStartMidGateWrite,
     Point::PreStartMidNspawnWrite,
     Point::InstallMidHelperCopy,
     Point::InstallMidNspawnWrite,
@@ -247,6 +249,21 @@ fn privileged_pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals(
         );
     }
 
+    // Killed mid-write of the unit gate (written before the .nspawn file that binds it): no
+    // gate and no .nspawn file, one temp file; the rerun writes both and leaves no temp file.
+    let host = fixture_host("two-gpus", false);
+    let gate = host.path().join("run/nspawn-lifecycle/unit-gate.conf");
+    killed(host.path(), &args, Point::PreStartMidGateWrite.name());
+    assert!(!gate.exists() && !host.path().join(NSPAWN).exists());
+    assert_eq!(leftovers(host.path()).len(), 1);
+    ok(host.path(), &args);
+    assert_eq!(std::fs::read(host.path().join(NSPAWN)).unwrap(), new);
+    assert_eq!(
+        std::fs::read_to_string(&gate).unwrap(),
+        nspawn_lifecycle::gate::CONTENT
+    );
+    assert_eq!(leftovers(host.path()), Vec::<PathBuf>::new());
+
     // Killed right after taking the lock: nothing written, the lock free again.
     let host = fixture_host("two-gpus", false);
     killed(host.path(), &args, Point::AfterLock.name());
@@ -440,11 +457,15 @@ fn privileged_post_start_file_steps_killed_anywhere_heal_on_the_next_run() {
         format!("{}:1", Point::MidLinks.name()),
         format!("{}:6", Point::MidLinks.name()),
         Point::MidCdiWrite.name().to_owned(),
+        Point::PostStartMidGateRelease.name().to_owned(),
     ];
     for fresh in [false, true] {
         for case in &cases {
             if fresh && case == Point::AfterDriverRootSwap.name() {
                 continue; // nothing to swap with: the new tree is renamed into place
+            }
+            if !fresh && case == Point::PostStartMidGateRelease.name() {
+                continue; // the marker is there from the last start: nothing is written
             }
             let what = format!(
                 "{case} ({})",

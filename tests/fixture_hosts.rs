@@ -230,6 +230,20 @@ fn check_example(name: &str) {
             golden(&format!("{name}.nspawn"), &file);
             let mode = std::fs::metadata(&nspawn).unwrap().mode();
             assert_eq!(mode & 0o7777, 0o644);
+            // A GPU machine's containerd and kubelet are gated (src/gate.rs): the drop-in both
+            // binds name must exist on the host, or nspawn refuses to start.
+            let gate = root.join("run/nspawn-lifecycle/unit-gate.conf");
+            let binds = file
+                .matches("BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:")
+                .count();
+            if state == "complete" {
+                assert_eq!(binds, 2, "{file}");
+                let dropin = std::fs::read_to_string(&gate).unwrap();
+                assert!(dropin.contains("\nConditionPathExists=/run/nspawn-lifecycle/wired\n"));
+            } else {
+                assert_eq!(binds, 0, "{file}");
+                assert!(!gate.exists(), "a machine without GPUs is not gated");
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ mod rewire_support;
 
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
+use nspawn_lifecycle::gate;
 use nspawn_lifecycle::machine_root::MachineRoot;
 use nspawn_lifecycle::rewire;
 use rewire_support::*;
@@ -48,9 +49,11 @@ fn world() -> World {
         "var/run/cdi",
         "usr/lib/x86_64-linux-gnu/vdpau",
         "dev/char",
+        "run/nspawn-lifecycle",
     ] {
         std::fs::create_dir_all(h(d)).unwrap();
     }
+    std::fs::write(h("run/nspawn-lifecycle/wired"), "host\n").unwrap();
     std::fs::write(h("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
     for p in [
         "etc/cdi/nvidia.yaml",
@@ -143,6 +146,7 @@ const TARGETS: &[(&str, Expect)] = &[
     ("/usr/lib/x86_64-linux-gnu/vdpau", Expect::Dir),
     ("/dev", Expect::Dir),
     ("/dev/char", Expect::Dir),
+    ("/run/nspawn-lifecycle", Expect::Dir),
     ("/var/run/cdi/nvidia.com-gpu.json", Expect::File),
     ("/var/run/cdi/.nvidia.com-gpu.json.tmp", Expect::File),
     ("/etc/cdi/nvidia.yaml", Expect::File),
@@ -154,6 +158,8 @@ const TARGETS: &[(&str, Expect)] = &[
     ("/usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp", Expect::File),
     ("/dev/char/195:0", Expect::File),
     ("/dev/char/195:254", Expect::File),
+    ("/run/nspawn-lifecycle/wired", Expect::File),
+    ("/run/nspawn-lifecycle/.wired.tmp", Expect::File),
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -234,7 +240,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
     let mut out = Vec::new();
-    let mut record = |step: &'static str, r: anyhow::Result<rewire::Report>| {
+    let mut record = |step: &'static str, r: anyhow::Result<()>| {
         let o = match r {
             Ok(_) => Outcome::Ok,
             Err(e) => {
@@ -253,8 +259,8 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
         let d = root.open_dir("/run/nvidia/driver/usr/bin").unwrap();
         assert!(d.is_some(), "driver root not visible inside the machine");
     }
-    record("driver root", r);
-    record("links", rewire::rebuild_links(root, &inv));
+    record("driver root", r.map(drop));
+    record("links", rewire::rebuild_links(root, &inv).map(drop));
     // Every other spec "conflicts", so an escaped step would delete host decoys.
     let r = rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(NEW), |_, _| true);
     if r.is_ok() {
@@ -267,8 +273,20 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
             "spec not where the machine reads it"
         );
     }
-    record("CDI spec", r);
-    record("cleanup", rewire::cleanup(root, CDI_DIR, CDI_FILE));
+    record("CDI spec", r.map(drop));
+    let r = gate::release(root);
+    if r.is_ok() {
+        let got = root.read_file(gate::WIRED, 4096).unwrap();
+        assert!(
+            got.is_some(),
+            "unit gate marker not visible inside the machine"
+        );
+    }
+    record("unit gate", r.map(drop));
+    record(
+        "cleanup",
+        rewire::cleanup(root, CDI_DIR, CDI_FILE).map(drop),
+    );
     out
 }
 
@@ -307,8 +325,8 @@ fn run_table(plants: &[Plant]) -> Vec<String> {
 #[test]
 fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
     let table = run_table(UNPRIVILEGED);
-    // 16 directory targets × 5 plants + 8 file targets × 5 plants.
-    assert_eq!(table.len(), 120);
+    // 17 directory targets × 5 plants + 10 file targets × 5 plants.
+    assert_eq!(table.len(), 135);
     for line in &table {
         println!("{line}");
     }
@@ -328,6 +346,8 @@ fn planted_leaves_never_fail_a_step() {
         "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
         "/usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp",
         "/dev/char/195:0",
+        "/run/nspawn-lifecycle/wired",
+        "/run/nspawn-lifecycle/.wired.tmp",
     ] {
         for how in [
             Plant::SymlinkAbsolute,
@@ -346,12 +366,16 @@ fn planted_leaves_never_fail_a_step() {
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            gate::release(&root).unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             let at = w.in_machine(path);
             let kind = std::fs::symlink_metadata(&at).map(|m| m.file_type());
             match path {
                 "/run/nvidia/driver" => assert!(kind.unwrap().is_dir(), "{path} as {how:?}"),
                 "/var/run/cdi/nvidia.com-gpu.json" => {
                     assert_eq!(std::fs::read(&at).unwrap(), spec(NEW), "{path} as {how:?}")
+                }
+                "/run/nspawn-lifecycle/wired" => {
+                    assert!(kind.unwrap().is_file(), "{path} as {how:?}")
                 }
                 p if p.contains("/.") => assert!(kind.is_err(), "{path} as {how:?} left behind"),
                 _ if matches!(how, Plant::Fifo | Plant::File) => {
@@ -396,7 +420,7 @@ fn privileged_device_nodes_are_never_opened_or_followed() {
         return;
     }
     let table = run_table(&[Plant::CharDevice]);
-    assert_eq!(table.len(), 24);
+    assert_eq!(table.len(), 27);
     for line in &table {
         println!("{line}");
     }
@@ -442,6 +466,7 @@ fn privileged_read_only_dirs_fail_cleanly() {
         "/etc/cdi",
         "/usr/lib/x86_64-linux-gnu",
         "/dev/char",
+        "/run/nspawn-lifecycle",
     ] {
         let w = world();
         let at = w.in_machine(path);

@@ -55,7 +55,7 @@ links_listing()  { M sh -c 'find /usr/lib/x86_64-linux-gnu /dev/char -type l -pr
 spec_sha()       { M cat "$CDI_SPEC" 2>/dev/null | sha256sum | cut -d' ' -f1; }
 nvidia_specs()   { M sh -c 'grep -ls "nvidia.com/gpu" /etc/cdi/* /run/cdi/* 2>/dev/null' | tr '\n' ' ' | sed 's/ $//'; }
 leftovers() {
-    M sh -c 'find /run/nvidia /etc/cdi /run/cdi /usr/lib/x86_64-linux-gnu /dev/char -maxdepth 4 \( -name "*.tmp" -o -name ".driver.new" \) 2>/dev/null'
+    M sh -c 'find /run/nvidia /run/nspawn-lifecycle /etc/cdi /run/cdi /usr/lib/x86_64-linux-gnu /dev/char -maxdepth 4 \( -name "*.tmp" -o -name ".driver.new" \) 2>/dev/null'
     H sh -c "find /etc/systemd/nspawn '$DDIR' /usr/local/lib/nspawn-lifecycle -name '*.tmp' 2>/dev/null"
 }
 count_sha() { find "$r$STAGED" -type f -exec sha256sum {} + 2>/dev/null | awk -v s="$1" '$1==s' | wc -l; }
@@ -128,8 +128,8 @@ for p in $POINTS; do
 done
 
 # ---- B: killed in place, post-start run again by hand -------------------------------------------
-drift() {
-    M sh -c "touch /run/nvidia/driver/e2e-drift; printf ' ' >> '$CDI_SPEC'; rm -f /usr/lib/x86_64-linux-gnu/libcuda.so.1"
+drift() { # every file step has work, the unit gate's marker included
+    M sh -c "touch /run/nvidia/driver/e2e-drift; printf ' ' >> '$CDI_SPEC'; rm -f /usr/lib/x86_64-linux-gnu/libcuda.so.1 /run/nspawn-lifecycle/wired"
 }
 for p in $POINTS; do
     t=inplace-${p#post-start-}
