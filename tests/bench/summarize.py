@@ -126,16 +126,27 @@ def main(out):
             if s:
                 w("| %s | %d | %s | %s | %s | %s |" % (label, s["n"], fmt(s["median"]), fmt(s["min"]),
                                                     fmt(s["p90"]), fmt(ld["median"]) if ld else "-"))
+        for variant, label in [("bare", "bare restart: until kubelet is active in the machine"),
+                               ("ours", "reconcile: until kubelet is active in the machine"),
+                               ("oursB", "reconcile with HELPER_B: until kubelet is active")]:
+            s = S.get("reconcile/%s/serving" % variant)
+            ld = S.get("reconcile/%s/load1" % variant)
+            if s:
+                w("| %s | %d | %s | %s | %s | %s |" % (label, s["n"], fmt(s["median"]), fmt(s["min"]),
+                                                    fmt(s["p90"]), fmt(ld["median"]) if ld else "-"))
         w("")
-        for variant, label in [("ours", "Hooks"), ("oursB", "Hooks of HELPER_B")]:
-            b, o = med("reconcile", "bare", "wall"), med("reconcile", variant, "wall")
-            if b and o:
-                r = o / b - 1
-                pr = paired(("reconcile", variant, "wall"), ("reconcile", "bare", "wall"), lambda a, c: a / c - 1)
-                summary["ratios"]["reconcile-%s/bare-1" % variant] = {"of_medians": r, "paired_median": pr}
-                w("%s add **%+.1f%%** to a restart (median of paired: %s); target < 10%%: %s"
-                  % (label, 100 * r, "%+.1f%%" % (100 * pr) if pr is not None else "-",
-                     "met" if r < 0.10 else "MISSED"))
+        for metric, what in [("wall", "until the restart returns"),
+                             ("serving", "until kubelet is active in the machine")]:
+            for variant, label in [("ours", "Hooks"), ("oursB", "Hooks of HELPER_B")]:
+                b, o = med("reconcile", "bare", metric), med("reconcile", variant, metric)
+                if b and o:
+                    r = o / b - 1
+                    pr = paired(("reconcile", variant, metric), ("reconcile", "bare", metric), lambda a, c: a / c - 1)
+                    key = "reconcile-%s/bare-1" % variant + ("" if metric == "wall" else "/" + metric)
+                    summary["ratios"][key] = {"of_medians": r, "paired_median": pr}
+                    w("%s add **%+.1f%%** to a restart, %s (median of paired: %s); target < 10%%: %s"
+                      % (label, 100 * r, what, "%+.1f%%" % (100 * pr) if pr is not None else "-",
+                         "met" if r < 0.10 and (pr is None or pr < 0.10) else "MISSED"))
         w("")
         w("Breakdown (medians, ms; from the unit's µs timestamps and the hooks' step timings):")
         w("")
