@@ -50,6 +50,13 @@ impl Services for MachineServices<'_> {
     }
     fn start(&self, unit: &str) -> Result<()> {
         let deadline = Instant::now() + self.job_timeout;
+        // Our stop/start pairs count against the unit's start limit (5 in 10 s by default): an
+        // operator running post-start a few times in a row would otherwise be refused with
+        // start-limit-hit. A deliberate start clears it; a unit that really fails still fails
+        // its start job below. An unknown unit fails there too, with a clearer message.
+        if let Err(e) = self.sd.reset_failed_unit(unit, deadline) {
+            tracing::debug!(%unit, "ResetFailedUnit before the start: {e:#}");
+        }
         self.sd.start_unit(unit, deadline)?;
         // A start job also finishes "done" when a condition skipped the unit: check it runs.
         let st = self.sd.unit_state(unit, deadline)?;
