@@ -15,7 +15,7 @@
 //! every boot is gated afresh.
 
 use crate::failpoint::Point;
-use crate::machine_root::MachineRoot;
+use crate::machine_root::{MachineRoot, split_parent};
 use anyhow::{Context as _, Result};
 
 /// Host file pre-start writes and the `.nspawn` file binds into the machine.
@@ -47,29 +47,20 @@ pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
 
 /// Whether this boot of the machine is gated (the drop-in for `unit` is in place).
 pub fn is_gated(root: &MachineRoot, unit: &str) -> Result<bool> {
-    let path = dropin(unit);
-    let (dir, name) = path
-        .rsplit_once('/')
-        .context("drop-in path has a directory")?;
-    Ok(match root.open_dir(dir)? {
-        Some(d) => d.kind(name)?.is_some(),
-        None => false,
-    })
+    Ok(root.kind_of(&dropin(unit))?.is_some())
 }
 
 /// Create [`WIRED`] in the machine (a no-op when it is there). Returns whether it wrote.
 pub fn release(root: &MachineRoot) -> Result<bool> {
-    let (dir, name) = WIRED
-        .rsplit_once('/')
-        .context("marker path has a directory")?;
-    let dir = root.create_dir_all(dir, 0o755)?;
-    dir.write_file(
-        name,
-        b"nspawn-lifecycle post-start wired this boot's NVIDIA state\n",
-        0o644,
-        Point::PostStartMidGateRelease,
-    )
-    .with_context(|| format!("releasing the unit gate ({WIRED} in the machine)"))
+    let (dir, name) = split_parent(WIRED)?;
+    root.create_dir_all(&dir, 0o755)?
+        .write_file(
+            name,
+            b"nspawn-lifecycle post-start wired this boot's NVIDIA state\n",
+            0o644,
+            Point::PostStartMidGateRelease,
+        )
+        .with_context(|| format!("releasing the unit gate ({WIRED} in the machine)"))
 }
 
 #[cfg(test)]

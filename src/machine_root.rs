@@ -184,6 +184,16 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
     Ok(comps)
 }
 
+/// Split a machine-absolute path into its parent directory and last component, checked like
+/// [`components`]. The root itself has no last component and is refused.
+pub fn split_parent(path: &str) -> Result<(String, &str)> {
+    let comps = components(path)?;
+    let Some((name, parents)) = comps.split_last() else {
+        bail!("{path} is the machine root, not an entry in a directory");
+    };
+    Ok((format!("/{}", parents.join("/")), name))
+}
+
 fn join(dir: &str, name: &str) -> String {
     if dir == "/" {
         format!("/{name}")
@@ -317,13 +327,19 @@ impl MachineRoot {
     /// Read a regular file, following symlinks in its parents inside the machine only; `None`
     /// when it is missing or not a regular file.
     pub fn read_file(&self, path: &str, max: usize) -> Result<Option<Vec<u8>>> {
-        let comps = components(path)?;
-        let Some((name, parents)) = comps.split_last() else {
-            bail!("{path} is the machine root, not a file");
-        };
-        let parent = format!("/{}", parents.join("/"));
+        let (parent, name) = split_parent(path)?;
         match self.open_dir(&parent)? {
             Some(d) => d.read_regular(name, max),
+            None => Ok(None),
+        }
+    }
+
+    /// What is at `path` (never following its last component), resolving its parents inside the
+    /// machine only; `None` when it or a parent is missing.
+    pub fn kind_of(&self, path: &str) -> Result<Option<FileKind>> {
+        let (parent, name) = split_parent(path)?;
+        match self.open_dir(&parent)? {
+            Some(d) => d.kind(name),
             None => Ok(None),
         }
     }

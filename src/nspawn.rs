@@ -56,9 +56,7 @@ impl NspawnFile {
     pub fn binds_gate(&self) -> bool {
         self.binds.iter().any(|b| b.source == gate::HOST_FILE)
     }
-}
 
-impl NspawnFile {
     /// Render for `inv` (whose verdict must not be incomplete; callers check first).
     /// `has_lib_modules`: whether the host has `/lib/modules` (nspawn fails on a missing source).
     pub fn render(

@@ -3,10 +3,11 @@
 //! Order (DESIGN §5): stop kubelet → stop containerd → driver root → links → `ldconfig` → CDI spec
 //! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
 //! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
-//! the two stops find nothing running and each service starts once, after the driver is wired. When a step after the stops fails,
-//! containerd and kubelet are started again (best effort, each result logged) before the error is
-//! returned, so a failed start never leaves a node with its services down and nobody to restart
-//! them except systemd's `Restart=on-failure`, which retries the whole start anyway.
+//! the two stops find nothing running and each service starts once, after the driver is wired.
+//! When a step after the stops fails, containerd and kubelet are started again (best effort, each
+//! result logged) before the error is returned, so a failed start never leaves a node with its
+//! services down and nobody to restart them except systemd's `Restart=on-failure`, which retries
+//! the whole start anyway.
 
 use crate::Ctx;
 use crate::cdi;
