@@ -118,18 +118,14 @@ def main(out):
         w("")
         w("| what | n | median | min | p90 | load1 median |")
         w("|---|---:|---:|---:|---:|---:|")
-        for variant, label in [("bare", "bare restart (drop-in without our hooks)"),
-                               ("ours", "reconcile (our hooks)"),
-                               ("oursB", "reconcile, HELPER_B in the hooks")]:
-            s = S.get("reconcile/%s/wall" % variant)
-            ld = S.get("reconcile/%s/load1" % variant)
-            if s:
-                w("| %s | %d | %s | %s | %s | %s |" % (label, s["n"], fmt(s["median"]), fmt(s["min"]),
-                                                    fmt(s["p90"]), fmt(ld["median"]) if ld else "-"))
-        for variant, label in [("bare", "bare restart: until kubelet is active in the machine"),
-                               ("ours", "reconcile: until kubelet is active in the machine"),
-                               ("oursB", "reconcile with HELPER_B: until kubelet is active")]:
-            s = S.get("reconcile/%s/serving" % variant)
+        rows = [("wall", "bare", "bare restart (drop-in without our hooks)"),
+                ("wall", "ours", "reconcile (our hooks)"),
+                ("wall", "oursB", "reconcile, HELPER_B in the hooks"),
+                ("serving", "bare", "bare restart: until kubelet is active in the machine"),
+                ("serving", "ours", "reconcile: until kubelet is active in the machine"),
+                ("serving", "oursB", "reconcile with HELPER_B: until kubelet is active")]
+        for metric, variant, label in rows:
+            s = S.get("reconcile/%s/%s" % (variant, metric))
             ld = S.get("reconcile/%s/load1" % variant)
             if s:
                 w("| %s | %d | %s | %s | %s | %s |" % (label, s["n"], fmt(s["median"]), fmt(s["min"]),
