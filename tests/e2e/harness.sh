@@ -27,7 +27,20 @@ MACHINE=${MACHINE:-kube1}
 MACHINES=${E2E_MACHINES:-kube1 kube2}
 HOSTNAME_=e2ehost
 CG_NAME=nspawn-lifecycle-e2e          # cgroup (in each writable hierarchy) holding the outer nspawn
-MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror this machine's own apt uses (deb822 sources, else the one-line format): no
+# registry host is written into the repository.
+debian_mirror() {
+    local m=""
+    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+        m=$(awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i !~ /-security$/) {print u; exit}}' \
+            /etc/apt/sources.list.d/debian.sources)
+    fi
+    if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
+        m=$(awk '$1 == "deb" && $3 !~ /-security$/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
+    fi
+    printf '%s' "$m"
+}
+MIRROR=${E2E_MIRROR:-$(debian_mirror)}
 SUITE=bookworm
 # One image for host and machines: containerd is only needed in the machines, but a second
 # debootstrap costs ~33 s while adding containerd to the one costs ~3 s (README: measurements).
@@ -74,6 +87,7 @@ build() {
     rm -rf "$ROOTFS.tmp" "$ROOTFS"
     mkdir -p "$CACHE"
     local t0; t0=$(date +%s)
+    [ -n "$MIRROR" ] || die "no Debian mirror: none in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list; set E2E_MIRROR"
     log "debootstrap --variant=minbase --include=$PKGS $SUITE (log: $LOGS/debootstrap.log)"
     debootstrap --variant=minbase --include=$PKGS $SUITE "$ROOTFS.tmp" "$MIRROR" >"$LOGS/debootstrap.log" 2>&1 \
         || { tail -20 "$LOGS/debootstrap.log"; die "debootstrap failed"; }
