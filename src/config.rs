@@ -45,6 +45,8 @@ struct Settings {
     boot_timeout_seconds: Option<u64>,
     job_timeout_seconds: Option<u64>,
     import_timeout_seconds: Option<u64>,
+    import_max_images: Option<u64>,
+    import_budget_seconds: Option<u64>,
 }
 
 /// An extra host directory or file bound into the machine.
@@ -90,6 +92,10 @@ pub struct MachineConfig {
     pub job_timeout: Duration,
     /// How long one image import may take.
     pub import_timeout: Duration,
+    /// Most staged tarballs one post-start imports; the rest wait for the next start.
+    pub import_max_images: usize,
+    /// How long all of one post-start's imports may take together.
+    pub import_budget: Duration,
 }
 
 /// The whole loaded configuration.
@@ -272,6 +278,10 @@ impl Config {
             boot_timeout: secs(s.boot_timeout_seconds, "bootTimeoutSeconds", 60)?,
             job_timeout: secs(s.job_timeout_seconds, "jobTimeoutSeconds", 90)?,
             import_timeout: secs(s.import_timeout_seconds, "importTimeoutSeconds", 300)?,
+            // 0 is allowed: staged tarballs are then left alone (and reported) at every start.
+            import_max_images: usize::try_from(s.import_max_images.unwrap_or(20))
+                .unwrap_or(usize::MAX),
+            import_budget: secs(s.import_budget_seconds, "importBudgetSeconds", 600)?,
         })
     }
 }
@@ -319,6 +329,8 @@ impl Settings {
             boot_timeout_seconds: other.boot_timeout_seconds.or(self.boot_timeout_seconds),
             job_timeout_seconds: other.job_timeout_seconds.or(self.job_timeout_seconds),
             import_timeout_seconds: other.import_timeout_seconds.or(self.import_timeout_seconds),
+            import_max_images: other.import_max_images.or(self.import_max_images),
+            import_budget_seconds: other.import_budget_seconds.or(self.import_budget_seconds),
         }
     }
 }
@@ -400,6 +412,28 @@ mod tests {
         assert_eq!(mc.cdi_kind, "nvidia.com/gpu");
         assert!(mc.mounts.is_empty());
         assert_eq!(cfg.helper_path(), DEFAULT_HELPER_PATH);
+        assert_eq!(mc.import_max_images, 20);
+        assert_eq!(mc.import_budget, Duration::from_secs(600));
+    }
+
+    /// The import bounds: defaults keep a start inside the drop-in's `TimeoutStartSec=30min`
+    /// (lock, boot, six service jobs and the whole import budget), and both keys override.
+    #[test]
+    fn import_bounds_default_inside_the_start_timeout_and_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let mc = Config::default().machine(&host, &name("kube1")).unwrap();
+        let worst = mc.lock_timeout + mc.boot_timeout + 6 * mc.job_timeout + mc.import_budget;
+        assert!(worst <= Duration::from_secs(25 * 60), "{worst:?}");
+        let cfg = Config::parse(
+            br#"{"defaults": {"importMaxImages": 3},
+                 "machines": {"kube1": {"importBudgetSeconds": 90, "importMaxImages": 0}}}"#,
+        )
+        .unwrap();
+        let mc = cfg.machine(&host, &name("kube1")).unwrap();
+        assert_eq!((mc.import_max_images, mc.import_budget.as_secs()), (0, 90));
+        let mc = cfg.machine(&host, &name("kube2")).unwrap();
+        assert_eq!((mc.import_max_images, mc.import_budget.as_secs()), (3, 600));
     }
 
     #[test]
@@ -480,6 +514,10 @@ mod tests {
             (
                 r#"{"defaults": {"jobTimeoutSeconds": 0}}"#,
                 "jobTimeoutSeconds",
+            ),
+            (
+                r#"{"machines": {"k": {"importBudgetSeconds": 0}}}"#,
+                "machines.k.importBudgetSeconds",
             ),
             (
                 r#"{"defaults": {"cdiDir": "var/run/cdi"}}"#,

@@ -11,8 +11,9 @@
 //! - Directories the helper creates are opened without following symlinks, so a symlink swapped
 //!   in after `mkdirat` is refused rather than followed.
 //! - Trees are removed by fd, never following a symlink, never crossing a mount, to a bounded depth.
-//! - Only regular files are ever opened for reading (checked with `fstatat` and again with `fstat`
-//!   on the opened fd), with `O_NONBLOCK | O_NOCTTY`, so a FIFO or device node is never opened.
+//! - Only regular files are ever opened for reading: an `O_PATH` descriptor pins the inode, is
+//!   checked with `fstat`, and only then reopened for reading ([`MachineDir::open_regular`]), so
+//!   a FIFO or device node swapped in at any moment is never opened.
 //!
 //! Ownership: the helper runs as host root and our `.nspawn` sets `PrivateUsers=no`, so host uid 0
 //! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
@@ -49,7 +50,8 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    fn from_stat(st: &FileStat) -> FileKind {
+    /// The kind an `lstat`/`fstat` result describes.
+    pub fn from_stat(st: &FileStat) -> FileKind {
         match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
             SFlag::S_IFDIR => FileKind::Dir,
             SFlag::S_IFLNK => FileKind::Symlink,
@@ -479,6 +481,42 @@ impl MachineDir {
         }
     }
 
+    /// Open the regular file `name` for reading; `None` when missing or not a regular file.
+    ///
+    /// Never follows a symlink and never opens anything but a regular file, even when the
+    /// machine swaps the entry between our checks: an `O_PATH` descriptor (which runs no
+    /// driver's open, unlike opening a device node the machine planted) pins the inode, `fstat`
+    /// on it must say "regular file", and only that inode is then reopened for reading through
+    /// `/proc/self/fd`. What the caller reads is the file that was checked.
+    pub fn open_regular(&self, name: &str) -> Result<Option<(std::fs::File, FileStat)>> {
+        use std::os::fd::AsRawFd as _;
+        check_name(name)?;
+        let path = self.child(name);
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(beneath_no_symlinks());
+        let pinned = match openat2(&self.fd, name, how) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("opening {path} in the machine")),
+        };
+        let st = nix::sys::stat::fstat(&pinned).with_context(|| format!("stat {path}"))?;
+        if FileKind::from_stat(&st) != FileKind::File {
+            return Ok(None);
+        }
+        let fd = nix::fcntl::open(
+            format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
+            OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| format!("reopening {path} in the machine for reading"))?;
+        let again = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+            bail!("{path} in the machine changed while it was being opened");
+        }
+        Ok(Some((std::fs::File::from(fd), again)))
+    }
+
     /// The bytes of the regular file `name` (at most `max`); `None` when missing or not a
     /// regular file. Never opens a FIFO or device node, never follows a symlink.
     pub fn read_regular(&self, name: &str, max: usize) -> Result<Option<Vec<u8>>> {
@@ -487,31 +525,12 @@ impl MachineDir {
 
     fn read_regular_stat(&self, name: &str, max: usize) -> Result<Option<(Vec<u8>, FileStat)>> {
         let path = self.child(name);
-        let Some(before) = self.stat(name)? else {
+        let Some((file, st)) = self.open_regular(name)? else {
             return Ok(None);
         };
-        if FileKind::from_stat(&before) != FileKind::File {
-            return Ok(None);
-        }
-        let how = OpenHow::new()
-            .flags(
-                OFlag::O_RDONLY
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_NONBLOCK
-                    | OFlag::O_NOCTTY
-                    | OFlag::O_CLOEXEC,
-            )
-            .resolve(beneath_no_symlinks());
-        let fd = openat2(&self.fd, name, how)
-            .with_context(|| format!("opening {path} in the machine"))?;
-        let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
-        if FileKind::from_stat(&st) != FileKind::File || st.st_ino != before.st_ino {
-            bail!("{path} in the machine changed while it was being read");
-        }
         let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
         let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(limit)
+        file.take(limit)
             .read_to_end(&mut bytes)
             .with_context(|| format!("reading {path} in the machine"))?;
         if bytes.len() > max {

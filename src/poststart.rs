@@ -4,10 +4,12 @@
 //! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
 //! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
 //! the two stops find nothing running and each service starts once, after the driver is wired.
-//! When a step after the stops fails, containerd and kubelet are started again (best effort, each
-//! result logged) before the error is returned, so a failed start never leaves a node with its
-//! services down and nobody to restart them except systemd's `Restart=on-failure`, which retries
-//! the whole start anyway.
+//! When a step after the stops fails, the services that were running before post-start stopped
+//! them are started again (best effort, each result logged) before the error is returned: a
+//! failed post-start on a running machine puts back what ran before it. On a gated boot nothing
+//! was running, so nothing is started: the gate keeps both services off a driver root that was
+//! not wired this boot until a post-start succeeds, and systemd's `Restart=on-failure` retries
+//! the whole start.
 
 use crate::Ctx;
 use crate::cdi;
@@ -22,6 +24,7 @@ use crate::prestart::check_complete;
 use crate::rewire;
 use crate::systemd::{self, MachineHandle, Systemd, TransientOutcome};
 use anyhow::{Context as _, Result};
+use std::os::fd::{AsFd as _, BorrowedFd};
 use std::time::{Duration, Instant};
 
 /// Where tarballs that failed to import are moved, under the staged-images directory.
@@ -33,10 +36,20 @@ pub const FAILED_DIR: &str = "failed";
 pub trait Services {
     /// Stop `unit` and wait until the job is done.
     fn stop(&self, unit: &str) -> Result<()>;
-    /// Start `unit` and wait until the job is done.
+    /// Start `unit` and wait until the job is done; an error unless the unit then runs (a gated
+    /// unit's start is skipped by its condition, which is an error here).
     fn start(&self, unit: &str) -> Result<()>;
-    /// Run `argv` in the machine as a transient unit and wait for it.
-    fn run(&self, prefix: &str, argv: &[&str], timeout: Duration) -> Result<TransientOutcome>;
+    /// Whether `unit` runs now (active, reloading or activating).
+    fn is_active(&self, unit: &str) -> Result<bool>;
+    /// Run `argv` in the machine as a transient unit, with `stdin` as its standard input when
+    /// given, and wait for it.
+    fn run(
+        &self,
+        prefix: &str,
+        argv: &[&str],
+        stdin: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<TransientOutcome>;
 }
 
 /// The machine's systemd over its own bus.
@@ -70,8 +83,26 @@ impl Services for MachineServices<'_> {
             ),
         }
     }
-    fn run(&self, prefix: &str, argv: &[&str], timeout: Duration) -> Result<TransientOutcome> {
-        self.sd.run_transient(prefix, argv, timeout)
+    fn is_active(&self, unit: &str) -> Result<bool> {
+        let st = self
+            .sd
+            .unit_state(unit, Instant::now() + self.job_timeout)?;
+        Ok(matches!(
+            st.active_state.as_str(),
+            "active" | "reloading" | "activating"
+        ))
+    }
+    fn run(
+        &self,
+        prefix: &str,
+        argv: &[&str],
+        stdin: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<TransientOutcome> {
+        match stdin {
+            Some(fd) => self.sd.run_transient_with_stdin(prefix, argv, fd, timeout),
+            None => self.sd.run_transient(prefix, argv, timeout),
+        }
     }
 }
 
@@ -163,8 +194,9 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     Ok(())
 }
 
-/// `rewire-root` (failpoints builds only): post-start's file steps against a rootfs directory,
-/// without services (so without `ldconfig`), for the crash tests.
+/// `rewire-root` (failpoints builds only): post-start's executor, exactly as the product runs it
+/// ([`rewire_with_services_stopped`] over [`run_file_step`] and [`import_images`]), against a
+/// machine rootfs directory on disk with no systemd in it ([`OnDisk`]), for the crash tests.
 #[cfg(feature = "failpoints")]
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
@@ -180,41 +212,84 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         return Ok(());
     };
     let json = cdi::render(&spec);
-    let mut library_links_changed = false;
-    for step in FileStep::ALL {
-        if step == FileStep::Ldconfig {
-            continue;
-        }
-        let line = run_file_step(
-            step,
-            &root,
-            &inv,
-            &mc,
-            &spec_file,
-            json.as_bytes(),
-            &NoServices,
-            &mut library_links_changed,
-        )
-        .with_context(|| format!("rewire-root of {machine}: step '{}'", step.name()))?;
-        tracing::info!(%machine, "{line}");
-    }
-    Ok(())
+    let services = OnDisk { dir };
+    let mut library_links_changed = true;
+    rewire_with_services_stopped(
+        machine,
+        &mc,
+        &services,
+        &mut |step| {
+            run_file_step(
+                step,
+                &root,
+                &inv,
+                &mc,
+                &spec_file,
+                json.as_bytes(),
+                &services,
+                &mut library_links_changed,
+            )
+        },
+        &mut || import_images(machine, &root, &mc, &services),
+    )
 }
 
-/// The services of a machine that is not running: every call fails.
+/// A machine rootfs on disk with no systemd in it. Nothing runs there, so no unit is active and
+/// stops and starts are logged no-ops. `ldconfig` is the host's `ldconfig -r <rootfs>`, which
+/// rebuilds the rootfs's own `/etc/ld.so.cache` from its own `ld.so.conf`, as the machine's
+/// `ldconfig` would. `ctr` needs the machine's containerd, so an import fails as one whose `ctr`
+/// could not run: the tarball is set aside like any failed import.
 #[cfg(feature = "failpoints")]
-struct NoServices;
+struct OnDisk<'a> {
+    dir: &'a std::path::Path,
+}
 
 #[cfg(feature = "failpoints")]
-impl Services for NoServices {
+impl Services for OnDisk<'_> {
     fn stop(&self, unit: &str) -> Result<()> {
-        anyhow::bail!("no machine is running: cannot stop {unit}")
+        tracing::info!(%unit, "no systemd in a rootfs on disk: nothing to stop");
+        Ok(())
     }
     fn start(&self, unit: &str) -> Result<()> {
-        anyhow::bail!("no machine is running: cannot start {unit}")
+        tracing::info!(%unit, "no systemd in a rootfs on disk: nothing to start");
+        Ok(())
     }
-    fn run(&self, _: &str, argv: &[&str], _: Duration) -> Result<TransientOutcome> {
-        anyhow::bail!("no machine is running: cannot run {}", argv.join(" "))
+    fn is_active(&self, _: &str) -> Result<bool> {
+        Ok(false)
+    }
+    fn run(
+        &self,
+        prefix: &str,
+        argv: &[&str],
+        _: Option<BorrowedFd<'_>>,
+        _: Duration,
+    ) -> Result<TransientOutcome> {
+        let started = Instant::now();
+        if argv != ["/sbin/ldconfig"] {
+            anyhow::bail!(
+                "no systemd in a rootfs on disk: cannot run {}",
+                argv.join(" ")
+            );
+        }
+        let out = std::process::Command::new("ldconfig")
+            .arg("-r")
+            .arg(self.dir)
+            .output()
+            .with_context(|| format!("running ldconfig -r {}", self.dir.display()))?;
+        let code = out.status.code();
+        Ok(TransientOutcome {
+            unit: format!("{prefix} (host ldconfig -r)"),
+            exit_status: code.map_or(systemd::ExitStatus::NotRun, systemd::ExitStatus::Exited),
+            result: if out.status.success() {
+                "success"
+            } else {
+                "exit-code"
+            }
+            .into(),
+            output: String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned(),
+            output_dropped: 0,
+            elapsed: started.elapsed(),
+        })
     }
 }
 
@@ -295,6 +370,7 @@ fn run_file_step(
             let out = services.run(
                 "nspawn-lifecycle-ldconfig",
                 &["/sbin/ldconfig"],
+                None,
                 mc.job_timeout,
             )?;
             out.check("ldconfig")?;
@@ -321,7 +397,8 @@ fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> 
 }
 
 /// Stop kubelet then containerd, run the file steps, start containerd, import staged images,
-/// start kubelet. On a failure after the stops, start both again before returning the error.
+/// start kubelet. On a failure after the stops, start again only the services that were running
+/// before the stops (see the module documentation) and return the error.
 /// Image imports never fail the start: a problem there is logged and kubelet starts anyway.
 pub fn rewire_with_services_stopped(
     machine: &MachineName,
@@ -330,18 +407,27 @@ pub fn rewire_with_services_stopped(
     file_step: &mut dyn FnMut(FileStep) -> Result<String>,
     import: &mut dyn FnMut() -> Result<(usize, usize)>,
 ) -> Result<()> {
-    let mut stopped = Vec::new();
+    // What ran before post-start: the only services a failure puts back.
+    let mut was_running = Vec::new();
     for (unit, point) in [
         (&mc.kubelet_unit, Point::AfterKubeletStop),
         (&mc.containerd_unit, Point::AfterContainerdStop),
     ] {
+        let running = services.is_active(unit).unwrap_or_else(|e| {
+            // Unknown: count it as running, so a failure tries to put it back rather than
+            // leave a node down that was serving.
+            tracing::warn!(%machine, %unit, "could not tell whether it runs: {e:#}");
+            true
+        });
         if let Err(e) = timed(machine, &format!("stop {unit}"), || services.stop(unit)) {
             // Put back what was already stopped (kubelet) before giving up.
-            start_again(machine, services, stopped.iter().rev().copied());
+            start_again(machine, mc, services, &was_running);
             return Err(e.context(format!("post-start of {machine}: stopping {unit}")));
         }
         tracing::info!(%machine, %unit, "stopped");
-        stopped.push(unit);
+        if running {
+            was_running.push(unit);
+        }
         failpoint::hit(point);
     }
     let result = (|| -> Result<()> {
@@ -377,21 +463,41 @@ pub fn rewire_with_services_stopped(
         Ok(())
     })();
     if let Err(e) = result {
-        start_again(machine, services, [&mc.containerd_unit, &mc.kubelet_unit]);
+        // Dependency order: containerd before kubelet.
+        let restore: Vec<&String> = [&mc.containerd_unit, &mc.kubelet_unit]
+            .into_iter()
+            .filter(|u| was_running.contains(u))
+            .collect();
+        start_again(machine, mc, services, &restore);
         return Err(e);
     }
     Ok(())
 }
 
-/// Best-effort starts after a failure; each result is logged, none changes the outcome.
-fn start_again<'a>(
+/// Best-effort starts after a failure of the services in `units`, which ran before post-start
+/// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
+/// an operator had stopped them), say why nothing is started.
+fn start_again(
     machine: &MachineName,
+    mc: &MachineConfig,
     services: &dyn Services,
-    units: impl IntoIterator<Item = &'a String>,
+    units: &[&String],
 ) {
+    if units.is_empty() {
+        tracing::warn!(
+            %machine,
+            "post-start failed: neither {} nor {} was running before it, so neither is started; \
+             the unit gate holds them until a post-start succeeds, and systemd's \
+             Restart=on-failure retries the whole start",
+            mc.containerd_unit,
+            mc.kubelet_unit
+        );
+    }
     for unit in units {
         match services.start(unit) {
-            Ok(()) => tracing::warn!(%machine, %unit, "started again after the failure"),
+            Ok(()) => {
+                tracing::warn!(%machine, %unit, "started again after the failure (it was running before post-start)")
+            }
             Err(e) => {
                 tracing::error!(%machine, %unit, "could not start again after the failure: {e:#}")
             }
@@ -399,10 +505,27 @@ fn start_again<'a>(
     }
 }
 
-/// Import every `*.tar` in the staged-images directory with `ctr images import`, each as a
-/// transient unit in the machine. A tarball that fails (or times out) is moved to `failed/`
-/// beside it and reported with the command's output; it is never deleted and never fails the
-/// start, so one bad image cannot crash-loop a node. Imported tarballs stay where they are.
+/// Shortest time left in the import budget worth starting another import with.
+const MIN_IMPORT_TIME: Duration = Duration::from_secs(1);
+/// Most tarball names one "left for the next start" line spells out.
+const MAX_NAMES_LOGGED: usize = 50;
+/// Longest file name the kernel takes (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Import the staged `*.tar` files with `ctr images import`, each as a transient unit in the
+/// machine, within the per-start bounds: at most `importMaxImages` imports and
+/// `importBudgetSeconds` in all, each import's deadline the smaller of `importTimeoutSeconds` and
+/// what is left of the budget. What is not reached stays in place for the next start and is
+/// reported in one line (how many, which, why). A tarball that fails (or times out on its own
+/// deadline) is moved to `failed/` beside it and reported with the command's output; it is never
+/// deleted and never fails the start, so one bad image cannot crash-loop a node. An import cut
+/// short by the budget is left in place instead: the tarball is not known to be bad.
+///
+/// Imported tarballs stay where they are and are imported again at every start (so the images
+/// survive a containerd store that was wiped). The queue is least recently imported first: after
+/// an import the tarball's mtime is set to now, so when there are more tarballs than one start
+/// takes, successive starts work through all of them instead of importing the same first ones
+/// every time, and a tarball staged since the last start waits at most a few starts.
 /// Returns (imported, set aside).
 pub fn import_images(
     machine: &MachineName,
@@ -414,45 +537,131 @@ pub fn import_images(
         tracing::debug!(%machine, dir = %mc.staged_images_dir, "no staged images directory");
         return Ok((0, 0));
     };
-    let mut tars: Vec<String> = dir
-        .entries()?
-        .into_iter()
-        .filter_map(|(name, _)| name.into_string().ok())
-        .filter(|n| n.ends_with(".tar") && !n.starts_with('.'))
-        .collect();
-    tars.sort();
-    let (mut imported, mut failed) = (0, 0);
-    for name in tars {
-        // Only regular files: a FIFO would hang ctr, a symlink could name anything.
-        if dir.kind(&name)? != Some(FileKind::File) {
-            tracing::warn!(%machine, image = %dir.child(&name), "not a regular file; skipped");
+    let mut queue = Vec::new();
+    for (name, _) in dir.entries()? {
+        let name = match name.into_string() {
+            Ok(n) => n,
+            Err(raw) => {
+                if raw.as_encoded_bytes().ends_with(b".tar") {
+                    tracing::warn!(
+                        %machine,
+                        dir = %dir.path(),
+                        image = %raw.to_string_lossy().escape_debug(),
+                        "staged image name is not UTF-8; skipped"
+                    );
+                }
+                continue;
+            }
+        };
+        if !name.ends_with(".tar") || name.starts_with('.') {
             continue;
         }
+        // Only regular files: a FIFO would hang ctr, a symlink could name anything. Checked
+        // again on the descriptor ctr reads (below); this only sorts and skips early.
+        match dir.stat(&name)? {
+            Some(st) if FileKind::from_stat(&st) == FileKind::File => {
+                queue.push(((st.st_mtime, st.st_mtime_nsec), name));
+            }
+            _ => tracing::warn!(
+                %machine,
+                image = %shown(&dir.child(&name)),
+                "not a regular file; skipped"
+            ),
+        }
+    }
+    queue.sort();
+    let budget_end = Instant::now() + mc.import_budget;
+    let (mut imported, mut failed, mut tried) = (0, 0, 0);
+    let mut left: Vec<String> = Vec::new();
+    let mut why_left = String::new();
+    for (_, name) in queue {
         let path = dir.child(&name);
+        if !left.is_empty() {
+            left.push(name);
+            continue;
+        }
+        let remaining = budget_end.saturating_duration_since(Instant::now());
+        if tried >= mc.import_max_images {
+            why_left = format!(
+                "importMaxImages = {} imports per start",
+                mc.import_max_images
+            );
+            left.push(name);
+            continue;
+        }
+        if remaining < MIN_IMPORT_TIME {
+            why_left = format!(
+                "the import budget (importBudgetSeconds = {}) is spent",
+                mc.import_budget.as_secs()
+            );
+            left.push(name);
+            continue;
+        }
+        let timeout = mc.import_timeout.min(remaining);
+        // The check and the use are one file: ctr reads the descriptor opened here (a regular
+        // file, never a symlink, FIFO or device; see MachineDir::open_regular) as its stdin,
+        // not a path it would resolve again. No name reaches its command line either, so a
+        // name with a leading `-`, a newline or any other byte is only ever a directory entry.
+        // Worst case left to the machine: it rewrites the file's bytes while ctr reads them, so
+        // ctr (which runs in the machine, as a transient unit of the machine's systemd) imports
+        // or rejects what the machine wrote; it cannot make the helper read or write anything
+        // outside the machine. The only write below is a rename between two directory fds
+        // inside the machine, which never follows a symlink.
+        let Some((file, _)) = dir.open_regular(&name)? else {
+            tracing::warn!(%machine, image = %shown(&path), "no longer a regular file; skipped");
+            continue;
+        };
+        tried += 1;
         let argv = [
             mc.ctr_path.as_str(),
             "-n",
             mc.ctr_namespace.as_str(),
             "images",
             "import",
-            path.as_str(),
+            "-",
         ];
-        let outcome = services
-            .run("nspawn-lifecycle-import", &argv, mc.import_timeout)
-            .and_then(|o| o.check(&format!("importing {path}")).map(|()| o));
+        let run = services.run(
+            "nspawn-lifecycle-import",
+            &argv,
+            Some(file.as_fd()),
+            timeout,
+        );
         failpoint::hit(Point::MidImageImport);
+        // Cut short: not the start's first import (which had the whole budget, or its own
+        // full deadline) and given less than its own deadline because the budget ran low.
+        let cut_short = tried > 1
+            && timeout < mc.import_timeout
+            && match &run {
+                Ok(o) => o.result == "timeout",
+                Err(_) => Instant::now() >= budget_end,
+            };
+        let outcome = run.and_then(|o| o.check(&format!("importing {}", shown(&path))).map(|()| o));
         match outcome {
             Ok(o) => {
                 imported += 1;
-                tracing::info!(%machine, image = %path, "imported in {:.1}s", o.elapsed.as_secs_f64());
+                // Least recently imported first next time (see above).
+                let now = nix::sys::time::TimeSpec::UTIME_NOW;
+                let omit = nix::sys::time::TimeSpec::UTIME_OMIT;
+                if let Err(e) = nix::sys::stat::futimens(&file, &omit, &now) {
+                    tracing::debug!(%machine, image = %shown(&path), "setting its mtime: {e}");
+                }
+                tracing::info!(%machine, image = %shown(&path), "imported in {:.1}s", o.elapsed.as_secs_f64());
+            }
+            Err(e) if cut_short => {
+                tracing::warn!(%machine, image = %shown(&path), "import stopped at the end of the import budget: {e:#}");
+                why_left = format!(
+                    "the import budget (importBudgetSeconds = {}) ran out during an import",
+                    mc.import_budget.as_secs()
+                );
+                left.push(name);
             }
             Err(e) => {
                 failed += 1;
                 let failed_dir = dir.create_subdir(FAILED_DIR, 0o755)?;
-                let mut to = name.clone();
+                let mut to = aside_name(&name, 0);
                 let mut n = 1;
                 while failed_dir.kind(&to)?.is_some() {
-                    to = format!("{name}.{n}");
+                    to = aside_name(&name, n);
                     n += 1;
                 }
                 dir.move_noreplace(&name, &failed_dir, &to)?;
@@ -460,14 +669,52 @@ pub fn import_images(
                 dir.sync()?;
                 tracing::error!(
                     %machine,
-                    image = %path,
-                    moved_to = %failed_dir.child(&to),
+                    image = %shown(&path),
+                    moved_to = %shown(&failed_dir.child(&to)),
                     "image import failed; tarball set aside: {e:#}"
                 );
             }
         }
     }
+    if !left.is_empty() {
+        let mut names: Vec<String> = left
+            .iter()
+            .take(MAX_NAMES_LOGGED)
+            .map(|n| shown(n))
+            .collect();
+        if left.len() > MAX_NAMES_LOGGED {
+            names.push(format!("… and {} more", left.len() - MAX_NAMES_LOGGED));
+        }
+        tracing::warn!(
+            %machine,
+            "left {} staged image(s) in {} for the next start ({why_left}): {}",
+            left.len(),
+            dir.path(),
+            names.join(", ")
+        );
+    }
     Ok((imported, failed))
+}
+
+/// A name or path for a log line: control characters (a newline would forge a journal line),
+/// quotes and backslashes escaped.
+fn shown(s: &str) -> String {
+    s.escape_debug().to_string()
+}
+
+/// The name a failed tarball gets in `failed/`: its own, then `<name>.<n>`; shortened (at a
+/// character boundary) where the suffix would pass `NAME_MAX`.
+fn aside_name(name: &str, n: usize) -> String {
+    let suffix = if n == 0 {
+        String::new()
+    } else {
+        format!(".{n}")
+    };
+    let mut keep = name.len().min(NAME_MAX - suffix.len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{suffix}", &name[..keep])
 }
 
 #[cfg(test)]
@@ -478,17 +725,55 @@ mod tests {
     use crate::systemd::ExitStatus;
     use std::cell::RefCell;
 
-    /// Records every call; fails the calls named in `fail`.
-    #[derive(Default)]
+    /// Records every call; fails the calls named in `fail`. Models what the tests rely on of
+    /// the machine's systemd: which units run, and the unit gate (src/gate.rs): while the boot
+    /// is gated and the marker does not exist, a start of containerd or kubelet is skipped the
+    /// way systemd skips a unit with an unmet `ConditionPathExists=`, so the start job ends
+    /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. The marker
+    /// exists once the gate file step ran.
     struct Fake {
         log: RefCell<Vec<String>>,
         fail: Vec<String>,
+        running: RefCell<Vec<String>>,
+        gated: bool,
+        wired: std::cell::Cell<bool>,
+        /// What each `run` is given as its deadline, and the identity of its stdin.
+        runs: RefCell<Vec<Run>>,
+        /// How long each `run` takes.
+        run_takes: Duration,
+    }
+
+    /// One `run`: its deadline and its stdin's `(st_dev, st_ino)`.
+    type Run = (Duration, Option<(u64, u64)>);
+
+    impl Default for Fake {
+        /// A machine that is up: both services run, the gate was released at its boot.
+        fn default() -> Fake {
+            Fake {
+                log: RefCell::default(),
+                fail: Vec::new(),
+                running: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
+                gated: false,
+                wired: std::cell::Cell::new(true),
+                runs: RefCell::default(),
+                run_takes: Duration::ZERO,
+            }
+        }
     }
 
     impl Fake {
         fn failing(calls: &[&str]) -> Fake {
             Fake {
                 fail: calls.iter().map(|s| s.to_string()).collect(),
+                ..Fake::default()
+            }
+        }
+        /// A GPU machine's boot: the gate kept both services from starting.
+        fn gated_boot() -> Fake {
+            Fake {
+                running: RefCell::default(),
+                gated: true,
+                wired: std::cell::Cell::new(false),
                 ..Fake::default()
             }
         }
@@ -502,30 +787,86 @@ mod tests {
         fn log(&self) -> Vec<String> {
             self.log.borrow().clone()
         }
+        fn running(&self) -> Vec<String> {
+            self.running.borrow().clone()
+        }
     }
 
     impl Services for Fake {
         fn stop(&self, unit: &str) -> Result<()> {
-            self.record(format!("stop {unit}"))
+            self.record(format!("stop {unit}"))?;
+            self.running.borrow_mut().retain(|u| u != unit);
+            Ok(())
         }
         fn start(&self, unit: &str) -> Result<()> {
-            self.record(format!("start {unit}"))
+            self.record(format!("start {unit}"))?;
+            if self.gated && !self.wired.get() {
+                anyhow::bail!(
+                    "{unit} is inactive (dead) after its start job finished; an unmet \
+                     Condition…= skips a unit that way (test: gated, no marker)"
+                );
+            }
+            let mut running = self.running.borrow_mut();
+            if !running.iter().any(|u| u == unit) {
+                running.push(unit.to_owned());
+            }
+            Ok(())
         }
-        fn run(&self, prefix: &str, argv: &[&str], _: Duration) -> Result<TransientOutcome> {
-            let call = format!("run {}", argv.join(" "));
+        fn is_active(&self, unit: &str) -> Result<bool> {
+            Ok(self.running.borrow().iter().any(|u| u == unit))
+        }
+        fn run(
+            &self,
+            prefix: &str,
+            argv: &[&str],
+            stdin: Option<BorrowedFd<'_>>,
+            timeout: Duration,
+        ) -> Result<TransientOutcome> {
+            // What ctr would read: the stdin file's identity and its first bytes.
+            let (id, head) = match stdin {
+                Some(fd) => {
+                    let st = nix::sys::stat::fstat(fd).unwrap();
+                    let mut buf = [0u8; 64];
+                    let n = nix::sys::uio::pread(fd, &mut buf, 0).unwrap();
+                    (
+                        Some((st.st_dev, st.st_ino)),
+                        String::from_utf8_lossy(&buf[..n]).into_owned(),
+                    )
+                }
+                None => (None, String::new()),
+            };
+            let call = format!("run {} <{head}", argv.join(" "));
             self.log.borrow_mut().push(call.clone());
-            let bad = self.fail.iter().any(|f| call.contains(f.as_str()));
+            self.runs.borrow_mut().push((timeout, id));
+            let takes = self.run_takes.min(timeout);
+            std::thread::sleep(takes);
+            let timed_out = takes < self.run_takes;
+            let bad = timed_out || self.fail.iter().any(|f| call.contains(f.as_str()));
             Ok(TransientOutcome {
                 unit: format!("{prefix}-1.service"),
-                exit_status: ExitStatus::Exited(if bad { 1 } else { 0 }),
-                result: if bad { "exit-code" } else { "success" }.into(),
+                exit_status: if timed_out {
+                    ExitStatus::Killed {
+                        signal: 15,
+                        core_dumped: false,
+                    }
+                } else {
+                    ExitStatus::Exited(if bad { 1 } else { 0 })
+                },
+                result: if timed_out {
+                    "timeout"
+                } else if bad {
+                    "exit-code"
+                } else {
+                    "success"
+                }
+                .into(),
                 output: if bad {
                     "ctr: unexpected EOF".into()
                 } else {
                     String::new()
                 },
                 output_dropped: 0,
-                elapsed: Duration::from_millis(5),
+                elapsed: takes,
             })
         }
     }
@@ -549,6 +890,9 @@ mod tests {
                 log.borrow_mut().push(step);
                 if Some(step) == fail_step {
                     anyhow::bail!("planted failure");
+                }
+                if step == FileStep::Gate {
+                    fake.wired.set(true);
                 }
                 Ok(String::new())
             },
@@ -640,28 +984,64 @@ mod tests {
         assert_eq!(fake.log().last().unwrap(), "start kubelet.service");
     }
 
+    const CTR: &str = "run /usr/bin/ctr -n k8s.io images import -";
+    const STAGED: &str = "var/lib/nspawn-lifecycle/images";
+
+    /// Write a staged tarball whose mtime is `age` seconds in the past.
+    fn stage(dir: &std::path::Path, name: &str, bytes: &[u8], age: u64) {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let t = std::time::SystemTime::now() - Duration::from_secs(age);
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
+    /// Run `f` with this thread's log lines captured; returns its result and the lines.
+    fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
+        use std::sync::{Arc, Mutex};
+        let buf = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || Writer(w.clone()))
+            .finish();
+        struct Writer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Writer {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let r = tracing::subscriber::with_default(sub, f);
+        let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        (r, text)
+    }
+
     #[test]
     fn bad_tarballs_are_set_aside_never_deleted() {
         let dir = tempfile::tempdir().unwrap();
-        let images = dir.path().join("var/lib/nspawn-lifecycle/images");
+        let images = dir.path().join(STAGED);
         std::fs::create_dir_all(images.join("failed")).unwrap();
-        std::fs::write(images.join("good.tar"), b"good").unwrap();
-        std::fs::write(images.join("bad.tar"), b"bad").unwrap();
+        stage(&images, "good.tar", b"good", 10);
+        stage(&images, "bad.tar", b"bad", 20);
         std::fs::write(images.join("failed/bad.tar"), b"older bad").unwrap();
         std::fs::write(images.join("notes.txt"), b"x").unwrap();
         nix::unistd::mkfifo(&images.join("fifo.tar"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", images.join("link.tar")).unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
-        let fake = Fake::failing(&["bad.tar"]);
+        let fake = Fake::failing(&["<bad"]);
         let m: MachineName = "kube1".parse().unwrap();
         let (ok, bad) = import_images(&m, &root, &cfg(), &fake).unwrap();
         assert_eq!((ok, bad), (1, 1));
-        assert_eq!(
-            fake.log(),
-            [
-                "run /usr/bin/ctr -n k8s.io images import /var/lib/nspawn-lifecycle/images/bad.tar",
-                "run /usr/bin/ctr -n k8s.io images import /var/lib/nspawn-lifecycle/images/good.tar",
-            ]
-        );
+        assert_eq!(fake.log(), [format!("{CTR} <bad"), format!("{CTR} <good")]);
         assert_eq!(std::fs::read(images.join("good.tar")).unwrap(), b"good");
         assert_eq!(
             std::fs::read(images.join("failed/bad.tar")).unwrap(),
@@ -673,8 +1053,257 @@ mod tests {
         );
         assert!(!images.join("bad.tar").exists());
         assert!(images.join("fifo.tar").exists());
+        assert!(images.join("link.tar").is_symlink());
         // Nothing left to import: a second run only retries nothing that failed.
         let fake = Fake::default();
         assert_eq!(import_images(&m, &root, &cfg(), &fake).unwrap(), (1, 0));
+    }
+
+    /// Issue 10 item 4: at most `importMaxImages` imports per start; the rest stay in place and
+    /// one line says how many, which and why.
+    #[test]
+    fn imports_stop_at_the_count_limit_and_report_what_was_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join(STAGED);
+        std::fs::create_dir_all(&images).unwrap();
+        for (i, n) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            stage(&images, &format!("{n}.tar"), n.as_bytes(), 100 - i as u64);
+        }
+        let root = MachineRoot::open(dir.path()).unwrap();
+        let mut mc = cfg();
+        mc.import_max_images = 2;
+        let fake = Fake::default();
+        let m: MachineName = "kube1".parse().unwrap();
+        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        assert_eq!(r.unwrap(), (2, 0));
+        assert_eq!(fake.log(), [format!("{CTR} <a"), format!("{CTR} <b")]);
+        for n in ["a", "b", "c", "d", "e"] {
+            assert!(images.join(format!("{n}.tar")).is_file(), "{n}.tar moved");
+        }
+        let left: Vec<&str> = logs.lines().filter(|l| l.contains("left ")).collect();
+        assert_eq!(left.len(), 1, "{logs}");
+        assert!(
+            left[0].contains(
+                "left 3 staged image(s) in /var/lib/nspawn-lifecycle/images for the next start \
+                 (importMaxImages = 2 imports per start): c.tar, d.tar, e.tar"
+            ),
+            "{logs}"
+        );
+        // The next start takes the least recently imported first: the three left behind.
+        let fake = Fake::default();
+        mc.import_max_images = 3;
+        assert_eq!(import_images(&m, &root, &mc, &fake).unwrap(), (3, 0));
+        assert_eq!(
+            fake.log(),
+            [
+                format!("{CTR} <c"),
+                format!("{CTR} <d"),
+                format!("{CTR} <e")
+            ]
+        );
+        // 0 imports nothing and says so.
+        mc.import_max_images = 0;
+        let fake = Fake::default();
+        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        assert_eq!(r.unwrap(), (0, 0));
+        assert!(fake.log().is_empty());
+        assert!(logs.contains("left 5 staged image(s)"), "{logs}");
+    }
+
+    /// Issue 10 item 4: all imports of a start share `importBudgetSeconds`; each gets the
+    /// smaller of `importTimeoutSeconds` and what is left; the rest wait for the next start.
+    #[test]
+    fn imports_share_one_time_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join(STAGED);
+        std::fs::create_dir_all(&images).unwrap();
+        for (i, n) in ["a", "b", "c", "d"].iter().enumerate() {
+            stage(&images, &format!("{n}.tar"), n.as_bytes(), 100 - i as u64);
+        }
+        let root = MachineRoot::open(dir.path()).unwrap();
+        let mut mc = cfg();
+        mc.import_budget = Duration::from_secs(3);
+        let fake = Fake {
+            run_takes: Duration::from_millis(1200),
+            ..Fake::default()
+        };
+        let m: MachineName = "kube1".parse().unwrap();
+        let started = Instant::now();
+        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(r.unwrap(), (2, 0));
+        let runs = fake.runs.borrow().clone();
+        assert_eq!(runs.len(), 2, "{runs:?}");
+        assert!(runs[0].0 <= Duration::from_secs(3) && runs[0].0 > Duration::from_millis(2900));
+        assert!(runs[1].0 <= Duration::from_millis(1800), "{runs:?}");
+        assert!(
+            logs.contains("left 2 staged image(s)")
+                && logs.contains(
+                    "(the import budget (importBudgetSeconds = 3) is spent): c.tar, d.tar"
+                ),
+            "{logs}"
+        );
+        for n in ["a", "b", "c", "d"] {
+            assert!(images.join(format!("{n}.tar")).is_file());
+        }
+    }
+
+    /// An import the budget cuts short is not a bad tarball: it stays for the next start. One
+    /// that times out on its own full deadline is set aside.
+    #[test]
+    fn an_import_cut_short_by_the_budget_stays_one_timing_out_on_its_own_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join(STAGED);
+        std::fs::create_dir_all(&images).unwrap();
+        stage(&images, "a.tar", b"a", 20);
+        stage(&images, "b.tar", b"b", 10);
+        let root = MachineRoot::open(dir.path()).unwrap();
+        let m: MachineName = "kube1".parse().unwrap();
+        let mut mc = cfg();
+        mc.import_budget = Duration::from_secs(3);
+        let fake = Fake {
+            run_takes: Duration::from_millis(1900),
+            ..Fake::default()
+        };
+        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        assert_eq!(r.unwrap(), (1, 0));
+        assert!(images.join("b.tar").is_file(), "{logs}");
+        assert!(!images.join("failed").exists(), "{logs}");
+        assert!(
+            logs.contains("left 1 staged image(s)")
+                && logs.contains("ran out during an import): b.tar"),
+            "{logs}"
+        );
+
+        mc.import_timeout = Duration::from_secs(1);
+        mc.import_budget = Duration::from_secs(600);
+        let fake = Fake {
+            run_takes: Duration::from_secs(2),
+            ..Fake::default()
+        };
+        mc.import_max_images = 1;
+        assert_eq!(import_images(&m, &root, &mc, &fake).unwrap(), (0, 1));
+        assert_eq!(std::fs::read(images.join("failed/b.tar")).unwrap(), b"b");
+    }
+
+    /// Issue 10 item 4: no tarball name reaches ctr's command line (a leading `-` would be an
+    /// option), ctr reads the very file that was checked, and names with control characters
+    /// or at NAME_MAX are imported, set aside and logged without harm.
+    #[test]
+    fn tarball_names_never_reach_the_command_line_and_ctr_reads_the_checked_file() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join(STAGED);
+        std::fs::create_dir_all(images.join("failed")).unwrap();
+        let long = format!("{}.tar", "x".repeat(NAME_MAX - 4));
+        let names = [
+            "--help.tar".to_owned(),
+            "-n default.tar".to_owned(),
+            "evil\n{\"level\":\"INFO\"} forged.tar".to_owned(),
+            "esc\u{1b}[2J.tar".to_owned(),
+            long.clone(),
+        ];
+        for (i, n) in names.iter().enumerate() {
+            stage(&images, n, format!("bad{i}").as_bytes(), 100 - i as u64);
+        }
+        // An older failure of the long name already sits in failed/: the suffixed name must be
+        // shortened to fit NAME_MAX.
+        std::fs::write(images.join("failed").join(&long), b"older").unwrap();
+        let ids: Vec<(u64, u64)> = names
+            .iter()
+            .map(|n| {
+                let md = std::fs::metadata(images.join(n)).unwrap();
+                (md.dev(), md.ino())
+            })
+            .collect();
+        let root = MachineRoot::open(dir.path()).unwrap();
+        let fake = Fake::failing(&["<bad"]);
+        let m: MachineName = "kube1".parse().unwrap();
+        let (r, logs) = logged(|| import_images(&m, &root, &cfg(), &fake));
+        assert_eq!(r.unwrap(), (0, 5));
+        for (i, call) in fake.log().iter().enumerate() {
+            assert_eq!(call, &format!("{CTR} <bad{i}"));
+        }
+        let seen: Vec<Option<(u64, u64)>> = fake.runs.borrow().iter().map(|r| r.1).collect();
+        assert_eq!(seen, ids.iter().copied().map(Some).collect::<Vec<_>>());
+        for n in &names[..4] {
+            assert!(images.join("failed").join(n).is_file(), "{n:?}");
+        }
+        let shortened = format!("{}.1", &long[..NAME_MAX - 2]);
+        assert_eq!(
+            std::fs::read(images.join("failed").join(&shortened)).unwrap(),
+            b"bad4"
+        );
+        // Every line of the log is one event: the newline in a name did not forge one.
+        assert!(!logs.lines().any(|l| l.starts_with('{')), "{logs}");
+        assert!(logs.contains("evil\\n{\\\"level"), "{logs}");
+        assert!(!logs.contains('\u{1b}'), "{logs}");
+    }
+
+    /// Issue 10 item 5: on a gated boot nothing ran before post-start, so a failed step starts
+    /// nothing (the start would be skipped by the gate anyway and the unit left inactive).
+    #[test]
+    fn on_a_gated_boot_a_failed_step_starts_nothing() {
+        let fake = Fake::gated_boot();
+        let (r, logs) = logged(|| sequence(&fake, Some(FileStep::Links)));
+        let (r, log) = r;
+        assert!(format!("{:#}", r.unwrap_err()).contains("planted failure"));
+        assert_eq!(
+            log,
+            [
+                "stop kubelet.service",
+                "stop containerd.service",
+                "file driver root",
+                "file library and /dev/char links",
+            ]
+        );
+        assert!(fake.running().is_empty());
+        assert!(
+            logs.contains("neither containerd.service nor kubelet.service was running before it")
+                && logs.contains("the unit gate holds them until a post-start succeeds")
+                && logs.contains("Restart=on-failure retries the whole start"),
+            "{logs}"
+        );
+    }
+
+    /// Issue 10 item 5: a failure on a running machine puts back what ran, and only that.
+    #[test]
+    fn a_failure_on_a_running_machine_restores_only_what_was_running() {
+        let fake = Fake::default();
+        fake.running
+            .borrow_mut()
+            .retain(|u| u == "containerd.service");
+        let (r, log) = sequence(&fake, Some(FileStep::Cdi));
+        assert!(r.is_err());
+        assert_eq!(log.last().unwrap(), "start containerd.service");
+        assert!(
+            !log.contains(&"start kubelet.service".to_owned()),
+            "{log:?}"
+        );
+        assert_eq!(fake.running(), ["containerd.service"]);
+    }
+
+    /// The gated boot that succeeds: each service starts once, after the gate step, and runs.
+    #[test]
+    fn on_a_gated_boot_each_service_starts_once_after_the_gate() {
+        let fake = Fake::gated_boot();
+        let (r, log) = sequence(&fake, None);
+        r.unwrap();
+        let gate = log.iter().position(|l| l == "file unit gate").unwrap();
+        let starts: Vec<usize> = (0..log.len())
+            .filter(|&i| log[i].starts_with("start "))
+            .collect();
+        assert_eq!(starts.len(), 2, "{log:?}");
+        assert!(starts.iter().all(|&i| i > gate), "{log:?}");
+        assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
+        // And the fake really models the gate: without the marker a start is refused.
+        let gated = Fake::gated_boot();
+        let err = gated.start("kubelet.service").unwrap_err();
+        assert!(format!("{err:#}").contains("is inactive (dead)"));
+        assert!(gated.running().is_empty());
     }
 }

@@ -122,7 +122,7 @@ pub fn restart_budget(
     start: Option<Duration>,
     mc: &MachineConfig,
 ) -> Duration {
-    let hooks = 2 * mc.lock_timeout + mc.boot_timeout + 6 * mc.job_timeout + mc.import_timeout;
+    let hooks = 2 * mc.lock_timeout + mc.boot_timeout + 6 * mc.job_timeout + mc.import_budget;
     stop.unwrap_or(mc.job_timeout) + start.unwrap_or(hooks) + MARGIN
 }
 
@@ -288,8 +288,9 @@ mod tests {
         let mc = c.config.machine(&c.host, &m("kube1")).unwrap();
         let s = Duration::from_secs;
         assert_eq!(restart_budget(Some(s(90)), Some(s(90)), &mc), s(195));
-        // Infinite start timeout: 2 locks (240) + boot (60) + 6 jobs (540) + one import (300).
-        assert_eq!(restart_budget(Some(s(90)), None, &mc), s(90 + 1140 + 15));
+        // Infinite start timeout: 2 locks (240) + boot (60) + 6 jobs (540) + the import budget
+        // (600).
+        assert_eq!(restart_budget(Some(s(90)), None, &mc), s(90 + 1440 + 15));
     }
 
     #[test]

@@ -368,7 +368,19 @@ impl Systemd {
         argv: &[&str],
         timeout: Duration,
     ) -> Result<TransientOutcome> {
-        transient::run(self, name_prefix, argv, timeout)
+        transient::run(self, name_prefix, argv, None, timeout)
+    }
+
+    /// [`Systemd::run_transient`] with `stdin` as the command's standard input, passed over the
+    /// bus (`StandardInputFileDescriptor`): the command reads the very file the caller opened.
+    pub fn run_transient_with_stdin(
+        &self,
+        name_prefix: &str,
+        argv: &[&str],
+        stdin: std::os::fd::BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<TransientOutcome> {
+        transient::run(self, name_prefix, argv, Some(stdin), timeout)
     }
 
     // ---- internals ---------------------------------------------------------------------------
@@ -767,7 +779,7 @@ pub fn run_transient(
     argv: &[&str],
     timeout: Duration,
 ) -> Result<TransientOutcome> {
-    transient::run(conn, name_prefix, argv, timeout)
+    transient::run(conn, name_prefix, argv, None, timeout)
 }
 
 /// The D-Bus error name of a method error reply, if `e` is one.

@@ -121,6 +121,7 @@ pub(super) fn run(
     sd: &Systemd,
     name_prefix: &str,
     argv: &[&str],
+    stdin: Option<std::os::fd::BorrowedFd<'_>>,
     timeout: Duration,
 ) -> Result<TransientOutcome> {
     if name_prefix.is_empty()
@@ -151,7 +152,7 @@ pub(super) fn run(
             .job("start", &unit, deadline, None, |mgr| {
                 let unit = unit.as_str();
                 async move {
-                    let props: Vec<(&str, Variant<'_>)> = vec![
+                    let mut props: Vec<(&str, Variant<'_>)> = vec![
                         ("Description", Variant::from(description.as_str())),
                         ("Type", Variant::from("oneshot")),
                         ("ExecStart", Variant::from(exec)),
@@ -167,6 +168,9 @@ pub(super) fn run(
                         ("AddRef", Variant::from(true)),
                         ("TimeoutStartUSec", Variant::from(timeout_usec)),
                     ];
+                    if let Some(fd) = stdin {
+                        props.push(("StandardInputFileDescriptor", Variant::from(Fd::from(fd))));
+                    }
                     let r = mgr.start_transient_unit(unit, "fail", &props, &[]).await;
                     // systemd holds its own copy now; ours would keep the pipe open forever.
                     drop(props);
