@@ -83,8 +83,9 @@ pub enum Command {
     #[command(hide = true)]
     Failpoints,
 
-    /// (failpoints builds only) Run post-start's file steps (driver root, links, CDI spec) for
-    /// MACHINE against the machine rootfs directory DIR, under the machine lock, with the host as
+    /// (failpoints builds only) Run post-start's executor for MACHINE against the machine rootfs
+    /// directory DIR (no systemd there: service stops and starts are no-ops, ldconfig is the
+    /// host's `ldconfig -r DIR`, imports fail), under the machine lock, with the host as
     /// discovered under --host-root: what the crash tests kill mid-way without a running machine.
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]

@@ -1,11 +1,19 @@
 //! Crash at any step, without systemd: the failpoints build of the binary is killed with SIGKILL
-//! at each named point of pre-start, install and post-start's file steps (`rewire-root`), then
-//! run again without the failpoint, as systemd's `Restart=on-failure` would.
+//! at each named point of pre-start, install and post-start, then run again without the
+//! failpoint, as systemd's `Restart=on-failure` would. post-start runs through `rewire-root`,
+//! which is post-start's own executor (`rewire_with_services_stopped` over `run_file_step` and
+//! `import_images`) against a machine rootfs on disk with no systemd in it: service stops and
+//! starts are logged no-ops, `ldconfig` is the host's `ldconfig -r <rootfs>`, and an import fails
+//! as one whose `ctr` could not run (the tarball is set aside).
 //!
-//! After the kill every file is the old or the new bytes, never a mix; after the rerun everything
-//! is exactly what a run that was never killed leaves, with no temp file or staging tree left.
-//! The post-start points that need a running machine (service stops and starts, image import)
-//! are killed under a real systemd in `tests/e2e/scenarios/08-crash-points.sh`.
+//! After the kill every file is the old or the new bytes, never a mix, and every staged tarball
+//! is in exactly one place; after the rerun everything is exactly what a run that was never
+//! killed leaves, with no temp file or staging tree left.
+//!
+//! Which points exist comes from the binary (`failpoints`); each must be killed, by its exact
+//! name, by a case that ran here. The one point that needs the host's systemd (install before
+//! `daemon-reload`) is killed under a real systemd in `tests/e2e/scenarios/08-crash-points.sh`,
+//! which also kills every post-start point under systemd.
 //!
 //! Run with `cargo test --features failpoints` (tests/run-all.sh does); without the feature this
 //! file is empty. `privileged_*` tests build fixture hosts with device nodes and need root.
@@ -31,34 +39,13 @@ const HELPER: &str = "usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper";
 const OLD: &str = "580.82.07";
 const NEW: &str = "580.95.05";
 
-/// Points killed by the tests in this file; the rest need systemd (scenario 8 of tests/e2e).
-const COVERED_HERE: &[Point] = &[
-    Point::AfterLock,
-    Point::MidDriverRoot,
-    Point::AfterDriverRootSwap,
-    Point::MidLinks,
-    Point::MidCdiWrite,
-    Point::PostStartMidGateRelease,
-    Point::PreStartMidGateWrite,
-    Point::PreStartMidNspawnWrite,
-    Point::InstallMidHelperCopy,
-    Point::InstallMidNspawnWrite,
-    Point::InstallMidDropinWrite,
-    Point::InstallMidOverrideWrite,
-];
-/// Points killed under a real systemd by tests/e2e/scenarios/08-crash-points.sh.
-const COVERED_BY_E2E: &[Point] = &[
-    Point::AfterKubeletStop,
-    Point::AfterContainerdStop,
-    Point::MidDriverRoot,
-    Point::AfterDriverRootSwap,
-    Point::MidLinks,
-    Point::MidCdiWrite,
-    Point::AfterContainerdStart,
-    Point::MidImageImport,
-    Point::BeforeKubeletStart,
-    Point::InstallBeforeDaemonReload,
-];
+/// Points only a host with systemd reaches (`install` reloads only with the real `/` as host
+/// root); scenario 8 of tests/e2e kills them by these exact names.
+const NEEDS_HOST_SYSTEMD: &[Point] = &[Point::InstallBeforeDaemonReload];
+
+/// Every point a case killed (and saw die there), by name: filled by [`killed`].
+static KILLED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 fn helper(host: &Path, args: &[&str], failpoint: Option<&str>) -> Output {
     let mut cmd = Command::new(BIN);
@@ -104,6 +91,10 @@ fn killed(host: &Path, args: &[&str], failpoint: &str) -> Output {
         "{}",
         text(&o)
     );
+    KILLED
+        .lock()
+        .unwrap()
+        .insert(failpoint_name(failpoint).to_owned());
     o
 }
 
@@ -138,39 +129,64 @@ fn read_opt(p: &Path) -> Option<Vec<u8>> {
     std::fs::read(p).ok()
 }
 
+/// The point names the binary lists (`failpoints`).
+fn points_of_the_binary() -> Vec<String> {
+    let o = ok(Path::new("/"), &["failpoints"]);
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs every kill-and-rerun case of this file (in parallel), then requires that each point the
+/// binary lists was killed, by its exact name, by a case that ran, except the points that need
+/// the host's systemd, which scenario 8 names exactly.
 #[test]
-fn every_point_is_killed_by_some_test() {
-    for p in failpoint::ALL {
-        assert!(
-            COVERED_HERE.contains(&p) || COVERED_BY_E2E.contains(&p),
-            "failpoint {} is killed by no test",
-            p.name()
-        );
-    }
-    // The e2e scenario takes its post-start list from the binary and names the install point.
+fn privileged_every_point_is_killed_by_a_case_that_ran() {
+    std::thread::scope(|s| {
+        let cases = [
+            s.spawn(pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals),
+            s.spawn(install_killed_at_each_write_leaves_old_or_new_bytes_and_the_rerun_heals),
+            s.spawn(|| post_start_killed_anywhere_heals_on_the_next_run(false)),
+            s.spawn(|| post_start_killed_anywhere_heals_on_the_next_run(true)),
+        ];
+        for c in cases {
+            if let Err(panic) = c.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    let killed = KILLED.lock().unwrap().clone();
     let scenario = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/scenarios/08-crash-points.sh"),
     )
     .unwrap();
-    assert!(scenario.contains("failpoints | grep '^post-start-'"));
-    assert!(scenario.contains(Point::InstallBeforeDaemonReload.name()));
-    for p in COVERED_BY_E2E {
-        assert!(
-            p.name().starts_with("post-start-") || scenario.contains(p.name()),
-            "{} is not in the e2e scenario",
-            p.name()
-        );
+    let mut missing = Vec::new();
+    for name in points_of_the_binary() {
+        let point = Point::from_name(&name).unwrap();
+        if NEEDS_HOST_SYSTEMD.contains(&point) {
+            assert!(
+                scenario.contains(&name),
+                "{name} needs the host's systemd but scenario 8 does not kill it"
+            );
+            assert!(
+                !killed.contains(&name),
+                "{name} was killed here: drop it from NEEDS_HOST_SYSTEMD"
+            );
+        } else if !killed.contains(&name) {
+            missing.push(name);
+        }
     }
+    assert!(
+        missing.is_empty(),
+        "killed by no case that ran: {missing:?}"
+    );
 }
 
 #[test]
 fn the_failpoints_command_lists_every_point() {
-    let o = ok(Path::new("/"), &["failpoints"]);
-    let names: Vec<String> = String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let names = points_of_the_binary();
     let want: Vec<&str> = failpoint::ALL.iter().map(|p| p.name()).collect();
     assert_eq!(names, want);
 }
@@ -200,8 +216,7 @@ fn fixture_host(example: &str, old_driver: bool) -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn privileged_pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals() {
+fn pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals() {
     let args = ["nspawn-lifecycle", "pre-start", "kube1"];
     // What pre-start writes on the host as it is now, from a run that was never killed.
     let reference = fixture_host("two-gpus", false);
@@ -310,7 +325,6 @@ fn install_files(root: &Path) -> BTreeMap<&'static str, Option<Vec<u8>>> {
         .collect()
 }
 
-#[test]
 fn install_killed_at_each_write_leaves_old_or_new_bytes_and_the_rerun_heals() {
     let args = ["install", "kube1"];
     let reference = old_install_host();
@@ -377,7 +391,7 @@ fn install_killed_at_each_write_leaves_old_or_new_bytes_and_the_rerun_heals() {
     }
 }
 
-// ---- post-start's file steps --------------------------------------------------------------------
+// ---- post-start ---------------------------------------------------------------------------------
 
 /// The machine after a start with the older driver: driver root, links and CDI spec of OLD.
 fn machine_after_old_start(old_host: &Path) -> tempfile::TempDir {
@@ -387,6 +401,26 @@ fn machine_after_old_start(old_host: &Path) -> tempfile::TempDir {
     m
 }
 
+const STAGED: &str = "var/lib/nspawn-lifecycle/images";
+const TARBALL: &[u8] = b"a tarball staged for this start\n";
+
+/// Stage one tarball in the machine (post-start without a machine sets it aside in `failed/`).
+fn stage_tarball(machine: &Path) {
+    let d = machine.join(STAGED);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("app.tar"), TARBALL).unwrap();
+}
+
+/// Where the staged tarball is now: it must be in exactly one place, whole.
+fn tarball_places(machine: &Path) -> Vec<PathBuf> {
+    let d = machine.join(STAGED);
+    [d.join("app.tar"), d.join("failed/app.tar")]
+        .into_iter()
+        .filter(|p| read_opt(p).as_deref() == Some(TARBALL))
+        .collect()
+}
+
+/// post-start's executor (`rewire-root`) against the machine rootfs `machine`.
 fn rewire(host: &Path, machine: &Path, failpoint: Option<&str>) -> Output {
     let args = [
         "rewire-root",
@@ -428,8 +462,11 @@ fn nvidia_specs(machine: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-#[test]
-fn privileged_post_start_file_steps_killed_anywhere_heal_on_the_next_run() {
+/// post-start killed at each of its points (the file steps on a driver upgrade and on a fresh
+/// machine, the service stops and starts, the image import): each artifact is old or new, the
+/// staged tarball is in exactly one place, and the rerun leaves exactly the tree of a start that
+/// was never killed.
+fn post_start_killed_anywhere_heals_on_the_next_run(fresh: bool) {
     let old_host = fixture_host("two-gpus", true);
     let new_host = fixture_host("two-gpus", false);
 
@@ -437,6 +474,7 @@ fn privileged_post_start_file_steps_killed_anywhere_heal_on_the_next_run() {
     let reference = machine_after_old_start(old_host.path());
     let old_driver_root = driver_root(reference.path()).unwrap();
     let old_spec = std::fs::read(reference.path().join("run/cdi/nvidia.com-gpu.json")).unwrap();
+    stage_tarball(reference.path());
     rewire(new_host.path(), reference.path(), None);
     let want = rewire_support::listing(reference.path());
     let new_driver_root = driver_root(reference.path()).unwrap();
@@ -444,13 +482,20 @@ fn privileged_post_start_file_steps_killed_anywhere_heal_on_the_next_run() {
     assert_ne!(old_driver_root, new_driver_root);
     assert_ne!(old_spec, new_spec);
     serde_json::from_slice::<serde_json::Value>(&new_spec).unwrap();
+    assert_eq!(
+        tarball_places(reference.path()),
+        [reference.path().join(STAGED).join("failed/app.tar")]
+    );
     let fresh_reference = tempfile::tempdir().unwrap();
     rewire_support::debian_machine(fresh_reference.path());
+    stage_tarball(fresh_reference.path());
     rewire(new_host.path(), fresh_reference.path(), None);
     let want_fresh = rewire_support::listing(fresh_reference.path());
 
     let cases = [
         Point::AfterLock.name().to_owned(),
+        Point::AfterKubeletStop.name().to_owned(),
+        Point::AfterContainerdStop.name().to_owned(),
         format!("{}:1", Point::MidDriverRoot.name()),
         format!("{}:9", Point::MidDriverRoot.name()),
         Point::AfterDriverRootSwap.name().to_owned(),
@@ -458,60 +503,64 @@ fn privileged_post_start_file_steps_killed_anywhere_heal_on_the_next_run() {
         format!("{}:6", Point::MidLinks.name()),
         Point::MidCdiWrite.name().to_owned(),
         Point::PostStartMidGateRelease.name().to_owned(),
+        Point::AfterContainerdStart.name().to_owned(),
+        Point::MidImageImport.name().to_owned(),
+        Point::BeforeKubeletStart.name().to_owned(),
     ];
-    for fresh in [false, true] {
-        for case in &cases {
-            if fresh && case == Point::AfterDriverRootSwap.name() {
-                continue; // nothing to swap with: the new tree is renamed into place
-            }
-            if !fresh && case == Point::PostStartMidGateRelease.name() {
-                continue; // the marker is there from the last start: nothing is written
-            }
-            let what = format!(
-                "{case} ({})",
-                if fresh {
-                    "fresh machine"
-                } else {
-                    "driver upgrade"
-                }
-            );
-            let machine = if fresh {
-                let m = tempfile::tempdir().unwrap();
-                rewire_support::debian_machine(m.path());
-                m
-            } else {
-                machine_after_old_start(old_host.path())
-            };
-            let m = machine.path();
-            rewire(new_host.path(), m, Some(case));
-
-            // Killed: each artifact is whole, old or new.
-            let dr = driver_root(m);
-            let old_dr = (!fresh).then(|| old_driver_root.clone());
-            assert!(
-                dr == old_dr || dr.as_ref() == Some(&new_driver_root),
-                "{what}: driver root is neither old nor new:\n{dr:?}"
-            );
-            let spec = read_opt(&m.join("run/cdi/nvidia.com-gpu.json"));
-            let old_sp = (!fresh).then(|| old_spec.clone());
-            assert!(
-                spec == old_sp || spec.as_ref() == Some(&new_spec),
-                "{what}: CDI spec is neither old nor new"
-            );
-
-            // The next start heals: exactly the tree of a start that was never killed.
-            rewire(new_host.path(), m, None);
-            let want = if fresh { &want_fresh } else { &want };
-            assert_eq!(
-                &rewire_support::listing(m),
-                want,
-                "{what}: tree after the rerun"
-            );
-            assert_eq!(leftovers(m), Vec::<PathBuf>::new(), "{what}");
-            let specs = nvidia_specs(m);
-            assert_eq!(specs.len(), 1, "{what}: {specs:?}");
-            assert_eq!(specs[0].1, new_spec, "{what}");
-            assert_eq!(driver_root(m).as_ref(), Some(&new_driver_root), "{what}");
+    for case in &cases {
+        if fresh && case == Point::AfterDriverRootSwap.name() {
+            continue; // nothing to swap with: the new tree is renamed into place
         }
+        if !fresh && case == Point::PostStartMidGateRelease.name() {
+            continue; // the marker is there from the last start: nothing is written
+        }
+        let what = format!(
+            "{case} ({})",
+            if fresh {
+                "fresh machine"
+            } else {
+                "driver upgrade"
+            }
+        );
+        let machine = if fresh {
+            let m = tempfile::tempdir().unwrap();
+            rewire_support::debian_machine(m.path());
+            m
+        } else {
+            machine_after_old_start(old_host.path())
+        };
+        let m = machine.path();
+        stage_tarball(m);
+        rewire(new_host.path(), m, Some(case));
+
+        // Killed: each artifact is whole, old or new; the tarball is in one place.
+        let dr = driver_root(m);
+        let old_dr = (!fresh).then(|| old_driver_root.clone());
+        assert!(
+            dr == old_dr || dr.as_ref() == Some(&new_driver_root),
+            "{what}: driver root is neither old nor new:\n{dr:?}"
+        );
+        let spec = read_opt(&m.join("run/cdi/nvidia.com-gpu.json"));
+        let old_sp = (!fresh).then(|| old_spec.clone());
+        assert!(
+            spec == old_sp || spec.as_ref() == Some(&new_spec),
+            "{what}: CDI spec is neither old nor new"
+        );
+        assert_eq!(tarball_places(m).len(), 1, "{what}: staged tarball");
+
+        // The next start heals: exactly the tree of a start that was never killed.
+        rewire(new_host.path(), m, None);
+        let want = if fresh { &want_fresh } else { &want };
+        assert_eq!(
+            &rewire_support::listing(m),
+            want,
+            "{what}: tree after the rerun"
+        );
+        assert_eq!(leftovers(m), Vec::<PathBuf>::new(), "{what}");
+        let specs = nvidia_specs(m);
+        assert_eq!(specs.len(), 1, "{what}: {specs:?}");
+        assert_eq!(specs[0].1, new_spec, "{what}");
+        assert_eq!(driver_root(m).as_ref(), Some(&new_driver_root), "{what}");
+        assert_eq!(tarball_places(m).len(), 1, "{what}: staged tarball");
     }
 }
