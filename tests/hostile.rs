@@ -4,7 +4,8 @@
 //! directory where a file belongs, read-only, or a bind mount of a host directory. Every step
 //! must succeed inside the machine or fail with an error naming the path, and a checksum of the
 //! host tree beside the machine root (decoys at every path a redirected step would hit) must not
-//! change by a single inode, mtime or byte.
+//! change by a single inode, mtime or byte. Each case's outcome, step by step, is pinned in
+//! `tests/golden/hostile-outcomes.txt` (rewritten only with `UPDATE_GOLDEN=1`; review the diff).
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
 
@@ -12,12 +13,22 @@ mod rewire_support;
 
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
+use nspawn_lifecycle::config::{Config, MachineConfig};
 use nspawn_lifecycle::gate;
+use nspawn_lifecycle::host::HostRoot;
 use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::poststart::{self, Services};
 use nspawn_lifecycle::rewire;
+use nspawn_lifecycle::systemd::{ExitStatus, TransientOutcome};
 use rewire_support::*;
+use std::cell::RefCell;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The staged-images directory (the default `stagedImagesDir`), without its leading `/`.
+const STAGED: &str = "var/lib/nspawn-lifecycle/images";
 
 /// A temp dir holding `machine/` (a Debian-like machine root) and `host/` (decoys laid out like
 /// the paths the helper touches, so any escape lands on one).
@@ -50,8 +61,23 @@ fn world() -> World {
         "usr/lib/x86_64-linux-gnu/vdpau",
         "dev/char",
         "run/nspawn-lifecycle",
+        "var/lib/nspawn-lifecycle/images/failed",
     ] {
         std::fs::create_dir_all(h(d)).unwrap();
+    }
+    // Tarballs: the machine's own (one good, one bad, one set aside by an earlier start), and
+    // host decoys whose bytes say "host" should an import ever read one.
+    let m = |p: &str| machine.join(p);
+    std::fs::create_dir_all(m(&format!("{STAGED}/failed"))).unwrap();
+    std::fs::write(m(&format!("{STAGED}/app.tar")), "machine good\n").unwrap();
+    std::fs::write(m(&format!("{STAGED}/bad.tar")), "machine bad\n").unwrap();
+    std::fs::write(
+        m(&format!("{STAGED}/failed/bad.tar")),
+        "machine bad, older\n",
+    )
+    .unwrap();
+    for p in ["app.tar", "bad.tar", "failed/bad.tar", "failed/bad.tar.1"] {
+        std::fs::write(h(&format!("{STAGED}/{p}")), "host\n").unwrap();
     }
     std::fs::write(h("run/nspawn-lifecycle/wired"), "host\n").unwrap();
     std::fs::write(h("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
@@ -160,6 +186,15 @@ const TARGETS: &[(&str, Expect)] = &[
     ("/dev/char/195:254", Expect::File),
     ("/run/nspawn-lifecycle/wired", Expect::File),
     ("/run/nspawn-lifecycle/.wired.tmp", Expect::File),
+    ("/var/lib", Expect::Dir),
+    ("/var/lib/nspawn-lifecycle", Expect::Dir),
+    ("/var/lib/nspawn-lifecycle/images", Expect::Dir),
+    ("/var/lib/nspawn-lifecycle/images/failed", Expect::Dir),
+    ("/var/lib/nspawn-lifecycle/images/app.tar", Expect::File),
+    (
+        "/var/lib/nspawn-lifecycle/images/failed/bad.tar",
+        Expect::File,
+    ),
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -227,10 +262,73 @@ fn plant(w: &World, p: &str, how: Plant) {
     }
 }
 
+/// The machine's systemd as the import step uses it: `run` reads what `ctr` would read (its
+/// stdin) and fails an import whose bytes say "bad"; nothing else is called.
+#[derive(Default)]
+struct Ctr {
+    /// The bytes of every tarball an import was handed.
+    read: RefCell<Vec<String>>,
+}
+
+impl Services for Ctr {
+    fn stop(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("import step stopped {unit}")
+    }
+    fn start(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("import step started {unit}")
+    }
+    fn is_active(&self, unit: &str) -> anyhow::Result<bool> {
+        panic!("import step asked about {unit}")
+    }
+    fn run(
+        &self,
+        prefix: &str,
+        argv: &[&str],
+        stdin: Option<BorrowedFd<'_>>,
+        _: Duration,
+    ) -> anyhow::Result<TransientOutcome> {
+        assert_eq!(argv.last(), Some(&"-"), "{argv:?}");
+        let fd = stdin.expect("an import reads its tarball from stdin");
+        let mut buf = vec![0u8; 4096];
+        let n = nix::sys::uio::pread(fd, &mut buf, 0).unwrap();
+        let bytes = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let bad = bytes.contains("bad");
+        self.read.borrow_mut().push(bytes);
+        Ok(TransientOutcome {
+            unit: format!("{prefix}-1.service"),
+            exit_status: ExitStatus::Exited(i32::from(bad)),
+            result: if bad { "exit-code" } else { "success" }.into(),
+            output: String::new(),
+            output_dropped: 0,
+            elapsed: Duration::ZERO,
+        })
+    }
+}
+
+/// The default machine settings (staged images in [`STAGED`]).
+fn machine_config() -> MachineConfig {
+    let dir = tempfile::tempdir().unwrap();
+    Config::default()
+        .machine(&HostRoot::new(dir.path()), &"kube1".parse().unwrap())
+        .unwrap()
+}
+
+/// post-start's import step against `root`; every tarball it handed to `ctr` must be one of
+/// the machine's own (its bytes start with "machine"), never a host decoy.
+fn import_step(root: &MachineRoot, mc: &MachineConfig) -> anyhow::Result<(usize, usize)> {
+    let ctr = Ctr::default();
+    let r = poststart::import_images(&"kube1".parse().unwrap(), root, mc, &ctr);
+    for bytes in ctr.read.borrow().iter() {
+        assert!(bytes.starts_with("machine"), "ctr read {bytes:?}");
+    }
+    r
+}
+
 /// How one step ended.
 #[derive(Debug)]
 enum Outcome {
-    Ok,
+    /// Succeeded; what it did, where that tells cases apart.
+    Ok(String),
     Failed(String),
 }
 
@@ -240,9 +338,9 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
     let mut out = Vec::new();
-    let mut record = |step: &'static str, r: anyhow::Result<()>| {
+    let mut record = |step: &'static str, r: anyhow::Result<String>| {
         let o = match r {
-            Ok(_) => Outcome::Ok,
+            Ok(what) => Outcome::Ok(what),
             Err(e) => {
                 let msg = format!("{e:#}");
                 assert!(
@@ -259,8 +357,23 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
         let d = root.open_dir("/run/nvidia/driver/usr/bin").unwrap();
         assert!(d.is_some(), "driver root not visible inside the machine");
     }
-    record("driver root", r.map(drop));
-    record("links", rewire::rebuild_links(root, &inv).map(drop));
+    record("driver root", r.map(|_| String::new()));
+    let r = rewire::rebuild_links(root, &inv);
+    // A success put the versioned links into the machine's multiarch dir (when it has one; a case
+    // plants at most one of the two names).
+    if r.is_ok()
+        && let Ok(Some(d)) = root.open_dir("/usr/lib/x86_64-linux-gnu")
+    {
+        let ours = ["libcuda", "libnvidia-ml"].iter().any(|n| {
+            let versioned = format!("{n}.so.{NEW}");
+            d.read_link(&versioned).ok().flatten().is_some_and(|t| {
+                t.to_string_lossy()
+                    .starts_with("/run/nvidia/driver/usr/lib/x86_64-linux-gnu/")
+            })
+        });
+        assert!(ours, "library links not visible inside the machine");
+    }
+    record("links", r.map(|_| String::new()));
     // Every other spec "conflicts", so an escaped step would delete host decoys.
     let r = rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(NEW), |_, _| true);
     if r.is_ok() {
@@ -273,7 +386,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
             "spec not where the machine reads it"
         );
     }
-    record("CDI spec", r.map(drop));
+    record("CDI spec", r.map(|_| String::new()));
     let r = gate::release(root);
     if r.is_ok() {
         let got = root.read_file(gate::WIRED, 4096).unwrap();
@@ -282,10 +395,15 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
             "unit gate marker not visible inside the machine"
         );
     }
-    record("unit gate", r.map(drop));
+    record("unit gate", r.map(|_| String::new()));
+    let r = import_step(root, &machine_config());
+    record(
+        "images",
+        r.map(|(ok, bad)| format!("{ok} imported, {bad} set aside")),
+    );
     record(
         "cleanup",
-        rewire::cleanup(root, CDI_DIR, CDI_FILE).map(drop),
+        rewire::cleanup(root, CDI_DIR, CDI_FILE).map(|_| String::new()),
     );
     out
 }
@@ -312,24 +430,49 @@ fn run_table(plants: &[Plant]) -> Vec<String> {
             let summary: Vec<String> = steps
                 .iter()
                 .map(|(s, o)| match o {
-                    Outcome::Ok => format!("{s}: ok"),
+                    Outcome::Ok(w) if w.is_empty() => format!("{s}: ok"),
+                    Outcome::Ok(w) => format!("{s}: ok ({w})"),
                     Outcome::Failed(m) => format!("{s}: FAILED ({m})"),
                 })
                 .collect();
-            table.push(format!("{path} as {how:?}: {}", summary.join("; ")));
+            let line = format!("{path} as {how:?}: {}", summary.join("; "));
+            table.push(line.replace(w.tmp.path().to_str().unwrap(), "<tmp>"));
         }
     }
     table
 }
 
+/// Compare the outcome table with its golden file `tests/golden/hostile-outcomes-<case>.txt`:
+/// every case's outcome is pinned, step by step. `UPDATE_GOLDEN=1` rewrites it.
+fn golden_outcomes(case: &str, table: &[String]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/golden/hostile-outcomes-{case}.txt"));
+    let actual = table.join("\n") + "\n";
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+    let (want, got): (Vec<&str>, Vec<&str>) =
+        (expected.lines().collect(), actual.lines().collect());
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!(w, g, "outcome changed (golden {})", path.display());
+    }
+    assert_eq!(
+        want.len(),
+        got.len(),
+        "case count changed (golden {})",
+        path.display()
+    );
+}
+
 #[test]
 fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
     let table = run_table(UNPRIVILEGED);
-    // 17 directory targets × 5 plants + 10 file targets × 5 plants.
-    assert_eq!(table.len(), 135);
-    for line in &table {
-        println!("{line}");
-    }
+    // 21 directory targets × 5 plants + 12 file targets × 5 plants.
+    assert_eq!(table.len(), 165);
+    golden_outcomes("unprivileged", &table);
 }
 
 /// Names the helper owns outright (the driver root, its staging tree, the spec and temp names)
@@ -398,7 +541,7 @@ fn machine_root_reached_through_a_symlink() {
     let before = snapshot(w.tmp.path(), &[w.machine.as_path()]);
     let root = MachineRoot::open(&link).unwrap();
     for (step, o) in run_steps(&root, &[]) {
-        assert!(matches!(o, Outcome::Ok), "{step}: {o:?}");
+        assert!(matches!(o, Outcome::Ok(_)), "{step}: {o:?}");
     }
     assert_eq!(before, snapshot(w.tmp.path(), &[w.machine.as_path()]));
     // And the machine ended up clean (the last step was the no-GPU cleanup).
@@ -420,10 +563,8 @@ fn privileged_device_nodes_are_never_opened_or_followed() {
         return;
     }
     let table = run_table(&[Plant::CharDevice]);
-    assert_eq!(table.len(), 27);
-    for line in &table {
-        println!("{line}");
-    }
+    assert_eq!(table.len(), 33);
+    golden_outcomes("char-device", &table);
 }
 
 /// Unmounts on drop, so a failing assertion does not leave mounts behind.
