@@ -658,3 +658,186 @@ fn privileged_bind_mounts_in_our_trees_are_not_descended() {
         assert!(w.in_host("run/nvidia-persistenced/socket").exists());
     }
 }
+
+/// Paths a racing attacker swaps: the directories post-start's file steps and the import step
+/// create, write into, list or resolve through, and the files they replace or read.
+const RACED: &[&str] = &[
+    "/run",
+    "/run/nvidia",
+    "/run/nvidia/driver",
+    "/run/cdi",
+    "/etc/cdi",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/vdpau",
+    "/dev/char",
+    "/run/nspawn-lifecycle",
+    "/var/lib/nspawn-lifecycle/images",
+    "/var/lib/nspawn-lifecycle/images/failed",
+    "/run/cdi/nvidia.com-gpu.json",
+    "/etc/cdi/nvidia.yaml",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/run/nspawn-lifecycle/wired",
+    "/var/lib/nspawn-lifecycle/images/app.tar",
+    "/var/lib/nspawn-lifecycle/images/bad.tar",
+];
+
+/// One swap site: the real entry's parent (held open, so the attacker itself never resolves a
+/// path and never follows what it planted), the entry's name, and the sibling symlink that
+/// points out of the machine, at the same path in the host tree.
+struct Site {
+    parent: std::os::fd::OwnedFd,
+    name: String,
+    swap: String,
+}
+
+/// "Root in the machine": exchanges each raced entry with its symlink out of the machine
+/// (`renameat2(RENAME_EXCHANGE)`, so the path is always one or the other), over and over, until
+/// told to stop. Returns how many exchanges took effect.
+fn attack(sites: &[Site], stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use nix::fcntl::{RenameFlags, renameat2};
+    let mut swaps = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for s in sites {
+            // Missing while the helper replaces it (or it was never created): nothing to swap.
+            if renameat2(
+                &s.parent,
+                s.name.as_str(),
+                &s.parent,
+                s.swap.as_str(),
+                RenameFlags::RENAME_EXCHANGE,
+            )
+            .is_ok()
+            {
+                swaps += 1;
+            }
+        }
+    }
+    swaps
+}
+
+/// Every regular file under `dir` (never following a symlink) named `name`, with its bytes.
+fn files_named(dir: &Path, name: &str, out: &mut Vec<Vec<u8>>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            files_named(&e.path(), name, out);
+        } else if ft.is_file()
+            && e.file_name() == name
+            && let Ok(b) = std::fs::read(e.path())
+        {
+            out.push(b);
+        }
+    }
+}
+
+/// A racing attacker (issue 10): while post-start's file steps and its import step run, a
+/// thread "in the machine" swaps a directory or file and a symlink out of the machine at every
+/// path they touch, in a loop. Over many runs (bounded in count and time) the host tree never
+/// changes by an inode, mtime or byte; each step either succeeds inside the machine or fails
+/// naming a raced path; `ctr` is only ever handed the machine's own tarballs (`import_step`).
+#[test]
+fn a_racing_attacker_never_reaches_the_host() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const RUNS: usize = 2000;
+    const TIME: Duration = Duration::from_secs(40);
+    let w = world();
+    let root = MachineRoot::open(&w.machine).unwrap();
+    let inv = inventory(NEW);
+    let driver = inv.driver.as_ref().unwrap();
+    let mc = machine_config();
+    // A first start, so every raced entry exists: the driver root, the spec, the marker.
+    gpu_pass(&root, &inv);
+    gate::release(&root).unwrap();
+    std::fs::write(
+        w.in_machine("etc/cdi/nvidia.yaml"),
+        "kind: nvidia.com/gpu\n",
+    )
+    .unwrap();
+    std::fs::write(w.in_host("etc/cdi/nvidia.yaml"), "host\n").unwrap();
+    let mut sites = Vec::new();
+    for p in RACED {
+        let at = w.in_machine(p);
+        assert!(std::fs::symlink_metadata(&at).is_ok(), "{p} missing");
+        let name = at.file_name().unwrap().to_str().unwrap().to_owned();
+        let swap = format!(".{name}.swap");
+        let parent = nix::fcntl::open(
+            at.parent().unwrap(),
+            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        symlink(w.in_host(p), at.parent().unwrap().join(&swap)).unwrap();
+        sites.push(Site { parent, name, swap });
+    }
+    let before = w.host_snapshot();
+    let stop = AtomicBool::new(false);
+    let started = std::time::Instant::now();
+    let (mut runs, mut ok_steps, mut failed_steps) = (0, 0, 0);
+    let swaps = std::thread::scope(|s| {
+        let attacker = s.spawn(|| attack(&sites, &stop));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            while runs < RUNS && started.elapsed() < TIME {
+                runs += 1;
+                let steps: [(&str, anyhow::Result<()>); 5] = [
+                    (
+                        "driver root",
+                        rewire::build_driver_root(&root, driver).map(drop),
+                    ),
+                    ("links", rewire::rebuild_links(&root, &inv).map(drop)),
+                    (
+                        "CDI spec",
+                        rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
+                            .map(drop),
+                    ),
+                    ("unit gate", gate::release(&root).map(drop)),
+                    ("images", import_step(&root, &mc).map(drop)),
+                ];
+                for (step, r) in steps {
+                    match r {
+                        Ok(()) => ok_steps += 1,
+                        Err(e) => {
+                            failed_steps += 1;
+                            let msg = format!("{e:#}");
+                            assert!(
+                                RACED.iter().any(|p| msg.contains(p)) || msg.contains("/var/run"),
+                                "run {runs}: {step} failed without naming a raced path: {msg}"
+                            );
+                        }
+                    }
+                }
+                let after = w.host_snapshot();
+                if after != before {
+                    let changed: Vec<&String> = before
+                        .keys()
+                        .chain(after.keys())
+                        .filter(|k| before.get(*k) != after.get(*k))
+                        .collect();
+                    panic!("run {runs}: the host tree changed at {changed:?}");
+                }
+            }
+        }));
+        stop.store(true, Ordering::Relaxed);
+        let swaps = attacker.join().unwrap();
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+        swaps
+    });
+    println!(
+        "{runs} runs in {:.1}s, {swaps} swaps: {ok_steps} steps succeeded, {failed_steps} failed",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(runs >= 20, "only {runs} runs");
+    assert!(swaps > 1000, "the attacker swapped only {swaps} times");
+    assert!(
+        ok_steps > 0 && failed_steps > 0,
+        "{ok_steps} ok, {failed_steps} failed: no race"
+    );
+    // Successes landed inside the machine: a spec with our bytes exists in the machine's tree.
+    let mut specs = Vec::new();
+    files_named(&w.machine, CDI_FILE, &mut specs);
+    assert!(specs.contains(&spec(NEW)), "no CDI spec inside the machine");
+}
