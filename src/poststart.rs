@@ -486,9 +486,10 @@ fn start_again(
     if units.is_empty() {
         tracing::warn!(
             %machine,
-            "post-start failed: neither {} nor {} was running before it, so neither is started; \
-             the unit gate holds them until a post-start succeeds, and systemd's \
-             Restart=on-failure retries the whole start",
+            "post-start failed: neither {} nor {} was running before it, so neither is started \
+             again: on a gated boot the unit gate holds them until a post-start succeeds, and \
+             the failed start is retried from a fresh, gated boot by systemd's \
+             Restart=on-failure",
             mc.containerd_unit,
             mc.kubelet_unit
         );
@@ -1265,7 +1266,7 @@ mod tests {
         assert!(
             logs.contains("neither containerd.service nor kubelet.service was running before it")
                 && logs.contains("the unit gate holds them until a post-start succeeds")
-                && logs.contains("Restart=on-failure retries the whole start"),
+                && logs.contains("Restart=on-failure"),
             "{logs}"
         );
     }

@@ -2,7 +2,7 @@
 # Scenario 2 (issue 5 §2): staged image tarballs. A valid OCI tarball in the staged directory
 # (default /var/lib/nspawn-lifecycle/images/*.tar in the machine, issue 3) is imported by post-start
 # and listed by `ctr -n k8s.io images ls`; a corrupt one is set aside (not deleted) and reported,
-# the node does not crash-loop, and kubelet is still active.
+# the node does not crash-loop, and kubelet is still active. Then the per-start import bounds.
 scenario "staged images: one valid, one corrupt" --needs-helper
 baseline
 
@@ -40,5 +40,24 @@ assert_eq "$(c second-reconcile)" 0 "$rc"
 if [ -n "$aside" ]; then assert_cmd "$(c set-aside-tarball-kept)" test -f "$aside"; fi
 assert_match "$(c valid-image-still-listed)" "^$IMG$" "$(M ctr -n k8s.io images ls -q 2>&1)"
 assert_cmd "$(c kubelet-active-after-second-start)" wait_until 30 inner_active kubelet.service kube1
+
+# Issue 10 item 4: the per-start bounds. With importMaxImages=1 one tarball (the least recently
+# imported: here the older one) is imported, the other stays in place, untouched, and one line
+# names it and why.
+rm -rf "${r:?}$STAGED/"*
+cp "$RUN/support/images/e2e-hello.tar" "$RUN/support/images/e2e-corrupt.tar" "$r$STAGED/"
+touch -d '-1 hour' "$r$STAGED/e2e-hello.tar"
+M ctr -n k8s.io images rm "$IMG" >/dev/null 2>&1
+H sh -c 'mkdir -p /etc/nspawn-lifecycle && echo "{\"defaults\": {\"importMaxImages\": 1}}" > /etc/nspawn-lifecycle/config.json'
+since="@$(date +%s)"
+out=$(reconcile kube1 2>&1); rc=$?
+H rm -f /etc/nspawn-lifecycle/config.json
+assert_eq "$(c bounded-reconcile)" 0 "$rc"
+hj=$(hook_journal_since kube1 "$since")
+assert_match "$(c bounded-imports-valid-one)" "^$IMG$" "$(M ctr -n k8s.io images ls -q 2>&1)"
+assert_match "$(c bounded-reports-what-was-left)" 'left 1 staged image\(s\) in /var/lib/nspawn-lifecycle/images for the next start \(importMaxImages = 1 imports per start\): e2e-corrupt\.tar' "$hj"
+assert_eq "$(c bounded-left-in-place)" "$bad_sha" "$(sha256sum < "$r$STAGED/e2e-corrupt.tar" | cut -d' ' -f1)"
+assert_cmd "$(c bounded-nothing-set-aside)" test ! -e "$r$STAGED/failed"
+assert_cmd "$(c kubelet-active-after-bounded-start)" wait_until 30 inner_active kubelet.service kube1
 
 rm -rf "${r:?}$STAGED/"*

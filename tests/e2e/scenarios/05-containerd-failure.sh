@@ -2,11 +2,22 @@
 # Scenario 5 (issue 5 §5): containerd in the machine made to fail -> post-start fails (it cannot
 # start containerd), the unit fails and systemd restarts it; once containerd is fixed the node
 # recovers without help.
+# Issue 10 item 5: a failed post-start puts back only what ran before it. Run by hand on the
+# running machine with kubelet stopped by the operator, it tries containerd again and leaves
+# kubelet stopped; on a gated boot nothing ran, so it starts nothing and says why.
 scenario "containerd fails: post-start fails, unit restarts, recovers" --needs-helper
 baseline
 
-since="@$(date +%s)"
+M systemctl stop kubelet.service
 mflag_set kube1 fail-containerd
+out=$(helper nspawn-lifecycle post-start kube1 2>&1); rc=$?
+info "post-start by hand with containerd failing and kubelet stopped: rc=$rc $(printf '%s' "$out" | tail -3 | tr '\n' ' ')"
+assert_ne "$(c by-hand-post-start-fails)" 0 "$rc"
+assert_match "$(c by-hand-tries-containerd-again)" '(could not start again|started again).*unit=containerd\.service' "$out"
+assert_no_match "$(c by-hand-does-not-start-kubelet)" 'started again.*unit=kubelet\.service' "$out"
+assert_eq "$(c kubelet-left-stopped)" inactive "$(inner_state kubelet.service)"
+
+since="@$(date +%s)"
 out=$(reconcile kube1 2>&1); rc=$?
 info "reconcile with containerd failing: rc=$rc $(printf '%s' "$out" | tail -3 | tr '\n' ' ')"
 assert_ne "$(c reconcile-fails)" 0 "$rc"
@@ -20,6 +31,8 @@ assert_match "$(c post-start-failed)" 'Control process exited|Failed with result
 hj=$(hook_journal_since kube1 "$since")
 info "post-start said: $(printf '%s\n' "$hj" | grep -i containerd | head -3 | tr '\n' ' ')"
 assert_match "$(c error-names-containerd)" 'containerd' "$hj"
+assert_match "$(c gated-boot-restores-nothing)" 'neither containerd\.service nor kubelet\.service was running before it' "$hj"
+assert_no_match "$(c gated-boot-starts-nothing-again)" 'started again after the failure' "$hj"
 
 mflag_clear kube1 fail-containerd
 t0=$(now_ms)
