@@ -1245,6 +1245,28 @@ mod tests {
         assert!(!logs.contains('\u{1b}'), "{logs}");
     }
 
+    /// A `.tar` name that is not UTF-8 is skipped with a warning (escaped), not imported blind.
+    #[test]
+    fn non_utf8_tarball_names_are_skipped_and_reported() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join(STAGED);
+        std::fs::create_dir_all(&images).unwrap();
+        let raw = std::ffi::OsStr::from_bytes(b"bad\xff\n.tar");
+        std::fs::write(images.join(raw), b"x").unwrap();
+        let root = MachineRoot::open(dir.path()).unwrap();
+        let fake = Fake::default();
+        let m: MachineName = "kube1".parse().unwrap();
+        let (r, logs) = logged(|| import_images(&m, &root, &cfg(), &fake));
+        assert_eq!(r.unwrap(), (0, 0));
+        assert!(fake.log().is_empty());
+        assert!(
+            logs.contains("not UTF-8; skipped") && logs.contains("bad\u{fffd}\\n.tar"),
+            "{logs}"
+        );
+        assert!(images.join(raw).is_file());
+    }
+
     /// Issue 10 item 5: on a gated boot nothing ran before post-start, so a failed step starts
     /// nothing (the start would be skipped by the gate anyway and the unit left inactive).
     #[test]
