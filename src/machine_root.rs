@@ -999,4 +999,25 @@ mod tests {
         assert!(root.root_dir().unwrap().symlink("a/b", "x").is_err());
         assert!(root.root_dir().unwrap().symlink("..", "x").is_err());
     }
+
+    /// Only a regular file is ever opened, through the inode that was checked: a symlink or a
+    /// FIFO (which would block a plain open) gives `None` (device nodes: tests/hostile.rs), and
+    /// the descriptor returned is the checked file's.
+    #[test]
+    fn open_regular_opens_only_the_checked_regular_file() {
+        let (dir, root) = root();
+        let d = root.create_dir_all("/images", 0o755).unwrap();
+        std::fs::write(dir.path().join("images/a.tar"), b"tar").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("images/link.tar")).unwrap();
+        nix::unistd::mkfifo(&dir.path().join("images/fifo.tar"), Mode::S_IRWXU).unwrap();
+        let (mut f, st) = d.open_regular("a.tar").unwrap().unwrap();
+        let md = std::fs::metadata(dir.path().join("images/a.tar")).unwrap();
+        assert_eq!((st.st_dev, st.st_ino), (md.dev(), md.ino()));
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"tar");
+        for name in ["link.tar", "fifo.tar", "missing.tar"] {
+            assert!(d.open_regular(name).unwrap().is_none(), "{name}");
+        }
+    }
 }
