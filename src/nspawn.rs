@@ -315,6 +315,33 @@ mod tests {
     }
 
     #[test]
+    fn uninstalled_file_keeps_private_users_off_mounts_and_drops_but_no_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data")).unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let m: MachineName = "kube1".parse().unwrap();
+        let mc = crate::config::Config::parse(
+            br#"{"defaults": {"mounts": [{"source": "/data"}],
+                              "dropCapabilities": ["CAP_SYS_MODULE"]}}"#,
+        )
+        .unwrap()
+        .machine(&host, &m)
+        .unwrap();
+        let text = NspawnFile::uninstalled(&m, &mc, true).to_string();
+        assert!(text.starts_with(UNINSTALLED_HEADER), "{text}");
+        assert!(
+            text.contains(
+                "\n[Exec]\nCapability=all\nDropCapability=CAP_SYS_MODULE\nPrivateUsers=no\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n[Files]\nBindReadOnly=/lib/modules\nBindReadOnly=/data\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn bind_lines_omit_equal_targets() {
         let b = BindLine {
             source: "/a".into(),
