@@ -45,6 +45,7 @@ struct Settings {
     boot_timeout_seconds: Option<u64>,
     job_timeout_seconds: Option<u64>,
     import_timeout_seconds: Option<u64>,
+    drop_capabilities: Option<Vec<String>>,
 }
 
 /// An extra host directory or file bound into the machine.
@@ -90,6 +91,9 @@ pub struct MachineConfig {
     pub job_timeout: Duration,
     /// How long one image import may take.
     pub import_timeout: Duration,
+    /// Capabilities the machine's bounding set loses (`.nspawn` `DropCapability=`), in the
+    /// config's order; empty by default (`Capability=all`).
+    pub drop_capabilities: Vec<String>,
 }
 
 /// The whole loaded configuration.
@@ -272,6 +276,7 @@ impl Config {
             boot_timeout: secs(s.boot_timeout_seconds, "bootTimeoutSeconds", 60)?,
             job_timeout: secs(s.job_timeout_seconds, "jobTimeoutSeconds", 90)?,
             import_timeout: secs(s.import_timeout_seconds, "importTimeoutSeconds", 300)?,
+            drop_capabilities: check_capabilities(key, s.drop_capabilities.as_deref())?,
         })
     }
 }
@@ -319,6 +324,7 @@ impl Settings {
             boot_timeout_seconds: other.boot_timeout_seconds.or(self.boot_timeout_seconds),
             job_timeout_seconds: other.job_timeout_seconds.or(self.job_timeout_seconds),
             import_timeout_seconds: other.import_timeout_seconds.or(self.import_timeout_seconds),
+            drop_capabilities: other.drop_capabilities.or(self.drop_capabilities),
         }
     }
 }
@@ -352,6 +358,27 @@ pub fn check_abs(key: &str, p: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `dropCapabilities`: Linux capability names as `CAP_…` in upper case, each once.
+fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, c) in caps.unwrap_or_default().iter().enumerate() {
+        if !crate::nspawn::CAPABILITIES.contains(&c.as_str()) {
+            return Err(bad_input(format!(
+                "{key}.dropCapabilities[{i}]: \"{}\" is not a Linux capability name \
+                 (CAP_CHOWN … CAP_CHECKPOINT_RESTORE, upper case, as in capabilities(7))",
+                c.escape_debug()
+            )));
+        }
+        if out.contains(c) {
+            return Err(bad_input(format!(
+                "{key}.dropCapabilities[{i}]: \"{c}\" is listed twice"
+            )));
+        }
+        out.push(c.clone());
+    }
+    Ok(out)
 }
 
 /// CDI `vendor/class`, restricted to what every CDI parser accepts (no dot in the class, which
@@ -400,6 +427,54 @@ mod tests {
         assert_eq!(mc.cdi_kind, "nvidia.com/gpu");
         assert!(mc.mounts.is_empty());
         assert_eq!(cfg.helper_path(), DEFAULT_HELPER_PATH);
+    }
+
+    #[test]
+    fn drop_capabilities_are_checked_and_machines_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::parse(
+            br#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE"]},
+                 "machines": {"k2": {"dropCapabilities": []}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.machine(&host, &name("kube1"))
+                .unwrap()
+                .drop_capabilities,
+            ["CAP_SYS_MODULE"]
+        );
+        assert!(
+            cfg.machine(&host, &name("k2"))
+                .unwrap()
+                .drop_capabilities
+                .is_empty()
+        );
+        assert!(
+            Config::default()
+                .machine(&host, &name("kube1"))
+                .unwrap()
+                .drop_capabilities
+                .is_empty()
+        );
+        for (bad, culprit) in [
+            (
+                r#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE", "cap_bpf"]}}"#,
+                "defaults.dropCapabilities[1]: \"cap_bpf\" is not a Linux capability name",
+            ),
+            (
+                r#"{"machines": {"k": {"dropCapabilities": ["CAP_BPF", "CAP_BPF"]}}}"#,
+                "machines.k.dropCapabilities[1]: \"CAP_BPF\" is listed twice",
+            ),
+            (
+                r#"{"defaults": {"dropCapabilities": ["CAP_BPF\nPrivateUsers=pick"]}}"#,
+                "CAP_BPF\\nPrivateUsers=pick",
+            ),
+        ] {
+            let err = Config::parse(bad.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{bad}");
+            assert!(format!("{err:#}").contains(culprit), "{bad}: {err:#}");
+        }
     }
 
     #[test]

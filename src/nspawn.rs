@@ -13,6 +13,54 @@ use std::fmt;
 /// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
 pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
 
+/// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
+pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
+
+/// Linux capability names, index = bit number in `CapBnd` (linux/capability.h, 0 to 40).
+pub const CAPABILITIES: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
 /// Host path of a machine's `.nspawn` file.
 pub fn nspawn_path(machine: &MachineName) -> String {
     format!("{NSPAWN_DIR}/{machine}.nspawn")
@@ -49,6 +97,10 @@ pub struct NspawnFile {
     /// Summary for the header comment: driver version and GPU count, or "no NVIDIA GPUs".
     pub summary: String,
     pub binds: Vec<BindLine>,
+    /// `DropCapability=` (the config's `dropCapabilities`), taken from `Capability=all`.
+    pub drop_capabilities: Vec<String>,
+    /// Written by `uninstall`: no hooks run, so the header says so.
+    pub uninstalled: bool,
 }
 
 impl NspawnFile {
@@ -112,25 +164,66 @@ impl NspawnFile {
             machine: machine.to_string(),
             summary,
             binds,
+            drop_capabilities: cfg.drop_capabilities.clone(),
+            uninstalled: false,
+        }
+    }
+
+    /// What `uninstall` leaves: pre-start's settings for a host without GPUs and without KVM
+    /// (`PrivateUsers=no` above all, so a start of the stock unit does not chown the rootfs to
+    /// a private UID range), `/lib/modules` and the configured mounts; no NVIDIA binds, no unit
+    /// gate, no `/dev/kvm` (whose `DeviceAllow=` leaves with the drop-in).
+    pub fn uninstalled(machine: &MachineName, cfg: &MachineConfig, has_lib_modules: bool) -> Self {
+        let mut binds = Vec::new();
+        if has_lib_modules {
+            binds.push(same("/lib/modules", true));
+        }
+        for m in &cfg.mounts {
+            binds.push(BindLine {
+                source: m.source.clone(),
+                target: m.target.clone().unwrap_or_else(|| m.source.clone()),
+                read_only: m.read_only,
+            });
+        }
+        NspawnFile {
+            machine: machine.to_string(),
+            summary: "not managed (nspawn-lifecycle uninstalled); no GPU binds".to_owned(),
+            binds,
+            drop_capabilities: cfg.drop_capabilities.clone(),
+            uninstalled: true,
         }
     }
 }
 
 impl fmt::Display for NspawnFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "# Written by nspawn-lifecycle-helper pre-start for machine {} at every start; edits are lost.",
-            self.machine
-        )?;
-        writeln!(
-            f,
-            "# Extra mounts belong in /etc/nspawn-lifecycle/config.json."
-        )?;
+        if self.uninstalled {
+            writeln!(
+                f,
+                "{UNINSTALLED_HEADER} for machine {}: the node's settings without GPUs;",
+                self.machine
+            )?;
+            writeln!(
+                f,
+                "# PrivateUsers=no keeps a start of the stock unit from shifting the rootfs to a private UID range."
+            )?;
+        } else {
+            writeln!(
+                f,
+                "# Written by nspawn-lifecycle-helper pre-start for machine {} at every start; edits are lost.",
+                self.machine
+            )?;
+            writeln!(
+                f,
+                "# Extra mounts belong in /etc/nspawn-lifecycle/config.json."
+            )?;
+        }
         writeln!(f, "# Host: {}", self.summary)?;
-        f.write_str(
-            "\n[Exec]\nCapability=all\nPrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n",
-        )?;
+        f.write_str("\n[Exec]\nCapability=all\n")?;
+        if !self.drop_capabilities.is_empty() {
+            writeln!(f, "DropCapability={}", self.drop_capabilities.join(" "))?;
+        }
+        f.write_str("PrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n")?;
         f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
         f.write_str("\n[Files]\n")?;
         for b in &self.binds {
@@ -218,6 +311,33 @@ mod tests {
         assert_eq!(
             describe_change(None, new),
             "created (NVIDIA driver 2.0, 1 GPU)"
+        );
+    }
+
+    #[test]
+    fn uninstalled_file_keeps_private_users_off_mounts_and_drops_but_no_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data")).unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let m: MachineName = "kube1".parse().unwrap();
+        let mc = crate::config::Config::parse(
+            br#"{"defaults": {"mounts": [{"source": "/data"}],
+                              "dropCapabilities": ["CAP_SYS_MODULE"]}}"#,
+        )
+        .unwrap()
+        .machine(&host, &m)
+        .unwrap();
+        let text = NspawnFile::uninstalled(&m, &mc, true).to_string();
+        assert!(text.starts_with(UNINSTALLED_HEADER), "{text}");
+        assert!(
+            text.contains(
+                "\n[Exec]\nCapability=all\nDropCapability=CAP_SYS_MODULE\nPrivateUsers=no\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n[Files]\nBindReadOnly=/lib/modules\nBindReadOnly=/data\n"),
+            "{text}"
         );
     }
 

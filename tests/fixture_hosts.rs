@@ -432,6 +432,63 @@ fn privileged_bad_machine_names_exit_2_and_write_nothing() {
     assert_same_tree(&before, &snapshot(root, &[]), "bad machine names");
 }
 
+/// Issue 10 item 8: `pre-start kbue1` (a typo) on a GPU host must not write kbue1.nspawn with GPU
+/// binds; it fails naming where it looked. An image elsewhere (a configured directory, a `.raw`
+/// file in another search directory) is found.
+#[test]
+fn privileged_a_machine_without_an_image_exits_2_naming_where_it_looked() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    let before = snapshot(root, &[]);
+    for args in [
+        &["nspawn-lifecycle", "pre-start", "kbue1"][..],
+        &["plan", "kbue1"][..],
+    ] {
+        let out = run(root, args);
+        let err = text(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {err}");
+        assert!(
+            err.contains(
+                "machine kbue1: no machine image found: no directory kbue1 or image kbue1.raw in \
+                 /etc/machines, /run/machines, /var/lib/machines, /usr/local/lib/machines, \
+                 /usr/lib/machines"
+            ),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!root.join("etc/systemd/nspawn/kbue1.nspawn").exists());
+    assert_same_tree(
+        &before,
+        &snapshot(root, &[]),
+        "pre-start of a mistyped machine",
+    );
+
+    // The configured directory is named too, and an image there is used.
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"machines": {"kbue1": {"directory": "/srv/kbue1"}}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["plan", "kbue1"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("(nor /srv/kbue1, the configured directory)"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::create_dir_all(root.join("srv/kbue1")).unwrap();
+    assert_eq!(code(&run(root, &["plan", "kbue1"])), 0);
+    std::fs::remove_file(&cfg).unwrap();
+    // A disk image in another place nspawn searches.
+    std::fs::create_dir_all(root.join("usr/local/lib/machines")).unwrap();
+    std::fs::write(root.join("usr/local/lib/machines/kbue1.raw"), "").unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kbue1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(root.join("etc/systemd/nspawn/kbue1.nspawn").exists());
+}
+
 #[test]
 fn privileged_plan_prints_the_file_and_a_diff_and_writes_nothing() {
     let dir = host("two-gpus");
@@ -513,6 +570,35 @@ fn privileged_config_extra_mounts_are_rendered() {
     );
     assert!(file.contains("\nBind=/srv/cache\n"), "{file}");
     golden("one-gpu.extra-mounts.nspawn", &file);
+
+    // Issue 10 item 10: dropped capabilities go into [Exec], after Capability=all.
+    std::fs::write(
+        &cfg,
+        r#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE", "CAP_SYS_RAWIO"]}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    assert!(
+        file.contains("\n[Exec]\nCapability=all\nDropCapability=CAP_SYS_MODULE CAP_SYS_RAWIO\nPrivateUsers=no\n"),
+        "{file}"
+    );
+    std::fs::write(
+        &cfg,
+        r#"{"defaults": {"dropCapabilities": ["sys_module"]}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "defaults.dropCapabilities[0]: \"sys_module\" is not a Linux capability name"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(&cfg).unwrap();
 
     // An explicit --config outside the host root.
     let elsewhere = tempfile::tempdir().unwrap();
