@@ -845,10 +845,12 @@ fn privileged_foreign_and_host_only_nodes_are_never_bound() {
         file.contains("\nBind=/dev/nvidia-caps-imex-channels/channel0\n"),
         "{file}"
     );
+    // The daemon's socket directory is bound read-only (a socket connects through it).
     assert!(
         file.contains(
-            "\nBind=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
-        )
+            "\nBindReadOnly=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+        ),
+        "{file}"
     );
 }
 
