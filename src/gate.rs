@@ -17,6 +17,7 @@
 use crate::failpoint::Point;
 use crate::machine_root::{MachineRoot, split_parent};
 use anyhow::{Context as _, Result};
+use std::path::Path;
 
 /// Host file pre-start writes and the `.nspawn` file binds into the machine.
 pub const HOST_FILE: &str = "/run/nspawn-lifecycle/unit-gate.conf";
@@ -35,8 +36,12 @@ pub fn dropin(unit: &str) -> String {
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
 pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
     let path = host.path(HOST_FILE);
-    let dir = path.parent().context("gate file has a parent")?;
-    fs_err::create_dir_all(dir)?;
+    let dir = Path::new(HOST_FILE)
+        .parent()
+        .context("gate file has a parent")?;
+    // Ours, root-owned and writable by root alone (shared with the lock directory): verified, so
+    // the drop-in nspawn binds into the machine cannot have been swapped by another user.
+    crate::host_dir::open(host, &dir.to_string_lossy(), crate::host_dir::PARENT_MODE)?;
     crate::atomic::write_if_changed(
         &path,
         CONTENT.as_bytes(),
