@@ -88,6 +88,29 @@ mod tests {
     }
 
     #[test]
+    fn the_host_file_is_never_written_through_a_planted_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir_all(t.path().join("host/run")).unwrap();
+        let link = t.path().join("host/run/nspawn-lifecycle");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let host = crate::host::HostRoot::new(t.path().join("host"));
+        let err = format!("{:#}", write_host_file(&host).unwrap_err());
+        assert!(
+            err.contains(&format!("{} is a symbolic link", link.display())),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        std::fs::remove_file(&link).unwrap();
+        assert!(write_host_file(&host).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(host.path(HOST_FILE)).unwrap(),
+            CONTENT
+        );
+    }
+
+    #[test]
     fn release_creates_the_marker_once() {
         let dir = tempfile::tempdir().unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
