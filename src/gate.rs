@@ -17,6 +17,7 @@
 use crate::failpoint::Point;
 use crate::machine_root::{MachineRoot, split_parent};
 use anyhow::{Context as _, Result};
+use std::path::Path;
 
 /// Host file pre-start writes and the `.nspawn` file binds into the machine.
 pub const HOST_FILE: &str = "/run/nspawn-lifecycle/unit-gate.conf";
@@ -35,8 +36,12 @@ pub fn dropin(unit: &str) -> String {
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
 pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
     let path = host.path(HOST_FILE);
-    let dir = path.parent().context("gate file has a parent")?;
-    fs_err::create_dir_all(dir)?;
+    let dir = Path::new(HOST_FILE)
+        .parent()
+        .context("gate file has a parent")?;
+    // Ours, root-owned and writable by root alone (shared with the lock directory): verified, so
+    // the drop-in nspawn binds into the machine cannot have been swapped by another user.
+    crate::host_dir::open(host, &dir.to_string_lossy(), crate::host_dir::PARENT_MODE)?;
     crate::atomic::write_if_changed(
         &path,
         CONTENT.as_bytes(),
@@ -79,6 +84,29 @@ mod tests {
         assert_eq!(
             dropin("kubelet.service"),
             "/run/systemd/system/kubelet.service.d/50-nspawn-lifecycle-gate.conf"
+        );
+    }
+
+    #[test]
+    fn the_host_file_is_never_written_through_a_planted_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir_all(t.path().join("host/run")).unwrap();
+        let link = t.path().join("host/run/nspawn-lifecycle");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let host = crate::host::HostRoot::new(t.path().join("host"));
+        let err = format!("{:#}", write_host_file(&host).unwrap_err());
+        assert!(
+            err.contains(&format!("{} is a symbolic link", link.display())),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        std::fs::remove_file(&link).unwrap();
+        assert!(write_host_file(&host).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(host.path(HOST_FILE)).unwrap(),
+            CONTENT
         );
     }
 

@@ -46,12 +46,14 @@ pub fn driver_binds(driver: &UserspaceDriver) -> Vec<Bind> {
         });
     }
     // Whole socket directories, not the sockets: a daemon restart replaces the socket inode,
-    // which would leave a bind of the old socket dead.
+    // which would leave a bind of the old socket dead. Read-only: connect(2) to a unix socket
+    // needs write permission on the socket, not a writable mount, so clients still connect, while
+    // the machine can no longer create, replace or remove files in the host daemons' directories.
     for dir in &driver.sockets {
         binds.push(Bind {
             source: dir.clone(),
             target: format!("{HOST_NVIDIA}/run/{}", basename(dir)),
-            read_only: false,
+            read_only: true,
         });
     }
     binds
@@ -173,6 +175,20 @@ mod tests {
             firmware: Some("/lib/firmware/nvidia/580.82.07".into()),
             sockets: vec!["/run/nvidia-persistenced".into()],
         }
+    }
+
+    #[test]
+    fn no_driver_bind_is_writable() {
+        // The machine's root must not write into the host daemons' socket directories (or any
+        // other driver path): every driver bind is read-only, sockets included.
+        let mut d = driver();
+        d.sockets.push("/run/nvidia-fabricmanager".into());
+        let writable: Vec<_> = driver_binds(&d)
+            .into_iter()
+            .filter(|b| !b.read_only)
+            .map(|b| b.source)
+            .collect();
+        assert!(writable.is_empty(), "writable driver binds: {writable:?}");
     }
 
     #[test]

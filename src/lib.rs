@@ -12,6 +12,7 @@ pub mod fixture;
 pub mod fuzzing;
 pub mod gate;
 pub mod host;
+pub mod host_dir;
 pub mod image;
 pub mod install;
 pub mod layout;

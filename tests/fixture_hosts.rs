@@ -9,12 +9,14 @@
 
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
 const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
+/// The machine locks' directory (`lock::LOCK_DIR`) under a host root.
+const LOCKS: &str = "run/nspawn-lifecycle/locks";
 
 fn require_root() {
     assert!(
@@ -32,6 +34,14 @@ fn host(name: &str) -> tempfile::TempDir {
         .tempdir()
         .unwrap();
     fixture::materialize(text, dir.path()).unwrap();
+    // As on a host that started a machine before: the lock directory exists, so a run that only
+    // takes the lock changes nothing outside it (creating it would change run/'s mtime).
+    let locks = dir.path().join(LOCKS);
+    std::fs::create_dir_all(locks.parent().unwrap()).unwrap();
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&locks)
+        .unwrap();
     dir
 }
 
@@ -124,7 +134,7 @@ fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<PathBuf, String> {
 }
 
 /// Like [`assert_same_tree`], ignoring paths under `skip` on both sides (the machine lock under
-/// run/lock is created by the first run and records its holder's PID on every run).
+/// [`LOCKS`] is created by the first run and records its holder's PID on every run).
 fn assert_same_tree_except(
     before: &BTreeMap<PathBuf, String>,
     root: &Path,
@@ -220,7 +230,7 @@ fn check_example(name: &str) {
                 !nspawn.exists(),
                 "pre-start of incomplete {name} wrote {NSPAWN}"
             );
-            assert_same_tree_except(&before, root, &["run/lock"], "failed pre-start");
+            assert_same_tree_except(&before, root, &[LOCKS], "failed pre-start");
         }
         state => {
             assert!(state == "complete" || state == "none", "{state}");
@@ -329,7 +339,7 @@ fn privileged_incomplete_hosts_name_each_piece_and_leave_the_old_file() {
         assert_eq!(code(&out), 3, "{name}: {}", text(&out.stderr));
         let err = error_line(&out);
         assert!(err.contains(needle), "{name}: {err}");
-        assert_same_tree_except(&before, root, &["run/lock"], name);
+        assert_same_tree_except(&before, root, &[LOCKS], name);
     }
     // One missing library names the library and the directory.
     let dir = tempfile::tempdir().unwrap();
@@ -374,8 +384,8 @@ fn privileged_second_pre_start_writes_nothing() {
         (m1.ino(), m1.mtime(), m1.mtime_nsec()),
         (m2.ino(), m2.mtime(), m2.mtime_nsec())
     );
-    // The lock file (under run/lock) records its holder's PID on every run; nothing else may change.
-    assert_same_tree_except(&before, root, &["run/lock"], "second pre-start");
+    // The lock file (under LOCKS) records its holder's PID on every run; nothing else may change.
+    assert_same_tree_except(&before, root, &[LOCKS], "second pre-start");
 }
 
 #[test]
@@ -819,7 +829,7 @@ fn privileged_malformed_proc_and_sys_files_are_named_never_panicked_on() {
             }
         }
         assert!(!root.join(NSPAWN).exists(), "{what}");
-        assert_same_tree_except(&before, root, &["run/lock"], &what);
+        assert_same_tree_except(&before, root, &[LOCKS], &what);
     }
 
     // A directory where a file belongs is an error naming it.
@@ -931,10 +941,12 @@ fn privileged_foreign_and_host_only_nodes_are_never_bound() {
         file.contains("\nBind=/dev/nvidia-caps-imex-channels/channel0\n"),
         "{file}"
     );
+    // The daemon's socket directory is bound read-only (a socket connects through it).
     assert!(
         file.contains(
-            "\nBind=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
-        )
+            "\nBindReadOnly=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+        ),
+        "{file}"
     );
 }
 
