@@ -153,11 +153,10 @@ path_type!(
 );
 
 impl MachinePath {
-    /// `self` + `/` + `name`, for a `name` the caller built from checked parts.
-    /// Returns an error naming the whole path when `name` makes it invalid.
-    pub fn join(&self, name: &str) -> Result<MachinePath, String> {
-        let base = if self.0 == "/" { "" } else { &self.0 };
-        format!("{base}/{name}").try_into()
+    /// The machine path equal to a host path (a bind at the same path); both types check the
+    /// same rules.
+    pub fn same_as(host: &HostPath) -> MachinePath {
+        MachinePath(host.0.clone())
     }
 }
 
