@@ -204,15 +204,15 @@ impl Config {
             }
         };
         // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
-        let directory: HostPath = check_abs(
+        let directory: HostPath = checked_path(
             &format!("{key}.directory"),
             s.directory.as_deref().unwrap_or("/var/lib/machines"),
         )?;
         let mut mounts = Vec::new();
         let mut targets = std::collections::BTreeSet::new();
         for (i, m) in s.mounts.iter().flatten().enumerate() {
-            let source: HostPath = check_abs(&format!("{key}.mounts[{i}].source"), &m.source)?;
-            let target: MachinePath = check_abs(
+            let source: HostPath = checked_path(&format!("{key}.mounts[{i}].source"), &m.source)?;
+            let target: MachinePath = checked_path(
                 &format!("{key}.mounts[{i}].target"),
                 m.target.as_deref().unwrap_or(&m.source),
             )?;
@@ -239,7 +239,7 @@ impl Config {
                 .map_err(|e| bad_input(format!("{key}.{field}: {e}")))
         };
         let abs = |v: &Option<String>, field: &str, default: &str| -> Result<MachinePath> {
-            check_abs(&format!("{key}.{field}"), v.as_deref().unwrap_or(default))
+            checked_path(&format!("{key}.{field}"), v.as_deref().unwrap_or(default))
         };
         let cdi_kind = s
             .cdi_kind
@@ -328,15 +328,20 @@ impl Settings {
 
 /// `p` as a checked [`HostPath`] or [`MachinePath`] (see [`crate::paths`] for what a rendered
 /// file can carry), or a bad-input error naming `key` and the value.
-pub fn check_abs<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
+pub fn checked_path<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
     p.parse().map_err(|e| bad_input(format!("{key}: {e}")))
 }
 
+/// Whether `p` passes [`checked_path`] (the rules are the same for host and machine paths).
+pub fn check_abs(key: &str, p: &str) -> Result<()> {
+    checked_path::<HostPath>(key, p).map(drop)
+}
+
 /// A path the drop-in's `ExecStartPre=`/`ExecStartPost=` lines carry as their first word: on top
-/// of [`check_abs`], none of the whitespace, quotes or backslashes that systemd's command-line
+/// of [`checked_path`], none of the whitespace, quotes or backslashes that systemd's command-line
 /// parser would split at or unescape.
 fn check_exec_path(key: &str, p: &str) -> Result<HostPath> {
-    let path: HostPath = check_abs(key, p)?;
+    let path: HostPath = checked_path(key, p)?;
     if let Some(c) = p
         .chars()
         .find(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '\\'))
