@@ -438,6 +438,53 @@ mod tests {
         );
     }
 
+    /// Every path of up to four characters over an alphabet of what a line treats specially:
+    /// accepted ones read back as themselves, as source and as target.
+    #[test]
+    fn every_short_accepted_path_reads_back() {
+        let alphabet = ['a', '/', ':', '\\', ' ', '.', '#', '=', 'ü', '\t', '"'];
+        let mut paths = vec![String::from("/")];
+        let mut frontier = paths.clone();
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for p in &frontier {
+                for c in alphabet {
+                    next.push(format!("{p}{c}"));
+                }
+            }
+            paths.extend(next.iter().cloned());
+            frontier = next;
+        }
+        let mut accepted = 0;
+        for p in &paths {
+            let Ok(h) = p.parse::<HostPath>() else {
+                continue;
+            };
+            accepted += 1;
+            for other in ["/x", "/a:b\\"] {
+                let line = format!("Bind={}:{}", bind_escape(&h), bind_escape(other));
+                assert_eq!(
+                    parse_bind_line(&line),
+                    Some((p.clone(), other.to_owned())),
+                    "{line:?}"
+                );
+                let line = format!("BindReadOnly={}:{}", bind_escape(other), bind_escape(&h));
+                assert_eq!(
+                    parse_bind_line(&line),
+                    Some((other.to_owned(), p.clone())),
+                    "{line:?}"
+                );
+            }
+            let line = format!("Bind={}", bind_escape(&h));
+            assert_eq!(
+                parse_bind_line(&line),
+                Some((p.clone(), p.clone())),
+                "{line:?}"
+            );
+        }
+        assert!(accepted > 1000, "{accepted} of {} accepted", paths.len());
+    }
+
     #[test]
     fn escaped_paths_read_back_as_themselves() {
         let cases = [
