@@ -1162,6 +1162,27 @@ mod tests {
 
     /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000
     /// walks through the tree (minutes). Past 64 the cache is not believed, as for garbage.
+    /// Issue 10 item 3: a library directory named by ld.so.cache becomes a `Bind=` source; one
+    /// whose name holds a newline is refused (exit 2) naming it, never rendered.
+    #[test]
+    fn a_library_directory_with_a_control_character_is_refused_by_name() {
+        let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");
+        let dir = tempfile::tempdir().unwrap();
+        materialize(&text, dir.path()).unwrap();
+        let odd = "/opt/nv/lib\nPrivateUsers=pick";
+        std::fs::rename(dir.path().join("opt/nv/lib"), dir.path().join(&odd[1..])).unwrap();
+        let cuda = format!("{odd}/libcuda.so.1");
+        let cache = crate::fixture::ld_so_cache(&[("libcuda.so.1", cuda.as_str(), 0x303)]);
+        std::fs::write(dir.path().join("etc/ld.so.cache"), cache).unwrap();
+        let err = discover(&HostRoot::new(dir.path())).unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2, "{err:#}");
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("library directory \"/opt/nv/lib\\nPrivateUsers=pick\" contains the control character"),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn a_cache_with_too_many_libcuda_paths_is_not_used() {
         let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");
