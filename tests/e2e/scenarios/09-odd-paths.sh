@@ -1,17 +1,19 @@
 # shellcheck shell=bash
 # Scenario 9 (issue 10 item 3, total renderers): systemd itself reads what pre-start renders for
 # odd values. Configured extra mounts whose source and target hold a space, a colon, a backslash
-# and non-ASCII are bound inside the machine with the right content (read-only and read-write,
-# with and without a separate target); a kubelet unit whose name holds ':' or a '\x2d' escape is
-# really gated (the drop-in appears at the unit's own drop-in directory inside, the boot skips the
-# unit, post-start starts it once). systemd-nspawn logs no "Invalid bind mount specification".
+# and non-ASCII (the sources also quotes, '#', ';', '=') are bound inside the machine with the
+# right content (read-only and read-write, with and without a separate target); a kubelet unit
+# whose name holds ':' or a '\x2d' escape is really gated (the drop-in appears at the unit's own
+# drop-in directory inside, the boot skips the unit, post-start starts it once). systemd-nspawn logs no "Invalid bind mount specification".
 scenario "odd paths and unit names: escaped binds that systemd accepts" --needs-helper
 baseline
 
 CFG=/etc/nspawn-lifecycle/config.json
-RO_SRC='/srv/e2e odd:src\ü 日本'          # read-only, bound at a different odd target
+# read-only, bound at a different odd target; the source also holds quotes and '#', ';', '='
+# (only touched through argv on the host, so a single quote is safe here)
+RO_SRC="/srv/e2e odd:src\\ü 日本 'q' \"d\" #;="
 RO_DST='/mnt/odd dst:x\y 日本'
-RW_SRC='/srv/e2e rw:dir\é'               # read-write, bound at the same path
+RW_SRC='/srv/e2e rw:dir\é "q" #;='        # read-write, at the same path; no ' (M quotes it with ')
 TOKEN="e2e-odd-$$-$RANDOM"
 mr=$(mroot kube1)
 
