@@ -4,7 +4,8 @@
 # and non-ASCII (the sources also quotes, '#', ';', '=') are bound inside the machine with the
 # right content (read-only and read-write, with and without a separate target); a kubelet unit
 # whose name holds ':' or a '\x2d' escape is really gated (the drop-in appears at the unit's own
-# drop-in directory inside, the boot skips the unit, post-start starts it once). systemd-nspawn logs no "Invalid bind mount specification".
+# drop-in directory inside, the boot skips the unit, post-start starts it once). systemd-nspawn
+# logs no "Invalid bind mount" message.
 scenario "odd paths and unit names: escaped binds that systemd accepts" --needs-helper
 baseline
 
