@@ -48,8 +48,8 @@ pub fn candidates(machine: &MachineName, mc: &MachineConfig) -> Vec<(String, Ima
         out.push((format!("{dir}/{machine}"), ImageKind::Directory));
         out.push((format!("{dir}/{machine}.raw"), ImageKind::Raw));
     }
-    if !out.iter().any(|(p, _)| *p == mc.directory) {
-        out.insert(0, (mc.directory.clone(), ImageKind::Directory));
+    if !out.iter().any(|(p, _)| mc.directory == *p) {
+        out.insert(0, (mc.directory.to_string(), ImageKind::Directory));
     }
     out
 }

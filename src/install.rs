@@ -36,6 +36,7 @@ use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NSPAWN_DIR, NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
+use crate::paths::HostPath;
 use crate::prestart;
 use anyhow::{Context as _, Result};
 use std::fmt;
@@ -106,15 +107,16 @@ pub struct Setting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropin {
     pub machine: String,
-    /// Absolute path of the installed helper, as the hooks call it.
-    pub helper_path: String,
+    /// Absolute path of the installed helper, as the hooks call it (checked by the config for
+    /// what an Exec line can carry; `%` and `$` are escaped when rendered).
+    pub helper_path: HostPath,
 }
 
 impl Dropin {
-    pub fn new(machine: &MachineName, helper_path: &str) -> Dropin {
+    pub fn new(machine: &MachineName, helper_path: &HostPath) -> Dropin {
         Dropin {
             machine: machine.to_string(),
-            helper_path: helper_path.to_owned(),
+            helper_path: helper_path.clone(),
         }
     }
 
@@ -902,7 +904,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             .map(|m| {
                 crate::nspawn::BindLine {
                     source: m.source.clone(),
-                    target: m.target.clone().unwrap_or_else(|| m.source.clone()),
+                    target: m.target.clone(),
                     read_only: m.read_only,
                 }
                 .to_string()
@@ -1141,7 +1143,7 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
         )?);
     }
 
-    let helper = ctx.config.helper_path().to_owned();
+    let helper = ctx.config.helper_path().to_string();
     if host.path(&helper).exists() {
         let users = helper_users(ctx, &helper, &dropin_shown)?;
         if users.is_empty() {
@@ -1337,7 +1339,7 @@ mod tests {
 
     #[test]
     fn helper_path_is_escaped_for_exec_lines() {
-        let d = Dropin::new(&m("kube1"), "/opt/50%/$x/helper");
+        let d = Dropin::new(&m("kube1"), &"/opt/50%/$x/helper".parse().unwrap());
         let text = d.to_string();
         assert!(
             text.contains("ExecStartPre=/opt/50%%/$$x/helper nspawn-lifecycle pre-start %i\n"),
@@ -1347,7 +1349,10 @@ mod tests {
 
     #[test]
     fn dropin_sections_hold_their_keys() {
-        let d = Dropin::new(&m("kube1"), crate::config::DEFAULT_HELPER_PATH);
+        let d = Dropin::new(
+            &m("kube1"),
+            &crate::config::DEFAULT_HELPER_PATH.parse().unwrap(),
+        );
         for s in d.settings() {
             let want = if matches!(s.key, "StartLimitIntervalSec" | "After") {
                 "Unit"

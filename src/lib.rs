@@ -20,6 +20,7 @@ pub mod lock;
 pub mod machine_name;
 pub mod machine_root;
 pub mod nspawn;
+pub mod paths;
 pub mod poststart;
 pub mod prestart;
 pub mod reconcile;

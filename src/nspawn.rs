@@ -7,6 +7,7 @@ use crate::discovery::Inventory;
 use crate::gate;
 use crate::layout;
 use crate::machine_name::MachineName;
+use crate::paths::{HostPath, MachinePath, bind_escape};
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -66,12 +67,13 @@ pub fn nspawn_path(machine: &MachineName) -> String {
     format!("{NSPAWN_DIR}/{machine}.nspawn")
 }
 
-/// One `Bind=`/`BindReadOnly=` line.
+/// One `Bind=`/`BindReadOnly=` line. Both paths are checked types; `Display` escapes the `:` and
+/// `\` they may hold, so systemd-nspawn reads back exactly these two paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindLine {
-    pub source: String,
+    pub source: HostPath,
     /// Omitted from the line when equal to `source`.
-    pub target: String,
+    pub target: MachinePath,
     pub read_only: bool,
 }
 
@@ -82,10 +84,15 @@ impl fmt::Display for BindLine {
         } else {
             "Bind"
         };
-        if self.source == self.target {
-            write!(f, "{key}={}", self.source)
+        if self.source.as_str() == self.target.as_str() {
+            write!(f, "{key}={}", bind_escape(&self.source))
         } else {
-            write!(f, "{key}={}:{}", self.source, self.target)
+            write!(
+                f,
+                "{key}={}:{}",
+                bind_escape(&self.source),
+                bind_escape(&self.target)
+            )
         }
     }
 }
@@ -119,7 +126,7 @@ impl NspawnFile {
     ) -> NspawnFile {
         let mut binds = Vec::new();
         if has_lib_modules {
-            binds.push(same("/lib/modules", true));
+            binds.push(lib_modules());
         }
         if let Some(kvm) = &inv.kvm {
             binds.push(same(&kvm.path, false));
@@ -139,7 +146,7 @@ impl NspawnFile {
                 // containerd and kubelet wait at boot for post-start (src/gate.rs).
                 for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
                     binds.push(BindLine {
-                        source: gate::HOST_FILE.to_owned(),
+                        source: gate::host_file(),
                         target: gate::dropin(unit),
                         read_only: true,
                     });
@@ -153,13 +160,7 @@ impl NspawnFile {
             }
             None => "no NVIDIA GPUs".to_owned(),
         };
-        for m in &cfg.mounts {
-            binds.push(BindLine {
-                source: m.source.clone(),
-                target: m.target.clone().unwrap_or_else(|| m.source.clone()),
-                read_only: m.read_only,
-            });
-        }
+        binds.extend(mount_binds(cfg));
         NspawnFile {
             machine: machine.to_string(),
             summary,
@@ -176,15 +177,9 @@ impl NspawnFile {
     pub fn uninstalled(machine: &MachineName, cfg: &MachineConfig, has_lib_modules: bool) -> Self {
         let mut binds = Vec::new();
         if has_lib_modules {
-            binds.push(same("/lib/modules", true));
+            binds.push(lib_modules());
         }
-        for m in &cfg.mounts {
-            binds.push(BindLine {
-                source: m.source.clone(),
-                target: m.target.clone().unwrap_or_else(|| m.source.clone()),
-                read_only: m.read_only,
-            });
-        }
+        binds.extend(mount_binds(cfg));
         NspawnFile {
             machine: machine.to_string(),
             summary: "not managed (nspawn-lifecycle uninstalled); no GPU binds".to_owned(),
@@ -233,10 +228,30 @@ impl fmt::Display for NspawnFile {
     }
 }
 
-fn same(path: &str, read_only: bool) -> BindLine {
+/// A host path bound at the same path in the machine.
+/// `BindReadOnly=/lib/modules` (the machine's kernel modules are the host's).
+fn lib_modules() -> BindLine {
+    same(
+        &"/lib/modules"
+            .parse()
+            .expect("/lib/modules is a valid host path"),
+        true,
+    )
+}
+
+/// The configured extra mounts, in config order.
+fn mount_binds(cfg: &MachineConfig) -> impl Iterator<Item = BindLine> + '_ {
+    cfg.mounts.iter().map(|m| BindLine {
+        source: m.source.clone(),
+        target: m.target.clone(),
+        read_only: m.read_only,
+    })
+}
+
+fn same(path: &HostPath, read_only: bool) -> BindLine {
     BindLine {
-        source: path.to_owned(),
-        target: path.to_owned(),
+        source: path.clone(),
+        target: MachinePath::same_as(path),
         read_only,
     }
 }
@@ -314,6 +329,14 @@ mod tests {
         );
     }
 
+    fn bind(source: &str, target: &str, read_only: bool) -> BindLine {
+        BindLine {
+            source: source.parse().unwrap(),
+            target: target.parse().unwrap(),
+            read_only,
+        }
+    }
+
     #[test]
     fn uninstalled_file_keeps_private_users_off_mounts_and_drops_but_no_gpu() {
         let dir = tempfile::tempdir().unwrap();
@@ -343,17 +366,34 @@ mod tests {
 
     #[test]
     fn bind_lines_omit_equal_targets() {
-        let b = BindLine {
-            source: "/a".into(),
-            target: "/a".into(),
-            read_only: true,
-        };
-        assert_eq!(b.to_string(), "BindReadOnly=/a");
-        let b = BindLine {
-            source: "/a".into(),
-            target: "/b".into(),
-            read_only: false,
-        };
-        assert_eq!(b.to_string(), "Bind=/a:/b");
+        assert_eq!(bind("/a", "/a", true).to_string(), "BindReadOnly=/a");
+        assert_eq!(bind("/a", "/b", false).to_string(), "Bind=/a:/b");
+    }
+
+    /// Issue 10 item 3: `:` split the gate's target, so the gate was silently off.
+    #[test]
+    fn bind_lines_escape_colons_and_backslashes_and_read_back() {
+        let gate = "/run/systemd/system/kube:let.service.d/50-nspawn-lifecycle-gate.conf";
+        let b = bind(gate::HOST_FILE, gate, true);
+        assert_eq!(
+            b.to_string(),
+            "BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:\
+             /run/systemd/system/kube\\:let.service.d/50-nspawn-lifecycle-gate.conf"
+        );
+        for (s, t) in [
+            (gate::HOST_FILE, gate),
+            ("/a b:c\\d ü", "/a b:c\\d ü"),
+            ("/x\\", "/y:"),
+            ("/\"q\" #;=", "/日本"),
+        ] {
+            for ro in [true, false] {
+                let line = bind(s, t, ro).to_string();
+                assert_eq!(
+                    crate::paths::parse_bind_line(&line),
+                    Some((s.to_owned(), t.to_owned())),
+                    "{line}"
+                );
+            }
+        }
     }
 }

@@ -387,7 +387,7 @@ pub fn rewire_with_services_stopped(
 fn start_again<'a>(
     machine: &MachineName,
     services: &dyn Services,
-    units: impl IntoIterator<Item = &'a String>,
+    units: impl IntoIterator<Item = &'a crate::paths::UnitName>,
 ) {
     for unit in units {
         match services.start(unit) {

@@ -30,7 +30,7 @@ const SOCKET_OPTS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noexec"
 
 fn node(path: &str, major: u32, minor: u32, role: DeviceRole) -> DeviceNode {
     DeviceNode {
-        path: path.into(),
+        path: path.parse().unwrap(),
         major,
         minor,
         role,
@@ -80,7 +80,7 @@ struct Host {
 
 fn lib_dir(triplet: &str, files: Vec<DriverFile>) -> LibDir {
     LibDir {
-        path: format!("/usr/lib/{triplet}"),
+        path: format!("/usr/lib/{triplet}").try_into().unwrap(),
         triplet: triplet.into(),
         files,
     }
@@ -148,9 +148,9 @@ fn inventory(h: Host) -> Inventory {
         driver: Some(UserspaceDriver {
             version: VER.into(),
             lib_dirs: h.lib_dirs,
-            binaries: h.binaries.iter().map(|b| (*b).to_owned()).collect(),
-            firmware: Some(format!("/lib/firmware/nvidia/{VER}")),
-            sockets: h.sockets.iter().map(|s| (*s).to_owned()).collect(),
+            binaries: h.binaries.iter().map(|b| b.parse().unwrap()).collect(),
+            firmware: Some(format!("/lib/firmware/nvidia/{VER}").try_into().unwrap()),
+            sockets: h.sockets.iter().map(|s| s.parse().unwrap()).collect(),
         }),
         verdict: Verdict::Complete,
     }
@@ -387,14 +387,19 @@ fn expected_nodes(inv: &Inventory, gpus: &[u32]) -> BTreeSet<Node> {
     for d in &inv.devices {
         let of_gpu = |i: &u32| {
             let g = &inv.gpus[*i as usize];
-            g.device.as_deref() == Some(d.path.as_str()) || g.dri.contains(&d.path)
+            g.device.as_deref() == Some(d.path.as_str()) || g.dri.iter().any(|p| d.path == *p)
         };
         let control = matches!(
             d.role,
             DeviceRole::Control | DeviceRole::Uvm | DeviceRole::UvmTools | DeviceRole::Modeset
         );
         if control || gpus.iter().any(of_gpu) {
-            want.insert((d.path.clone(), "c".into(), d.major.into(), d.minor.into()));
+            want.insert((
+                d.path.to_string(),
+                "c".into(),
+                d.major.into(),
+                d.minor.into(),
+            ));
         }
     }
     want

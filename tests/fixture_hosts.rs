@@ -964,3 +964,92 @@ fn a_missing_host_root_is_bad_input_and_creates_nothing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("typo"));
     assert!(!missing.exists());
 }
+
+/// Issue 10 item 3: a `Bind=` line is read by systemd-nspawn, which splits it at unescaped
+/// colons. Every bind line of the file must read back (as systemd 252 reads it) to the paths
+/// meant: odd config paths, and the gate drop-in of a unit whose name holds ':' or '\'.
+#[test]
+fn privileged_odd_paths_and_unit_names_render_escaped_and_read_back() {
+    use nspawn_lifecycle::paths::parse_bind_line;
+    let dir = host("one-gpu");
+    let root = dir.path();
+    let source = "/data/odd dir:with\\back ümlaut";
+    let target = "/mnt/odd target:x\\y 日本";
+    std::fs::create_dir_all(root.join(&source[1..])).unwrap();
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    let json = serde_json::json!({"machines": {"kube1": {
+    "kubeletUnit": "kube:let.service",
+    "containerdUnit": "contain\\x2derd.service",
+    "mounts": [
+        {"source": source, "target": target},
+        {"source": source, "readOnly": false},
+    ]}}});
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    golden("one-gpu.odd-paths.nspawn", &file);
+    let binds: Vec<(String, String)> = file
+        .lines()
+        .filter(|l| l.starts_with("Bind"))
+        .map(|l| parse_bind_line(l).unwrap_or_else(|| panic!("systemd would not read {l:?}")))
+        .collect();
+    let gate = "/run/nspawn-lifecycle/unit-gate.conf";
+    for want in [
+        (
+            gate,
+            "/run/systemd/system/kube:let.service.d/50-nspawn-lifecycle-gate.conf",
+        ),
+        (
+            gate,
+            "/run/systemd/system/contain\\x2derd.service.d/50-nspawn-lifecycle-gate.conf",
+        ),
+        (source, target),
+        (source, source),
+    ] {
+        assert!(
+            binds.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "{want:?} missing from {binds:#?}\n{file}"
+        );
+    }
+}
+
+/// Issue 10 item 3: a newline in a discovered device name injected a line of its own into the
+/// `.nspawn` file. It is refused (exit 2) naming the node, and nothing is written.
+#[test]
+fn privileged_a_control_character_in_a_device_name_is_refused_by_name() {
+    for name in [
+        "nvidia-cap9\nPrivateUsers=pick",
+        "nvidia-cap9\tx",
+        "nvidia-cap9\u{7f}",
+    ] {
+        let dir = host("eight-gpus");
+        let root = dir.path();
+        let node = root.join("dev/nvidia-caps").join(name);
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o444),
+            nix::sys::stat::makedev(509, 9),
+        )
+        .unwrap();
+        let before = snapshot(root, &[LOCKS]);
+        for args in [
+            &["nspawn-lifecycle", "pre-start", "kube1"][..],
+            &["plan", "kube1"][..],
+            &["discover"][..],
+        ] {
+            let out = run(root, args);
+            let err = text(&out.stderr);
+            assert_eq!(code(&out), 2, "{name:?} {args:?}: {err}");
+            let shown = format!("/dev/nvidia-caps/{}", name.escape_debug());
+            assert!(err.contains(&shown), "{args:?}: {err} must name {shown}");
+            assert!(
+                !err.contains(name),
+                "{args:?}: the raw name reached the log: {err}"
+            );
+        }
+        assert_same_tree_except(&before, root, &[LOCKS], name);
+    }
+}

@@ -243,7 +243,9 @@ fn dropin_matches_golden() {
     let machine = "kube1".parse().unwrap();
     let text = nspawn_lifecycle::install::Dropin::new(
         &machine,
-        nspawn_lifecycle::config::DEFAULT_HELPER_PATH,
+        &nspawn_lifecycle::config::DEFAULT_HELPER_PATH
+            .parse()
+            .unwrap(),
     )
     .to_string();
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
