@@ -243,7 +243,7 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
 
 fn cdi_node(d: &HostNode) -> DeviceNode {
     DeviceNode {
-        path: d.path.clone(),
+        path: d.path.to_string(),
         kind: "c".into(),
         major: d.major.into(),
         minor: d.minor.into(),

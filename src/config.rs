@@ -6,10 +6,11 @@
 use crate::error::bad_input;
 use crate::host::HostRoot;
 use crate::machine_name::MachineName;
+use crate::paths::{HostPath, MachinePath, UnitName};
 use anyhow::{Context as _, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::{Component, Path};
+use std::path::Path;
 use std::time::Duration;
 
 /// Where the config file is read from when `--config` is not given (under the host root).
@@ -47,6 +48,7 @@ struct Settings {
     import_timeout_seconds: Option<u64>,
     import_max_images: Option<u64>,
     import_budget_seconds: Option<u64>,
+    drop_capabilities: Option<Vec<String>>,
 }
 
 /// An extra host directory or file bound into the machine.
@@ -67,22 +69,31 @@ fn yes() -> bool {
     true
 }
 
+/// A checked extra mount: what the `.nspawn` renderer is handed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraMount {
+    pub source: HostPath,
+    /// `source` when the config gives no target.
+    pub target: MachinePath,
+    pub read_only: bool,
+}
+
 /// The settings for one machine, every default filled in and every value checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineConfig {
     /// The machine's rootfs directory on the host.
-    pub directory: String,
+    pub directory: HostPath,
     /// Extra binds, `target` filled in.
-    pub mounts: Vec<Mount>,
-    pub kubelet_unit: String,
-    pub containerd_unit: String,
+    pub mounts: Vec<ExtraMount>,
+    pub kubelet_unit: UnitName,
+    pub containerd_unit: UnitName,
     /// Staged image tarballs, a path inside the machine.
-    pub staged_images_dir: String,
+    pub staged_images_dir: MachinePath,
     /// `ctr` inside the machine.
-    pub ctr_path: String,
+    pub ctr_path: MachinePath,
     pub ctr_namespace: String,
     /// Where the CDI spec is written, a path inside the machine.
-    pub cdi_dir: String,
+    pub cdi_dir: MachinePath,
     /// CDI `kind` (`vendor/class`).
     pub cdi_kind: String,
     pub lock_timeout: Duration,
@@ -96,12 +107,15 @@ pub struct MachineConfig {
     pub import_max_images: usize,
     /// How long all of one post-start's imports may take together.
     pub import_budget: Duration,
+    /// Capabilities the machine's bounding set loses (`.nspawn` `DropCapability=`), in the
+    /// config's order; empty by default (`Capability=all`).
+    pub drop_capabilities: Vec<String>,
 }
 
 /// The whole loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    helper_path: String,
+    helper_path: HostPath,
     defaults: Settings,
     machines: BTreeMap<String, Settings>,
 }
@@ -109,7 +123,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            helper_path: DEFAULT_HELPER_PATH.into(),
+            helper_path: fixed(DEFAULT_HELPER_PATH),
             defaults: Settings::default(),
             machines: BTreeMap::new(),
         }
@@ -142,10 +156,10 @@ impl Config {
             name.parse::<MachineName>()
                 .map_err(|e| bad_input(format!("machines.{name}: {e}")))?;
         }
-        let helper_path = file
-            .helper_path
-            .unwrap_or_else(|| DEFAULT_HELPER_PATH.into());
-        check_abs("helperPath", &helper_path)?;
+        let helper_path = check_exec_path(
+            "helperPath",
+            file.helper_path.as_deref().unwrap_or(DEFAULT_HELPER_PATH),
+        )?;
         let cfg = Config {
             helper_path,
             defaults: file.defaults,
@@ -161,7 +175,7 @@ impl Config {
     }
 
     /// Stable path of the installed helper.
-    pub fn helper_path(&self) -> &str {
+    pub fn helper_path(&self) -> &HostPath {
         &self.helper_path
     }
 
@@ -176,7 +190,9 @@ impl Config {
         };
         let mut mc = self.settings_checked(&key, &settings)?;
         if settings.directory.is_none() {
-            mc.directory = format!("/var/lib/machines/{machine}");
+            mc.directory = format!("/var/lib/machines/{machine}")
+                .try_into()
+                .map_err(|e| bad_input(format!("{key}.directory: {e}")))?;
         }
         for (i, m) in mc.mounts.iter().enumerate() {
             let p = host.path(&m.source);
@@ -197,16 +213,19 @@ impl Config {
                 n => Ok(Duration::from_secs(n)),
             }
         };
-        let directory = s.directory.clone().unwrap_or_default();
-        if s.directory.is_some() {
-            check_abs(&format!("{key}.directory"), &directory)?;
-        }
+        // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
+        let directory: HostPath = checked_path(
+            &format!("{key}.directory"),
+            s.directory.as_deref().unwrap_or("/var/lib/machines"),
+        )?;
         let mut mounts = Vec::new();
         let mut targets = std::collections::BTreeSet::new();
         for (i, m) in s.mounts.iter().flatten().enumerate() {
-            check_abs(&format!("{key}.mounts[{i}].source"), &m.source)?;
-            let target = m.target.clone().unwrap_or_else(|| m.source.clone());
-            check_abs(&format!("{key}.mounts[{i}].target"), &target)?;
+            let source: HostPath = checked_path(&format!("{key}.mounts[{i}].source"), &m.source)?;
+            let target: MachinePath = checked_path(
+                &format!("{key}.mounts[{i}].target"),
+                m.target.as_deref().unwrap_or(&m.source),
+            )?;
             if target == "/" {
                 return Err(bad_input(format!(
                     "{key}.mounts[{i}].target: \"/\" would cover the whole machine"
@@ -217,32 +236,20 @@ impl Config {
                     "{key}.mounts[{i}].target: \"{target}\" is bound twice"
                 )));
             }
-            mounts.push(Mount {
-                source: m.source.clone(),
-                target: Some(target),
+            mounts.push(ExtraMount {
+                source,
+                target,
                 read_only: m.read_only,
             });
         }
-        let unit = |v: &Option<String>, field: &str, default: &str| -> Result<String> {
-            let u = v.clone().unwrap_or_else(|| default.to_owned());
-            if u.is_empty()
-                || u.len() > 255
-                || !u.contains('.')
-                || !u
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c))
-            {
-                return Err(bad_input(format!(
-                    "{key}.{field}: \"{}\" is not a unit name",
-                    u.escape_debug()
-                )));
-            }
-            Ok(u)
+        let unit = |v: &Option<String>, field: &str, default: &str| -> Result<UnitName> {
+            v.as_deref()
+                .unwrap_or(default)
+                .parse()
+                .map_err(|e| bad_input(format!("{key}.{field}: {e}")))
         };
-        let abs = |v: &Option<String>, field: &str, default: &str| -> Result<String> {
-            let p = v.clone().unwrap_or_else(|| default.to_owned());
-            check_abs(&format!("{key}.{field}"), &p)?;
-            Ok(p)
+        let abs = |v: &Option<String>, field: &str, default: &str| -> Result<MachinePath> {
+            checked_path(&format!("{key}.{field}"), v.as_deref().unwrap_or(default))
         };
         let cdi_kind = s
             .cdi_kind
@@ -282,6 +289,7 @@ impl Config {
             import_max_images: usize::try_from(s.import_max_images.unwrap_or(20))
                 .unwrap_or(usize::MAX),
             import_budget: secs(s.import_budget_seconds, "importBudgetSeconds", 600)?,
+            drop_capabilities: check_capabilities(key, s.drop_capabilities.as_deref())?,
         })
     }
 }
@@ -331,39 +339,64 @@ impl Settings {
             import_timeout_seconds: other.import_timeout_seconds.or(self.import_timeout_seconds),
             import_max_images: other.import_max_images.or(self.import_max_images),
             import_budget_seconds: other.import_budget_seconds.or(self.import_budget_seconds),
+            drop_capabilities: other.drop_capabilities.or(self.drop_capabilities),
         }
     }
 }
 
-/// An absolute, normalized path that systemd's `Bind=` syntax can carry: no `.`/`..` components
-/// (a target can never leave the machine), no `:` (the source:target separator), no whitespace,
-/// quotes, backslashes or control characters.
+/// `p` as a checked [`HostPath`] or [`MachinePath`] (see [`crate::paths`] for what a rendered
+/// file can carry), or a bad-input error naming `key` and the value.
+pub fn checked_path<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
+    p.parse().map_err(|e| bad_input(format!("{key}: {e}")))
+}
+
+/// Whether `p` passes [`checked_path`] (the rules are the same for host and machine paths).
 pub fn check_abs(key: &str, p: &str) -> Result<()> {
-    let shown = p.escape_debug();
-    if !p.starts_with('/') {
-        return Err(bad_input(format!(
-            "{key}: \"{shown}\" is not an absolute path"
-        )));
-    }
+    checked_path::<HostPath>(key, p).map(drop)
+}
+
+/// A path the drop-in's `ExecStartPre=`/`ExecStartPost=` lines carry as their first word: on top
+/// of [`checked_path`], none of the whitespace, quotes or backslashes that systemd's command-line
+/// parser would split at or unescape.
+fn check_exec_path(key: &str, p: &str) -> Result<HostPath> {
+    let path: HostPath = checked_path(key, p)?;
     if let Some(c) = p
         .chars()
-        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, ':' | '"' | '\'' | '\\'))
+        .find(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '\\'))
     {
         return Err(bad_input(format!(
-            "{key}: \"{shown}\" contains {c:?}, which a Bind= line cannot carry"
+            "{key}: \"{}\" contains {c:?}, which an Exec line of the drop-in cannot carry",
+            p.escape_debug()
         )));
     }
-    if Path::new(p)
-        .components()
-        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
-        || p.contains("//")
-        || (p.len() > 1 && p.ends_with('/'))
-    {
-        return Err(bad_input(format!(
-            "{key}: \"{shown}\" is not a normalized path (no '.', '..', '//' or trailing '/')"
-        )));
+    Ok(path)
+}
+
+/// A compile-time path, valid by construction.
+fn fixed(p: &'static str) -> HostPath {
+    p.parse()
+        .unwrap_or_else(|e| unreachable!("constant path {p}: {e}"))
+}
+
+/// `dropCapabilities`: Linux capability names as `CAP_…` in upper case, each once.
+fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, c) in caps.unwrap_or_default().iter().enumerate() {
+        if !crate::nspawn::CAPABILITIES.contains(&c.as_str()) {
+            return Err(bad_input(format!(
+                "{key}.dropCapabilities[{i}]: \"{}\" is not a Linux capability name \
+                 (CAP_CHOWN … CAP_CHECKPOINT_RESTORE, upper case, as in capabilities(7))",
+                c.escape_debug()
+            )));
+        }
+        if out.contains(c) {
+            return Err(bad_input(format!(
+                "{key}.dropCapabilities[{i}]: \"{c}\" is listed twice"
+            )));
+        }
+        out.push(c.clone());
     }
-    Ok(())
+    Ok(out)
 }
 
 /// CDI `vendor/class`, restricted to what every CDI parser accepts (no dot in the class, which
@@ -437,6 +470,54 @@ mod tests {
     }
 
     #[test]
+    fn drop_capabilities_are_checked_and_machines_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::parse(
+            br#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE"]},
+                 "machines": {"k2": {"dropCapabilities": []}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.machine(&host, &name("kube1"))
+                .unwrap()
+                .drop_capabilities,
+            ["CAP_SYS_MODULE"]
+        );
+        assert!(
+            cfg.machine(&host, &name("k2"))
+                .unwrap()
+                .drop_capabilities
+                .is_empty()
+        );
+        assert!(
+            Config::default()
+                .machine(&host, &name("kube1"))
+                .unwrap()
+                .drop_capabilities
+                .is_empty()
+        );
+        for (bad, culprit) in [
+            (
+                r#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE", "cap_bpf"]}}"#,
+                "defaults.dropCapabilities[1]: \"cap_bpf\" is not a Linux capability name",
+            ),
+            (
+                r#"{"machines": {"k": {"dropCapabilities": ["CAP_BPF", "CAP_BPF"]}}}"#,
+                "machines.k.dropCapabilities[1]: \"CAP_BPF\" is listed twice",
+            ),
+            (
+                r#"{"defaults": {"dropCapabilities": ["CAP_BPF\nPrivateUsers=pick"]}}"#,
+                "CAP_BPF\\nPrivateUsers=pick",
+            ),
+        ] {
+            let err = Config::parse(bad.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{bad}");
+            assert!(format!("{err:#}").contains(culprit), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
     fn missing_explicit_file_is_bad_input() {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
@@ -463,14 +544,14 @@ mod tests {
         assert_eq!(
             mc.mounts,
             vec![
-                Mount {
-                    source: "/data/models".into(),
-                    target: Some("/data/models".into()),
+                ExtraMount {
+                    source: "/data/models".parse().unwrap(),
+                    target: "/data/models".parse().unwrap(),
                     read_only: false
                 },
-                Mount {
-                    source: "/data/models".into(),
-                    target: Some("/models".into()),
+                ExtraMount {
+                    source: "/data/models".parse().unwrap(),
+                    target: "/models".parse().unwrap(),
                     read_only: true
                 },
             ]
@@ -496,8 +577,28 @@ mod tests {
                 "machines.k.mounts[0].target",
             ),
             (
-                r#"{"machines": {"k": {"mounts": [{"source": "/d", "target": "/a:b"}]}}}"#,
-                "machines.k.mounts[0].target",
+                r#"{"machines": {"k": {"mounts": [{"source": "/d", "target": "/a\nPrivateUsers=pick"}]}}}"#,
+                "machines.k.mounts[0].target: \"/a\\nPrivateUsers=pick\" contains the control character",
+            ),
+            (
+                r#"{"machines": {"k": {"mounts": [{"source": "/d\u007f"}]}}}"#,
+                "machines.k.mounts[0].source: \"/d\\u{7f}\"",
+            ),
+            (
+                r#"{"machines": {"k": {"mounts": [{"source": "/d "}]}}}"#,
+                "machines.k.mounts[0].source: \"/d \" ends in a space",
+            ),
+            (
+                r#"{"defaults": {"kubeletUnit": "kube\nlet.service"}}"#,
+                "defaults.kubeletUnit: \"kube\\nlet.service\" is not a unit name",
+            ),
+            (
+                r#"{"defaults": {"containerdUnit": "containerd@.service"}}"#,
+                "defaults.containerdUnit",
+            ),
+            (
+                r#"{"helperPath": "/opt/my helper"}"#,
+                "helperPath: \"/opt/my helper\" contains ' ', which an Exec line",
             ),
             (
                 r#"{"defaults": {"mounts": [{"source": "/d", "target": "/"}]}}"#,
@@ -533,6 +634,25 @@ mod tests {
             let msg = format!("{err:#}");
             assert!(msg.contains(needle), "{text}: {msg} should name {needle}");
         }
+    }
+
+    /// Issue 10 item 3: what the `.nspawn` renderer escapes is accepted (it used to be refused).
+    #[test]
+    fn paths_with_spaces_colons_backslashes_and_non_ascii_are_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = "/data/a b:c\\d ü";
+        std::fs::create_dir_all(dir.path().join(&odd[1..])).unwrap();
+        let host = HostRoot::new(dir.path());
+        let json = serde_json::json!({"machines": {"kube1": {
+            "kubeletUnit": "kube:let.service",
+            "containerdUnit": "contain\\x2derd.service",
+            "mounts": [{"source": odd, "target": "/mnt/日本:x"}]}}});
+        let cfg = Config::parse(json.to_string().as_bytes()).unwrap();
+        let mc = cfg.machine(&host, &name("kube1")).unwrap();
+        assert_eq!(mc.mounts[0].source, odd);
+        assert_eq!(mc.mounts[0].target, "/mnt/日本:x");
+        assert_eq!(mc.kubelet_unit, "kube:let.service");
+        assert_eq!(mc.containerd_unit, "contain\\x2derd.service");
     }
 
     /// Found by tests/oversized.rs: a 1 GiB config file was read whole (1 GB RSS), and a FIFO

@@ -170,7 +170,8 @@ pub fn elf_info(data: &[u8]) {
 
 /// The JSON config file: whatever it accepts resolves for a machine later without surprises
 /// (the helper does that on every start without re-checking the JSON): settings come out, or
-/// the one host-dependent check (mount sources exist) fails as bad input.
+/// the one host-dependent check (mount sources exist) fails as bad input. Every accepted mount
+/// path and unit name renders to a `.nspawn` line that systemd reads back as the same paths.
 pub fn config(data: &[u8]) {
     if let Ok(cfg) = Config::parse(data) {
         assert!(cfg.helper_path().starts_with('/'), "{cfg:?}");
@@ -178,10 +179,50 @@ pub fn config(data: &[u8]) {
         for name in ["kube1", "gpu-node_01.example"] {
             let machine: MachineName = name.parse().unwrap_or_else(|e| panic!("{e}"));
             match cfg.machine(&host, &machine) {
-                Ok(mc) => assert!(mc.directory.starts_with('/'), "{mc:?}"),
+                Ok(mc) => {
+                    assert!(mc.directory.starts_with('/'), "{mc:?}");
+                    for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
+                        assert_reads_back(crate::gate::HOST_FILE, &crate::gate::dropin(unit));
+                    }
+                }
                 Err(e) => assert_eq!(exit_code(&e), 2, "{e:#}"),
             }
         }
+        // Mount sources need not exist here, so check the accepted JSON values themselves.
+        let v: serde_json::Value =
+            serde_json::from_slice(data).unwrap_or_else(|e| panic!("accepted yet not JSON: {e}"));
+        let settings = std::iter::once(&v["defaults"]).chain(
+            v["machines"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values()),
+        );
+        for s in settings {
+            for m in s["mounts"].as_array().into_iter().flatten() {
+                let source = m["source"].as_str().unwrap_or_else(|| panic!("{m}"));
+                let target = m["target"].as_str().unwrap_or(source);
+                assert_reads_back(source, target);
+            }
+        }
+    }
+}
+
+/// `source` → `target` rendered as a bind line reads back (as systemd 252 reads it) unchanged.
+fn assert_reads_back(source: &str, target: &str) {
+    use crate::nspawn::BindLine;
+    use crate::paths::parse_bind_line;
+    for read_only in [true, false] {
+        let line = BindLine {
+            source: source.parse().unwrap_or_else(|e| panic!("{e}")),
+            target: target.parse().unwrap_or_else(|e| panic!("{e}")),
+            read_only,
+        }
+        .to_string();
+        assert_eq!(
+            parse_bind_line(&line),
+            Some((source.to_owned(), target.to_owned())),
+            "{line:?}"
+        );
     }
 }
 

@@ -21,6 +21,13 @@
 //!   ours in those files are reported as warnings.
 //! - `uninstall` does not restore what a migration removed: those settings were the older
 //!   agent's, which is gone.
+//! - `uninstall` replaces the rendered `.nspawn` file with the same settings minus the GPU, KVM
+//!   and gate binds (`PrivateUsers=no` above all) rather than deleting it: without one, the
+//!   stock unit's `-U` makes systemd-nspawn chown the whole rootfs to a private UID range.
+//! - No machine image (a mistyped name), or a directory image whose root an earlier `-U` start
+//!   shifted off UID 0: install refuses (exit 2) before writing anything, as pre-start does
+//!   (src/image.rs); the message names every place looked at, or the command that shifts the
+//!   rootfs back.
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
@@ -28,7 +35,8 @@ use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
-use crate::nspawn::{NSPAWN_DIR, describe_change, nspawn_path};
+use crate::nspawn::{NSPAWN_DIR, NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
+use crate::paths::HostPath;
 use crate::prestart;
 use anyhow::{Context as _, Result};
 use std::fmt;
@@ -99,15 +107,16 @@ pub struct Setting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropin {
     pub machine: String,
-    /// Absolute path of the installed helper, as the hooks call it.
-    pub helper_path: String,
+    /// Absolute path of the installed helper, as the hooks call it (checked by the config for
+    /// what an Exec line can carry; `%` and `$` are escaped when rendered).
+    pub helper_path: HostPath,
 }
 
 impl Dropin {
-    pub fn new(machine: &MachineName, helper_path: &str) -> Dropin {
+    pub fn new(machine: &MachineName, helper_path: &HostPath) -> Dropin {
         Dropin {
             machine: machine.to_string(),
-            helper_path: helper_path.to_owned(),
+            helper_path: helper_path.clone(),
         }
     }
 
@@ -606,7 +615,8 @@ fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
                 let ours = match (section.as_str(), key.as_str()) {
                     (
                         "Exec",
-                        "Boot" | "Capability" | "PrivateUsers" | "SystemCallFilter" | "NotifyReady",
+                        "Boot" | "Capability" | "DropCapability" | "PrivateUsers"
+                        | "SystemCallFilter" | "NotifyReady",
                     ) => true,
                     ("Network", "VirtualEthernet") => true,
                     ("Files", "Bind" | "BindReadOnly") => {
@@ -859,13 +869,9 @@ fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf
 fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     let host = &ctx.host;
     let mc = ctx.config.machine(host, machine)?;
-    if std::fs::symlink_metadata(host.path(&mc.directory)).is_err() {
-        return Err(bad_input(format!(
-            "machine {machine}: its directory {} does not exist; check the machine name \
-             (or set machines.{machine}.directory in the configuration)",
-            mc.directory
-        )));
-    }
+    // The same lookup as pre-start: no image (a mistyped name) or a rootfs shifted by an earlier
+    // `-U` start is bad input, refused before anything is written.
+    crate::image::require(host, machine, &mc)?;
     let helper = ctx.config.helper_path();
     let mut files = Vec::new();
     let mut warnings = Vec::new();
@@ -890,7 +896,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     let old_nspawn = read_text(&nspawn_host)?;
     let foreign = old_nspawn
         .as_deref()
-        .filter(|t| !t.starts_with(NSPAWN_HEADER));
+        .filter(|t| !is_ours_nspawn(t.as_bytes()));
     if let Some(text) = foreign {
         let config_binds: Vec<String> = mc
             .mounts
@@ -898,7 +904,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             .map(|m| {
                 crate::nspawn::BindLine {
                     source: m.source.clone(),
-                    target: m.target.clone().unwrap_or_else(|| m.source.clone()),
+                    target: m.target.clone(),
                     read_only: m.read_only,
                 }
                 .to_string()
@@ -1103,22 +1109,41 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
         None => {}
     }
 
+    // Removing the .nspawn file would hand the next start to the stock unit's `-U`, and
+    // systemd-nspawn would chown the whole rootfs to a private UID range. It is replaced by the
+    // same settings without GPUs instead (see `NspawnFile::uninstalled`).
     let nspawn_shown = nspawn_path(machine);
-    match read_optional(&host.path(&nspawn_shown))? {
-        Some(b) if b.starts_with(NSPAWN_HEADER.as_bytes()) => files.push(line(
-            nspawn_shown,
-            Verb::Remove,
-            "",
-            Some(Op::Remove),
+    let installed = files.iter().any(|f| f.shown == dropin_shown);
+    let ours = match read_optional(&host.path(&nspawn_shown))? {
+        Some(b) if is_ours_nspawn(&b) => true,
+        Some(_) => {
+            warnings.push(format!(
+                "{nspawn_shown} was not written by nspawn-lifecycle; left alone"
+            ));
+            false
+        }
+        None => installed,
+    };
+    if ours {
+        let mc = ctx.config.machine(host, machine)?;
+        let has_lib_modules = host.path("/lib/modules").is_dir();
+        let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
+        files.push(write_line(
+            host,
+            &nspawn_shown,
+            text.into_bytes(),
+            0o644,
             false,
-        )),
-        Some(_) => warnings.push(format!(
-            "{nspawn_shown} was not written by nspawn-lifecycle; left alone"
-        )),
-        None => {}
+            Point::InstallMidNspawnWrite,
+            |_| {
+                "settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps \
+                 the rootfs owned by root"
+                    .to_owned()
+            },
+        )?);
     }
 
-    let helper = ctx.config.helper_path().to_owned();
+    let helper = ctx.config.helper_path().to_string();
     if host.path(&helper).exists() {
         let users = helper_users(ctx, &helper, &dropin_shown)?;
         if users.is_empty() {
@@ -1167,6 +1192,11 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
         files,
         warnings,
     })
+}
+
+/// A `.nspawn` file pre-start or uninstall wrote.
+fn is_ours_nspawn(bytes: &[u8]) -> bool {
+    bytes.starts_with(NSPAWN_HEADER.as_bytes()) || bytes.starts_with(UNINSTALLED_HEADER.as_bytes())
 }
 
 /// Units (other than `machine`'s drop-in being removed) whose drop-ins call the helper.
@@ -1285,7 +1315,8 @@ pub fn install(
     .with_context(|| format!("install of {machine}"))
 }
 
-/// `uninstall <MACHINE>`: remove what install added; leaves the rootfs and a running machine alone.
+/// `uninstall <MACHINE>`: remove what install added, leaving a `.nspawn` file without GPU binds;
+/// leaves the rootfs and a running machine alone.
 pub fn uninstall(
     ctx: &Ctx,
     machine: &MachineName,
@@ -1308,7 +1339,7 @@ mod tests {
 
     #[test]
     fn helper_path_is_escaped_for_exec_lines() {
-        let d = Dropin::new(&m("kube1"), "/opt/50%/$x/helper");
+        let d = Dropin::new(&m("kube1"), &"/opt/50%/$x/helper".parse().unwrap());
         let text = d.to_string();
         assert!(
             text.contains("ExecStartPre=/opt/50%%/$$x/helper nspawn-lifecycle pre-start %i\n"),
@@ -1318,7 +1349,10 @@ mod tests {
 
     #[test]
     fn dropin_sections_hold_their_keys() {
-        let d = Dropin::new(&m("kube1"), crate::config::DEFAULT_HELPER_PATH);
+        let d = Dropin::new(
+            &m("kube1"),
+            &crate::config::DEFAULT_HELPER_PATH.parse().unwrap(),
+        );
         for s in d.settings() {
             let want = if matches!(s.key, "StartLimitIntervalSec" | "After") {
                 "Unit"

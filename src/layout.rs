@@ -4,6 +4,7 @@
 //! `/run/host-nvidia`), the driver-root builder and the CDI spec (which point at those binds).
 
 use crate::discovery::UserspaceDriver;
+use crate::paths::{HostPath, MachinePath};
 
 /// Where the machine sees host driver files (bound read-only by the `.nspawn` file).
 pub const HOST_NVIDIA: &str = "/run/host-nvidia";
@@ -13,11 +14,17 @@ pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
 /// A host path bound into the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
-    /// Absolute host path.
-    pub source: String,
-    /// Absolute path inside the machine.
-    pub target: String,
+    pub source: HostPath,
+    pub target: MachinePath,
     pub read_only: bool,
+}
+
+/// A path under [`HOST_NVIDIA`] built from checked parts: a number, a driver version
+/// (`parse::is_version`) or the file name of a checked host path.
+fn under_host_nvidia(rel: &str) -> MachinePath {
+    format!("{HOST_NVIDIA}/{rel}")
+        .parse()
+        .expect("numbers, versions and file names of checked paths make valid machine paths")
 }
 
 /// The binds that carry the userspace driver into the machine, in a stable order:
@@ -27,31 +34,33 @@ pub fn driver_binds(driver: &UserspaceDriver) -> Vec<Bind> {
     for (i, dir) in driver.lib_dirs.iter().enumerate() {
         binds.push(Bind {
             source: dir.path.clone(),
-            target: format!("{HOST_NVIDIA}/lib/{i}"),
+            target: under_host_nvidia(&format!("lib/{i}")),
             read_only: true,
         });
     }
     for bin in &driver.binaries {
         binds.push(Bind {
             source: bin.clone(),
-            target: format!("{HOST_NVIDIA}/bin/{}", basename(bin)),
+            target: under_host_nvidia(&format!("bin/{}", basename(bin))),
             read_only: true,
         });
     }
     if let Some(fw) = &driver.firmware {
         binds.push(Bind {
             source: fw.clone(),
-            target: format!("{HOST_NVIDIA}/firmware/{}", driver.version),
+            target: under_host_nvidia(&format!("firmware/{}", driver.version)),
             read_only: true,
         });
     }
     // Whole socket directories, not the sockets: a daemon restart replaces the socket inode,
-    // which would leave a bind of the old socket dead.
+    // which would leave a bind of the old socket dead. Read-only: connect(2) to a unix socket
+    // needs write permission on the socket, not a writable mount, so clients still connect, while
+    // the machine can no longer create, replace or remove files in the host daemons' directories.
     for dir in &driver.sockets {
         binds.push(Bind {
             source: dir.clone(),
-            target: format!("{HOST_NVIDIA}/run/{}", basename(dir)),
-            read_only: false,
+            target: under_host_nvidia(&format!("run/{}", basename(dir))),
+            read_only: true,
         });
     }
     binds
@@ -156,7 +165,7 @@ mod tests {
         UserspaceDriver {
             version: "580.82.07".into(),
             lib_dirs: vec![LibDir {
-                path: "/usr/lib/x86_64-linux-gnu".into(),
+                path: "/usr/lib/x86_64-linux-gnu".parse().unwrap(),
                 triplet: "x86_64-linux-gnu".into(),
                 files: vec![
                     DriverFile {
@@ -169,10 +178,24 @@ mod tests {
                     },
                 ],
             }],
-            binaries: vec!["/usr/bin/nvidia-smi".into()],
-            firmware: Some("/lib/firmware/nvidia/580.82.07".into()),
-            sockets: vec!["/run/nvidia-persistenced".into()],
+            binaries: vec!["/usr/bin/nvidia-smi".parse().unwrap()],
+            firmware: Some("/lib/firmware/nvidia/580.82.07".parse().unwrap()),
+            sockets: vec!["/run/nvidia-persistenced".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn no_driver_bind_is_writable() {
+        // The machine's root must not write into the host daemons' socket directories (or any
+        // other driver path): every driver bind is read-only, sockets included.
+        let mut d = driver();
+        d.sockets.push("/run/nvidia-fabricmanager".parse().unwrap());
+        let writable: Vec<_> = driver_binds(&d)
+            .into_iter()
+            .filter(|b| !b.read_only)
+            .map(|b| b.source)
+            .collect();
+        assert!(writable.is_empty(), "writable driver binds: {writable:?}");
     }
 
     #[test]

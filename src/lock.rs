@@ -1,24 +1,42 @@
-//! One lock per machine: an `flock` on `/run/lock/nspawn-lifecycle/<machine>.lock`.
+//! One lock per machine: an `flock` on `/run/nspawn-lifecycle/locks/<machine>.lock`.
 //!
 //! Same-machine callers serialize; different machines never block each other. The lock file is a
 //! stable inode (created once, never removed or replaced); the holder writes its PID into it so a
 //! waiter can name who holds it, and blanks it again on release. The PID is written in place at a
 //! fixed width (no truncation), so a reader sees either blanks or a whole PID. A waiter gives up at
 //! its deadline or on SIGTERM/SIGINT, with exit code 4.
+//!
+//! No other local user can take or block the lock, nor make root write through it: the lock
+//! directory is root's own (mode 0700, verified component by component and held as a descriptor,
+//! see [`crate::host_dir`]), so nobody else can open a lock file, even read-only for a shared
+//! `flock`, or plant anything in it. The lock file is opened relative to that descriptor without
+//! following a symlink, and must be a regular file of ours, mode 0600 or narrower, with one link.
+//! Anything else is refused (exit 1) naming the path, before a byte is written. An earlier version
+//! kept the locks in `/run/lock/nspawn-lifecycle` (world-writable `/run/lock`: any user could
+//! hold a shared lock and stop every start, or pre-create the directory and a symlink in it).
 
 use crate::error::{Kind, classified};
 use crate::failpoint::{self, Point};
 use crate::host::HostRoot;
 use crate::machine_name::MachineName;
-use anyhow::{Context as _, Result};
-use nix::fcntl::{Flock, FlockArg};
-use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use anyhow::{Context as _, Result, bail};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::{Mode, SFlag};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Directory of the lock files (under the host root).
-pub const LOCK_DIR: &str = "/run/lock/nspawn-lifecycle";
+/// Directory of the lock files (under the host root): root's own, mode [`LOCK_DIR_MODE`]. Its
+/// parent holds the unit gate's drop-in too (`crate::gate::HOST_FILE`).
+pub const LOCK_DIR: &str = "/run/nspawn-lifecycle/locks";
+
+/// Nobody but the helper's user may look into the lock directory.
+pub const LOCK_DIR_MODE: u32 = 0o700;
+
+/// Mode a lock file is created with: the owner's alone.
+pub const LOCK_FILE_MODE: u32 = 0o600;
 
 /// Width of the PID record: `u32::MAX` has 10 digits, plus a newline.
 const PID_RECORD: usize = 11;
@@ -88,17 +106,12 @@ impl Drop for CancelOnSignal {
 
 /// Take `machine`'s lock, waiting at most `timeout`.
 pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result<MachineLock> {
-    let dir = host.path(LOCK_DIR);
-    fs_err::create_dir_all(&dir)?;
-    let path = dir.join(format!("{machine}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(&path)
-        .with_context(|| format!("opening lock file {}", path.display()))?;
+    let dir = crate::host_dir::open(host, LOCK_DIR, LOCK_DIR_MODE)
+        .with_context(|| format!("machine {machine}: lock directory"))?;
+    let name = format!("{machine}.lock");
+    let path = dir.path().join(&name);
+    let file = open_lock_file(dir.fd(), &name, &path)
+        .with_context(|| format!("machine {machine}: lock file"))?;
     let _signals = CancelOnSignal::install()?;
     let start = Instant::now();
     let mut file = file;
@@ -149,6 +162,49 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
         .with_context(|| format!("recording PID in {}", path.display()))?;
     failpoint::hit(Point::AfterLock);
     Ok(MachineLock { lock, path })
+}
+
+/// Open (creating it 0600 when missing) the lock file `name` in the lock directory `dir` without
+/// following a symlink, and check it is a lock file of ours; `path` only names it in messages.
+fn open_lock_file(dir: &std::os::fd::OwnedFd, name: &str, path: &Path) -> Result<std::fs::File> {
+    // O_NONBLOCK|O_NOCTTY: a FIFO or device planted here is refused below, never waited on.
+    let flags = OFlag::O_RDWR
+        | OFlag::O_CREAT
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_CLOEXEC
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY;
+    let fd = match nix::fcntl::openat(dir, name, flags, Mode::from_bits_truncate(LOCK_FILE_MODE)) {
+        Ok(fd) => fd,
+        Err(Errno::ELOOP) => bail!(
+            "{} is a symbolic link, not a lock file: refusing to follow it; remove it and the \
+             helper creates the lock file again",
+            path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {}", path.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let regular = st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFREG.bits();
+    let problem = if !regular {
+        Some(format!("is {}", crate::host_dir::kind(&st)))
+    } else if st.st_uid != euid {
+        Some(format!("is owned by uid {}, not {euid}", st.st_uid))
+    } else if st.st_nlink != 1 {
+        Some(format!("has {} hard links", st.st_nlink))
+    } else if st.st_mode & 0o777 & !LOCK_FILE_MODE != 0 {
+        Some(format!("has mode {:o}", st.st_mode & 0o777))
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        bail!(
+            "{} {problem}: a lock file must be a regular file of ours, mode {LOCK_FILE_MODE:o} \
+             with one link; refusing to use it; remove it and the helper creates it again",
+            path.display()
+        );
+    }
+    Ok(std::fs::File::from(fd))
 }
 
 /// The PID recorded in the lock file, if there is one.
@@ -209,5 +265,111 @@ mod tests {
             ino.ino(),
             "lock inode must be stable"
         );
+    }
+
+    #[test]
+    fn the_lock_directory_and_file_are_ours_alone() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let held = lock(&host, &"kube1".parse().unwrap(), Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            held.path(),
+            dir.path().join("run/nspawn-lifecycle/locks/kube1.lock")
+        );
+        let euid = nix::unistd::geteuid().as_raw();
+        let d = std::fs::symlink_metadata(held.path().parent().unwrap()).unwrap();
+        assert!(d.is_dir());
+        assert_eq!((d.mode() & 0o7777, d.uid()), (0o700, euid));
+        let f = std::fs::symlink_metadata(held.path()).unwrap();
+        assert!(f.is_file());
+        assert_eq!((f.mode() & 0o7777, f.uid(), f.nlink()), (0o600, euid, 1));
+    }
+
+    /// Take kube1's lock on a host whose lock file `plant` replaced; the error text.
+    fn refused_after(plant: impl FnOnce(&Path)) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let m: MachineName = "kube1".parse().unwrap();
+        let path = lock(&host, &m, Duration::from_secs(1))
+            .unwrap()
+            .path()
+            .to_owned();
+        std::fs::remove_file(&path).unwrap();
+        plant(&path);
+        let err = lock(&host, &m, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(exit_code(&err), 1, "{err:#}");
+        let msg = format!("{err:#}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        (dir, msg)
+    }
+
+    #[test]
+    fn a_symlink_planted_as_the_lock_file_is_refused_and_its_target_untouched() {
+        let target = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(target.path(), b"known bytes, not a PID\n").unwrap();
+        let (_dir, msg) = refused_after(|p| std::os::unix::fs::symlink(target.path(), p).unwrap());
+        assert!(msg.contains("is a symbolic link"), "{msg}");
+        assert_eq!(
+            std::fs::read(target.path()).unwrap(),
+            b"known bytes, not a PID\n"
+        );
+    }
+
+    #[test]
+    fn a_lock_file_of_the_wrong_kind_mode_or_link_count_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (_d, msg) =
+            refused_after(|p| nix::unistd::mkfifo(p, Mode::from_bits_truncate(0o600)).unwrap());
+        assert!(msg.contains("is a FIFO"), "{msg}");
+        let (_d, msg) = refused_after(|p| std::fs::create_dir(p).unwrap());
+        // O_RDWR on a directory fails with EISDIR, named with the path.
+        assert!(msg.contains("Is a directory"), "{msg}");
+        let (_d, msg) = refused_after(|p| {
+            std::fs::write(p, "").unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        });
+        assert!(msg.contains("has mode 644"), "{msg}");
+        let other = tempfile::tempdir().unwrap();
+        let (_d, msg) = refused_after(|p| {
+            std::fs::write(p, "").unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::fs::hard_link(p, other.path().join("second-name")).unwrap_or_else(|_| {
+                // Another filesystem: a second name beside it does the same.
+                std::fs::hard_link(p, p.with_extension("second")).unwrap()
+            });
+        });
+        assert!(msg.contains("has 2 hard links"), "{msg}");
+    }
+
+    #[test]
+    fn privileged_a_lock_directory_another_user_made_is_refused_and_left_alone() {
+        use std::os::unix::fs::MetadataExt as _;
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "privileged: chowns to uid 65534 and must run as root"
+        );
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        for dir_rel in ["run/nspawn-lifecycle", "run/nspawn-lifecycle/locks"] {
+            let dir = tempfile::tempdir().unwrap();
+            let theirs = dir.path().join(dir_rel);
+            std::fs::create_dir_all(&theirs).unwrap();
+            nix::unistd::chown(&theirs, nobody, None).unwrap();
+            let host = HostRoot::new(dir.path());
+            let err =
+                lock(&host, &"kube1".parse().unwrap(), Duration::from_millis(50)).unwrap_err();
+            let msg = format!("{err:#}");
+            assert_eq!(exit_code(&err), 1, "{msg}");
+            assert!(
+                msg.contains(&format!("{} is owned by uid 65534", theirs.display())),
+                "{msg}"
+            );
+            assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0, "{dir_rel}");
+            assert_eq!(
+                std::fs::metadata(&theirs).unwrap().uid(),
+                65534,
+                "not repaired"
+            );
+        }
     }
 }

@@ -234,7 +234,15 @@ impl MachineRoot {
         let proc_path = format!("/proc/{pid}");
         let proc_dir = nix::fcntl::open(proc_path.as_str(), dir_flags(), Mode::empty())
             .with_context(|| format!("opening {proc_path} (machine leader)"))?;
-        let fd = nix::fcntl::openat(&proc_dir, "root", dir_flags(), Mode::empty())
+        Self::for_leader_dir(&proc_dir, pid)
+    }
+
+    /// [`MachineRoot::for_leader`] through a `/proc/<pid>` descriptor the caller already holds
+    /// (`O_PATH` is enough), so the root and whatever else the caller reads there belong to one
+    /// process even if the pid is reused in between.
+    pub fn for_leader_dir(proc_dir: &OwnedFd, pid: u32) -> Result<MachineRoot> {
+        let proc_path = format!("/proc/{pid}");
+        let fd = nix::fcntl::openat(proc_dir, "root", dir_flags(), Mode::empty())
             .with_context(|| format!("opening {proc_path}/root (machine leader gone?)"))?;
         let root = MachineRoot {
             fd,

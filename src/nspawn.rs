@@ -7,23 +7,73 @@ use crate::discovery::Inventory;
 use crate::gate;
 use crate::layout;
 use crate::machine_name::MachineName;
+use crate::paths::{HostPath, MachinePath, bind_escape};
 use std::collections::BTreeSet;
 use std::fmt;
 
 /// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
 pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
 
+/// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
+pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
+
+/// Linux capability names, index = bit number in `CapBnd` (linux/capability.h, 0 to 40).
+pub const CAPABILITIES: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
 /// Host path of a machine's `.nspawn` file.
 pub fn nspawn_path(machine: &MachineName) -> String {
     format!("{NSPAWN_DIR}/{machine}.nspawn")
 }
 
-/// One `Bind=`/`BindReadOnly=` line.
+/// One `Bind=`/`BindReadOnly=` line. Both paths are checked types; `Display` escapes the `:` and
+/// `\` they may hold, so systemd-nspawn reads back exactly these two paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindLine {
-    pub source: String,
+    pub source: HostPath,
     /// Omitted from the line when equal to `source`.
-    pub target: String,
+    pub target: MachinePath,
     pub read_only: bool,
 }
 
@@ -34,10 +84,15 @@ impl fmt::Display for BindLine {
         } else {
             "Bind"
         };
-        if self.source == self.target {
-            write!(f, "{key}={}", self.source)
+        if self.source.as_str() == self.target.as_str() {
+            write!(f, "{key}={}", bind_escape(&self.source))
         } else {
-            write!(f, "{key}={}:{}", self.source, self.target)
+            write!(
+                f,
+                "{key}={}:{}",
+                bind_escape(&self.source),
+                bind_escape(&self.target)
+            )
         }
     }
 }
@@ -49,6 +104,10 @@ pub struct NspawnFile {
     /// Summary for the header comment: driver version and GPU count, or "no NVIDIA GPUs".
     pub summary: String,
     pub binds: Vec<BindLine>,
+    /// `DropCapability=` (the config's `dropCapabilities`), taken from `Capability=all`.
+    pub drop_capabilities: Vec<String>,
+    /// Written by `uninstall`: no hooks run, so the header says so.
+    pub uninstalled: bool,
 }
 
 impl NspawnFile {
@@ -67,7 +126,7 @@ impl NspawnFile {
     ) -> NspawnFile {
         let mut binds = Vec::new();
         if has_lib_modules {
-            binds.push(same("/lib/modules", true));
+            binds.push(lib_modules());
         }
         if let Some(kvm) = &inv.kvm {
             binds.push(same(&kvm.path, false));
@@ -87,7 +146,7 @@ impl NspawnFile {
                 // containerd and kubelet wait at boot for post-start (src/gate.rs).
                 for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
                     binds.push(BindLine {
-                        source: gate::HOST_FILE.to_owned(),
+                        source: gate::host_file(),
                         target: gate::dropin(unit),
                         read_only: true,
                     });
@@ -101,36 +160,65 @@ impl NspawnFile {
             }
             None => "no NVIDIA GPUs".to_owned(),
         };
-        for m in &cfg.mounts {
-            binds.push(BindLine {
-                source: m.source.clone(),
-                target: m.target.clone().unwrap_or_else(|| m.source.clone()),
-                read_only: m.read_only,
-            });
-        }
+        binds.extend(mount_binds(cfg));
         NspawnFile {
             machine: machine.to_string(),
             summary,
             binds,
+            drop_capabilities: cfg.drop_capabilities.clone(),
+            uninstalled: false,
+        }
+    }
+
+    /// What `uninstall` leaves: pre-start's settings for a host without GPUs and without KVM
+    /// (`PrivateUsers=no` above all, so a start of the stock unit does not chown the rootfs to
+    /// a private UID range), `/lib/modules` and the configured mounts; no NVIDIA binds, no unit
+    /// gate, no `/dev/kvm` (whose `DeviceAllow=` leaves with the drop-in).
+    pub fn uninstalled(machine: &MachineName, cfg: &MachineConfig, has_lib_modules: bool) -> Self {
+        let mut binds = Vec::new();
+        if has_lib_modules {
+            binds.push(lib_modules());
+        }
+        binds.extend(mount_binds(cfg));
+        NspawnFile {
+            machine: machine.to_string(),
+            summary: "not managed (nspawn-lifecycle uninstalled); no GPU binds".to_owned(),
+            binds,
+            drop_capabilities: cfg.drop_capabilities.clone(),
+            uninstalled: true,
         }
     }
 }
 
 impl fmt::Display for NspawnFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "# Written by nspawn-lifecycle-helper pre-start for machine {} at every start; edits are lost.",
-            self.machine
-        )?;
-        writeln!(
-            f,
-            "# Extra mounts belong in /etc/nspawn-lifecycle/config.json."
-        )?;
+        if self.uninstalled {
+            writeln!(
+                f,
+                "{UNINSTALLED_HEADER} for machine {}: the node's settings without GPUs;",
+                self.machine
+            )?;
+            writeln!(
+                f,
+                "# PrivateUsers=no keeps a start of the stock unit from shifting the rootfs to a private UID range."
+            )?;
+        } else {
+            writeln!(
+                f,
+                "# Written by nspawn-lifecycle-helper pre-start for machine {} at every start; edits are lost.",
+                self.machine
+            )?;
+            writeln!(
+                f,
+                "# Extra mounts belong in /etc/nspawn-lifecycle/config.json."
+            )?;
+        }
         writeln!(f, "# Host: {}", self.summary)?;
-        f.write_str(
-            "\n[Exec]\nCapability=all\nPrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n",
-        )?;
+        f.write_str("\n[Exec]\nCapability=all\n")?;
+        if !self.drop_capabilities.is_empty() {
+            writeln!(f, "DropCapability={}", self.drop_capabilities.join(" "))?;
+        }
+        f.write_str("PrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n")?;
         f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
         f.write_str("\n[Files]\n")?;
         for b in &self.binds {
@@ -140,10 +228,30 @@ impl fmt::Display for NspawnFile {
     }
 }
 
-fn same(path: &str, read_only: bool) -> BindLine {
+/// A host path bound at the same path in the machine.
+/// `BindReadOnly=/lib/modules` (the machine's kernel modules are the host's).
+fn lib_modules() -> BindLine {
+    same(
+        &"/lib/modules"
+            .parse()
+            .expect("/lib/modules is a valid host path"),
+        true,
+    )
+}
+
+/// The configured extra mounts, in config order.
+fn mount_binds(cfg: &MachineConfig) -> impl Iterator<Item = BindLine> + '_ {
+    cfg.mounts.iter().map(|m| BindLine {
+        source: m.source.clone(),
+        target: m.target.clone(),
+        read_only: m.read_only,
+    })
+}
+
+fn same(path: &HostPath, read_only: bool) -> BindLine {
     BindLine {
-        source: path.to_owned(),
-        target: path.to_owned(),
+        source: path.clone(),
+        target: MachinePath::same_as(path),
         read_only,
     }
 }
@@ -221,19 +329,71 @@ mod tests {
         );
     }
 
+    fn bind(source: &str, target: &str, read_only: bool) -> BindLine {
+        BindLine {
+            source: source.parse().unwrap(),
+            target: target.parse().unwrap(),
+            read_only,
+        }
+    }
+
+    #[test]
+    fn uninstalled_file_keeps_private_users_off_mounts_and_drops_but_no_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("data")).unwrap();
+        let host = crate::host::HostRoot::new(dir.path());
+        let m: MachineName = "kube1".parse().unwrap();
+        let mc = crate::config::Config::parse(
+            br#"{"defaults": {"mounts": [{"source": "/data"}],
+                              "dropCapabilities": ["CAP_SYS_MODULE"]}}"#,
+        )
+        .unwrap()
+        .machine(&host, &m)
+        .unwrap();
+        let text = NspawnFile::uninstalled(&m, &mc, true).to_string();
+        assert!(text.starts_with(UNINSTALLED_HEADER), "{text}");
+        assert!(
+            text.contains(
+                "\n[Exec]\nCapability=all\nDropCapability=CAP_SYS_MODULE\nPrivateUsers=no\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n[Files]\nBindReadOnly=/lib/modules\nBindReadOnly=/data\n"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn bind_lines_omit_equal_targets() {
-        let b = BindLine {
-            source: "/a".into(),
-            target: "/a".into(),
-            read_only: true,
-        };
-        assert_eq!(b.to_string(), "BindReadOnly=/a");
-        let b = BindLine {
-            source: "/a".into(),
-            target: "/b".into(),
-            read_only: false,
-        };
-        assert_eq!(b.to_string(), "Bind=/a:/b");
+        assert_eq!(bind("/a", "/a", true).to_string(), "BindReadOnly=/a");
+        assert_eq!(bind("/a", "/b", false).to_string(), "Bind=/a:/b");
+    }
+
+    /// Issue 10 item 3: `:` split the gate's target, so the gate was silently off.
+    #[test]
+    fn bind_lines_escape_colons_and_backslashes_and_read_back() {
+        let gate = "/run/systemd/system/kube:let.service.d/50-nspawn-lifecycle-gate.conf";
+        let b = bind(gate::HOST_FILE, gate, true);
+        assert_eq!(
+            b.to_string(),
+            "BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:\
+             /run/systemd/system/kube\\:let.service.d/50-nspawn-lifecycle-gate.conf"
+        );
+        for (s, t) in [
+            (gate::HOST_FILE, gate),
+            ("/a b:c\\d ü", "/a b:c\\d ü"),
+            ("/x\\", "/y:"),
+            ("/\"q\" #;=", "/日本"),
+        ] {
+            for ro in [true, false] {
+                let line = bind(s, t, ro).to_string();
+                assert_eq!(
+                    crate::paths::parse_bind_line(&line),
+                    Some((s.to_owned(), t.to_owned())),
+                    "{line}"
+                );
+            }
+        }
     }
 }

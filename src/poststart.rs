@@ -464,7 +464,7 @@ pub fn rewire_with_services_stopped(
     })();
     if let Err(e) = result {
         // Dependency order: containerd before kubelet.
-        let restore: Vec<&String> = [&mc.containerd_unit, &mc.kubelet_unit]
+        let restore: Vec<&crate::paths::UnitName> = [&mc.containerd_unit, &mc.kubelet_unit]
             .into_iter()
             .filter(|u| was_running.contains(u))
             .collect();
@@ -481,7 +481,7 @@ fn start_again(
     machine: &MachineName,
     mc: &MachineConfig,
     services: &dyn Services,
-    units: &[&String],
+    units: &[&crate::paths::UnitName],
 ) {
     if units.is_empty() {
         tracing::warn!(

@@ -7,6 +7,7 @@ use crate::discovery::{self, Inventory, Verdict};
 use crate::error::{Kind, classified};
 use crate::failpoint::Point;
 use crate::gate;
+use crate::image;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, describe_change, nspawn_path};
@@ -78,6 +79,8 @@ pub fn check_complete(inv: &Inventory) -> Result<()> {
 /// ExecStartPre=: render and write the `.nspawn` file under the machine's lock.
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
+    // Before the lock: a mistyped name or a shifted rootfs writes nothing, not even the lock file.
+    image::require(&ctx.host, machine, &mc)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     // The bind's source first: nspawn refuses to start when it is missing.
@@ -105,6 +108,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 /// `plan`: print what pre-start would write and a unified diff against the file on disk.
 pub fn plan(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
+    image::require(&ctx.host, machine, &mc)?;
     let r = render(ctx, machine, &mc)?;
     print_all(&plan_text(&r))
 }

@@ -435,7 +435,7 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
         if d.path.starts_with("/dev/") {
             wanted
                 .entry(format!("{}:{}", d.major, d.minor))
-                .or_insert_with(|| d.path.clone());
+                .or_insert_with(|| d.path.to_string());
         }
     }
     sync_dev_char(&dev_char, &wanted, &mut report)?;

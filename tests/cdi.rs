@@ -1,7 +1,8 @@
 //! Every generated CDI spec, for several hosts, against: (a) the official CDI JSON schema,
 //! (b) the official CDI library's strict loader, (c) that library's injection into an OCI runtime
-//! spec, (d) the CDI 0.5.x rules of Debian 12's podman 4.3 (CDI library v0.5.2), and (e) golden
-//! files (`UPDATE_GOLDEN=1 cargo test --test cdi` rewrites them). Negative tests at the end show
+//! spec, (d) the CDI 0.5.x rules of Debian 12's podman 4.3 (CDI library v0.5.2), and (e) the
+//! library's own reading of the file, re-serialized, and golden files (`UPDATE_GOLDEN=1 cargo
+//! test --test cdi` rewrites them). Negative tests at the end show
 //! that each check rejects what it should, so none can pass vacuously.
 
 // clippy.toml allows unwrap in #[test] functions only; the helpers here are test code too, and a
@@ -29,7 +30,7 @@ const SOCKET_OPTS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noexec"
 
 fn node(path: &str, major: u32, minor: u32, role: DeviceRole) -> DeviceNode {
     DeviceNode {
-        path: path.into(),
+        path: path.parse().unwrap(),
         major,
         minor,
         role,
@@ -79,7 +80,7 @@ struct Host {
 
 fn lib_dir(triplet: &str, files: Vec<DriverFile>) -> LibDir {
     LibDir {
-        path: format!("/usr/lib/{triplet}"),
+        path: format!("/usr/lib/{triplet}").try_into().unwrap(),
         triplet: triplet.into(),
         files,
     }
@@ -147,9 +148,9 @@ fn inventory(h: Host) -> Inventory {
         driver: Some(UserspaceDriver {
             version: VER.into(),
             lib_dirs: h.lib_dirs,
-            binaries: h.binaries.iter().map(|b| (*b).to_owned()).collect(),
-            firmware: Some(format!("/lib/firmware/nvidia/{VER}")),
-            sockets: h.sockets.iter().map(|s| (*s).to_owned()).collect(),
+            binaries: h.binaries.iter().map(|b| b.parse().unwrap()).collect(),
+            firmware: Some(format!("/lib/firmware/nvidia/{VER}").try_into().unwrap()),
+            sockets: h.sockets.iter().map(|s| s.parse().unwrap()).collect(),
         }),
         verdict: Verdict::Complete,
     }
@@ -386,14 +387,19 @@ fn expected_nodes(inv: &Inventory, gpus: &[u32]) -> BTreeSet<Node> {
     for d in &inv.devices {
         let of_gpu = |i: &u32| {
             let g = &inv.gpus[*i as usize];
-            g.device.as_deref() == Some(d.path.as_str()) || g.dri.contains(&d.path)
+            g.device.as_deref() == Some(d.path.as_str()) || g.dri.iter().any(|p| d.path == *p)
         };
         let control = matches!(
             d.role,
             DeviceRole::Control | DeviceRole::Uvm | DeviceRole::UvmTools | DeviceRole::Modeset
         );
         if control || gpus.iter().any(of_gpu) {
-            want.insert((d.path.clone(), "c".into(), d.major.into(), d.minor.into()));
+            want.insert((
+                d.path.to_string(),
+                "c".into(),
+                d.major.into(),
+                d.minor.into(),
+            ));
         }
     }
     want
@@ -650,6 +656,29 @@ fn check_golden(case: &str, text: &str) {
     );
 }
 
+/// Parse `text` with the official library's raw spec types and serialize them back: equal to
+/// `text` as JSON when the library read every field we wrote with the value we wrote (nothing
+/// dropped as null or empty, renamed or retyped). The reference is the library's, not ours.
+fn library_reads_what_was_written(text: &str) -> Result<(), String> {
+    let written: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let dir = spec_dir(text);
+    let raw = cdi_lib::spec::parse_spec(&dir.path().join(cdi::DEFAULT_SPEC_FILE))
+        .map_err(|e| format!("{e:#}"))?;
+    let read = serde_json::to_value(&raw).map_err(|e| e.to_string())?;
+    if read == written {
+        return Ok(());
+    }
+    Err(format!(
+        "the official CDI library read a different spec than the one written:\n{}",
+        similar::TextDiff::from_lines(
+            serde_json::to_string_pretty(&written).unwrap(),
+            serde_json::to_string_pretty(&read).unwrap()
+        )
+        .unified_diff()
+        .header("written", "read by the library")
+    ))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The tests.
 
@@ -726,8 +755,10 @@ fn every_case_passes_schema_loader_injection_05x_and_golden() {
             "{case}: v0.5.2 schema"
         );
 
-        // (e)
-        assert_eq!(cdi::render(&spec), text, "{case}: render is deterministic");
+        // (e) Against references the renderer does not produce: the official library's own types
+        // re-serialized (what it read, field for field: nothing dropped, renamed or retyped) equal
+        // the document we wrote, and the bytes are the reviewed golden file's.
+        library_reads_what_was_written(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
         check_golden(case, &text);
     }
 }
@@ -864,6 +895,25 @@ fn cdi_05x_check_rejects_what_podman_4_3_rejects() {
         change(&mut doc);
         let err = check_cdi_05x(&doc).expect_err(want);
         assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
+fn the_library_reread_check_tells_a_spec_read_differently() {
+    let good = one_gpu_doc();
+    library_reads_what_was_written(&good.to_string()).unwrap();
+    // Each parses, but the library keeps something else than the document says.
+    let changes: [(&str, Change); 2] = [
+        ("null host path", |d| {
+            d["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] = json!(null)
+        }),
+        ("empty annotations", |d| d["annotations"] = json!({})),
+    ];
+    for (what, change) in changes {
+        let mut doc = good.clone();
+        change(&mut doc);
+        let err = library_reads_what_was_written(&doc.to_string()).expect_err(what);
+        assert!(err.contains("read a different spec"), "{what}: {err}");
     }
 }
 

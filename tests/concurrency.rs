@@ -125,7 +125,7 @@ fn host(lock_timeout: Option<u64>) -> tempfile::TempDir {
 }
 
 fn lock_file_pid(host: &Path, machine: &str) -> Option<u32> {
-    let p = host.join(format!("run/lock/nspawn-lifecycle/{machine}.lock"));
+    let p = host.join(format!("run/nspawn-lifecycle/locks/{machine}.lock"));
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 

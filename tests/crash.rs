@@ -194,6 +194,8 @@ fn the_failpoints_command_lists_every_point() {
 #[test]
 fn an_unknown_failpoint_name_is_refused_not_ignored() {
     let dir = tempfile::tempdir().unwrap();
+    // pre-start refuses a machine without an image before any point could be hit.
+    std::fs::create_dir_all(dir.path().join("var/lib/machines/kube1")).unwrap();
     let o = helper(
         dir.path(),
         &["nspawn-lifecycle", "pre-start", "kube1"],

@@ -9,12 +9,14 @@
 
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
 const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
+/// The machine locks' directory (`lock::LOCK_DIR`) under a host root.
+const LOCKS: &str = "run/nspawn-lifecycle/locks";
 
 fn require_root() {
     assert!(
@@ -32,6 +34,14 @@ fn host(name: &str) -> tempfile::TempDir {
         .tempdir()
         .unwrap();
     fixture::materialize(text, dir.path()).unwrap();
+    // As on a host that started a machine before: the lock directory exists, so a run that only
+    // takes the lock changes nothing outside it (creating it would change run/'s mtime).
+    let locks = dir.path().join(LOCKS);
+    std::fs::create_dir_all(locks.parent().unwrap()).unwrap();
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&locks)
+        .unwrap();
     dir
 }
 
@@ -124,7 +134,7 @@ fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<PathBuf, String> {
 }
 
 /// Like [`assert_same_tree`], ignoring paths under `skip` on both sides (the machine lock under
-/// run/lock is created by the first run and records its holder's PID on every run).
+/// [`LOCKS`] is created by the first run and records its holder's PID on every run).
 fn assert_same_tree_except(
     before: &BTreeMap<PathBuf, String>,
     root: &Path,
@@ -220,7 +230,7 @@ fn check_example(name: &str) {
                 !nspawn.exists(),
                 "pre-start of incomplete {name} wrote {NSPAWN}"
             );
-            assert_same_tree_except(&before, root, &["run/lock"], "failed pre-start");
+            assert_same_tree_except(&before, root, &[LOCKS], "failed pre-start");
         }
         state => {
             assert!(state == "complete" || state == "none", "{state}");
@@ -329,7 +339,7 @@ fn privileged_incomplete_hosts_name_each_piece_and_leave_the_old_file() {
         assert_eq!(code(&out), 3, "{name}: {}", text(&out.stderr));
         let err = error_line(&out);
         assert!(err.contains(needle), "{name}: {err}");
-        assert_same_tree_except(&before, root, &["run/lock"], name);
+        assert_same_tree_except(&before, root, &[LOCKS], name);
     }
     // One missing library names the library and the directory.
     let dir = tempfile::tempdir().unwrap();
@@ -374,8 +384,8 @@ fn privileged_second_pre_start_writes_nothing() {
         (m1.ino(), m1.mtime(), m1.mtime_nsec()),
         (m2.ino(), m2.mtime(), m2.mtime_nsec())
     );
-    // The lock file (under run/lock) records its holder's PID on every run; nothing else may change.
-    assert_same_tree_except(&before, root, &["run/lock"], "second pre-start");
+    // The lock file (under LOCKS) records its holder's PID on every run; nothing else may change.
+    assert_same_tree_except(&before, root, &[LOCKS], "second pre-start");
 }
 
 #[test]
@@ -430,6 +440,63 @@ fn privileged_bad_machine_names_exit_2_and_write_nothing() {
         }
     }
     assert_same_tree(&before, &snapshot(root, &[]), "bad machine names");
+}
+
+/// Issue 10 item 8: `pre-start kbue1` (a typo) on a GPU host must not write kbue1.nspawn with GPU
+/// binds; it fails naming where it looked. An image elsewhere (a configured directory, a `.raw`
+/// file in another search directory) is found.
+#[test]
+fn privileged_a_machine_without_an_image_exits_2_naming_where_it_looked() {
+    let dir = host("two-gpus");
+    let root = dir.path();
+    let before = snapshot(root, &[]);
+    for args in [
+        &["nspawn-lifecycle", "pre-start", "kbue1"][..],
+        &["plan", "kbue1"][..],
+    ] {
+        let out = run(root, args);
+        let err = text(&out.stderr);
+        assert_eq!(code(&out), 2, "{args:?}: {err}");
+        assert!(
+            err.contains(
+                "machine kbue1: no machine image found: no directory kbue1 or image kbue1.raw in \
+                 /etc/machines, /run/machines, /var/lib/machines, /usr/local/lib/machines, \
+                 /usr/lib/machines"
+            ),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!root.join("etc/systemd/nspawn/kbue1.nspawn").exists());
+    assert_same_tree(
+        &before,
+        &snapshot(root, &[]),
+        "pre-start of a mistyped machine",
+    );
+
+    // The configured directory is named too, and an image there is used.
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"machines": {"kbue1": {"directory": "/srv/kbue1"}}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["plan", "kbue1"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("(nor /srv/kbue1, the configured directory)"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::create_dir_all(root.join("srv/kbue1")).unwrap();
+    assert_eq!(code(&run(root, &["plan", "kbue1"])), 0);
+    std::fs::remove_file(&cfg).unwrap();
+    // A disk image in another place nspawn searches.
+    std::fs::create_dir_all(root.join("usr/local/lib/machines")).unwrap();
+    std::fs::write(root.join("usr/local/lib/machines/kbue1.raw"), "").unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kbue1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(root.join("etc/systemd/nspawn/kbue1.nspawn").exists());
 }
 
 #[test]
@@ -513,6 +580,35 @@ fn privileged_config_extra_mounts_are_rendered() {
     );
     assert!(file.contains("\nBind=/srv/cache\n"), "{file}");
     golden("one-gpu.extra-mounts.nspawn", &file);
+
+    // Issue 10 item 10: dropped capabilities go into [Exec], after Capability=all.
+    std::fs::write(
+        &cfg,
+        r#"{"defaults": {"dropCapabilities": ["CAP_SYS_MODULE", "CAP_SYS_RAWIO"]}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    assert!(
+        file.contains("\n[Exec]\nCapability=all\nDropCapability=CAP_SYS_MODULE CAP_SYS_RAWIO\nPrivateUsers=no\n"),
+        "{file}"
+    );
+    std::fs::write(
+        &cfg,
+        r#"{"defaults": {"dropCapabilities": ["sys_module"]}}"#,
+    )
+    .unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "defaults.dropCapabilities[0]: \"sys_module\" is not a Linux capability name"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(&cfg).unwrap();
 
     // An explicit --config outside the host root.
     let elsewhere = tempfile::tempdir().unwrap();
@@ -733,7 +829,7 @@ fn privileged_malformed_proc_and_sys_files_are_named_never_panicked_on() {
             }
         }
         assert!(!root.join(NSPAWN).exists(), "{what}");
-        assert_same_tree_except(&before, root, &["run/lock"], &what);
+        assert_same_tree_except(&before, root, &[LOCKS], &what);
     }
 
     // A directory where a file belongs is an error naming it.
@@ -845,10 +941,12 @@ fn privileged_foreign_and_host_only_nodes_are_never_bound() {
         file.contains("\nBind=/dev/nvidia-caps-imex-channels/channel0\n"),
         "{file}"
     );
+    // The daemon's socket directory is bound read-only (a socket connects through it).
     assert!(
         file.contains(
-            "\nBind=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
-        )
+            "\nBindReadOnly=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+        ),
+        "{file}"
     );
 }
 
@@ -865,4 +963,93 @@ fn a_missing_host_root_is_bad_input_and_creates_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("typo"));
     assert!(!missing.exists());
+}
+
+/// Issue 10 item 3: a `Bind=` line is read by systemd-nspawn, which splits it at unescaped
+/// colons. Every bind line of the file must read back (as systemd 252 reads it) to the paths
+/// meant: odd config paths, and the gate drop-in of a unit whose name holds ':' or '\'.
+#[test]
+fn privileged_odd_paths_and_unit_names_render_escaped_and_read_back() {
+    use nspawn_lifecycle::paths::parse_bind_line;
+    let dir = host("one-gpu");
+    let root = dir.path();
+    let source = "/data/odd dir:with\\back ümlaut";
+    let target = "/mnt/odd target:x\\y 日本";
+    std::fs::create_dir_all(root.join(&source[1..])).unwrap();
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    let json = serde_json::json!({"machines": {"kube1": {
+    "kubeletUnit": "kube:let.service",
+    "containerdUnit": "contain\\x2derd.service",
+    "mounts": [
+        {"source": source, "target": target},
+        {"source": source, "readOnly": false},
+    ]}}});
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    golden("one-gpu.odd-paths.nspawn", &file);
+    let binds: Vec<(String, String)> = file
+        .lines()
+        .filter(|l| l.starts_with("Bind"))
+        .map(|l| parse_bind_line(l).unwrap_or_else(|| panic!("systemd would not read {l:?}")))
+        .collect();
+    let gate = "/run/nspawn-lifecycle/unit-gate.conf";
+    for want in [
+        (
+            gate,
+            "/run/systemd/system/kube:let.service.d/50-nspawn-lifecycle-gate.conf",
+        ),
+        (
+            gate,
+            "/run/systemd/system/contain\\x2derd.service.d/50-nspawn-lifecycle-gate.conf",
+        ),
+        (source, target),
+        (source, source),
+    ] {
+        assert!(
+            binds.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "{want:?} missing from {binds:#?}\n{file}"
+        );
+    }
+}
+
+/// Issue 10 item 3: a newline in a discovered device name injected a line of its own into the
+/// `.nspawn` file. It is refused (exit 2) naming the node, and nothing is written.
+#[test]
+fn privileged_a_control_character_in_a_device_name_is_refused_by_name() {
+    for name in [
+        "nvidia-cap9\nPrivateUsers=pick",
+        "nvidia-cap9\tx",
+        "nvidia-cap9\u{7f}",
+    ] {
+        let dir = host("eight-gpus");
+        let root = dir.path();
+        let node = root.join("dev/nvidia-caps").join(name);
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o444),
+            nix::sys::stat::makedev(509, 9),
+        )
+        .unwrap();
+        let before = snapshot(root, &[LOCKS]);
+        for args in [
+            &["nspawn-lifecycle", "pre-start", "kube1"][..],
+            &["plan", "kube1"][..],
+            &["discover"][..],
+        ] {
+            let out = run(root, args);
+            let err = text(&out.stderr);
+            assert_eq!(code(&out), 2, "{name:?} {args:?}: {err}");
+            let shown = format!("/dev/nvidia-caps/{}", name.escape_debug());
+            assert!(err.contains(&shown), "{args:?}: {err} must name {shown}");
+            assert!(
+                !err.contains(name),
+                "{args:?}: the raw name reached the log: {err}"
+            );
+        }
+        assert_same_tree_except(&before, root, &[LOCKS], name);
+    }
 }

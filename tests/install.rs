@@ -243,7 +243,9 @@ fn dropin_matches_golden() {
     let machine = "kube1".parse().unwrap();
     let text = nspawn_lifecycle::install::Dropin::new(
         &machine,
-        nspawn_lifecycle::config::DEFAULT_HELPER_PATH,
+        &nspawn_lifecycle::config::DEFAULT_HELPER_PATH
+            .parse()
+            .unwrap(),
     )
     .to_string();
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
@@ -447,6 +449,22 @@ fn legacy_layout_with_unrecognised_lines_keeps_and_reports_them() {
     assert!(again.contains("install kube1: nothing changed"), "{again}");
 }
 
+/// What uninstall leaves in place of the rendered `.nspawn` file, pinned by a golden file.
+fn assert_uninstalled_nspawn(root: &Path) {
+    let text = read(root, NSPAWN);
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/uninstalled-kube1.nspawn");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &text).unwrap();
+    }
+    assert_eq!(text, std::fs::read_to_string(&golden).unwrap());
+    // The point of the file: no -U at the next start of the stock unit, and nothing of the GPUs.
+    assert!(text.contains("\nPrivateUsers=no\n"), "{text}");
+    for gone in ["/dev/", "host-nvidia", "unit-gate", "nspawn-lifecycle-gate"] {
+        assert!(!text.contains(gone), "{gone} left in:\n{text}");
+    }
+}
+
 #[test]
 fn uninstall_removes_exactly_what_install_added() {
     let h = host();
@@ -464,11 +482,17 @@ fn uninstall_removes_exactly_what_install_added() {
     assert!(out.contains(&format!("/{DROPIN}: would remove")), "{out}");
     assert!(root.join(DROPIN).exists());
     let out = ok(root, &["uninstall", "kube1"]);
-    assert_eq!(
-        contents(root),
-        before,
-        "uninstall left or took something:\n{out}"
+    // Everything as before install, but for the .nspawn file without GPU binds.
+    assert!(
+        out.contains(&format!(
+            "/{NSPAWN}: updated (settings without GPU binds, PrivateUsers=no"
+        )),
+        "{out}"
     );
+    assert_uninstalled_nspawn(root);
+    let mut after = contents(root);
+    after.remove(Path::new(NSPAWN));
+    assert_eq!(after, before, "uninstall left or took something:\n{out}");
     let again = ok(root, &["uninstall", "kube1"]);
     assert!(
         again.contains("uninstall kube1: nothing changed"),
@@ -481,7 +505,68 @@ fn uninstall_removes_exactly_what_install_added() {
     let before = contents(root);
     ok(root, &["install", "kube1"]);
     ok(root, &["uninstall", "kube1"]);
-    assert_eq!(contents(root), before);
+    let mut after = contents(root);
+    after.remove(Path::new(NSPAWN));
+    assert_eq!(after, before);
+}
+
+/// Issue 10 item 9: a start of the stock unit after uninstall must not run with `-U` (which
+/// chowns the rootfs to a private UID range), so the `.nspawn` file stays, without GPU binds;
+/// and install takes that file back as its own.
+#[test]
+fn uninstall_leaves_private_users_off_and_install_takes_the_file_back() {
+    let h = host();
+    let root = h.path();
+    ok(root, &["install", "kube1"]);
+    let installed = read(root, NSPAWN);
+    ok(root, &["uninstall", "kube1"]);
+    assert_uninstalled_nspawn(root);
+    // Not written by pre-start, yet not foreign: install replaces it without an audit complaint.
+    let out = ok(root, &["install", "kube1"]);
+    assert!(out.contains(&format!("/{NSPAWN}: updated")), "{out}");
+    assert_eq!(read(root, NSPAWN), installed);
+    // uninstall of a machine whose .nspawn file pre-start never wrote (install skipped it) still
+    // leaves one, and one that was never installed gets none.
+    std::fs::remove_file(root.join(NSPAWN)).unwrap();
+    ok(root, &["uninstall", "kube1"]);
+    assert_uninstalled_nspawn(root);
+    std::fs::remove_file(root.join(NSPAWN)).unwrap();
+    let out = ok(root, &["uninstall", "kube1"]);
+    assert!(!root.join(NSPAWN).exists(), "{out}");
+}
+
+/// Issue 10 item 9: a rootfs an earlier `-U` start shifted is refused with the command that
+/// shifts it back, before anything is written (needs root to chown).
+#[test]
+fn privileged_install_refuses_a_shifted_rootfs_naming_the_fix() {
+    let h = host();
+    let root = h.path();
+    let machine = root.join("var/lib/machines/kube1");
+    std::os::unix::fs::chown(&machine, Some(468_254_720), Some(468_254_720))
+        .expect("chown needs root");
+    let before = snapshot(root);
+    for args in [
+        &["install", "kube1"][..],
+        &["nspawn-lifecycle", "pre-start", "kube1"],
+        &["plan", "kube1"],
+    ] {
+        let o = run(root, args);
+        assert_eq!(o.code, 2, "{args:?}: {}{}", o.stdout, o.stderr);
+        assert!(
+            o.stderr
+                .contains("/var/lib/machines/kube1 is owned by UID 468254720 GID 468254720")
+                && o.stderr.contains(
+                    "`systemd-nspawn --directory=/var/lib/machines/kube1 --settings=no \
+                     --private-users=0 --private-users-ownership=chown /bin/true`"
+                ),
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert_eq!(snapshot(root), before, "{args:?} changed files");
+        assert!(!root.join("run").exists(), "{args:?} took the lock");
+    }
+    std::os::unix::fs::chown(&machine, Some(0), Some(0)).unwrap();
+    ok(root, &["install", "kube1"]);
 }
 
 #[test]
@@ -569,7 +654,20 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() {
     let config_arg = config.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["install", "../etc"], "../etc"),
-        (vec!["install", "kube9"], "/var/lib/machines/kube9"),
+        // A mistyped name: no image where nspawn looks (src/image.rs).
+        (
+            vec!["install", "kube9"],
+            "no directory kube9 or image kube9.raw in /etc/machines, /run/machines, \
+             /var/lib/machines, /usr/local/lib/machines, /usr/lib/machines",
+        ),
+        (
+            vec!["plan", "kube9"],
+            "no directory kube9 or image kube9.raw",
+        ),
+        (
+            vec!["nspawn-lifecycle", "pre-start", "kube9"],
+            "no directory kube9 or image kube9.raw",
+        ),
         (
             vec!["--config", config_arg, "install", "kube1"],
             "helperPath",

@@ -7,6 +7,7 @@ pub mod parse;
 mod scan;
 
 use crate::host::HostRoot;
+use crate::paths::HostPath;
 use serde::Serialize;
 
 pub use scan::discover;
@@ -37,7 +38,7 @@ pub struct Inventory {
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
     /// Absolute host path, e.g. `/dev/nvidia0`; the machine sees it at the same path.
-    pub path: String,
+    pub path: HostPath,
     pub major: u32,
     pub minor: u32,
     pub role: DeviceRole,
@@ -95,11 +96,11 @@ pub struct UserspaceDriver {
     /// Directories holding `libcuda.so.<version>`, in discovery order (native arch first).
     pub lib_dirs: Vec<LibDir>,
     /// Absolute host paths of the driver binaries found (`/usr/bin/nvidia-smi`, …), sorted.
-    pub binaries: Vec<String>,
+    pub binaries: Vec<HostPath>,
     /// `/lib/firmware/nvidia/<version>` (host path) when present.
-    pub firmware: Option<String>,
+    pub firmware: Option<HostPath>,
     /// IPC socket directories that exist (`/run/nvidia-persistenced`, `/run/nvidia-fabricmanager`).
-    pub sockets: Vec<String>,
+    pub sockets: Vec<HostPath>,
 }
 
 /// A host library directory with driver files.
@@ -107,7 +108,7 @@ pub struct UserspaceDriver {
 #[serde(rename_all = "camelCase")]
 pub struct LibDir {
     /// Absolute host path, e.g. `/usr/lib/x86_64-linux-gnu`.
-    pub path: String,
+    pub path: HostPath,
     /// Debian multiarch triplet these libraries are for (`x86_64-linux-gnu`, `aarch64-linux-gnu`,
     /// `i386-linux-gnu`); decides `usr/lib/<triplet>` in the driver root and the machine.
     pub triplet: String,

@@ -20,6 +20,7 @@
 use super::parse::{self, PciAddress};
 use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict};
 use crate::host::HostRoot;
+use crate::paths::HostPath;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{FileType, Metadata};
@@ -101,7 +102,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     let (mut devices, odd_nodes) = s.device_nodes()?;
     for gpu in &mut gpus {
         for node in s.dri_nodes(gpu)? {
-            gpu.dri.push(node.path.clone());
+            gpu.dri.push(node.path.to_string());
             devices.push(node);
         }
         let path = format!("/dev/nvidia{}", gpu.minor);
@@ -153,6 +154,13 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
         driver,
         verdict,
     })
+}
+
+/// `p` as a [`HostPath`], or a bad-input error (exit 2) naming it: a discovered name that a
+/// `.nspawn` file cannot carry (a newline in a device name would inject a line of its own) stops
+/// the run before anything is rendered.
+fn checked(what: &str, p: String) -> Result<HostPath> {
+    HostPath::try_from(p).map_err(|e| crate::error::bad_input(format!("{what} {e}")))
 }
 
 /// Refuse a host with more NVIDIA device nodes than any driver makes (a hard error, exit 1):
@@ -311,6 +319,7 @@ impl Scan<'_> {
             }
         }
         for (path, role) in candidates {
+            let path = checked("device node", path)?;
             match self.char_device(&path)? {
                 Some((major, minor)) => nodes.push(DeviceNode {
                     path,
@@ -363,7 +372,7 @@ impl Scan<'_> {
             if !(name.starts_with("card") || name.starts_with("renderD")) {
                 continue;
             }
-            let path = format!("/dev/dri/{name}");
+            let path = checked("device node", format!("/dev/dri/{name}"))?;
             match self.char_device(&path)? {
                 Some((major, minor)) => out.push(DeviceNode {
                     path,
@@ -384,7 +393,7 @@ impl Scan<'_> {
         const KVM: &str = "/dev/kvm";
         Ok(match self.lstat(KVM)? {
             Some(m) if m.file_type().is_char_device() => Some(DeviceNode {
-                path: KVM.to_owned(),
+                path: checked("device node", KVM.to_owned())?,
                 major: nix::sys::stat::major(m.rdev()) as u32,
                 minor: nix::sys::stat::minor(m.rdev()) as u32,
                 role: DeviceRole::Kvm,
@@ -536,7 +545,7 @@ impl Scan<'_> {
             }
             let files = self.driver_files(dir, &chosen)?;
             lib_dirs.push(LibDir {
-                path: dir.clone(),
+                path: checked("library directory", dir.clone())?,
                 triplet: triplet.to_owned(),
                 files,
             });
@@ -566,7 +575,7 @@ impl Scan<'_> {
                 if let Some((_, m)) = self.resolve(&p)?
                     && m.is_file()
                 {
-                    binaries.push(p);
+                    binaries.push(checked("driver binary", p)?);
                     break;
                 }
             }
@@ -574,7 +583,7 @@ impl Scan<'_> {
         binaries.sort();
         let fw = format!("/lib/firmware/nvidia/{chosen}");
         let firmware = match self.resolve(&fw)? {
-            Some((_, m)) if m.is_dir() => Some(fw),
+            Some((_, m)) if m.is_dir() => Some(checked("firmware directory", fw)?),
             _ => None,
         };
         let mut sockets = Vec::new();
@@ -582,7 +591,7 @@ impl Scan<'_> {
             if let Some(m) = self.lstat(&format!("{dir}/socket"))?
                 && m.file_type().is_socket()
             {
-                sockets.push((*dir).to_owned());
+                sockets.push(checked("socket directory", (*dir).to_owned())?);
             }
         }
         Ok(Some(UserspaceDriver {
@@ -1153,6 +1162,27 @@ mod tests {
 
     /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000
     /// walks through the tree (minutes). Past 64 the cache is not believed, as for garbage.
+    /// Issue 10 item 3: a library directory named by ld.so.cache becomes a `Bind=` source; one
+    /// whose name holds a newline is refused (exit 2) naming it, never rendered.
+    #[test]
+    fn a_library_directory_with_a_control_character_is_refused_by_name() {
+        let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");
+        let dir = tempfile::tempdir().unwrap();
+        materialize(&text, dir.path()).unwrap();
+        let odd = "/opt/nv/lib\nPrivateUsers=pick";
+        std::fs::rename(dir.path().join("opt/nv/lib"), dir.path().join(&odd[1..])).unwrap();
+        let cuda = format!("{odd}/libcuda.so.1");
+        let cache = crate::fixture::ld_so_cache(&[("libcuda.so.1", cuda.as_str(), 0x303)]);
+        std::fs::write(dir.path().join("etc/ld.so.cache"), cache).unwrap();
+        let err = discover(&HostRoot::new(dir.path())).unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2, "{err:#}");
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("library directory \"/opt/nv/lib\\nPrivateUsers=pick\" contains the control character"),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn a_cache_with_too_many_libcuda_paths_is_not_used() {
         let text = format!("{GPU}dir /etc\nnvidia-libs /opt/nv/lib 580.95.05 x86_64\n");

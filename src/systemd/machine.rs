@@ -59,8 +59,9 @@ impl MachineHandle {
             Mode::empty(),
         )
         .with_context(|| format!("machine {machine}: opening {proc_dir}"))?;
-        // The root every write into the machine and the bus socket resolve under, opened once.
-        let root = MachineRoot::for_leader(leader)
+        // The root every write into the machine and the bus socket resolve under, opened once,
+        // through the same pinned entry as the user namespace and uid map below.
+        let root = MachineRoot::for_leader_dir(&pid_dir, leader)
             .with_context(|| format!("machine {machine}: opening its root"))?;
         let theirs = fstatat(&pid_dir, "ns/user", AtFlags::empty())
             .with_context(|| format!("machine {machine}: reading {proc_dir}/ns/user"))?;
@@ -122,9 +123,7 @@ impl MachineHandle {
         if !self.own_user_namespace {
             return Ok(euid);
         }
-        let map_path = format!("/proc/{}/uid_map", self.leader);
-        let map = std::fs::read_to_string(&map_path)
-            .with_context(|| format!("machine {}: reading {map_path}", self.name))?;
+        let map = self.read_pinned("uid_map")?;
         if let Some(uid) = map_uid(&map, euid) {
             return Ok(uid);
         }
@@ -134,6 +133,30 @@ impl MachineHandle {
             .trim()
             .parse()
             .with_context(|| format!("parsing overflowuid {overflow:?}"))
+    }
+
+    /// Read `name` in the leader's pinned `/proc/<leader>` directory, never `/proc/<n>` by number:
+    /// should the leader exit and its PID be reused, the number names another process, while the
+    /// pinned directory still names the leader (and fails once it is gone).
+    fn read_pinned(&self, name: &str) -> Result<String> {
+        let what = format!(
+            "machine {}: reading /proc/{}/{name}",
+            self.name, self.leader
+        );
+        let dir = self
+            .pid_dir
+            .as_ref()
+            .with_context(|| format!("{what}: the leader's /proc entry is not pinned"))?;
+        let fd = nix::fcntl::openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .with_context(|| what.clone())?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).context(what)?;
+        Ok(text)
     }
 
     pub(crate) fn check_user_namespace(&self) -> Result<()> {
@@ -308,6 +331,64 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!m.leader_alive());
+    }
+
+    fn pin(pid: u32) -> OwnedFd {
+        open(
+            format!("/proc/{pid}").as_str(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_uid_map_is_read_through_the_pinned_proc_entry_not_the_pid_number() {
+        // The real leader: a process in a user namespace of its own that maps our euid to 1000.
+        let mut leader = std::process::Command::new("unshare")
+            .args([
+                "--user",
+                "--map-user=1000",
+                "--map-group=1000",
+                "sleep",
+                "30",
+            ])
+            .spawn()
+            .unwrap();
+        // Until unshare has made the namespace and written its map, the process shows ours
+        // (`0 0 4294967295`), then an empty one.
+        let map = format!("/proc/{}/uid_map", leader.id());
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(&map)
+            .unwrap_or_default()
+            .trim_start()
+            .starts_with("1000 ")
+        {
+            assert!(Instant::now() < until, "unshare never wrote {map}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // What PID reuse looks like: the number the handle carries now names another process
+        // (a child of ours, in our own namespace), while the pinned entry is the leader's.
+        let mut reused = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = MachineHandle::from_root_dir("m", dir.path()).unwrap();
+        m.own_user_namespace = true;
+        m.pid_dir = Some(pin(leader.id()));
+        m.leader = reused.id();
+        let seen = m.uid_seen_inside();
+        // Once the leader is gone, its pinned entry reads nothing, whatever the number names now.
+        leader.kill().unwrap();
+        leader.wait().unwrap();
+        let gone = m.uid_seen_inside();
+        reused.kill().unwrap();
+        reused.wait().unwrap();
+        assert_eq!(seen.unwrap(), 1000, "read another process's uid_map");
+        let err = format!("{:#}", gone.unwrap_err());
+        assert!(err.contains("machine m: reading /proc/"), "{err}");
+        assert!(err.contains("/uid_map"), "{err}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub fn inventory(version: &str) -> Inventory {
         soname: soname.map(str::to_owned),
     };
     let dev = |path: &str, major, minor, role| DeviceNode {
-        path: path.into(),
+        path: path.parse().unwrap(),
         major,
         minor,
         role,
@@ -54,7 +54,7 @@ pub fn inventory(version: &str) -> Inventory {
             version: version.into(),
             lib_dirs: vec![
                 LibDir {
-                    path: "/usr/lib/x86_64-linux-gnu".into(),
+                    path: "/usr/lib/x86_64-linux-gnu".parse().unwrap(),
                     triplet: "x86_64-linux-gnu".into(),
                     files: vec![
                         lib("libcuda", Some("libcuda.so.1")),
@@ -64,17 +64,21 @@ pub fn inventory(version: &str) -> Inventory {
                     ],
                 },
                 LibDir {
-                    path: "/usr/lib/i386-linux-gnu".into(),
+                    path: "/usr/lib/i386-linux-gnu".parse().unwrap(),
                     triplet: "i386-linux-gnu".into(),
                     files: vec![lib("libcuda", Some("libcuda.so.1"))],
                 },
             ],
             binaries: vec![
-                "/usr/bin/nvidia-persistenced".into(),
-                "/usr/bin/nvidia-smi".into(),
+                "/usr/bin/nvidia-persistenced".parse().unwrap(),
+                "/usr/bin/nvidia-smi".parse().unwrap(),
             ],
-            firmware: Some(format!("/lib/firmware/nvidia/{version}")),
-            sockets: vec!["/run/nvidia-persistenced".into()],
+            firmware: Some(
+                format!("/lib/firmware/nvidia/{version}")
+                    .try_into()
+                    .unwrap(),
+            ),
+            sockets: vec!["/run/nvidia-persistenced".parse().unwrap()],
         }),
         verdict: Verdict::Complete,
     }

@@ -62,7 +62,10 @@ render_nspawn() {
     fi
 }
 
-lock() { exec 9>>"/run/lock/nspawn-lifecycle-$1.lock"; flock -w 300 9 || die "lock for $1 timed out"; }
+lock() { # the product's lock directory (root's own, 0700), never world-writable /run/lock
+    install -d -m 0700 /run/nspawn-lifecycle/locks || die "lock directory"
+    exec 9>>"/run/nspawn-lifecycle/locks/$1.lock"; flock -w 300 9 || die "lock for $1 timed out"
+}
 
 pre_start() {
     lock "$1"; discover

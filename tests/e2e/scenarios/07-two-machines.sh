@@ -66,4 +66,20 @@ for m in kube1 kube2; do
     assert_eq "$(c "$m-containerd-active-after")" active "$(inner_state containerd.service "$m")"
 done
 
+# ---- the locks are root's own (issue 10 items 1-2) -----------------------------------------------
+# Under systemd the hooks made them: /run/nspawn-lifecycle/locks root 0700, lock files root 0600,
+# nothing under world-writable /run/lock; another user cannot even open a lock file for a shared
+# flock, so it can neither take nor block a machine's lock.
+L=/run/nspawn-lifecycle/locks
+assert_eq "$(c lock-dir-root-0700)" "root 700 directory" "$(H stat -c '%U %a %F' "$L" 2>&1)"
+for m in kube1 kube2; do
+    assert_eq "$(c "lock-file-$m-root-0600")" "root 600 regular file 1" "$(H stat -c '%U %a %F %h' "$L/$m.lock" 2>&1)"
+done
+assert_cmd "$(c no-lock-under-run-lock)" H test ! -e /run/lock/nspawn-lifecycle
+err=$(H setpriv --reuid=65534 --regid=65534 --clear-groups flock -s -n "$L/kube1.lock" true 2>&1); rc=$?
+assert_ne "$(c other-user-cannot-flock)" 0 "$rc"
+assert_match "$(c other-user-flock-permission-denied)" 'Permission denied' "$err"
+out=$(helper nspawn-lifecycle pre-start kube1 2>&1); rc=$?
+assert_eq "$(c pre-start-after-other-user-tried)" 0 "$rc"
+
 stop_unit kube2 >/dev/null 2>&1
