@@ -71,9 +71,9 @@ unit_journal_since() { # <m> <since>
 }
 # only what the helper itself logged (its stdout/stderr stream or syslog), not the machine's
 # console, which the unit's journal also carries ("[FAILED] Failed to start containerd.service")
-hook_journal_since() { # <m> <since>
+hook_journal_since() { # <m> <since> [journal match, default: the machine's unit]
     H journalctl --no-pager -o json --output-fields=MESSAGE,_CMDLINE,_EXE,SYSLOG_IDENTIFIER \
-        -u "$(unit_of "$1")" --since "$2" 2>/dev/null | python3 -c '
+        "${3:--u$(unit_of "$1")}" --since "$2" 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: e = json.loads(line)
@@ -83,6 +83,12 @@ for line in sys.stdin:
     m = e.get("MESSAGE", "")
     if isinstance(m, list): m = bytes(m).decode("utf-8", "replace")
     print(m)'
+}
+# the same, for the unit's current invocation only: a start that follows another within the
+# journal's one-second --since granularity does not pick up the earlier start's lines
+hook_journal_this_start() { # <m> <since>
+    local id; id=$(H systemctl show -p InvocationID --value "$(unit_of "$1")")
+    hook_journal_since "$1" "$2" "_SYSTEMD_INVOCATION_ID=$id"
 }
 
 # baseline: the state every scenario may assume: E2E_GPUS fake GPUs, driver libraries present,

@@ -115,7 +115,7 @@ k_start=$(ts kubelet.service InactiveExitTimestampMonotonic)      # kubelet bega
 info "machine monotonic usec: containerd active $c_up, kubelet start began $k_start"
 assert_le "$(c containerd-started-before-kubelet)" "$c_up" "$k_start"
 # post-start's own order: both stops first, then the file steps and the gate, then the starts
-hj=$(hook_journal_since kube1 "@$(( t0 / 1000 - 1 ))")
+hj=$(hook_journal_this_start kube1 "@$(( t0 / 1000 - 1 ))")
 order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit gate: released|started machine=kube1 unit=[a-z]+' | sed 's/machine=kube1 unit=//' | tr '\n' ',')
 assert_eq "$(c post-start-order)" "stopped kubelet,stopped containerd,unit gate: released,started containerd,started kubelet," "$order"
 
