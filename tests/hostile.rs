@@ -38,6 +38,12 @@ struct World {
     host: PathBuf,
 }
 
+/// Held for writing by the racing attacker, for reading by every other test. Its renames make the
+/// kernel refuse any racing `..` resolution anywhere in the system (`openat2` answers `EAGAIN`,
+/// which `machine_root` retries a bounded number of times), so the outcomes the other tests pin
+/// (`ELOOP` for a `..` loop) hold only while it is not running beside them.
+static RENAMES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn world() -> World {
     // On tmpfs, like the machine's /run where most of these paths live: the hundreds of worlds
     // below would otherwise spend half a minute in ext4 fsyncs.
@@ -469,6 +475,7 @@ fn golden_outcomes(case: &str, table: &[String]) {
 
 #[test]
 fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     let table = run_table(UNPRIVILEGED);
     // 21 directory targets × 5 plants + 12 file targets × 5 plants.
     assert_eq!(table.len(), 165);
@@ -481,6 +488,7 @@ fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
 /// succeeds: nothing planted at a leaf can stop the node from starting.
 #[test]
 fn planted_leaves_never_fail_a_step() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     for path in [
         "/run/nvidia/driver",
         "/run/nvidia/.driver.new",
@@ -535,6 +543,7 @@ fn planted_leaves_never_fail_a_step() {
 
 #[test]
 fn machine_root_reached_through_a_symlink() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     let w = world();
     let link = w.tmp.path().join("machine-link");
     symlink(&w.machine, &link).unwrap();
@@ -559,6 +568,7 @@ fn privileged() -> bool {
 
 #[test]
 fn privileged_device_nodes_are_never_opened_or_followed() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     if !privileged() {
         return;
     }
@@ -597,6 +607,7 @@ impl Drop for Mount {
 
 #[test]
 fn privileged_read_only_dirs_fail_cleanly() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     if !privileged() {
         return;
     }
@@ -628,6 +639,7 @@ fn privileged_read_only_dirs_fail_cleanly() {
 /// `/run/host-nvidia`) into a tree the helper deletes: removal must not cross into it.
 #[test]
 fn privileged_bind_mounts_in_our_trees_are_not_descended() {
+    let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     if !privileged() {
         return;
     }
@@ -740,6 +752,7 @@ fn files_named(dir: &Path, name: &str, out: &mut Vec<Vec<u8>>) {
 /// naming a raced path; `ctr` is only ever handed the machine's own tarballs (`import_step`).
 #[test]
 fn a_racing_attacker_never_reaches_the_host() {
+    let _alone = RENAMES.write().unwrap_or_else(|e| e.into_inner());
     use std::sync::atomic::{AtomicBool, Ordering};
     const RUNS: usize = 2000;
     const TIME: Duration = Duration::from_secs(40);
