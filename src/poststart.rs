@@ -165,24 +165,14 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let json = cdi::render(&spec);
     let driver_version = driver.version.clone();
     let started = Instant::now();
-    let mut library_links_changed = true;
-    rewire_with_services_stopped(
+    execute(
         machine,
         &mc,
+        root,
+        &inv,
+        &spec_file,
+        json.as_bytes(),
         &services,
-        &mut |step| {
-            run_file_step(
-                step,
-                root,
-                &inv,
-                &mc,
-                &spec_file,
-                json.as_bytes(),
-                &services,
-                &mut library_links_changed,
-            )
-        },
-        &mut || import_images(machine, root, &mc, &services),
     )?;
     tracing::debug!(%machine, step = "post-start", us = micros(total.elapsed()), "step timing");
     tracing::info!(
@@ -213,24 +203,47 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     };
     let json = cdi::render(&spec);
     let services = OnDisk { dir };
+    execute(
+        machine,
+        &mc,
+        &root,
+        &inv,
+        &spec_file,
+        json.as_bytes(),
+        &services,
+    )
+}
+
+/// Post-start's executor, shared by the product and `rewire-root`: the services stopped around
+/// the file steps and the imports ([`rewire_with_services_stopped`] over [`run_file_step`] and
+/// [`import_images`]).
+fn execute(
+    machine: &MachineName,
+    mc: &MachineConfig,
+    root: &MachineRoot,
+    inv: &Inventory,
+    spec_file: &str,
+    json: &[u8],
+    services: &dyn Services,
+) -> Result<()> {
     let mut library_links_changed = true;
     rewire_with_services_stopped(
         machine,
-        &mc,
-        &services,
+        mc,
+        services,
         &mut |step| {
             run_file_step(
                 step,
-                &root,
-                &inv,
-                &mc,
-                &spec_file,
-                json.as_bytes(),
-                &services,
+                root,
+                inv,
+                mc,
+                spec_file,
+                json,
+                services,
                 &mut library_links_changed,
             )
         },
-        &mut || import_images(machine, &root, &mc, &services),
+        &mut || import_images(machine, root, mc, services),
     )
 }
 
