@@ -171,6 +171,7 @@ fn run(p: &mut Probe, machine: &str) -> Result<()> {
     let o = sd.run_transient(
         "nspawn-lifecycle-probe",
         &["/bin/sh", "-c", "echo hi; echo oops >&2; exit 3"],
+        None,
         Duration::from_secs(30),
     )?;
     p.check(
@@ -187,7 +188,12 @@ fn run(p: &mut Probe, machine: &str) -> Result<()> {
     );
     gone(p, &sd, &o.unit)?;
     let t = Instant::now();
-    let o = sd.run_transient("nspawn-lifecycle-ldconfig", &["/sbin/ldconfig"], by_dur(60))?;
+    let o = sd.run_transient(
+        "nspawn-lifecycle-ldconfig",
+        &["/sbin/ldconfig"],
+        None,
+        by_dur(60),
+    )?;
     p.check(
         o.success(),
         "transient /sbin/ldconfig",
@@ -206,6 +212,7 @@ fn run(p: &mut Probe, machine: &str) -> Result<()> {
             "-c",
             "head -c 200000 /dev/zero | tr '\\0' x; echo; echo tail-line",
         ],
+        None,
         by_dur(30),
     )?;
     p.check(
@@ -222,6 +229,7 @@ fn run(p: &mut Probe, machine: &str) -> Result<()> {
     let o = sd.run_transient(
         "nspawn-lifecycle-probe",
         &["/bin/sh", "-c", "echo started; exec sleep 30"],
+        None,
         Duration::from_secs(1),
     )?;
     p.check(
@@ -236,7 +244,12 @@ fn run(p: &mut Probe, machine: &str) -> Result<()> {
         ),
     );
     gone(p, &sd, &o.unit)?;
-    let o = sd.run_transient("nspawn-lifecycle-probe", &["/nonexistent/ctr"], by_dur(30))?;
+    let o = sd.run_transient(
+        "nspawn-lifecycle-probe",
+        &["/nonexistent/ctr"],
+        None,
+        by_dur(30),
+    )?;
     p.check(
         !o.success(),
         "transient with a missing binary",

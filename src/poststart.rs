@@ -99,10 +99,7 @@ impl Services for MachineServices<'_> {
         stdin: Option<BorrowedFd<'_>>,
         timeout: Duration,
     ) -> Result<TransientOutcome> {
-        match stdin {
-            Some(fd) => self.sd.run_transient_with_stdin(prefix, argv, fd, timeout),
-            None => self.sd.run_transient(prefix, argv, timeout),
-        }
+        self.sd.run_transient(prefix, argv, stdin, timeout)
     }
 }
 

@@ -361,26 +361,17 @@ impl Systemd {
         zbus::block_on(self.machine_leader_async(machine, deadline))
     }
 
-    /// Run `argv` as a transient oneshot service; see [`run_transient`].
+    /// Run `argv` as a transient oneshot service; see [`run_transient`]. With `stdin`, the
+    /// command's standard input is that descriptor, passed over the bus
+    /// (`StandardInputFileDescriptor`): the command reads the very file the caller opened.
     pub fn run_transient(
         &self,
         name_prefix: &str,
         argv: &[&str],
+        stdin: Option<std::os::fd::BorrowedFd<'_>>,
         timeout: Duration,
     ) -> Result<TransientOutcome> {
-        transient::run(self, name_prefix, argv, None, timeout)
-    }
-
-    /// [`Systemd::run_transient`] with `stdin` as the command's standard input, passed over the
-    /// bus (`StandardInputFileDescriptor`): the command reads the very file the caller opened.
-    pub fn run_transient_with_stdin(
-        &self,
-        name_prefix: &str,
-        argv: &[&str],
-        stdin: std::os::fd::BorrowedFd<'_>,
-        timeout: Duration,
-    ) -> Result<TransientOutcome> {
-        transient::run(self, name_prefix, argv, Some(stdin), timeout)
+        transient::run(self, name_prefix, argv, stdin, timeout)
     }
 
     // ---- internals ---------------------------------------------------------------------------
