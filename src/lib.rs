@@ -19,6 +19,7 @@ pub mod layout;
 pub mod lock;
 pub mod machine_name;
 pub mod machine_root;
+pub mod manual;
 pub mod nspawn;
 pub mod paths;
 pub mod poststart;
@@ -48,6 +49,19 @@ pub fn run(cli: Cli) -> Result<()> {
     } = &cli.command
     {
         return prestart::demo(example, *list);
+    }
+    // Generated from the command line alone: no host, no configuration, no root (packaging).
+    match &cli.command {
+        Command::Completions { shell } => {
+            return manual::completions(*shell, &mut std::io::stdout().lock());
+        }
+        Command::Manpages { dir } => {
+            for path in manual::write_pages(dir)? {
+                println!("{}", path.display());
+            }
+            return Ok(());
+        }
+        _ => {}
     }
     // Needs no host and no configuration: a crash test lists the points before it arms one.
     #[cfg(feature = "failpoints")]
@@ -84,7 +98,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Uninstall { machine, dry_run } => {
             install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
-        Command::Demo { .. } => unreachable!("handled above"),
+        Command::Demo { .. } | Command::Completions { .. } | Command::Manpages { .. } => {
+            unreachable!("handled above")
+        }
         #[cfg(feature = "failpoints")]
         Command::Failpoints => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]

@@ -1,9 +1,204 @@
 //! The binary's command line as an operator meets it: shell completions and man pages generated
 //! from the clap definition, and error lines that name each cause once.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const NAME: &str = "nspawn-lifecycle-helper";
+
+/// Run the helper with a --host-root that does not exist: completions and man pages need no host.
+fn helper(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["--host-root", "/nonexistent/host"])
+        .args(args)
+        .output()
+        .expect("running the helper")
+}
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = helper(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// What bash offers for the words typed so far (the last one is being completed), asked the way
+/// bash asks: through the function `complete -p` names, with COMP_WORDS and COMP_CWORD set.
+fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let program = format!(
+        r#"set -u
+source '{script}'
+spec=$(complete -p {NAME}) || exit 10
+fn=$(printf '%s\n' "$spec" | sed -n 's/.* -F \([^ ]*\) .*/\1/p')
+[ -n "$fn" ] || {{ echo "no -F function in: $spec" >&2; exit 11; }}
+COMP_WORDS=({words})
+COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))
+COMP_LINE="${{COMP_WORDS[*]}}"
+COMP_POINT=${{#COMP_LINE}}
+prev=""
+[ "$COMP_CWORD" -gt 0 ] && prev=${{COMP_WORDS[COMP_CWORD-1]}}
+"$fn" {NAME} "${{COMP_WORDS[COMP_CWORD]}}" "$prev"
+printf '%s\n' "${{COMPREPLY[@]}}"
+"#,
+        script = script.display(),
+        words = quoted.join(" "),
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &program])
+        .output()
+        .expect("running bash");
+    assert!(
+        out.status.success(),
+        "bash for {words:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn bash_completion_loads_and_completes_the_hooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nspawn-lifecycle-helper.bash");
+    std::fs::write(&script, stdout_of(&["completions", "bash"])).unwrap();
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-lifecycle", "pre"]),
+        ["pre-start"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-lifecycle", "re"]),
+        ["reconcile"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-l"]),
+        ["nspawn-lifecycle"]
+    );
+    assert_eq!(bash_complete(&script, &[NAME, "comp"]), ["completions"]);
+    assert_eq!(
+        bash_complete(&script, &[NAME, "install", "--dry"]),
+        ["--dry-run"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "completions", "f"]),
+        ["fish"]
+    );
+}
+
+#[test]
+fn zsh_and_fish_completions_name_the_hooks() {
+    let zsh = stdout_of(&["completions", "zsh"]);
+    assert!(zsh.starts_with(&format!("#compdef {NAME}")), "{zsh}");
+    let fish = stdout_of(&["completions", "fish"]);
+    assert!(fish.contains(&format!("complete -c {NAME}")), "{fish}");
+    for script in [&zsh, &fish] {
+        for word in [
+            "nspawn-lifecycle",
+            "pre-start",
+            "post-start",
+            "reconcile",
+            "install",
+        ] {
+            assert!(script.contains(word), "{word} missing");
+        }
+    }
+    let out = helper(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+}
+
+/// The visible subcommands of the top-level page, as `--help` lists them.
+const SUBCOMMANDS: [&str; 8] = [
+    "nspawn-lifecycle",
+    "discover",
+    "plan",
+    "install",
+    "uninstall",
+    "demo",
+    "completions",
+    "help",
+];
+
+#[test]
+fn man_pages_are_written_and_render() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = stdout_of(&["manpages", dir.path().to_str().unwrap()]);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(listed.lines().count(), names.len(), "{listed}");
+    for want in [
+        "nspawn-lifecycle-helper.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-pre-start.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-post-start.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-reconcile.1",
+        "nspawn-lifecycle-helper-install.1",
+        "nspawn-lifecycle-helper-completions.1",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    // Only the pages: no temporary file left beside them.
+    assert!(
+        names
+            .iter()
+            .all(|n| n.ends_with(".1") && !n.starts_with('.')),
+        "{names:?}"
+    );
+    let main = dir.path().join("nspawn-lifecycle-helper.1");
+    let roff = std::fs::read_to_string(&main).unwrap();
+    assert!(
+        roff.starts_with(".ie \\n(.g .ds Aq") || roff.contains(".TH "),
+        "{roff}"
+    );
+    // Rendered as an operator reads it, when man is installed; the roff text otherwise.
+    let text = match Command::new("man")
+        .arg("-l")
+        .arg(&main)
+        .env("MANWIDTH", "100")
+        .env("MANPAGER", "cat")
+        .env("PAGER", "cat")
+        .output()
+    {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "man -l: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .replace("\u{2010}", "-")
+                .replace("\u{2212}", "-")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => roff.replace("\\-", "-"),
+        Err(e) => panic!("running man: {e}"),
+    };
+    for sub in SUBCOMMANDS {
+        assert!(text.contains(sub), "{sub} missing from the page:\n{text}");
+    }
+    assert!(text.contains("--host-root"), "{text}");
+    assert!(
+        !text.contains("manpages"),
+        "hidden command on the page:\n{text}"
+    );
+}
+
+#[test]
+fn man_pages_into_a_missing_directory_is_bad_input() {
+    let out = helper(&["manpages", "/nonexistent/man1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/man1"), "{stderr}");
+    assert!(!Path::new("/nonexistent").exists());
+}
 
 /// The first `: `-separated segment of `line` that appears twice, if any.
 fn repeated_segment(line: &str) -> Option<&str> {
