@@ -17,6 +17,7 @@ pub mod image;
 pub mod install;
 pub mod layout;
 pub mod lock;
+pub mod logging;
 pub mod machine_name;
 pub mod machine_root;
 pub mod manual;
@@ -132,22 +133,8 @@ fn host_daemon_reload() -> Result<()> {
     systemd::daemon_reload(&host, deadline)
 }
 
-/// Set up logging to stderr without timestamps (journald adds them).
+/// Set up logging to stderr without timestamps (journald adds them); natively to the journal,
+/// with the same lines and structured fields, when stderr is the journal ([`logging`]).
 pub fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
-    let default = match verbose {
-        0 => "nspawn_lifecycle=info,warn",
-        1 => "nspawn_lifecycle=debug,info",
-        _ => "trace",
-    };
-    let filter =
-        EnvFilter::try_from_env("NSPAWN_LIFECYCLE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Hooks log to the journal: colour codes only for a person at a terminal.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_target(false)
-        .init();
+    logging::init(verbose);
 }
