@@ -244,3 +244,126 @@ fn privileged_no_system_bus_names_each_cause_once() {
     );
     assert_eq!(repeated_segment(line), None, "{line}");
 }
+
+/// A stand-in for journald's native socket in a private mount namespace (a tmpfs over /run):
+/// each datagram the helper sends is parsed (`NAME=value` lines and `NAME\n<le64 len><bytes>`)
+/// and printed as one JSON object per line, until a datagram `END=1`.
+const FAKE_JOURNALD: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("/run/systemd/journal/socket")
+open(sys.argv[1], "w").close()
+s.settimeout(5)
+out = open(sys.argv[2], "w")
+try:
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            continue
+        e, i = {}, 0
+        while i < len(d):
+            nl = d.index(b"\n", i)
+            line = d[i:nl]
+            if b"=" in line:
+                k, v = line.split(b"=", 1)
+                i = nl + 1
+            else:
+                k, (n,) = line, struct.unpack("<Q", d[nl + 1:nl + 9])
+                v = d[nl + 9:nl + 9 + n]
+                i = nl + 9 + n + 1
+            e[k.decode()] = v.decode()
+        if e.get("END") == "1":
+            break
+        out.write(json.dumps(e) + "\n")
+        out.flush()
+except socket.timeout:
+    pass
+"#;
+
+/// Needs root: a private mount namespace (`unshare -m`) whose /run holds a stand-in journal
+/// socket. With stderr the journal ($JOURNAL_STREAM naming fd 2), the lines go there with
+/// MESSAGE= the plain line and the fields beside it; stderr stays empty. With JOURNAL_STREAM
+/// naming another file (inherited, stderr redirected), the plain line goes to stderr.
+#[test]
+fn privileged_journal_stream_gets_the_plain_line_and_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir_all(host.join("var/lib/machines/kube1/etc")).unwrap();
+    std::fs::write(dir.path().join("fake-journald.py"), FAKE_JOURNALD).unwrap();
+    let run = |stream_of: &str| -> (String, Vec<serde_json::Value>) {
+        let ready = dir.path().join("ready");
+        let got = dir.path().join("journal.jsonl");
+        let stderr = dir.path().join("stderr");
+        let _ = std::fs::remove_file(&ready);
+        let script = format!(
+            r#"set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/journal
+python3 '{py}' '{ready}' '{got}' &
+pid=$!
+while [ ! -e '{ready}' ]; do sleep 0.05; done
+: > '{stderr}'
+export JOURNAL_STREAM=$(stat -c '%d:%i' '{stream_of}')
+'{BIN}' --host-root '{host}' nspawn-lifecycle pre-start kube1 2>'{stderr}'
+python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"END=1\n", "/run/systemd/journal/socket")'
+wait $pid
+"#,
+            py = dir.path().join("fake-journald.py").display(),
+            ready = ready.display(),
+            got = got.display(),
+            stderr = stderr.display(),
+            host = host.display(),
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "bash", "-c", &script])
+            .output()
+            .expect("running unshare");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let entries = std::fs::read_to_string(&got)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (std::fs::read_to_string(&stderr).unwrap(), entries)
+    };
+
+    let (stderr, entries) = run(&dir.path().join("stderr").display().to_string());
+    assert_eq!(stderr, "", "stderr is the journal: nothing printed there");
+    let nspawn = host.join("etc/systemd/nspawn/kube1.nspawn");
+    let line = entries
+        .iter()
+        .find(|e| e["MACHINE"] == "kube1")
+        .unwrap_or_else(|| panic!("no entry with MACHINE=kube1 in {entries:?}"));
+    let message = line["MESSAGE"].as_str().unwrap();
+    assert!(
+        message.starts_with(" INFO ")
+            && message.ends_with(&format!(" machine=kube1 file={}", nspawn.display())),
+        "MESSAGE is not the plain line: {message:?}"
+    );
+    assert_eq!(line["FILE"], nspawn.display().to_string());
+    assert_eq!(line["SYSLOG_IDENTIFIER"], NAME);
+    assert_eq!(line["PRIORITY"], "6");
+    assert!(
+        !line
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("F_")),
+        "{line}"
+    );
+
+    // The variable names some other file: plain text on stderr, nothing to the journal.
+    let (stderr, entries) = run("/proc/self/exe");
+    assert!(entries.is_empty(), "{entries:?}");
+    assert!(
+        stderr.contains(&format!(
+            " INFO unchanged machine=kube1 file={}",
+            nspawn.display()
+        )),
+        "{stderr}"
+    );
+}
