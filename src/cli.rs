@@ -2,7 +2,7 @@
 //! `nspawn-lifecycle {pre-start|post-start|reconcile} <MACHINE>`.
 
 use crate::machine_name::MachineName;
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 /// Keeps a systemd-nspawn machine that holds a Kubernetes GPU node in step with its host.
@@ -78,6 +78,18 @@ pub enum Command {
         list: bool,
     },
 
+    /// Print the completion script for SHELL, generated from this command line. For bash:
+    /// `nspawn-lifecycle-helper completions bash > /etc/bash_completion.d/nspawn-lifecycle-helper`.
+    Completions { shell: Shell },
+
+    /// Write one man page per (sub)command into DIR (for packaging), generated from this command
+    /// line: nspawn-lifecycle-helper.1, nspawn-lifecycle-helper-install.1, ...
+    #[command(hide = true)]
+    Manpages {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+
     /// (failpoints builds only) List the crash points, one `<name>` per line.
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
@@ -94,6 +106,14 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         machine_root: PathBuf,
     },
+}
+
+/// The shells `completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,6 +172,29 @@ mod tests {
         for phase in ["pre-start", "post-start", "reconcile"] {
             Cli::try_parse_from(["x", "nspawn-lifecycle", phase, "m"]).unwrap();
         }
+    }
+
+    #[test]
+    fn completions_and_manpages_parse() {
+        for (word, shell) in [
+            ("bash", Shell::Bash),
+            ("zsh", Shell::Zsh),
+            ("fish", Shell::Fish),
+        ] {
+            let cli = Cli::try_parse_from(["x", "completions", word]).unwrap();
+            assert!(matches!(cli.command, Command::Completions { shell: s } if s == shell));
+        }
+        let err = Cli::try_parse_from(["x", "completions", "tcsh"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(Cli::try_parse_from(["x", "completions"]).is_err());
+        let cli = Cli::try_parse_from(["x", "manpages", "/tmp/man"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Manpages { ref dir } if dir.as_os_str() == "/tmp/man")
+        );
+        // Hidden: a packaging tool, not something an operator needs in --help.
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("completions"), "{help}");
+        assert!(!help.contains("manpages"), "{help}");
     }
 
     #[test]

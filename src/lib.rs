@@ -17,8 +17,10 @@ pub mod image;
 pub mod install;
 pub mod layout;
 pub mod lock;
+pub mod logging;
 pub mod machine_name;
 pub mod machine_root;
+pub mod manual;
 pub mod nspawn;
 pub mod paths;
 pub mod poststart;
@@ -48,6 +50,19 @@ pub fn run(cli: Cli) -> Result<()> {
     } = &cli.command
     {
         return prestart::demo(example, *list);
+    }
+    // Generated from the command line alone: no host, no configuration, no root (packaging).
+    match &cli.command {
+        Command::Completions { shell } => {
+            return manual::completions(*shell, &mut std::io::stdout().lock());
+        }
+        Command::Manpages { dir } => {
+            for path in manual::write_pages(dir)? {
+                println!("{}", path.display());
+            }
+            return Ok(());
+        }
+        _ => {}
     }
     // Needs no host and no configuration: a crash test lists the points before it arms one.
     #[cfg(feature = "failpoints")]
@@ -84,7 +99,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Uninstall { machine, dry_run } => {
             install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
-        Command::Demo { .. } => unreachable!("handled above"),
+        Command::Demo { .. } | Command::Completions { .. } | Command::Manpages { .. } => {
+            unreachable!("handled above")
+        }
         #[cfg(feature = "failpoints")]
         Command::Failpoints => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]
@@ -116,22 +133,8 @@ fn host_daemon_reload() -> Result<()> {
     systemd::daemon_reload(&host, deadline)
 }
 
-/// Set up logging to stderr without timestamps (journald adds them).
+/// Set up logging to stderr without timestamps (journald adds them); natively to the journal,
+/// with the same lines and structured fields, when stderr is the journal ([`logging`]).
 pub fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
-    let default = match verbose {
-        0 => "nspawn_lifecycle=info,warn",
-        1 => "nspawn_lifecycle=debug,info",
-        _ => "trace",
-    };
-    let filter =
-        EnvFilter::try_from_env("NSPAWN_LIFECYCLE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Hooks log to the journal: colour codes only for a person at a terminal.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_target(false)
-        .init();
+    logging::init(verbose);
 }

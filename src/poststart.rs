@@ -345,6 +345,17 @@ impl FileStep {
             FileStep::Gate => "unit gate",
         }
     }
+
+    /// The `step` field of the step's log line (`journalctl STEP=cdi`).
+    fn key(self) -> &'static str {
+        match self {
+            FileStep::DriverRoot => "driver-root",
+            FileStep::Links => "links",
+            FileStep::Ldconfig => "ldconfig",
+            FileStep::Cdi => "cdi",
+            FileStep::Gate => "gate",
+        }
+    }
 }
 
 /// One file step. `library_links_changed` carries what the links step did to the ldconfig step:
@@ -442,9 +453,11 @@ pub fn rewire_with_services_stopped(
     }
     let result = (|| -> Result<()> {
         for step in FileStep::ALL {
+            let started = Instant::now();
             let line = timed(machine, step.name(), || file_step(step))
                 .with_context(|| format!("post-start of {machine}: step '{}'", step.name()))?;
-            tracing::info!(%machine, "{line}");
+            let us = micros(started.elapsed());
+            tracing::info!(%machine, step = %step.key(), us, "{line}");
         }
         let unit = &mc.containerd_unit;
         timed(machine, &format!("start {unit}"), || services.start(unit))

@@ -251,7 +251,7 @@ impl Systemd {
         let started = Instant::now();
         let conn = match timeout_at(deadline, builder.method_timeout(METHOD_TIMEOUT).build()).await
         {
-            Ok(r) => r?,
+            Ok(r) => r.map_err(bus_error)?,
             Err(Elapsed) => {
                 return Err(SystemdError::Timeout {
                     bus: label,
@@ -377,26 +377,29 @@ impl Systemd {
     // ---- internals ---------------------------------------------------------------------------
 
     async fn manager(&self) -> Result<ManagerProxy<'static>> {
-        Ok(ManagerProxy::builder(&self.conn)
+        ManagerProxy::builder(&self.conn)
             .cache_properties(CacheProperties::No)
             .build()
-            .await?)
+            .await
+            .map_err(bus_error)
     }
 
     async fn unit_proxy(&self, path: &OwnedObjectPath) -> Result<UnitProxy<'static>> {
-        Ok(UnitProxy::builder(&self.conn)
+        UnitProxy::builder(&self.conn)
             .path(path.clone())
             .cache_properties(CacheProperties::No)
             .build()
-            .await?)
+            .await
+            .map_err(bus_error)
     }
 
     async fn service_proxy(&self, path: &OwnedObjectPath) -> Result<ServiceProxy<'static>> {
-        Ok(ServiceProxy::builder(&self.conn)
+        ServiceProxy::builder(&self.conn)
             .path(path.clone())
             .cache_properties(CacheProperties::No)
             .build()
-            .await?)
+            .await
+            .map_err(bus_error)
     }
 
     /// One method call bounded by `deadline`, its error named after the bus and the call.
@@ -427,8 +430,7 @@ impl Systemd {
             }
             _ => "",
         };
-        // Flattened: zbus repeats a method error as its own source.
-        anyhow!(e.to_string()).context(format!("{}: {what} failed{hint}", self.label))
+        bus_error(e).context(format!("{}: {what} failed{hint}", self.label))
     }
 
     async fn system_state_async(&self, deadline: Instant) -> Result<String> {
@@ -507,7 +509,8 @@ impl Systemd {
         let mm = MachineManagerProxy::builder(&self.conn)
             .cache_properties(CacheProperties::No)
             .build()
-            .await?;
+            .await
+            .map_err(bus_error)?;
         let gone = |e: &zbus::Error| {
             matches!(
                 error_name(e).as_deref(),
@@ -537,7 +540,8 @@ impl Systemd {
             .path(path)
             .cache_properties(CacheProperties::No)
             .build()
-            .await?;
+            .await
+            .map_err(bus_error)?;
         match timeout_at(deadline, m.leader()).await {
             Ok(Ok(pid)) => Ok(Some(pid)),
             // It went away between the two calls.
@@ -615,6 +619,7 @@ impl Systemd {
                 Ok(Some(signal)) => {
                     let args = signal
                         .args()
+                        .map_err(bus_error)
                         .with_context(|| format!("{}: malformed JobRemoved signal", self.label))?;
                     if args.job == job {
                         tracing::debug!(bus = %self.label, %unit, result = %args.result,
@@ -773,6 +778,13 @@ pub fn run_transient(
     transient::run(conn, name_prefix, argv, None, timeout)
 }
 
+/// `e` as an error with no source. zbus prints the error it wraps inside its own message
+/// (`failed to connect to `…`: <io error>`, `I/O error: <io error>`, a method error as its own
+/// source) and also returns it as `source()`, so `{:#}` would print that cause twice.
+fn bus_error(e: zbus::Error) -> anyhow::Error {
+    anyhow!(e.to_string())
+}
+
 /// The D-Bus error name of a method error reply, if `e` is one.
 fn error_name(e: &zbus::Error) -> Option<String> {
     match e {
@@ -793,6 +805,20 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_bus_names_its_cause_once() {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let Err(e) = Systemd::at_address("unix:path=/nonexistent/bus", "test", deadline) else {
+            panic!("connected to a bus that does not exist");
+        };
+        let line = format!("{e:#}");
+        let segments: Vec<&str> = line.split(": ").collect();
+        for (i, s) in segments.iter().enumerate() {
+            assert!(!segments[..i].contains(s), "{s:?} repeated in {line:?}");
+        }
+        assert!(line.contains("No such file or directory"), "{line}");
+    }
 
     #[test]
     fn job_results_round_trip_and_explain_themselves() {

@@ -119,6 +119,32 @@ hj=$(hook_journal_this_start kube1 "@$(( t0 / 1000 - 1 ))")
 order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit gate: released|started machine=kube1 unit=[a-z]+' | sed 's/machine=kube1 unit=//' | tr '\n' ',')
 assert_eq "$(c post-start-order)" "stopped kubelet,stopped containerd,unit gate: released,started containerd,started kubelet," "$order"
 
+# ---- journald-native fields (issue 16 item 4) ---------------------------------------------------
+# stderr of the hooks is the journal: each line is sent natively, MESSAGE= the same line as the
+# plain format, the event's fields beside it, so an operator can filter on them.
+jfields() { # <journalctl match...>: "MACHINE|STEP|UNIT|US|SYSLOG_IDENTIFIER|MESSAGE" per entry
+    H journalctl --no-pager -o json -u "$u" "_SYSTEMD_INVOCATION_ID=$(uprop InvocationID kube1)" "$@" 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: e = json.loads(line)
+    except ValueError: continue
+    def f(k):
+        v = e.get(k, "")
+        return bytes(v).decode("utf-8", "replace") if isinstance(v, list) else str(v)
+    print("|".join(f(k) for k in ("MACHINE", "STEP", "UNIT", "US", "SYSLOG_IDENTIFIER", "MESSAGE")))'
+}
+cdi_lines=$(jfields STEP=cdi)
+info "journalctl -u $u STEP=cdi: $cdi_lines"
+assert_eq "$(c journal-step-cdi-one-line)" 1 "$(printf '%s\n' "$cdi_lines" | grep -c .)"
+assert_match "$(c journal-step-cdi-fields)" '^kube1\|cdi\|\|[0-9]+\|[^|]*nspawn-lifecycle[^|]*\|' "$cdi_lines"
+assert_match "$(c journal-message-is-the-text-line)" '\|[[:space:]]*INFO CDI spec: .* machine=kube1 step=cdi us=[0-9]+$' "$cdi_lines"
+for step in driver-root links ldconfig gate; do
+    assert_eq "$(c "journal-step-$step")" "kube1|$step" "$(jfields "STEP=$step" | cut -d'|' -f1,2)"
+done
+assert_match "$(c journal-unit-field)" '^kube1\|\|containerd\.service\|\|[^|]*\|[[:space:]]*INFO started machine=kube1 unit=containerd\.service$' \
+    "$(jfields UNIT=containerd.service MACHINE=kube1)"
+
 # ---- idempotency: pre-start again on the same host rewrites nothing ---------------------------
 before=$(snapshot /etc/systemd/nspawn/kube1.nspawn)
 sleep 1.1

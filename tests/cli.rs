@@ -1,0 +1,369 @@
+//! The binary's command line as an operator meets it: shell completions and man pages generated
+//! from the clap definition, and error lines that name each cause once.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const NAME: &str = "nspawn-lifecycle-helper";
+
+/// Run the helper with a --host-root that does not exist: completions and man pages need no host.
+fn helper(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["--host-root", "/nonexistent/host"])
+        .args(args)
+        .output()
+        .expect("running the helper")
+}
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = helper(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// What bash offers for the words typed so far (the last one is being completed), asked the way
+/// bash asks: through the function `complete -p` names, with COMP_WORDS and COMP_CWORD set.
+fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let program = format!(
+        r#"set -u
+source '{script}'
+spec=$(complete -p {NAME}) || exit 10
+fn=$(printf '%s\n' "$spec" | sed -n 's/.* -F \([^ ]*\) .*/\1/p')
+[ -n "$fn" ] || {{ echo "no -F function in: $spec" >&2; exit 11; }}
+COMP_WORDS=({words})
+COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))
+COMP_LINE="${{COMP_WORDS[*]}}"
+COMP_POINT=${{#COMP_LINE}}
+prev=""
+[ "$COMP_CWORD" -gt 0 ] && prev=${{COMP_WORDS[COMP_CWORD-1]}}
+"$fn" {NAME} "${{COMP_WORDS[COMP_CWORD]}}" "$prev"
+printf '%s\n' "${{COMPREPLY[@]}}"
+"#,
+        script = script.display(),
+        words = quoted.join(" "),
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &program])
+        .output()
+        .expect("running bash");
+    assert!(
+        out.status.success(),
+        "bash for {words:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn bash_completion_loads_and_completes_the_hooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nspawn-lifecycle-helper.bash");
+    std::fs::write(&script, stdout_of(&["completions", "bash"])).unwrap();
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-lifecycle", "pre"]),
+        ["pre-start"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-lifecycle", "re"]),
+        ["reconcile"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "nspawn-l"]),
+        ["nspawn-lifecycle"]
+    );
+    assert_eq!(bash_complete(&script, &[NAME, "comp"]), ["completions"]);
+    assert_eq!(
+        bash_complete(&script, &[NAME, "install", "--dry"]),
+        ["--dry-run"]
+    );
+    assert_eq!(
+        bash_complete(&script, &[NAME, "completions", "f"]),
+        ["fish"]
+    );
+}
+
+#[test]
+fn zsh_and_fish_completions_name_the_hooks() {
+    let zsh = stdout_of(&["completions", "zsh"]);
+    assert!(zsh.starts_with(&format!("#compdef {NAME}")), "{zsh}");
+    let fish = stdout_of(&["completions", "fish"]);
+    assert!(fish.contains(&format!("complete -c {NAME}")), "{fish}");
+    for script in [&zsh, &fish] {
+        for word in [
+            "nspawn-lifecycle",
+            "pre-start",
+            "post-start",
+            "reconcile",
+            "install",
+        ] {
+            assert!(script.contains(word), "{word} missing");
+        }
+    }
+    let out = helper(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+}
+
+/// The visible subcommands of the top-level page, as `--help` lists them.
+const SUBCOMMANDS: [&str; 8] = [
+    "nspawn-lifecycle",
+    "discover",
+    "plan",
+    "install",
+    "uninstall",
+    "demo",
+    "completions",
+    "help",
+];
+
+#[test]
+fn man_pages_are_written_and_render() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = stdout_of(&["manpages", dir.path().to_str().unwrap()]);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(listed.lines().count(), names.len(), "{listed}");
+    for want in [
+        "nspawn-lifecycle-helper.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-pre-start.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-post-start.1",
+        "nspawn-lifecycle-helper-nspawn-lifecycle-reconcile.1",
+        "nspawn-lifecycle-helper-install.1",
+        "nspawn-lifecycle-helper-completions.1",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    // Only the pages: no temporary file left beside them.
+    assert!(
+        names
+            .iter()
+            .all(|n| n.ends_with(".1") && !n.starts_with('.')),
+        "{names:?}"
+    );
+    let main = dir.path().join("nspawn-lifecycle-helper.1");
+    let roff = std::fs::read_to_string(&main).unwrap();
+    assert!(
+        roff.starts_with(".ie \\n(.g .ds Aq") || roff.contains(".TH "),
+        "{roff}"
+    );
+    // Rendered as an operator reads it, when man is installed; the roff text otherwise.
+    let text = match Command::new("man")
+        .arg("-l")
+        .arg(&main)
+        .env("MANWIDTH", "100")
+        .env("MANPAGER", "cat")
+        .env("PAGER", "cat")
+        .output()
+    {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "man -l: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .replace("\u{2010}", "-")
+                .replace("\u{2212}", "-")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => roff.replace("\\-", "-"),
+        Err(e) => panic!("running man: {e}"),
+    };
+    for sub in SUBCOMMANDS {
+        assert!(text.contains(sub), "{sub} missing from the page:\n{text}");
+    }
+    assert!(text.contains("--host-root"), "{text}");
+    assert!(
+        !text.contains("manpages"),
+        "hidden command on the page:\n{text}"
+    );
+}
+
+#[test]
+fn man_pages_into_a_missing_directory_is_bad_input() {
+    let out = helper(&["manpages", "/nonexistent/man1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/man1"), "{stderr}");
+    assert!(!Path::new("/nonexistent").exists());
+}
+
+/// The first `: `-separated segment of `line` that appears twice, if any.
+fn repeated_segment(line: &str) -> Option<&str> {
+    let segments: Vec<&str> = line.split(": ").collect();
+    segments
+        .iter()
+        .enumerate()
+        .find(|(i, s)| segments[..*i].contains(s))
+        .map(|(_, s)| *s)
+}
+
+#[test]
+fn repeated_segment_finds_the_issue_16_line() {
+    let old = "error: connecting to the host's system bus: failed to connect to \
+               `unix:path=/nonexistent`: No such file or directory (os error 2): No such file or \
+               directory (os error 2)";
+    assert_eq!(
+        repeated_segment(old),
+        Some("No such file or directory (os error 2)")
+    );
+    assert_eq!(repeated_segment("error: a: b: c"), None);
+}
+
+/// Needs root: post-start takes the machine lock under /run before it connects to the bus.
+#[test]
+fn privileged_no_system_bus_names_each_cause_once() {
+    let machine = "cli-test-no-bus";
+    let out = Command::new(BIN)
+        .args(["nspawn-lifecycle", "post-start", machine])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .output()
+        .expect("running the helper");
+    let _ = std::fs::remove_file(format!("/run/nspawn-lifecycle/locks/{machine}.lock"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr:?}"));
+    assert!(
+        line.contains("system bus") && line.contains("No such file or directory"),
+        "{line}"
+    );
+    assert_eq!(repeated_segment(line), None, "{line}");
+}
+
+/// A stand-in for journald's native socket in a private mount namespace (a tmpfs over /run):
+/// each datagram the helper sends is parsed (`NAME=value` lines and `NAME\n<le64 len><bytes>`)
+/// and printed as one JSON object per line, until a datagram `END=1`.
+const FAKE_JOURNALD: &str = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("/run/systemd/journal/socket")
+open(sys.argv[1], "w").close()
+s.settimeout(5)
+out = open(sys.argv[2], "w")
+try:
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            continue
+        e, i = {}, 0
+        while i < len(d):
+            nl = d.index(b"\n", i)
+            line = d[i:nl]
+            if b"=" in line:
+                k, v = line.split(b"=", 1)
+                i = nl + 1
+            else:
+                k, (n,) = line, struct.unpack("<Q", d[nl + 1:nl + 9])
+                v = d[nl + 9:nl + 9 + n]
+                i = nl + 9 + n + 1
+            e[k.decode()] = v.decode()
+        if e.get("END") == "1":
+            break
+        out.write(json.dumps(e) + "\n")
+        out.flush()
+except socket.timeout:
+    pass
+"#;
+
+/// Needs root: a private mount namespace (`unshare -m`) whose /run holds a stand-in journal
+/// socket. With stderr the journal ($JOURNAL_STREAM naming fd 2), the lines go there with
+/// MESSAGE= the plain line and the fields beside it; stderr stays empty. With JOURNAL_STREAM
+/// naming another file (inherited, stderr redirected), the plain line goes to stderr.
+#[test]
+fn privileged_journal_stream_gets_the_plain_line_and_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir_all(host.join("var/lib/machines/kube1/etc")).unwrap();
+    std::fs::write(dir.path().join("fake-journald.py"), FAKE_JOURNALD).unwrap();
+    let run = |stream_of: &str| -> (String, Vec<serde_json::Value>) {
+        let ready = dir.path().join("ready");
+        let got = dir.path().join("journal.jsonl");
+        let stderr = dir.path().join("stderr");
+        let _ = std::fs::remove_file(&ready);
+        let script = format!(
+            r#"set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/journal
+python3 '{py}' '{ready}' '{got}' &
+pid=$!
+while [ ! -e '{ready}' ]; do sleep 0.05; done
+: > '{stderr}'
+export JOURNAL_STREAM=$(stat -c '%d:%i' '{stream_of}')
+'{BIN}' --host-root '{host}' nspawn-lifecycle pre-start kube1 2>'{stderr}'
+python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"END=1\n", "/run/systemd/journal/socket")'
+wait $pid
+"#,
+            py = dir.path().join("fake-journald.py").display(),
+            ready = ready.display(),
+            got = got.display(),
+            stderr = stderr.display(),
+            host = host.display(),
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "bash", "-c", &script])
+            .output()
+            .expect("running unshare");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let entries = std::fs::read_to_string(&got)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (std::fs::read_to_string(&stderr).unwrap(), entries)
+    };
+
+    let (stderr, entries) = run(&dir.path().join("stderr").display().to_string());
+    assert_eq!(stderr, "", "stderr is the journal: nothing printed there");
+    let nspawn = host.join("etc/systemd/nspawn/kube1.nspawn");
+    let line = entries
+        .iter()
+        .find(|e| e["MACHINE"] == "kube1")
+        .unwrap_or_else(|| panic!("no entry with MACHINE=kube1 in {entries:?}"));
+    let message = line["MESSAGE"].as_str().unwrap();
+    assert!(
+        message.starts_with(" INFO ")
+            && message.ends_with(&format!(" machine=kube1 file={}", nspawn.display())),
+        "MESSAGE is not the plain line: {message:?}"
+    );
+    assert_eq!(line["FILE"], nspawn.display().to_string());
+    assert_eq!(line["SYSLOG_IDENTIFIER"], NAME);
+    assert_eq!(line["PRIORITY"], "6");
+    assert!(
+        !line
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("F_")),
+        "{line}"
+    );
+
+    // The variable names some other file: plain text on stderr, nothing to the journal.
+    let (stderr, entries) = run("/proc/self/exe");
+    assert!(entries.is_empty(), "{entries:?}");
+    assert!(
+        stderr.contains(&format!(
+            " INFO unchanged machine=kube1 file={}",
+            nspawn.display()
+        )),
+        "{stderr}"
+    );
+}
