@@ -22,8 +22,8 @@
 //! nvidia-libs DIR VERSION ARCH [-NAME...]
 //!                                     the userspace driver's libraries: DIR/<name>.so.VERSION as
 //!                                     ELF stand-ins with their real SONAMEs, the SONAME links,
-//!                                     vdpau/, the libcuda.so link and an unversioned-suffix
-//!                                     library that is not a driver file; -NAME leaves NAME out
+//!                                     vdpau/, the libcuda.so link and an EGL platform library
+//!                                     whose version is its own; -NAME leaves NAME out
 //! ldcache DIR[=ALIAS]...              /etc/ld.so.cache (glibc-ld.so.cache1.1) listing the SONAME of
 //!                                     every ELF made so far in the DIRs, as ldconfig would; with
 //!                                     =ALIAS the entries name ALIAS instead (Debian's merged /usr
@@ -559,7 +559,7 @@ impl Builder {
                 if !without.iter().any(|w| w == "libcuda") {
                     self.apply(Op::Link(format!("{dir}/libcuda.so"), "libcuda.so.1".into()))?;
                 }
-                // Not a driver file: its version suffix is its own, not the driver's.
+                // A driver file whose version suffix is its own, not the driver's.
                 self.elf(
                     &format!("{dir}/libnvidia-egl-wayland.so.1.1.13"),
                     arch,

@@ -90,6 +90,29 @@ const PATH_MAX: usize = libc::PATH_MAX as usize;
 /// How many symlinks one path may traverse (Linux's limit).
 const MAX_SYMLINKS: usize = 40;
 
+/// The stem (`libnvidia-api`) of a driver library whose file name does not end in the driver
+/// version, `None` for any other name. What NVIDIA's installer and Debian's packages ship under
+/// such names, and `nvidia-ctk cdi generate` mounts (research §2.3, tests/realdriver.rs):
+/// `libnvidia-api.so.1` (545 and later), `libnvidia-nvvm70.so.4` (the older NVVM beside the
+/// current one, 570 and later) and the EGL external platform libraries, whose versions are their
+/// own (`libnvidia-egl-gbm.so.1.1.2`, `libnvidia-egl-wayland.so.1.1.18`, `-wayland2`, `-xcb`,
+/// `-xlib`). Their SONAME links (`libnvidia-egl-gbm.so.1`) come from the ELF as for the others.
+fn unversioned_driver_lib(name: &str) -> Option<&str> {
+    let (stem, rest) = name.split_once(".so.")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let ok = match stem {
+        "libnvidia-api" => rest == "1",
+        "libnvidia-nvvm70" => digits(rest),
+        "libnvidia-egl-gbm"
+        | "libnvidia-egl-wayland"
+        | "libnvidia-egl-wayland2"
+        | "libnvidia-egl-xcb"
+        | "libnvidia-egl-xlib" => parse::is_version(rest),
+        _ => false,
+    };
+    ok.then_some(stem)
+}
+
 /// Discover the host's NVIDIA state.
 pub fn discover(host: &HostRoot) -> Result<Inventory> {
     let mut s = Scan {
@@ -558,15 +581,23 @@ impl Scan<'_> {
                 }
             }
         }
+        self.companion_dirs(&dirs, &found, &chosen, &mut lib_dirs)?;
         if !lib_dirs.is_empty() && lib_dirs.iter().all(|l| l.triplet == "i386-linux-gnu") {
             self.reason(format!(
                 "only 32-bit libcuda.so.{chosen} found; the 64-bit driver libraries are missing"
             ));
         }
-        // 64-bit first, then by path: the numbering under /run/host-nvidia/lib stays stable.
-        lib_dirs.sort_by(|a, b| {
-            (a.triplet == "i386-linux-gnu", &a.path).cmp(&(b.triplet == "i386-linux-gnu", &b.path))
-        });
+        // 64-bit first, libcuda's directory before its companions (the first of one triplet
+        // wins a name), then by path: the numbering under /run/host-nvidia/lib stays stable.
+        let cuda = format!("libcuda.so.{chosen}");
+        let key = |l: &LibDir| {
+            (
+                l.triplet == "i386-linux-gnu",
+                !l.files.iter().any(|f| f.name == cuda),
+                l.path.clone(),
+            )
+        };
+        lib_dirs.sort_by_key(key);
 
         let mut binaries = Vec::new();
         for name in BINARIES {
@@ -601,6 +632,66 @@ impl Scan<'_> {
             firmware,
             sockets,
         }))
+    }
+
+    /// Driver files of `version` in the other candidate directories of an architecture that has
+    /// libcuda, appended to `lib_dirs` as directories of their own. Debian's packages put libcuda
+    /// and most libraries in `/usr/lib/<triplet>/nvidia/current` (reached through
+    /// `/etc/alternatives` links) but `libnvidia-eglcore`, `-glcore`, `-glsi`, `-tls`,
+    /// `-glvkspirv`, `-gpucomp`, `-rtcore`, `-pkcs11-openssl3` and the EGL platform libraries
+    /// straight into `/usr/lib/<triplet>`; `nvidia-ctk` mounts them all. A directory holding a
+    /// `libcuda.so.<version>` of its own is another install (a second copy, or an older driver
+    /// left beside this one), never a companion: its files are not this driver's.
+    fn companion_dirs(
+        &mut self,
+        dirs: &[String],
+        found: &[(String, String)],
+        version: &str,
+        lib_dirs: &mut Vec<LibDir>,
+    ) -> Result<()> {
+        let suffix = format!(".so.{version}");
+        for dir in dirs {
+            if found.iter().any(|(d, _)| d == dir) {
+                continue;
+            }
+            // Only a directory with a file of this exact version is a companion: unversioned
+            // names alone (an EGL platform library installed for Mesa) do not make one.
+            let probe = match self.listings.get(dir) {
+                Some(listing) => listing
+                    .iter()
+                    .filter(|(n, k)| k.is_file() && n.len() > suffix.len() && n.ends_with(&suffix))
+                    .map(|(n, _)| n.clone())
+                    .min(),
+                None => None,
+            };
+            let Some(probe) = probe else {
+                continue;
+            };
+            let probe_path = format!("{dir}/{probe}");
+            let triplet = match self.elf(&probe_path)? {
+                Ok(info) => info.triplet(),
+                Err(e) => {
+                    tracing::debug!("{probe_path}: {e}; not a companion library directory");
+                    continue;
+                }
+            };
+            let Some(triplet) = triplet.filter(|t| lib_dirs.iter().any(|l| l.triplet == *t)) else {
+                tracing::debug!(
+                    "{dir}: driver files for an architecture without libcuda; skipping"
+                );
+                continue;
+            };
+            let files = self.driver_files(dir, version)?;
+            if files.is_empty() {
+                continue;
+            }
+            lib_dirs.push(LibDir {
+                path: checked("library directory", dir.clone())?,
+                triplet: triplet.to_owned(),
+                files,
+            });
+        }
+        Ok(())
     }
 
     /// Canonical directories that may hold libcuda: those of the `libcuda.so*` entries in the
@@ -658,7 +749,8 @@ impl Scan<'_> {
         Ok((dirs, problem))
     }
 
-    /// Every regular `*.so.<version>` file in `dir` and `dir/vdpau`, with its SONAME.
+    /// Every regular `*.so.<version>` file in `dir` and `dir/vdpau`, and the driver libraries
+    /// whose names do not carry the version ([`unversioned_driver_lib`]), with their SONAMEs.
     ///
     /// A library directory holds hundreds or thousands of entries, so file types come from the
     /// listing (`d_type`), not one `lstat` each, and symlinks are read only for a library whose
@@ -678,7 +770,10 @@ impl Scan<'_> {
                 .iter()
                 .filter(|(_, kind)| kind.is_file())
                 .filter_map(|(name, _)| {
-                    let stem = name.strip_suffix(&suffix)?;
+                    let stem = match name.strip_suffix(&suffix) {
+                        Some(stem) => stem,
+                        None => unversioned_driver_lib(name)?,
+                    };
                     (!stem.is_empty()).then_some((name.as_str(), stem))
                 })
                 .collect();
@@ -978,10 +1073,16 @@ mod tests {
         let (_d, inv) = scan(&text);
         let d = inv.driver.as_ref().unwrap();
         assert_eq!(d.version, "580.95.05");
+        // The unversioned EGL platform library cannot tell which driver it came with; it is
+        // carried with the one in use.
         assert_eq!(
             files(&d.lib_dirs[0]),
             [
                 ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                (
+                    "libnvidia-egl-wayland.so.1.1.13",
+                    Some("libnvidia-egl-wayland.so.1")
+                ),
                 ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1"))
             ]
         );
@@ -1014,14 +1115,18 @@ mod tests {
         assert_eq!(d.lib_dirs.len(), 1);
         assert_eq!(d.lib_dirs[0].path, "/usr/lib/x86_64-linux-gnu");
         assert_eq!(d.lib_dirs[0].triplet, "x86_64-linux-gnu");
-        // The SONAME equal to the file name is not repeated; the non-driver version is left out.
+        // The SONAME equal to the file name is not repeated; the EGL platform library, whose
+        // version is its own, is a driver file all the same (nvidia-ctk mounts it).
         let names = files(&d.lib_dirs[0]);
         assert!(names.contains(&("libnvidia-glcore.so.580.95.05", None)));
         assert!(names.contains(&(
             "vdpau/libvdpau_nvidia.so.580.95.05",
             Some("libvdpau_nvidia.so.1")
         )));
-        assert!(!names.iter().any(|(n, _)| n.contains("wayland")));
+        assert!(names.contains(&(
+            "libnvidia-egl-wayland.so.1.1.13",
+            Some("libnvidia-egl-wayland.so.1")
+        )));
     }
 
     #[test]
@@ -1066,6 +1171,129 @@ mod tests {
             ]
         );
         assert!(!reasons(&inv).iter().any(|r| r.contains("libnvidia-ml")));
+    }
+
+    #[test]
+    fn driver_files_without_the_version_in_their_names_are_carried() {
+        let dir = "/usr/lib/x86_64-linux-gnu";
+        let text = format!(
+            "{GPU}nvidia-libs {dir} 580.95.05 x86_64\n\
+             elf {dir}/libnvidia-api.so.1 x86_64 libnvidia-api.so.1\n\
+             elf {dir}/libnvidia-nvvm70.so.4 x86_64 libnvidia-nvvm70.so.4\n\
+             elf {dir}/libnvidia-egl-gbm.so.1.1.2 x86_64 libnvidia-egl-gbm.so.1\n\
+             link {dir}/libnvidia-egl-gbm.so.1 libnvidia-egl-gbm.so.1.1.2\n\
+             elf {dir}/libnvidia-egl-xcb.so.1.0.1 x86_64 libnvidia-egl-xcb.so.1\n\
+             elf {dir}/libnvidia-egl-xlib.so.1.0.1 x86_64 libnvidia-egl-xlib.so.1\n\
+             elf {dir}/libnvidia-egl-wayland2.so.1.0.0 x86_64 libnvidia-egl-wayland2.so.1\n\
+             elf {dir}/libnvidia-api.so.2 x86_64 libnvidia-api.so.2\n\
+             elf {dir}/libnvidia-egl-wayland.so.1 x86_64 libnvidia-egl-wayland.so.1\n\
+             elf {dir}/libnvidia-foo.so.1 x86_64 libnvidia-foo.so.1\n\
+             elf {dir}/libEGL.so.1.1.0 x86_64 libEGL.so.1\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        let names = files(&d.lib_dirs[0]);
+        for want in [
+            ("libnvidia-api.so.1", None),
+            ("libnvidia-nvvm70.so.4", None),
+            ("libnvidia-egl-gbm.so.1.1.2", Some("libnvidia-egl-gbm.so.1")),
+            ("libnvidia-egl-xcb.so.1.0.1", Some("libnvidia-egl-xcb.so.1")),
+            (
+                "libnvidia-egl-xlib.so.1.0.1",
+                Some("libnvidia-egl-xlib.so.1"),
+            ),
+            (
+                "libnvidia-egl-wayland2.so.1.0.0",
+                Some("libnvidia-egl-wayland2.so.1"),
+            ),
+        ] {
+            assert!(names.contains(&want), "{want:?} missing from {names:?}");
+        }
+        // Near misses are not driver files: another SONAME generation, a bare SONAME-named
+        // file, a name we do not know, glvnd's own libraries.
+        for not in [
+            "libnvidia-api.so.2",
+            "libnvidia-foo.so.1",
+            "libEGL.so.1.1.0",
+        ] {
+            assert!(!names.iter().any(|(n, _)| *n == not), "{not} in {names:?}");
+        }
+        for not in ["libnvidia-egl-gbm.so.1", "libnvidia-egl-wayland.so.1"] {
+            assert!(!names.iter().any(|(n, _)| *n == not), "{not} in {names:?}");
+        }
+    }
+
+    /// Debian's packages: libcuda and most libraries in nvidia/current, reached through
+    /// /etc/alternatives links from the multiarch directory, which holds the rest as plain files.
+    #[test]
+    fn debian_layout_carries_the_files_beside_nvidia_current() {
+        let multi = "/usr/lib/x86_64-linux-gnu";
+        let cur = "/usr/lib/x86_64-linux-gnu/nvidia/current";
+        let text = format!(
+            "{GPU}dir /usr/lib/x86_64-linux-gnu\nlink /lib usr/lib\n\
+             elf {cur}/libcuda.so.580.95.05 x86_64 libcuda.so.1\n\
+             link {cur}/libcuda.so.1 libcuda.so.580.95.05\n\
+             elf {cur}/libnvidia-ml.so.580.95.05 x86_64 libnvidia-ml.so.1\n\
+             elf {cur}/libnvidia-api.so.1 x86_64 libnvidia-api.so.1\n\
+             link /etc/alternatives/nvidia--libcuda.so.1-x86_64-linux-gnu {cur}/libcuda.so.1\n\
+             link {multi}/libcuda.so.1 /etc/alternatives/nvidia--libcuda.so.1-x86_64-linux-gnu\n\
+             elf {multi}/libnvidia-eglcore.so.580.95.05 x86_64 libnvidia-eglcore.so.580.95.05\n\
+             elf {multi}/libnvidia-egl-gbm.so.1.1.2 x86_64 libnvidia-egl-gbm.so.1\n\
+             elf {multi}/libc.so.6 x86_64 libc.so.6\n\
+             elf /usr/lib/i386-linux-gnu/libnvidia-glcore.so.580.95.05 i386\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.as_ref().unwrap();
+        let dirs: Vec<_> = d
+            .lib_dirs
+            .iter()
+            .map(|l| (l.path.as_str(), l.triplet.as_str(), files(l)))
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                (
+                    cur,
+                    "x86_64-linux-gnu",
+                    vec![
+                        ("libcuda.so.580.95.05", Some("libcuda.so.1")),
+                        ("libnvidia-api.so.1", None),
+                        ("libnvidia-ml.so.580.95.05", Some("libnvidia-ml.so.1")),
+                    ]
+                ),
+                (
+                    multi,
+                    "x86_64-linux-gnu",
+                    vec![
+                        ("libnvidia-egl-gbm.so.1.1.2", Some("libnvidia-egl-gbm.so.1")),
+                        ("libnvidia-eglcore.so.580.95.05", None),
+                    ]
+                ),
+            ]
+        );
+        // Only the missing device nodes: the driver itself is complete.
+        assert!(
+            reasons(&inv).iter().all(|r| r.starts_with("/dev/")),
+            "{:?}",
+            reasons(&inv)
+        );
+    }
+
+    /// An older driver's directory beside the one in use is not a companion: its unversioned
+    /// files belong to that driver.
+    #[test]
+    fn a_directory_with_its_own_libcuda_is_no_companion() {
+        let text = format!(
+            "{GPU}nvidia-libs /usr/lib/x86_64-linux-gnu/nvidia/current 580.95.05 x86_64\n\
+             nvidia-libs /usr/lib/x86_64-linux-gnu 570.1.2 x86_64\n\
+             elf /usr/lib/x86_64-linux-gnu/libnvidia-api.so.1 x86_64 libnvidia-api.so.1\n\
+             elf /usr/lib/x86_64-linux-gnu/libnvidia-tls.so.580.95.05 x86_64\n"
+        );
+        let (_d, inv) = scan(&text);
+        let d = inv.driver.unwrap();
+        assert_eq!(d.version, "580.95.05");
+        let paths: Vec<_> = d.lib_dirs.iter().map(|l| l.path.as_str()).collect();
+        assert_eq!(paths, ["/usr/lib/x86_64-linux-gnu/nvidia/current"]);
     }
 
     #[test]
@@ -1157,7 +1385,8 @@ mod tests {
         )
         .unwrap();
         let inv = discover(&HostRoot::new(dir.path())).unwrap();
-        assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 23);
+        // nvidia-libs' 23 versioned libraries and its EGL platform library.
+        assert_eq!(inv.driver.unwrap().lib_dirs[0].files.len(), 24);
     }
 
     /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000

@@ -1,0 +1,360 @@
+//! Discovery against a REAL NVIDIA driver's files, checked by NVIDIA's own tool (issue 11).
+//!
+//! The hosts are built from Debian trixie's nvidia-graphics-drivers 550.163.01 packages by
+//! tests/realdriver/fetch.sh, in both layouts found on hosts: NVIDIA's `.run` installer (`run`)
+//! and Debian's packages with their alternatives links (`deb`). On each, the file list of our
+//! `discover --json` is compared with what `nvidia-ctk cdi generate --mode=management` mounts
+//! (libraries, binaries, firmware, IPC sockets); every intended difference is named here and in
+//! the README's table. The `.nspawn` file and the CDI spec of each host are pinned by golden files.
+//!
+//! Privileged (mknod) and needs the cached packages (fetch.sh downloads them once) and
+//! `../shared/tools/nvidia-container-toolkit/nvidia-ctk` (or `$NVIDIA_CTK`): missing any of them
+//! FAILS the test; nothing here is skipped.
+
+#![allow(clippy::unwrap_used)]
+
+use nspawn_lifecycle::cdi;
+use nspawn_lifecycle::discovery::{self, Verdict};
+use nspawn_lifecycle::fixture;
+use nspawn_lifecycle::host::HostRoot;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const VERSION: &str = "550.163.01";
+const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
+
+/// Everything of the host but the driver's userspace files, which fetch.sh lays in: two GPUs of
+/// the driver's version, their nodes, and nvidia-persistenced's socket. No merged-/usr links: the
+/// `deb` layout makes them (trixie), the `run` layout keeps a real /lib.
+const BASE: &str = "\
+# Two GPUs with a real 550.163.01 userspace driver (tests/realdriver/fetch.sh)
+dir /usr/lib/x86_64-linux-gnu
+dir /usr/bin
+elf /usr/lib/x86_64-linux-gnu/libc.so.6 x86_64 libc.so.6
+dir /etc
+dir /run/lock
+dir /var/lib/machines/kube1
+chr /dev/null 1:3
+file /proc/devices <<END
+Character devices:
+  1 mem
+195 nvidia
+226 drm
+508 nvidia-uvm
+
+Block devices:
+  7 loop
+END
+nvidia-kernel 550.163.01 x86_64
+nvidia-gpu 0000:3b:00.0 0 GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120 NVIDIA L4
+nvidia-gpu 0000:86:00.0 1 GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254 NVIDIA L4
+chr /dev/nvidia0 195:0
+chr /dev/nvidia1 195:1
+chr /dev/nvidiactl 195:255
+chr /dev/nvidia-uvm 508:0
+chr /dev/nvidia-uvm-tools 508:1
+dir /run/nvidia-persistenced
+sock /run/nvidia-persistenced/socket
+";
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn ok(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// The host: BASE materialized, then the real driver laid in by fetch.sh in `layout`.
+fn real_host(layout: &str) -> tempfile::TempDir {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged tests build host trees with mknod and must run as root"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("realdriver-{layout}."))
+        .tempdir()
+        .unwrap();
+    fixture::materialize(BASE, dir.path()).unwrap();
+    let out = Command::new(manifest().join("tests/realdriver/fetch.sh"))
+        .args(["install", layout])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    ok(&format!("tests/realdriver/fetch.sh install {layout}"), &out);
+    std::fs::create_dir_all(dir.path().join("run/nspawn-lifecycle")).unwrap();
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir.path().join("run/nspawn-lifecycle/locks"))
+        .unwrap();
+    dir
+}
+
+fn run(root: &Path, args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .arg("--host-root")
+        .arg(root)
+        .args(args)
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .output()
+        .unwrap();
+    assert!(!text(&out.stderr).contains("panicked"), "{args:?} panicked");
+    out
+}
+
+/// Compare with tests/golden/<name>; UPDATE_GOLDEN=1 rewrites it instead.
+fn golden(name: &str, actual: &str) {
+    let path = manifest().join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert!(
+        expected == actual,
+        "{name} differs from the golden file (UPDATE_GOLDEN=1 rewrites it):\n{actual}"
+    );
+}
+
+/// What a driver install provides, by kind, as names comparable across tools: a library by its
+/// path relative to its library directory (`libcuda.so.550.163.01`, `vdpau/libvdpau_nvidia.so.…`),
+/// binaries, firmware files and sockets by file name.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct FileSet {
+    libraries: BTreeSet<String>,
+    binaries: BTreeSet<String>,
+    firmware: BTreeSet<String>,
+    sockets: BTreeSet<String>,
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn basename(p: &str) -> String {
+    p.rsplit('/').next().unwrap().to_owned()
+}
+
+/// Our file set, from `discover --json` (the binary, as operators run it), and that JSON with the
+/// host root replaced.
+fn ours(root: &Path) -> (FileSet, String) {
+    let out = run(root, &["discover", "--json"]);
+    ok("discover --json", &out);
+    let shown = text(&out.stdout).replace(
+        &format!(
+            "\"hostRoot\": {}",
+            serde_json::to_string(&root.display().to_string()).unwrap()
+        ),
+        "\"hostRoot\": \"<host-root>\"",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verdict"]["state"], "complete", "{shown}");
+    let d = &v["driver"];
+    assert_eq!(d["version"], VERSION);
+    let mut s = FileSet::default();
+    for dir in d["libDirs"].as_array().unwrap() {
+        assert_eq!(dir["triplet"], "x86_64-linux-gnu");
+        for f in dir["files"].as_array().unwrap() {
+            let name = f["name"].as_str().unwrap().to_owned();
+            assert!(s.libraries.insert(name.clone()), "{name} listed twice");
+        }
+    }
+    for b in d["binaries"].as_array().unwrap() {
+        s.binaries.insert(basename(b.as_str().unwrap()));
+    }
+    let fw = d["firmware"].as_str().expect("firmware directory found");
+    assert_eq!(fw, format!("/lib/firmware/nvidia/{VERSION}"));
+    for e in std::fs::read_dir(root.join(fw.trim_start_matches('/'))).unwrap() {
+        s.firmware
+            .insert(e.unwrap().file_name().into_string().unwrap());
+    }
+    for dir in d["sockets"].as_array().unwrap() {
+        s.sockets
+            .insert(format!("{}/socket", dir.as_str().unwrap()));
+    }
+    (s, shown)
+}
+
+fn nvidia_ctk() -> PathBuf {
+    let p = std::env::var_os("NVIDIA_CTK").map_or_else(
+        || manifest().join("../shared/tools/nvidia-container-toolkit/nvidia-ctk"),
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "{} missing: NVIDIA's nvidia-ctk is this test's oracle (set NVIDIA_CTK)",
+        p.display()
+    );
+    p
+}
+
+/// What `nvidia-ctk cdi generate --mode=management` mounts from the same host tree.
+fn theirs(root: &Path) -> FileSet {
+    let out_dir = tempfile::tempdir().unwrap();
+    let spec = out_dir.path().join("ctk.json");
+    let mut driver_root = root.display().to_string();
+    let out = Command::new(nvidia_ctk())
+        .args(["cdi", "generate", "--mode=management", "--format=json"])
+        .arg(format!("--driver-root={driver_root}"))
+        .arg(format!("--dev-root={driver_root}"))
+        .arg(format!("--output={}", spec.display()))
+        .output()
+        .unwrap();
+    ok("nvidia-ctk cdi generate", &out);
+    let v: Value = serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap();
+    driver_root = driver_root.trim_end_matches('/').to_owned();
+    let mut s = FileSet::default();
+    let mounts = v["containerEdits"]["mounts"].as_array().unwrap();
+    assert!(!mounts.is_empty(), "nvidia-ctk mounted nothing: {v}");
+    for m in mounts {
+        let host = m["hostPath"].as_str().unwrap();
+        let rel = host
+            .strip_prefix(&driver_root)
+            .unwrap_or_else(|| panic!("nvidia-ctk mounts {host} from outside the driver root"));
+        let dir = rel.rsplit_once('/').unwrap().0;
+        if rel.starts_with("/lib/firmware/") || rel.starts_with("/usr/lib/firmware/") {
+            s.firmware.insert(basename(rel));
+        } else if ["/usr/bin", "/usr/sbin", "/bin", "/sbin"].contains(&dir) {
+            s.binaries.insert(basename(rel));
+        } else if rel.ends_with("/socket") {
+            s.sockets.insert(rel.to_owned());
+        } else {
+            let name = [
+                "/usr/lib/x86_64-linux-gnu/nvidia/current/",
+                "/usr/lib/x86_64-linux-gnu/",
+            ]
+            .iter()
+            .find_map(|d| rel.strip_prefix(d))
+            .unwrap_or_else(|| panic!("nvidia-ctk mounts {rel}: not a known library dir"));
+            s.libraries.insert(name.to_owned());
+        }
+    }
+    s
+}
+
+/// Ours minus theirs and theirs minus ours, per kind.
+fn differences(ours: &FileSet, theirs: &FileSet) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (kind, a, b) in [
+        ("library", &ours.libraries, &theirs.libraries),
+        ("binary", &ours.binaries, &theirs.binaries),
+        ("firmware", &ours.firmware, &theirs.firmware),
+        ("socket", &ours.sockets, &theirs.sockets),
+    ] {
+        for n in a.difference(b) {
+            out.push((kind.to_owned(), "only ours".to_owned(), n.clone()));
+        }
+        for n in b.difference(a) {
+            out.push((kind.to_owned(), "only nvidia-ctk".to_owned(), n.clone()));
+        }
+    }
+    out
+}
+
+fn diff(kind: &str, side: &str, name: &str) -> (String, String, String) {
+    (kind.to_owned(), side.to_owned(), name.to_owned())
+}
+
+/// The differences the README's table explains. Libraries: nvidia-ctk's management mode leaves
+/// out `libnvidia-api.so.1` (in its optional, feature-flagged list only) and the EGL platform
+/// libraries (listed by its graphics discovery, not mounted in this mode); we carry every driver
+/// library, as the issue asks.
+fn intended_library_extras() -> Vec<(String, String, String)> {
+    vec![
+        diff("library", "only ours", "libnvidia-api.so.1"),
+        diff("library", "only ours", "libnvidia-egl-gbm.so.1.1.2"),
+        diff("library", "only ours", "libnvidia-egl-wayland.so.1.1.18"),
+    ]
+}
+
+/// Both tools agree on the real driver's files beyond `extra` differences, which are named.
+fn compare(layout: &str, extra: Vec<(String, String, String)>) -> tempfile::TempDir {
+    let dir = real_host(layout);
+    let root = dir.path();
+    let (ours, shown) = ours(root);
+    let theirs = theirs(root);
+    // What the real packages ship and NVIDIA's tool mounts, spelled out so a silent loss on both
+    // sides is caught too.
+    for lib in [
+        format!("libcuda.so.{VERSION}"),
+        format!("libnvidia-ml.so.{VERSION}"),
+        format!("libnvidia-nvvm.so.{VERSION}"),
+        format!("libnvidia-ptxjitcompiler.so.{VERSION}"),
+        format!("libnvidia-gpucomp.so.{VERSION}"),
+        format!("libnvidia-eglcore.so.{VERSION}"),
+        format!("libnvidia-rtcore.so.{VERSION}"),
+    ] {
+        assert!(theirs.libraries.contains(&lib), "nvidia-ctk lacks {lib}");
+        assert!(ours.libraries.contains(&lib), "we lack {lib}");
+    }
+    assert_eq!(ours.firmware, set(&["gsp_ga10x.bin", "gsp_tu10x.bin"]));
+    assert_eq!(
+        ours.sockets,
+        set(&["/run/nvidia-persistenced/socket"]),
+        "{ours:?}"
+    );
+    let mut want = intended_library_extras();
+    want.extend(extra);
+    want.sort();
+    let mut got = differences(&ours, &theirs);
+    got.sort();
+    assert_eq!(
+        got, want,
+        "ours vs nvidia-ctk on the {layout} layout:\nours {ours:#?}\nnvidia-ctk {theirs:#?}"
+    );
+    golden(&format!("realdriver-{layout}.discover.json"), &shown);
+    dir
+}
+
+/// The `.nspawn` file pre-start writes and the CDI spec, pinned.
+fn goldens(root: &Path, layout: &str) {
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    ok("pre-start", &out);
+    let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
+    assert!(!file.contains(&root.display().to_string()), "{file}");
+    golden(&format!("realdriver-{layout}.nspawn"), &file);
+    let inv = discovery::discover(&HostRoot::new(root)).unwrap();
+    assert_eq!(inv.verdict, Verdict::Complete);
+    let spec = cdi::spec(&inv, "nvidia.com/gpu").expect("a spec for a complete driver");
+    golden(
+        &format!("cdi-realdriver-{layout}.json"),
+        &cdi::render(&spec),
+    );
+}
+
+#[test]
+fn privileged_run_installer_layout_matches_nvidia_ctk() {
+    let dir = compare("run", Vec::new());
+    goldens(dir.path(), "run");
+}
+
+/// Debian's layout. nvidia-ctk does not find `nvidia-smi` and `nvidia-debugdump`: /usr/bin holds
+/// links to `/etc/alternatives/…`, absolute, which it resolves against this machine's / rather
+/// than the driver root ("Could not locate nvidia-smi"); on the host itself (driver root /) the
+/// same links resolve. We resolve every link inside the host root and carry both.
+#[test]
+fn privileged_debian_package_layout_matches_nvidia_ctk() {
+    let dir = compare(
+        "deb",
+        vec![
+            diff("binary", "only ours", "nvidia-debugdump"),
+            diff("binary", "only ours", "nvidia-smi"),
+        ],
+    );
+    goldens(dir.path(), "deb");
+}
