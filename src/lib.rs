@@ -16,6 +16,7 @@ pub mod host_dir;
 pub mod image;
 pub mod install;
 pub mod layout;
+pub mod ldcache;
 pub mod lock;
 pub mod logging;
 pub mod machine_name;
