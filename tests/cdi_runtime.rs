@@ -10,7 +10,7 @@
 //! In each, a probe built with gcc (dynamically linked against the image's glibc) dlopens
 //! `libcuda.so.1` and `libnvidia-ml.so.1` by SONAME and calls into them, checks `libcuda.so` and
 //! `/dev/nvidia0`, then execs `ldconfig -p`. The driver libraries are gcc-built stand-ins with the
-//! real SONAMEs whose `cuInit` / `nvmlInit_v2` return fixed codes, so a line proves which file
+//! real SONAMEs whose `cuInit` / `nvmlInit_v2` return 4242 / 4343, so a line proves which file
 //! was loaded. Privileged: CI runs as root.
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
@@ -101,12 +101,12 @@ fn build_driver(dir: &Path) {
         (
             format!("libcuda.so.{VER}"),
             "libcuda.so.1",
-            "int cuInit(unsigned f) { (void)f; return 100; }",
+            "int cuInit(unsigned f) { (void)f; return 4242; }",
         ),
         (
             format!("libnvidia-ml.so.{VER}"),
             "libnvidia-ml.so.1",
-            "int nvmlInit_v2(void) { return 9; }",
+            "int nvmlInit_v2(void) { return 4343; }",
         ),
     ] {
         let src = dir.join(format!("{soname}.c"));
@@ -220,7 +220,15 @@ fn rootfs(root: &Path, layout: &str, probe: &Path, lib64_glibc: &Path) {
     match layout {
         "debian" | "stale" => {
             std::fs::create_dir_all(root.join(ML)).unwrap();
-            for f in ["libc.so.6", "ld-linux-x86-64.so.2"] {
+            // libcuda's DT_NEEDED besides libc (stubs since glibc 2.34, still loaded by name).
+            for f in [
+                "libc.so.6",
+                "ld-linux-x86-64.so.2",
+                "libm.so.6",
+                "libdl.so.2",
+                "libpthread.so.0",
+                "librt.so.1",
+            ] {
                 std::fs::copy(
                     Path::new("/usr/lib/x86_64-linux-gnu").join(f),
                     root.join(ML).join(f),
@@ -321,9 +329,13 @@ fn run(
     text
 }
 
-#[test]
-fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
-    ensure_runtimes();
+/// Stand-ins built here, or NVIDIA's real 550.163.01 files from Debian (tests/realdriver/fetch.sh).
+enum Driver {
+    Stubs,
+    Real,
+}
+
+fn fetch_lib64_glibc() -> PathBuf {
     let out = Command::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/cdihooks/fetch-lib64-glibc.sh"
@@ -335,11 +347,36 @@ fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lib64 = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
 
+/// The machine's library directory: the stand-ins, or the real files of a `.run`-style install.
+fn driver_files(driver: &Driver, dir: &Path, work: &Path) {
+    match driver {
+        Driver::Stubs => build_driver(dir),
+        Driver::Real => {
+            let fetch = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/realdriver/fetch.sh");
+            let out = Command::new(fetch).arg("version").output().unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), VER, "{out:?}");
+            let tree = work.join("real-host");
+            sh(Command::new(fetch).args(["install", "run"]).arg(&tree));
+            std::fs::create_dir_all(dir).unwrap();
+            for f in [
+                format!("libcuda.so.{VER}"),
+                format!("libnvidia-ml.so.{VER}"),
+            ] {
+                std::fs::copy(tree.join(ML).join(&f), dir.join(&f)).unwrap();
+            }
+        }
+    }
+}
+
+/// Every runtime × image for `driver`; returns the failures.
+fn run_all(driver: &Driver, runtimes: &[&str]) -> Vec<String> {
+    let lib64 = fetch_lib64_glibc();
     let work = tempfile::tempdir().unwrap();
     let machine = work.path().join("machine");
-    build_driver(&machine.join("run/host-nvidia/lib/0"));
+    driver_files(driver, &machine.join("run/host-nvidia/lib/0"), work.path());
     let probe = work.path().join("probe");
     std::fs::write(work.path().join("probe.c"), PROBE_C).unwrap();
     sh(Command::new("gcc")
@@ -352,12 +389,10 @@ fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
     let cfg = config(&spec_dir);
 
     let mut failures = Vec::new();
-    for runtime in ["runc", "crun"] {
+    for runtime in runtimes {
         for layout in ["debian", "lib64", "stale"] {
             let text = run(runtime, layout, work.path(), &probe, &lib64, &cfg);
-            let want = [
-                "DLOPEN-OK libcuda.so.1 100".to_owned(),
-                "DLOPEN-OK libnvidia-ml.so.1 9".to_owned(),
+            let mut want = vec![
                 "LIBCUDA-SO yes".to_owned(),
                 "NODE /dev/nvidia0 195:0".to_owned(),
                 "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
@@ -366,6 +401,28 @@ fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
                 // The image's own libc stays in its cache.
                 "libc.so.6 (libc6,x86-64) =>".to_owned(),
             ];
+            match driver {
+                Driver::Stubs => {
+                    want.push("DLOPEN-OK libcuda.so.1 4242".to_owned());
+                    want.push("DLOPEN-OK libnvidia-ml.so.1 4343".to_owned());
+                }
+                Driver::Real => {
+                    // No kernel driver here: both calls must return an error code (observed:
+                    // 100 CUDA_ERROR_NO_DEVICE, 9 NVML_ERROR_DRIVER_NOT_LOADED), never the
+                    // stand-ins' 4242/4343, which proves the real library was loaded and ran.
+                    for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+                        let code = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix(&format!("DLOPEN-OK {lib} ")))
+                            .and_then(|c| c.trim().parse::<i64>().ok());
+                        if !code.is_some_and(|c| ![0, -1, 4242, 4343].contains(&c)) {
+                            failures.push(format!(
+                                "{runtime} {layout}: {lib} not loaded or no error code:\n{text}"
+                            ));
+                        }
+                    }
+                }
+            }
             for w in &want {
                 if !text.contains(w.as_str()) {
                     failures.push(format!("{runtime} {layout}: no {w:?} in\n{text}"));
@@ -379,5 +436,22 @@ fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
             eprintln!("---- {runtime} {layout}\n{text}");
         }
     }
+    failures
+}
+
+#[test]
+fn privileged_real_runtimes_load_the_driver_in_every_image_layout() {
+    ensure_runtimes();
+    let failures = run_all(&Driver::Stubs, &["runc", "crun"]);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// NVIDIA's real libcuda and libnvidia-ml (550.163.01, Debian trixie non-free) load in every
+/// image layout under runc; `cuInit` and `nvmlInit_v2` return an error code without a kernel
+/// driver, which proves the load.
+#[test]
+fn privileged_real_runtimes_load_nvidias_real_libraries() {
+    ensure_runtimes();
+    let failures = run_all(&Driver::Real, &["runc"]);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
