@@ -415,7 +415,7 @@ fn run_all(driver: &Driver, runtimes: &[&str]) -> Vec<String> {
                             .lines()
                             .find_map(|l| l.strip_prefix(&format!("DLOPEN-OK {lib} ")))
                             .and_then(|c| c.trim().parse::<i64>().ok());
-                        if !code.is_some_and(|c| ![0, -1, 4242, 4343].contains(&c)) {
+                        if code.is_none_or(|c| [0, -1, 4242, 4343].contains(&c)) {
                             failures.push(format!(
                                 "{runtime} {layout}: {lib} not loaded or no error code:\n{text}"
                             ));
