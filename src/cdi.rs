@@ -18,9 +18,18 @@
 //!   Handing every pod that asks for one GPU the MIG config/monitor capabilities and every IMEX
 //!   channel would widen what a pod can reach, so we do the same as `nvidia-ctk`. The nodes are
 //!   still bound into the machine, so a DRA driver there can publish its own spec for them.
-//! - No hooks: the machine has no `nvidia-cdi-hook`. Instead each library is also mounted at its
-//!   SONAME path (`libcuda.so.1`), so `dlopen("libcuda.so.1")` works without `ldconfig` in the
-//!   container.
+//! - Driver files are bound under [`CONTAINER_DRIVER_DIR`], a fresh tmpfs the spec mounts first,
+//!   never at their standard paths: an image may hold anything at `/usr/lib/<triplet>/libcuda.so.1`
+//!   (a stale link from an older driver makes crun refuse to start, an absolute link makes runc
+//!   bind onto another file of the image), but nothing of the image can be inside a tmpfs mounted
+//!   after it. The standard paths (`/usr/lib/<triplet>/libcuda.so.<ver>`, the SONAME links,
+//!   `libcuda.so`, `/usr/bin/nvidia-smi`, firmware, sockets) are then made symlinks by our
+//!   `create-symlinks` hook, replacing whatever the image had there without following it.
+//! - Hooks, all `createContainer`, all this helper bound into the machine at
+//!   [`layout::HOOK_BINARY`] (the machine has no `nvidia-cdi-hook`): `create-symlinks`,
+//!   `update-ldcache` (the driver's SONAMEs into the container's `/etc/ld.so.cache`, so
+//!   `ldconfig -p` lists them and `/usr/lib64` images load them) and
+//!   `disable-device-node-modification`. See src/cdi_hook.rs; no image code ever runs.
 //! - Only fields that CDI 0.5.2 (Debian 12's podman 4.3) knows: its strict parser rejects
 //!   `annotations`, `additionalGids`, `intelRdt` and `netDevices`. The types below cannot even
 //!   hold them.
@@ -34,6 +43,18 @@ use std::collections::BTreeSet;
 pub const DEFAULT_KIND: &str = "nvidia.com/gpu";
 /// [`spec_file_name`] of [`DEFAULT_KIND`].
 pub const DEFAULT_SPEC_FILE: &str = "nvidia.com-gpu.json";
+
+/// The tmpfs in the container under which the driver files are bound (see the module doc).
+pub const CONTAINER_DRIVER_DIR: &str = "/run/nspawn-lifecycle-driver";
+/// Options for that tmpfs: it only holds mount points, so it is small and runs nothing itself
+/// (each bind under it keeps its own flags, so libraries map and `nvidia-smi` runs).
+const TMPFS_OPTIONS: [&str; 5] = ["nosuid", "nodev", "noexec", "mode=755", "size=1m"];
+/// Every hook's `hookName`: after the runtime's mounts, before `pivot_root`, in the container's
+/// mount namespace (CDI 0.3.0 already has hooks).
+const HOOK_STAGE: &str = "createContainer";
+/// SONAMEs that also get the unversioned development name (`libcuda.so`), as `nvidia-ctk` makes:
+/// code that links `-lcuda` or dlopens `libcuda.so` at run time needs it.
+const DEV_LINKS: [&str; 2] = ["libcuda.so.1", "libnvidia-opticalflow.so.1"];
 
 /// Options for driver files: read-only, and no setuid or device files through them.
 const FILE_OPTIONS: [&str; 5] = ["ro", "nosuid", "nodev", "rbind", "rprivate"];
@@ -72,12 +93,43 @@ pub struct ContainerEdits {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
 }
 
 impl ContainerEdits {
     fn is_empty(&self) -> bool {
-        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
+        self.env.is_empty()
+            && self.device_nodes.is_empty()
+            && self.hooks.is_empty()
+            && self.mounts.is_empty()
+    }
+}
+
+/// An OCI hook the runtime runs for the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    pub args: Vec<String>,
+}
+
+impl Hook {
+    /// `nspawn-lifecycle-helper cdi-hook <args>` at [`layout::HOOK_BINARY`].
+    fn ours(args: Vec<String>) -> Hook {
+        let argv0 = layout::HOOK_BINARY
+            .rsplit('/')
+            .next()
+            .unwrap_or(layout::HOOK_BINARY);
+        let mut all = vec![argv0.to_owned(), "cdi-hook".to_owned()];
+        all.extend(args);
+        Hook {
+            hook_name: HOOK_STAGE.to_owned(),
+            path: layout::HOOK_BINARY.to_owned(),
+            args: all,
+        }
     }
 }
 
@@ -108,6 +160,9 @@ pub struct Mount {
     pub host_path: String,
     pub container_path: String,
     pub options: Vec<String>,
+    /// Only for the tmpfs (CDI 0.4.0); binds leave it out.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// `vendor-class.json`, the name `GenerateSpecName` of the CDI library gives a kind.
@@ -183,43 +238,88 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
         .collect();
 
     let entries = layout::driver_entries(driver);
-    let mut mounts: Vec<Mount> = Vec::new();
+    let mut mounts: Vec<Mount> = vec![Mount {
+        host_path: "tmpfs".to_owned(),
+        container_path: CONTAINER_DRIVER_DIR.to_owned(),
+        options: TMPFS_OPTIONS.iter().map(|o| (*o).to_owned()).collect(),
+        kind: Some("tmpfs".to_owned()),
+    }];
+    // `create-symlinks` pairs (target, link) and `update-ldcache` pairs (SONAME, path).
+    let mut links: Vec<(String, String)> = Vec::new();
+    let mut libs: Vec<(String, String)> = Vec::new();
     let mut libcuda_dirs: Vec<&str> = Vec::new();
     for e in &entries {
-        let (host_path, options) = match e.kind {
+        // Two library directories of one triplet would map to the same container path; the
+        // first (discovery order) wins, as a second one would only hide it.
+        if links.iter().any(|(_, l)| *l == e.path) {
+            continue;
+        }
+        let options = match e.kind {
             EntryKind::Library => {
                 let (dir, file) = split_last(&e.path);
                 if file.starts_with("libcuda.so.") && !libcuda_dirs.contains(&dir) {
                     libcuda_dirs.push(dir);
                 }
-                (e.source.as_str(), &FILE_OPTIONS)
+                &FILE_OPTIONS
             }
-            // The link's target is the library next to it; mount that library's bind source at
-            // the SONAME path. A link whose library is not among the entries is left out.
+            // A relative link to the library next to it, which must be one of the entries.
             EntryKind::SonameLink => {
-                let target = format!("{}/{}", split_last(&e.path).0, e.source);
-                let Some(lib) = entries
+                let (dir, soname) = split_last(&e.path);
+                let target = format!("{dir}/{}", e.source);
+                if !entries
                     .iter()
-                    .find(|l| l.kind == EntryKind::Library && l.path == target)
-                else {
+                    .any(|l| l.kind == EntryKind::Library && l.path == target)
+                {
                     continue;
-                };
-                (lib.source.as_str(), &FILE_OPTIONS)
+                }
+                links.push((e.source.clone(), e.path.clone()));
+                libs.push((soname.to_owned(), e.path.clone()));
+                if DEV_LINKS.contains(&soname) {
+                    let dev = soname.trim_end_matches(|c: char| c.is_ascii_digit());
+                    let dev = dev.trim_end_matches('.');
+                    links.push((soname.to_owned(), format!("{dir}/{dev}")));
+                }
+                continue;
             }
-            EntryKind::Binary | EntryKind::Firmware => (e.source.as_str(), &FILE_OPTIONS),
-            EntryKind::Socket => (e.source.as_str(), &SOCKET_OPTIONS),
+            EntryKind::Binary | EntryKind::Firmware => &FILE_OPTIONS,
+            EntryKind::Socket => &SOCKET_OPTIONS,
         };
-        // Two library directories of one triplet would map to the same container path; the
-        // first (discovery order) wins, as a second mount would only hide it.
-        if mounts.iter().any(|m| m.container_path == e.path) {
-            continue;
-        }
+        let inside = format!("{CONTAINER_DRIVER_DIR}{}", e.path);
         mounts.push(Mount {
-            host_path: host_path.to_owned(),
-            container_path: e.path.clone(),
+            host_path: e.source.clone(),
+            container_path: inside.clone(),
             options: options.iter().map(|o| (*o).to_owned()).collect(),
+            kind: None,
         });
+        links.push((inside, e.path.clone()));
     }
+    let mut hooks = Vec::new();
+    if !links.is_empty() {
+        hooks.push(Hook::ours(
+            ["create-symlinks".to_owned()]
+                .into_iter()
+                .chain(
+                    links
+                        .iter()
+                        .flat_map(|(t, l)| ["--link".to_owned(), format!("{t}::{l}")]),
+                )
+                .collect(),
+        ));
+    }
+    if !libs.is_empty() {
+        hooks.push(Hook::ours(
+            ["update-ldcache".to_owned()]
+                .into_iter()
+                .chain(
+                    libs.iter()
+                        .flat_map(|(s, p)| ["--lib".to_owned(), format!("{s}::{p}")]),
+                )
+                .collect(),
+        ));
+    }
+    hooks.push(Hook::ours(vec![
+        "disable-device-node-modification".to_owned(),
+    ]));
 
     let mut env = vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()];
     // What `nvidia-ctk` sets too: NVIDIA tools in the container (CUDA compat) find libcuda here.
@@ -234,6 +334,7 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
         container_edits: ContainerEdits {
             env,
             device_nodes,
+            hooks,
             mounts,
         },
     };
@@ -273,9 +374,10 @@ fn valid_device_name(name: &str) -> bool {
 /// The lowest CDI version that can carry `spec`, by the `requiresV…` rules of the CDI
 /// library's `specs-go/version.go`, newest first.
 ///
-/// Of those rules only two can fire on these types: a `.` in the class part of the kind (0.6.0)
-/// and a device name starting with a digit (0.5.0). The others concern fields the types do not
-/// have: `hostPath` on a node (0.5.0), `type` on a mount (0.4.0), annotations (0.6.0),
+/// Of those rules three can fire on these types: a `.` in the class part of the kind (0.6.0),
+/// a device name starting with a digit (0.5.0) and `type` on a mount (0.4.0, our tmpfs). Hooks
+/// exist since 0.3.0. The others concern fields the types do not have: `hostPath` on a node
+/// (0.5.0), annotations (0.6.0),
 /// `intelRdt`/`additionalGids` (0.7.0), `netDevices` and newer `intelRdt` fields (1.1.0); adding
 /// such a field means adding its rule here. 0.3.0 is the earliest the library ever returns.
 pub fn minimum_version(spec: &Spec) -> &'static str {
@@ -289,6 +391,14 @@ pub fn minimum_version(spec: &Spec) -> &'static str {
         .any(|d| d.name.as_bytes().first().is_some_and(u8::is_ascii_digit))
     {
         return "0.5.0";
+    }
+    let edits = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    if edits
+        .flat_map(|e| &e.mounts)
+        .any(|m| m.kind.as_deref().is_some_and(|k| !k.is_empty()))
+    {
+        return "0.4.0";
     }
     "0.3.0"
 }

@@ -90,6 +90,11 @@ pub enum Command {
         dir: PathBuf,
     },
 
+    /// OCI hooks the CDI spec names: the container runtime runs them inside the machine as
+    /// createContainer hooks, with the OCI state on stdin.
+    #[command(subcommand, hide = true)]
+    CdiHook(CdiHook),
+
     /// (failpoints builds only) List the crash points, one `<name>` per line.
     #[cfg(feature = "failpoints")]
     #[command(hide = true)]
@@ -105,6 +110,28 @@ pub enum Command {
         machine: MachineName,
         #[arg(long, value_name = "DIR")]
         machine_root: PathBuf,
+    },
+}
+
+/// The hooks of `cdi-hook` (see src/cdi_hook.rs). This shape is what CDI specs written by
+/// earlier starts still name: keep it.
+#[derive(Debug, Subcommand)]
+pub enum CdiHook {
+    /// Make each LINK in the container a symlink to TARGET.
+    CreateSymlinks {
+        #[arg(long = "link", value_name = "TARGET::LINK", required = true)]
+        links: Vec<String>,
+    },
+    /// Add each library to the container's /etc/ld.so.cache (keeping the image's entries).
+    UpdateLdcache {
+        #[arg(long = "lib", value_name = "SONAME::PATH", required = true)]
+        libs: Vec<String>,
+    },
+    /// Cover the container's /proc/driver/nvidia/params with a copy saying ModifyDeviceFiles: 0.
+    DisableDeviceNodeModification {
+        /// The host's driver parameters (tests point this at a fixture).
+        #[arg(long, value_name = "FILE", default_value = crate::cdi_hook::HOST_PARAMS)]
+        host_params: PathBuf,
     },
 }
 

@@ -11,6 +11,22 @@ pub const HOST_NVIDIA: &str = "/run/host-nvidia";
 /// The driver root built inside the machine: shaped like a host driver install.
 pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
 
+/// Where the machine sees this helper, bound read-only from its stable host path at every start:
+/// the CDI spec names it as the OCI hook binary (`cdi-hook …`), since the machine has no
+/// `nvidia-cdi-hook`. Outside [`HOST_NVIDIA`] so the driver binds never touch it.
+pub const HOOK_BINARY: &str = "/run/nspawn-lifecycle/nspawn-lifecycle-helper";
+
+/// The bind of the helper at `helper` (its stable host path) to [`HOOK_BINARY`].
+pub fn hook_bind(helper: &HostPath) -> Bind {
+    Bind {
+        source: helper.clone(),
+        target: HOOK_BINARY
+            .parse()
+            .expect("HOOK_BINARY is a valid machine path"),
+        read_only: true,
+    }
+}
+
 /// A host path bound into the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {

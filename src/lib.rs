@@ -3,6 +3,7 @@
 
 pub mod atomic;
 pub mod cdi;
+pub mod cdi_hook;
 pub mod cli;
 pub mod config;
 pub mod discovery;
@@ -16,6 +17,7 @@ pub mod host_dir;
 pub mod image;
 pub mod install;
 pub mod layout;
+pub mod ldcache;
 pub mod lock;
 pub mod logging;
 pub mod machine_name;
@@ -64,6 +66,10 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
+    // Run by a container runtime inside the machine: no host tree, no configuration there.
+    if let Command::CdiHook(hook) = &cli.command {
+        return cdi_hook::run(hook, std::io::stdin().lock());
+    }
     // Needs no host and no configuration: a crash test lists the points before it arms one.
     #[cfg(feature = "failpoints")]
     if let Command::Failpoints = &cli.command {
@@ -99,7 +105,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Uninstall { machine, dry_run } => {
             install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }
-        Command::Demo { .. } | Command::Completions { .. } | Command::Manpages { .. } => {
+        Command::Demo { .. }
+        | Command::Completions { .. }
+        | Command::Manpages { .. }
+        | Command::CdiHook(_) => {
             unreachable!("handled above")
         }
         #[cfg(feature = "failpoints")]

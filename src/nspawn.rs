@@ -118,11 +118,13 @@ impl NspawnFile {
 
     /// Render for `inv` (whose verdict must not be incomplete; callers check first).
     /// `has_lib_modules`: whether the host has `/lib/modules` (nspawn fails on a missing source).
+    /// `helper`: this helper's stable host path, bound in for the CDI hooks when there are GPUs.
     pub fn render(
         machine: &MachineName,
         inv: &Inventory,
         cfg: &MachineConfig,
         has_lib_modules: bool,
+        helper: &HostPath,
     ) -> NspawnFile {
         let mut binds = Vec::new();
         if has_lib_modules {
@@ -143,6 +145,13 @@ impl NspawnFile {
                         read_only: b.read_only,
                     });
                 }
+                // The CDI spec's hooks run this binary inside the machine (src/cdi_hook.rs).
+                let hook = layout::hook_bind(helper);
+                binds.push(BindLine {
+                    source: hook.source,
+                    target: hook.target,
+                    read_only: hook.read_only,
+                });
                 // containerd and kubelet wait at boot for post-start (src/gate.rs).
                 for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
                     binds.push(BindLine {

@@ -373,6 +373,21 @@ fn oci_mounts(s: &oci::Spec) -> Vec<(String, String, Vec<String>)> {
         .collect()
 }
 
+fn oci_create_container_hooks(s: &oci::Spec) -> Vec<(String, Vec<String>)> {
+    s.hooks()
+        .as_ref()
+        .and_then(|h| h.create_container().clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|h| {
+            (
+                h.path().display().to_string(),
+                h.args().clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
 fn oci_env(s: &oci::Spec) -> Vec<String> {
     s.process()
         .as_ref()
@@ -438,49 +453,63 @@ fn check_injection(
             .find(|m| m.0 == dest)
             .unwrap_or_else(|| panic!("{case}: no mount at {dest}: {added:#?}"))
     };
-    let mut want_count = 0;
+    // Every driver file is bound under the tmpfs, never at a path the image may hold; the
+    // standard paths become symlinks made by our create-symlinks hook.
+    let x = cdi::CONTAINER_DRIVER_DIR;
+    let tmpfs = find(x);
+    assert_eq!(tmpfs.1, "tmpfs", "{case}: the driver dir is a tmpfs");
+    let mut want_count = 1;
+    let mut want_links: Vec<String> = Vec::new();
+    let mut want_libs: Vec<String> = Vec::new();
     for (i, dir) in driver.lib_dirs.iter().enumerate() {
         let std_dir = format!("/usr/lib/{}", dir.triplet);
         for f in &dir.files {
             let src = format!("/run/host-nvidia/lib/{i}/{}", f.name);
-            let m = find(&format!("{std_dir}/{}", f.name));
+            let dest = format!("{std_dir}/{}", f.name);
+            let m = find(&format!("{x}{dest}"));
             assert_eq!(
                 (m.1.as_str(), &m.2[..]),
                 (src.as_str(), &FILE_OPTS.map(String::from)[..])
             );
+            assert!(
+                !added.iter().any(|m| m.0 == dest),
+                "{case}: a bind at the image path {dest}"
+            );
             want_count += 1;
+            want_links.push(format!("{x}{dest}::{dest}"));
             if let Some(soname) = &f.soname {
-                // The SONAME mount: the versioned file again, where dlopen("libcuda.so.1") looks.
-                let sub = f.name.rsplit_once('/').map_or("", |(s, _)| s);
-                let dest = if sub.is_empty() {
+                let (sub, file) = f
+                    .name
+                    .rsplit_once('/')
+                    .map_or(("", f.name.as_str()), |(s, f)| (s, f));
+                let link = if sub.is_empty() {
                     format!("{std_dir}/{soname}")
                 } else {
                     format!("{std_dir}/{sub}/{soname}")
                 };
-                assert_eq!(find(&dest).1, src, "{case}: {dest}");
-                want_count += 1;
+                want_links.push(format!("{file}::{link}"));
+                want_libs.push(format!("{soname}::{link}"));
+                if soname == "libcuda.so.1" {
+                    want_links.push(format!("libcuda.so.1::{std_dir}/libcuda.so"));
+                }
             }
         }
     }
-    let t0 = &driver.lib_dirs[0].triplet;
-    assert_eq!(
-        find(&format!("/usr/lib/{t0}/libcuda.so.1")).1,
-        format!("/run/host-nvidia/lib/0/libcuda.so.{VER}")
-    );
     for b in &driver.binaries {
         let name = b.rsplit('/').next().unwrap();
         assert_eq!(
-            find(&format!("/usr/bin/{name}")).1,
+            find(&format!("{x}/usr/bin/{name}")).1,
             format!("/run/host-nvidia/bin/{name}")
         );
+        want_links.push(format!("{x}/usr/bin/{name}::/usr/bin/{name}"));
         want_count += 1;
     }
-    let fw = find(&format!("/lib/firmware/nvidia/{VER}"));
+    let fw = find(&format!("{x}/lib/firmware/nvidia/{VER}"));
     assert_eq!(fw.1, format!("/run/host-nvidia/firmware/{VER}"));
     want_count += 1;
     for s in &driver.sockets {
         let name = s.rsplit('/').next().unwrap();
-        let m = find(&format!("/run/{name}/socket"));
+        let m = find(&format!("{x}/run/{name}/socket"));
         assert_eq!(m.1, format!("/run/host-nvidia/run/{name}/socket"));
         assert_eq!(m.2, SOCKET_OPTS.map(String::from), "{case}: socket options");
         want_count += 1;
@@ -489,6 +518,38 @@ fn check_injection(
         added.len(),
         want_count,
         "{case}: unexpected mounts {added:#?}"
+    );
+    // The tmpfs is mounted before anything under it (CDI orders mounts by depth).
+    let pos = |dest: &str| mounts.iter().position(|m| m.0 == dest).unwrap();
+    assert!(
+        added.iter().all(|m| pos(x) <= pos(&m.0)),
+        "{case}: tmpfs first"
+    );
+
+    // Hooks: ours, at the machine path of the helper, createContainer.
+    let hooks = oci_create_container_hooks(after);
+    assert_eq!(hooks.len(), 3, "{case}: {hooks:#?}");
+    for (path, args) in &hooks {
+        assert_eq!(path, nspawn_lifecycle::layout::HOOK_BINARY, "{case}");
+        assert_eq!(args[..2], ["nspawn-lifecycle-helper", "cdi-hook"], "{case}");
+    }
+    let values = |args: &[String], flag: &str| -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].clone())
+            .collect()
+    };
+    assert_eq!(hooks[0].1[2], "create-symlinks", "{case}");
+    let links = values(&hooks[0].1, "--link");
+    for l in &want_links {
+        assert!(links.contains(l), "{case}: no link {l} in {links:#?}");
+    }
+    assert_eq!(hooks[1].1[2], "update-ldcache", "{case}");
+    assert_eq!(values(&hooks[1].1, "--lib"), want_libs, "{case}");
+    assert_eq!(
+        hooks[2].1[2..],
+        ["disable-device-node-modification"],
+        "{case}"
     );
 
     let env = oci_env(after);
@@ -823,7 +884,7 @@ fn cdi_version_follows_the_content() {
             .to_string()
     };
 
-    // Only "all": no digit-first name, and type/major/minor on nodes do not raise the version.
+    // Only "all": no digit-first name; the tmpfs mount's `type` needs 0.4.0.
     let mut only_all = spec.clone();
     only_all.devices.retain(|d| d.name == "all");
     assert!(
@@ -833,6 +894,11 @@ fn cdi_version_follows_the_content() {
             .iter()
             .all(|n| n.major > 0)
     );
+    assert_eq!(cdi::minimum_version(&only_all), "0.4.0");
+    assert_eq!(lib_version(&only_all), "0.4.0");
+    // Without mounts, type/major/minor on nodes and hooks do not raise the version.
+    only_all.container_edits.mounts.clear();
+    assert!(!only_all.container_edits.hooks.is_empty());
     assert_eq!(cdi::minimum_version(&only_all), "0.3.0");
     assert_eq!(lib_version(&only_all), "0.3.0");
 

@@ -121,8 +121,9 @@ CDI_SPEC=/var/run/cdi/nvidia.com-gpu.json
 gpu_uuid() { printf 'GPU-e2e00000-0000-4000-8000-%012d' "$1"; }     # as lib/fakehw.sh makes them
 
 # check_cdi_spec <m> <gpus>: the CDI spec the product wrote in machine <m>, checked against
-# DESIGN §5.3 (structure, names, CDI 0.5.0 compatibility, no nvidia-cdi-hook) on the outer machine,
-# then every device node and mount source it names is checked INSIDE the machine.
+# DESIGN §5.3 (structure, names, CDI 0.5.0 compatibility, our own hooks, no nvidia-cdi-hook) on the
+# outer machine, then every device node, mount source and the hook binary it names is checked
+# INSIDE the machine.
 check_cdi_spec() {
     local m=$1 n=$2 f out line uuids="" i
     f=$(mktemp)
@@ -183,16 +184,34 @@ env = ce.get("env", [])
 (ok if "NVIDIA_VISIBLE_DEVICES=void" in env else lambda k: bad(k, env))("cdi-env-visible-devices-void")
 mounts = ce.get("mounts", [])
 cps = {m.get("containerPath", ""): m for m in mounts}
-need = ["libcuda.so.%s" % ver, "libcuda.so.1", "libnvidia-ml.so.%s" % ver, "libnvidia-ml.so.1"]
-miss = [x for x in need if not any(cp.endswith("/" + x) for cp in cps)]
-(ok if not miss else lambda k: bad(k, "no mount for %s" % miss))("cdi-mounts-libraries-and-sonames")
-(ok if "/usr/bin/nvidia-smi" in cps else lambda k: bad(k, "no /usr/bin/nvidia-smi mount"))("cdi-mounts-nvidia-smi")
+# Driver files are bound under a tmpfs (DRIVER_DIR); the standard paths and SONAME links are made
+# by our create-symlinks hook, libraries listed in ld.so.cache by update-ldcache (src/cdi.rs).
+DRIVER_DIR = "/run/nspawn-lifecycle-driver"
+HOOK = "/run/nspawn-lifecycle/nspawn-lifecycle-helper"
+tm = cps.get(DRIVER_DIR, {})
+(ok if tm.get("type") == "tmpfs" else lambda k: bad(k, "no tmpfs at %s: %s" % (DRIVER_DIR, tm)))("cdi-driver-tmpfs")
+need = ["libcuda.so.%s" % ver, "libnvidia-ml.so.%s" % ver]
+miss = [x for x in need if not any(cp.startswith(DRIVER_DIR + "/") and cp.endswith("/" + x) for cp in cps)]
+(ok if not miss else lambda k: bad(k, "no mount for %s" % miss))("cdi-mounts-libraries")
+(ok if DRIVER_DIR + "/usr/bin/nvidia-smi" in cps else lambda k: bad(k, "no nvidia-smi mount"))("cdi-mounts-nvidia-smi")
+atimage = [cp for cp in cps if cp != DRIVER_DIR and not cp.startswith(DRIVER_DIR + "/")]
+(ok if not atimage else lambda k: bad(k, "binds at image paths: %s" % atimage[:5]))("cdi-no-bind-at-image-paths")
 badopts = [m.get("containerPath") for m in mounts
            if "/lib" in m.get("containerPath", "") and not {"ro", "nosuid", "nodev", "rbind", "rprivate"} <= set(m.get("options", []))]
 (ok if not badopts else lambda k: bad(k, "mounts without ro,nosuid,nodev,rbind,rprivate: %s" % badopts[:5]))("cdi-mount-options")
-hooks = [h.get("path") for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()] for h in e.get("hooks", [])]
-nh = [h for h in hooks if "nvidia-cdi-hook" in (h or "") or "nvidia-ctk" in (h or "")]
+allhooks = [h for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()] for h in e.get("hooks", [])]
+nh = [h.get("path") for h in allhooks if "nvidia-cdi-hook" in (h.get("path") or "") or "nvidia-ctk" in (h.get("path") or "")]
 (ok if not nh else lambda k: bad(k, nh))("cdi-no-nvidia-cdi-hook")
+verbs = [(h.get("args") or [None, None, None])[2] for h in ce.get("hooks", [])
+         if h.get("path") == HOOK and h.get("hookName") == "createContainer"]
+want = ["create-symlinks", "update-ldcache", "disable-device-node-modification"]
+(ok if verbs == want and len(allhooks) == 3 else lambda k: bad(k, "hooks %s" % allhooks))("cdi-hooks-ours")
+links = [a for h in ce.get("hooks", []) for a in (h.get("args") or []) if "::" in a]
+wl = ["libcuda.so.%s::/usr/lib/x86_64-linux-gnu/libcuda.so.1" % ver, "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+      "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libnvidia-ml.so.1::/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
+miss = [x for x in wl if x not in links]
+(ok if not miss else lambda k: bad(k, "hook arguments lack %s" % miss))("cdi-hook-links-and-ldcache")
+print("HOOK " + HOOK)
 seen = set()
 for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()]:
     for x in e.get("deviceNodes", []):
@@ -200,6 +219,7 @@ for e in [ce] + [d.get("containerEdits", {}) for d in devs.values()]:
         if p not in seen: seen.add(p); print("NODE " + p)
     for x in e.get("mounts", []):
         p = x.get("hostPath")
+        if x.get("type") == "tmpfs": continue
         if p and p not in seen: seen.add(p); print("MOUNT " + p)
 PY
 )
@@ -216,8 +236,9 @@ PY
         case "$kind" in
             NODE)  script+="; if [ -L '$p' ] || [ ! -c '$p' ]; then echo 'not a char device: $p'; r=1; fi";;
             MOUNT) script+="; [ -e '$p' ] || { echo 'missing mount source: $p'; r=1; }";;
+            HOOK)  script+="; '$p' cdi-hook --help >/dev/null 2>&1 || { echo 'hook binary does not run: $p'; r=1; }";;
         esac
-    done < <(printf '%s\n' "$out" | grep -E '^(NODE|MOUNT) ')
+    done < <(printf '%s\n' "$out" | grep -E '^(NODE|MOUNT|HOOK) ')
     script+="; exit \$r"
     local res
     if res=$(M -m "$m" /bin/sh -c "$script" 2>&1); then pass "$(c cdi-paths-resolve-in-machine)"

@@ -1,0 +1,486 @@
+//! glibc's dynamic-linker cache (`/etc/ld.so.cache`): read the one an image has, add the driver's
+//! libraries, write it back. Pure: bytes in, bytes out.
+//!
+//! Why we write the cache ourselves instead of running `ldconfig` for the container: the
+//! container's `ldconfig` is image code, and running it as root before the container is
+//! sealed is the CVE-2025-23266 class of bug; the machine's `ldconfig -r <rootfs>` is not image
+//! code, but it parses every ELF file of the image and writes through the image's symlinks as
+//! root, and a Debian machine's `ldconfig` may not even agree with an older image's loader on the
+//! cache format. What a loader needs from the cache is small and stable since glibc 2.3: the
+//! "new" format (`glibc-ld.so.cache1.1`), a sorted table of (flags, SONAME, path). We keep every
+//! entry the image's own cache had (so nothing the image found before is lost), drop the image's
+//! entries for the driver's SONAMEs (a stale `libcuda.so.1` from an older driver), add ours, and
+//! sort the table the way `ldconfig` does so the loader's binary search finds every entry.
+//!
+//! Layout (glibc `sysdeps/generic/dl-cache.h`), all integers in the machine's byte order:
+//! header of 48 bytes (`glibc-ld.so.cache` + `1.1`, `nlibs`, `len_strings`, a flags byte, 3
+//! padding bytes, `extension_offset`, 3 unused words), then `nlibs` entries of 24 bytes
+//! (`flags: i32, key: u32, value: u32, osversion: u32, hwcap: u64`), then the string table.
+//! String offsets count from the start of the header. An optional extension block (magic
+//! `0xEAA42174`) names the `glibc-hwcaps` subdirectories that entries with bit 62 of `hwcap`
+//! refer to by index; we keep it for the image's entries.
+
+use anyhow::{Result, bail};
+
+const MAGIC_NEW: &[u8] = b"glibc-ld.so.cache1.1";
+const MAGIC_OLD: &[u8] = b"ld.so-1.7.0";
+const HEADER_LEN: usize = 48;
+const ENTRY_LEN: usize = 24;
+const OLD_ENTRY_LEN: usize = 12;
+const EXTENSION_MAGIC: u32 = 0xEAA4_2174;
+const TAG_GLIBC_HWCAPS: u32 = 1;
+/// `DL_CACHE_HWCAP_EXTENSION`: the low 32 bits of `hwcap` index the glibc-hwcaps names.
+const HWCAP_EXTENSION: u64 = 1 << 62;
+/// The largest cache we read; a real one is tens of kilobytes.
+pub const MAX_CACHE: usize = 16 << 20;
+
+/// `FLAG_ELF_LIBC6`.
+pub const FLAG_ELF_LIBC6: i32 = 0x0003;
+/// `FLAG_ELF_LIBC6 | FLAG_X8664_LIB64`: what `ldconfig -p` prints as `(libc6,x86-64)`.
+pub const FLAGS_X86_64: i32 = 0x0303;
+/// `FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64`: `(libc6,AArch64)`.
+pub const FLAGS_AARCH64: i32 = 0x0a03;
+
+/// One cache entry: a SONAME and the path the loader opens for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub flags: i32,
+    pub soname: String,
+    pub path: String,
+    /// `Some(name)` for a library in a `glibc-hwcaps/<name>` subdirectory.
+    pub hwcaps: Option<String>,
+    /// Any other `hwcap` bits (legacy hwcap subdirectories), kept as they were.
+    pub hwcap: u64,
+}
+
+impl Entry {
+    /// A plain entry for one of the driver's libraries.
+    pub fn new(flags: i32, soname: &str, path: &str) -> Entry {
+        Entry {
+            flags,
+            soname: soname.to_owned(),
+            path: path.to_owned(),
+            hwcaps: None,
+            hwcap: 0,
+        }
+    }
+}
+
+/// The cache flags for a library in the multiarch directory `dir` (`/usr/lib/<triplet>/…`), or
+/// for this build's own architecture when the path names no known triplet.
+pub fn flags_for(path: &str) -> i32 {
+    if path.contains("/x86_64-linux-gnu/") {
+        FLAGS_X86_64
+    } else if path.contains("/aarch64-linux-gnu/") {
+        FLAGS_AARCH64
+    } else if path.contains("/i386-linux-gnu/") || path.contains("/arm-linux-gnueabihf/") {
+        FLAG_ELF_LIBC6
+    } else if cfg!(target_arch = "aarch64") {
+        FLAGS_AARCH64
+    } else {
+        FLAGS_X86_64
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32> {
+    match b.get(at..at + 4) {
+        Some(s) => Ok(u32::from_ne_bytes(s.try_into().expect("4 bytes"))),
+        None => bail!("truncated at offset {at}"),
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> Result<u64> {
+    match b.get(at..at + 8) {
+        Some(s) => Ok(u64::from_ne_bytes(s.try_into().expect("8 bytes"))),
+        None => bail!("truncated at offset {at}"),
+    }
+}
+
+/// The NUL-terminated string at `off` of the table that starts at `base`.
+fn str_at(b: &[u8], off: u32) -> Result<String> {
+    let start = off as usize;
+    let Some(rest) = b.get(start..) else {
+        bail!("string offset {off} beyond the end");
+    };
+    let Some(len) = rest.iter().position(|&c| c == 0) else {
+        bail!("string at offset {off} is not terminated");
+    };
+    match std::str::from_utf8(&rest[..len]) {
+        Ok(s) => Ok(s.to_owned()),
+        Err(_) => bail!("string at offset {off} is not UTF-8"),
+    }
+}
+
+/// The entries of a cache file, in file order. Both the new format and the "compat" format
+/// glibc before 2.32 wrote (old table, then the new one) are read; a file with only the old
+/// format (glibc before 2.2) gives no entries, as it only names libraries in the default
+/// directories, which the loader searches anyway. Anything malformed is an error.
+pub fn parse(bytes: &[u8]) -> Result<Vec<Entry>> {
+    if bytes.len() > MAX_CACHE {
+        bail!("larger than {MAX_CACHE} bytes");
+    }
+    let new = if bytes.starts_with(MAGIC_NEW) {
+        bytes
+    } else if bytes.starts_with(MAGIC_OLD) {
+        let n = u32_at(bytes, MAGIC_OLD.len())? as usize;
+        let end = 16usize.saturating_add(n.saturating_mul(OLD_ENTRY_LEN));
+        let aligned = end.div_ceil(8) * 8;
+        match bytes.get(aligned..) {
+            Some(rest) if rest.starts_with(MAGIC_NEW) => rest,
+            _ => return Ok(Vec::new()),
+        }
+    } else {
+        bail!("not a glibc ld.so.cache (unknown magic)");
+    };
+    if new.len() < HEADER_LEN {
+        bail!("header truncated");
+    }
+    let nlibs = u32_at(new, 20)? as usize;
+    let ext_off = u32_at(new, 32)? as usize;
+    if nlibs > (new.len() - HEADER_LEN) / ENTRY_LEN {
+        bail!("{nlibs} entries do not fit in {} bytes", new.len());
+    }
+    let hwcaps = if ext_off != 0 {
+        parse_hwcaps(new, ext_off)?
+    } else {
+        Vec::new()
+    };
+    let mut out = Vec::with_capacity(nlibs);
+    for i in 0..nlibs {
+        let at = HEADER_LEN + i * ENTRY_LEN;
+        let flags = u32_at(new, at)? as i32;
+        let key = str_at(new, u32_at(new, at + 4)?)?;
+        let value = str_at(new, u32_at(new, at + 8)?)?;
+        let hwcap = u64_at(new, at + 16)?;
+        let (hwcaps_name, hwcap) = if hwcap & HWCAP_EXTENSION != 0 {
+            let idx = (hwcap & 0xffff_ffff) as usize;
+            match hwcaps.get(idx) {
+                Some(name) => (Some(name.clone()), 0),
+                None => bail!("entry {key} names glibc-hwcaps index {idx}, which does not exist"),
+            }
+        } else {
+            (None, hwcap)
+        };
+        out.push(Entry {
+            flags,
+            soname: key,
+            path: value,
+            hwcaps: hwcaps_name,
+            hwcap,
+        });
+    }
+    Ok(out)
+}
+
+/// The glibc-hwcaps subdirectory names of the extension block at `off`.
+fn parse_hwcaps(new: &[u8], off: usize) -> Result<Vec<String>> {
+    if u32_at(new, off)? != EXTENSION_MAGIC {
+        bail!("extension block at {off} has no magic");
+    }
+    let count = u32_at(new, off + 4)? as usize;
+    if count > 64 {
+        bail!("{count} extension sections");
+    }
+    let mut names = Vec::new();
+    for s in 0..count {
+        let at = off + 8 + s * 16;
+        if u32_at(new, at)? != TAG_GLIBC_HWCAPS {
+            continue;
+        }
+        let (data, size) = (
+            u32_at(new, at + 8)? as usize,
+            u32_at(new, at + 12)? as usize,
+        );
+        if size % 4 != 0 || size / 4 > 4096 {
+            bail!("glibc-hwcaps section of {size} bytes");
+        }
+        for k in 0..size / 4 {
+            names.push(str_at(new, u32_at(new, data + 4 * k)?)?);
+        }
+    }
+    Ok(names)
+}
+
+/// glibc's `_dl_cache_libcmp`: runs of digits compare as numbers, a digit sorts after any other
+/// character.
+pub fn libcmp(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    loop {
+        match (a.get(i), b.get(j)) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let (si, sj) = (i, j);
+                while a.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+                while b.get(j).is_some_and(u8::is_ascii_digit) {
+                    j += 1;
+                }
+                // Compare as numbers without overflow: strip leading zeros, then length, then digits.
+                let na = trim_zeros(&a[si..i]);
+                let nb = trim_zeros(&b[sj..j]);
+                let ord = na.len().cmp(&nb.len()).then_with(|| na.cmp(nb));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+            (Some(x), Some(_)) if x.is_ascii_digit() => return Ordering::Greater,
+            (Some(_), Some(y)) if y.is_ascii_digit() => return Ordering::Less,
+            (Some(x), Some(y)) => {
+                if x != y {
+                    return x.cmp(y);
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+}
+
+fn trim_zeros(d: &[u8]) -> &[u8] {
+    let n = d.iter().take_while(|&&c| c == b'0').count();
+    &d[n.min(d.len().saturating_sub(1))..]
+}
+
+/// `existing` (the image's entries) with every entry for one of `ours`' SONAMEs and flags
+/// replaced by ours, in the order `ldconfig` writes: SONAMEs descending by [`libcmp`] (the
+/// loader's binary search relies on it), for one SONAME higher flags first and glibc-hwcaps
+/// entries before plain ones, otherwise the image's own order.
+pub fn merge(existing: Vec<Entry>, ours: &[Entry]) -> Vec<Entry> {
+    let mut all: Vec<Entry> = existing
+        .into_iter()
+        .filter(|e| {
+            !ours
+                .iter()
+                .any(|o| o.soname == e.soname && o.flags == e.flags)
+        })
+        .collect();
+    for o in ours {
+        if !all.contains(o) {
+            all.push(o.clone());
+        }
+    }
+    all.sort_by(|a, b| {
+        libcmp(&b.soname, &a.soname)
+            .then_with(|| b.flags.cmp(&a.flags))
+            .then_with(|| b.hwcaps.is_some().cmp(&a.hwcaps.is_some()))
+    });
+    all
+}
+
+/// The new-format cache file holding `entries` in the given order.
+pub fn render(entries: &[Entry]) -> Vec<u8> {
+    let mut hwcaps: Vec<&str> = Vec::new();
+    for e in entries {
+        if let Some(h) = &e.hwcaps
+            && !hwcaps.contains(&h.as_str())
+        {
+            hwcaps.push(h);
+        }
+    }
+    // String table right after the entries, each distinct string once.
+    let mut strings = Strings {
+        base: HEADER_LEN + entries.len() * ENTRY_LEN,
+        bytes: Vec::new(),
+        offsets: std::collections::HashMap::new(),
+    };
+    let mut table = Vec::with_capacity(entries.len() * ENTRY_LEN);
+    for e in entries {
+        let key = strings.offset(&e.soname);
+        let value = strings.offset(&e.path);
+        let hwcap = match &e.hwcaps {
+            Some(h) => {
+                let idx = hwcaps
+                    .iter()
+                    .position(|x| *x == h.as_str())
+                    .expect("every hwcaps name was collected above");
+                HWCAP_EXTENSION | idx as u64
+            }
+            None => e.hwcap,
+        };
+        table.extend_from_slice(&e.flags.to_ne_bytes());
+        table.extend_from_slice(&key.to_ne_bytes());
+        table.extend_from_slice(&value.to_ne_bytes());
+        table.extend_from_slice(&0u32.to_ne_bytes());
+        table.extend_from_slice(&hwcap.to_ne_bytes());
+    }
+    let hwcap_offsets: Vec<u32> = hwcaps.iter().map(|h| strings.offset(h)).collect();
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC_NEW);
+    out.extend_from_slice(&small(entries.len()).to_ne_bytes());
+    out.extend_from_slice(&small(strings.bytes.len()).to_ne_bytes());
+    // cache_file_new_flags_endian_little / _big.
+    out.push(if cfg!(target_endian = "little") { 2 } else { 3 });
+    out.extend_from_slice(&[0; 3]);
+    let ext_at = out.len();
+    out.extend_from_slice(&[0; 16]);
+    debug_assert_eq!(out.len(), HEADER_LEN);
+    out.extend_from_slice(&table);
+    out.extend_from_slice(&strings.bytes);
+    if !hwcaps.is_empty() {
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        let ext = small(out.len());
+        out[ext_at..ext_at + 4].copy_from_slice(&ext.to_ne_bytes());
+        // Magic, one section (tag, flags, offset, size), then the section's data.
+        for word in [
+            EXTENSION_MAGIC,
+            1,
+            TAG_GLIBC_HWCAPS,
+            0,
+            ext + 8 + 16,
+            small(4 * hwcap_offsets.len()),
+        ] {
+            out.extend_from_slice(&word.to_ne_bytes());
+        }
+        for o in hwcap_offsets {
+            out.extend_from_slice(&o.to_ne_bytes());
+        }
+    }
+    out
+}
+
+/// A cache's string table being built.
+struct Strings {
+    /// Offset of the table from the start of the header.
+    base: usize,
+    bytes: Vec<u8>,
+    offsets: std::collections::HashMap<String, u32>,
+}
+
+impl Strings {
+    fn offset(&mut self, s: &str) -> u32 {
+        if let Some(&o) = self.offsets.get(s) {
+            return o;
+        }
+        let o = small(self.base + self.bytes.len());
+        self.bytes.extend_from_slice(s.as_bytes());
+        self.bytes.push(0);
+        self.offsets.insert(s.to_owned(), o);
+        o
+    }
+}
+
+/// A size or offset in a cache, which [`parse`] caps at [`MAX_CACHE`] and our entries keep far
+/// below that.
+fn small(n: usize) -> u32 {
+    u32::try_from(n).expect("an ld.so.cache stays far below 4 GiB")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cmp::Ordering;
+
+    #[test]
+    fn libcmp_is_glibcs() {
+        assert_eq!(libcmp("libc.so.6", "libc.so.6"), Ordering::Equal);
+        assert_eq!(libcmp("libcuda.so.1", "libcuda.so.10"), Ordering::Less);
+        assert_eq!(libcmp("libx.so.9", "libx.so.10"), Ordering::Less);
+        // A digit sorts after a letter (and after '.').
+        assert_eq!(libcmp("lib1", "liba"), Ordering::Greater);
+        assert_eq!(libcmp("libz.so", "libz.so.1"), Ordering::Less);
+        assert_eq!(libcmp("a", "b"), Ordering::Less);
+    }
+
+    #[test]
+    fn round_trip_keeps_order_and_hwcaps() {
+        let mut hw = Entry::new(
+            FLAGS_X86_64,
+            "libm.so.6",
+            "/usr/lib/glibc-hwcaps/x86-64-v3/libm.so.6",
+        );
+        hw.hwcaps = Some("x86-64-v3".into());
+        let entries = merge(
+            vec![
+                Entry::new(FLAGS_X86_64, "libc.so.6", "/lib64/libc.so.6"),
+                Entry::new(FLAGS_X86_64, "libm.so.6", "/lib64/libm.so.6"),
+                hw,
+                Entry::new(
+                    FLAGS_X86_64,
+                    "libcuda.so.1",
+                    "/usr/lib64/libcuda.so.470.57.02",
+                ),
+            ],
+            &[Entry::new(
+                FLAGS_X86_64,
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            )],
+        );
+        let names: Vec<_> = entries.iter().map(|e| e.soname.as_str()).collect();
+        assert_eq!(
+            names,
+            ["libm.so.6", "libm.so.6", "libcuda.so.1", "libc.so.6"]
+        );
+        assert!(entries[0].hwcaps.is_some(), "hwcaps entry first");
+        assert_eq!(entries[2].path, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        let bytes = render(&entries);
+        assert_eq!(parse(&bytes).unwrap(), entries);
+    }
+
+    #[test]
+    fn malformed_caches_are_errors_not_panics() {
+        let good = render(&[Entry::new(FLAGS_X86_64, "liba.so.1", "/lib/liba.so.1")]);
+        for cut in 0..good.len() {
+            let _ = parse(&good[..cut]);
+        }
+        assert!(parse(b"garbage").is_err());
+        let mut bad = good.clone();
+        bad[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert!(parse(&bad).is_err());
+        let mut bad = good;
+        bad[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&9999u32.to_ne_bytes());
+        assert!(parse(&bad).is_err());
+    }
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+
+    /// The entry lines of `ldconfig -p` (not the count, nor the "generated by" line, which comes
+    /// from an extension section we do not write).
+    fn entry_lines(out: &str) -> Vec<&str> {
+        out.lines().filter(|l| l.starts_with('\t')).collect()
+    }
+
+    /// The host's own cache, written by glibc's ldconfig: we read every entry, our sort keeps
+    /// ldconfig's order, and `ldconfig -p -C` prints our rendering exactly as it prints the original.
+    #[test]
+    fn host_cache_round_trips_through_glibc_ldconfig() {
+        let original = std::fs::read("/etc/ld.so.cache").expect("this Debian host has a cache");
+        let entries = parse(&original).unwrap();
+        assert!(entries.len() > 10, "{entries:?}");
+        let merged = merge(entries.clone(), &[]);
+        assert_eq!(merged, entries, "ldconfig's order is ours");
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("ld.so.cache");
+        std::fs::write(&ours, render(&merged)).unwrap();
+        let print = |cache: &std::path::Path| {
+            let out = std::process::Command::new("ldconfig")
+                .arg("-p")
+                .arg("-C")
+                .arg(cache)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let a = print(std::path::Path::new("/etc/ld.so.cache"));
+        let b = print(&ours);
+        let (a, b): (Vec<_>, Vec<_>) = (entry_lines(&a), entry_lines(&b));
+        let diff: Vec<_> = a.iter().zip(&b).filter(|(x, y)| x != y).take(3).collect();
+        assert!(
+            diff.is_empty() && a.len() == b.len(),
+            "{} vs {} lines; first differences {diff:?}",
+            a.len(),
+            b.len()
+        );
+    }
+}

@@ -1,0 +1,475 @@
+//! The `cdi-hook` subcommands against fake container roots, the way a runtime calls them: the
+//! binary, the OCI state on stdin, `bundle/config.json` naming `root.path`. The roots are
+//! hostile: stale and absolute symlinks at every path we write, parents that lead out of the
+//! root or onto another filesystem. Privileged (mounts, a mount namespace): CI runs as root.
+
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
+
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const ML: &str = "/usr/lib/x86_64-linux-gnu";
+
+/// A bundle with `config.json` naming `rootfs` (relative, as runtimes write it) and the root.
+struct Bundle {
+    dir: tempfile::TempDir,
+}
+
+impl Bundle {
+    fn new() -> Bundle {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("rootfs")).unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["x"]}}"#,
+        )
+        .unwrap();
+        Bundle { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("rootfs")
+    }
+
+    /// `rel` inside the root (for setting up and checking only).
+    fn at(&self, rel: &str) -> PathBuf {
+        self.root().join(rel.trim_start_matches('/'))
+    }
+
+    fn state(&self) -> String {
+        format!(
+            r#"{{"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": 1, "bundle": "{}"}}"#,
+            self.dir.path().display()
+        )
+    }
+
+    fn hook(&self, args: &[&str]) -> Output {
+        run_hook(&self.state(), args)
+    }
+}
+
+fn run_hook(state: &str, args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .arg("cdi-hook")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(state.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "hook failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn failed(out: &Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert!(err.contains(needle), "{needle:?} not in {err}");
+}
+
+fn link_of(p: &Path) -> String {
+    std::fs::read_link(p).unwrap().display().to_string()
+}
+
+fn mkdirs(b: &Bundle, rel: &str) {
+    std::fs::create_dir_all(b.at(rel)).unwrap();
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn at(path: PathBuf) -> Tmpfs {
+        std::fs::create_dir_all(&path).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        Tmpfs(path)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn privileged_create_symlinks_replaces_stale_and_absolute_links_without_following_them() {
+    let b = Bundle::new();
+    mkdirs(&b, ML);
+    // An image built with an older driver: a dangling SONAME link (what made crun refuse).
+    symlink("libcuda.so.470.57.02", b.at(&format!("{ML}/libcuda.so.1"))).unwrap();
+    // An absolute link at a versioned path pointing at another file of the image.
+    std::fs::write(b.at("/etc-victim"), "image file").unwrap();
+    symlink("/etc-victim", b.at(&format!("{ML}/libcuda.so.550.1"))).unwrap();
+    // A regular file of the image at the dev name.
+    std::fs::write(b.at(&format!("{ML}/libcuda.so")), "stub").unwrap();
+    let out = b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("/run/nspawn-lifecycle-driver{ML}/libcuda.so.550.1::{ML}/libcuda.so.550.1"),
+        "--link",
+        &format!("libcuda.so.550.1::{ML}/libcuda.so.1"),
+        "--link",
+        &format!("libcuda.so.1::{ML}/libcuda.so"),
+    ]);
+    ok(&out);
+    assert_eq!(
+        link_of(&b.at(&format!("{ML}/libcuda.so.550.1"))),
+        format!("/run/nspawn-lifecycle-driver{ML}/libcuda.so.550.1")
+    );
+    assert_eq!(
+        link_of(&b.at(&format!("{ML}/libcuda.so.1"))),
+        "libcuda.so.550.1"
+    );
+    assert_eq!(link_of(&b.at(&format!("{ML}/libcuda.so"))), "libcuda.so.1");
+    // The file the absolute link pointed at is untouched.
+    assert_eq!(
+        std::fs::read_to_string(b.at("/etc-victim")).unwrap(),
+        "image file"
+    );
+    // Idempotent: a second run changes nothing (same inodes).
+    let ino = std::fs::symlink_metadata(b.at(&format!("{ML}/libcuda.so.1")))
+        .unwrap()
+        .ino();
+    ok(&b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("libcuda.so.550.1::{ML}/libcuda.so.1"),
+    ]));
+    assert_eq!(
+        std::fs::symlink_metadata(b.at(&format!("{ML}/libcuda.so.1")))
+            .unwrap()
+            .ino(),
+        ino
+    );
+}
+
+#[test]
+fn privileged_create_symlinks_creates_the_multiarch_dir_in_a_lib64_image() {
+    let b = Bundle::new();
+    mkdirs(&b, "/usr/lib64");
+    ok(&b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("libcuda.so.550.1::{ML}/libcuda.so.1"),
+    ]));
+    let dir = std::fs::metadata(b.at(ML)).unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(dir.permissions().mode() & 0o7777, 0o755);
+}
+
+#[test]
+fn privileged_parents_that_lead_out_of_the_root_resolve_inside_it() {
+    let b = Bundle::new();
+    let outside = tempfile::tempdir().unwrap();
+    mkdirs(&b, "/usr/lib");
+    // An absolute link and a `../` escape: both must resolve inside the container root.
+    symlink(outside.path(), b.at(ML)).unwrap();
+    mkdirs(&b, "/etc");
+    symlink("../../../../../../../..", b.at("/etc/up")).unwrap();
+    // While the link's target does not exist inside the root, it dangles there: refused, and
+    // nothing is created on the host where it would point outside.
+    let out = b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("x::{ML}/libcuda.so.1"),
+    ]);
+    failed(&out, 1, "dangling symlink");
+    // With the same path inside the root, that is where the link lands.
+    mkdirs(&b, &outside.path().display().to_string());
+    ok(&b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("x::{ML}/libcuda.so.1"),
+        "--link",
+        "y::/etc/up/escaped",
+    ]));
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing written outside the root"
+    );
+    let inside = b.at(&format!("{}/libcuda.so.1", outside.path().display()));
+    assert_eq!(link_of(&inside), "x");
+    assert_eq!(link_of(&b.at("/escaped")), "y");
+}
+
+#[test]
+fn privileged_no_write_onto_another_filesystem_through_an_image_symlink() {
+    let b = Bundle::new();
+    mkdirs(&b, "/usr/lib");
+    // A mount inside the root standing for /proc, /sys or a volume.
+    let mnt = Tmpfs::at(b.at("/mnt/volume"));
+    symlink("/mnt/volume", b.at(ML)).unwrap();
+    let out = b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("x::{ML}/libcuda.so.1"),
+    ]);
+    failed(&out, 1, "another filesystem");
+    assert_eq!(std::fs::read_dir(&mnt.0).unwrap().count(), 0);
+    // /etc a link onto it: update-ldcache refuses too, writing nothing there.
+    symlink("/mnt/volume", b.at("/etc")).unwrap();
+    let out = b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+    ]);
+    failed(&out, 1, "another filesystem");
+    assert_eq!(std::fs::read_dir(&mnt.0).unwrap().count(), 0);
+}
+
+#[test]
+fn privileged_a_directory_is_never_replaced() {
+    let b = Bundle::new();
+    mkdirs(&b, &format!("{ML}/libcuda.so.1/keep"));
+    let out = b.hook(&[
+        "create-symlinks",
+        "--link",
+        &format!("x::{ML}/libcuda.so.1"),
+    ]);
+    failed(&out, 1, "is a directory");
+    assert!(b.at(&format!("{ML}/libcuda.so.1/keep")).is_dir());
+}
+
+fn ldconfig_p(cache: &Path) -> String {
+    let out = Command::new("ldconfig")
+        .arg("-p")
+        .arg("-C")
+        .arg(cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn privileged_update_ldcache_keeps_the_images_entries_and_replaces_stale_ones() {
+    let b = Bundle::new();
+    mkdirs(&b, "/etc/ld.so.conf.d");
+    mkdirs(&b, "/usr/lib64");
+    // The image's own cache, written by glibc's ldconfig, listing a stale libcuda.so.1.
+    std::fs::copy(
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        b.at("/usr/lib64/libc.so.6"),
+    )
+    .unwrap();
+    std::fs::copy(
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+        b.at("/usr/lib64/libcuda.so.470.57.02"),
+    )
+    .unwrap_or_else(|_| {
+        std::fs::copy(
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            b.at("/usr/lib64/libcuda.so.470.57.02"),
+        )
+        .unwrap()
+    });
+    std::fs::write(b.at("/etc/ld.so.conf"), "/usr/lib64\n").unwrap();
+    let st = Command::new("ldconfig")
+        .arg("-r")
+        .arg(b.root())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let before = ldconfig_p(&b.at("/etc/ld.so.cache"));
+    assert!(
+        before.contains("libc.so.6 (libc6,x86-64) => /usr/lib64/libc.so.6"),
+        "{before}"
+    );
+
+    let out = b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+        "--lib",
+        &format!("libnvidia-ml.so.1::{ML}/libnvidia-ml.so.1"),
+    ]);
+    ok(&out);
+    let after = ldconfig_p(&b.at("/etc/ld.so.cache"));
+    assert!(
+        after.contains(&format!("libcuda.so.1 (libc6,x86-64) => {ML}/libcuda.so.1")),
+        "{after}"
+    );
+    assert!(
+        after.contains(&format!(
+            "libnvidia-ml.so.1 (libc6,x86-64) => {ML}/libnvidia-ml.so.1"
+        )),
+        "{after}"
+    );
+    assert!(
+        after.contains("libc.so.6 (libc6,x86-64) => /usr/lib64/libc.so.6"),
+        "{after}"
+    );
+    assert!(!after.contains("470.57.02"), "stale entry kept: {after}");
+    let conf = std::fs::read_to_string(b.at("/etc/ld.so.conf.d/000-nspawn-lifecycle-nvidia.conf"))
+        .unwrap();
+    assert!(conf.lines().any(|l| l == ML), "{conf}");
+    // Idempotent bytes.
+    let bytes = std::fs::read(b.at("/etc/ld.so.cache")).unwrap();
+    ok(&b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+        "--lib",
+        &format!("libnvidia-ml.so.1::{ML}/libnvidia-ml.so.1"),
+    ]));
+    assert_eq!(std::fs::read(b.at("/etc/ld.so.cache")).unwrap(), bytes);
+}
+
+#[test]
+fn privileged_update_ldcache_never_follows_or_opens_what_the_image_planted() {
+    let b = Bundle::new();
+    mkdirs(&b, "/etc");
+    // The cache an absolute link to a file outside the root: read inside the root (missing
+    // there), and the link replaced, never written through.
+    let outside = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(outside.path(), "host file").unwrap();
+    symlink(outside.path(), b.at("/etc/ld.so.cache")).unwrap();
+    ok(&b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(outside.path()).unwrap(),
+        "host file"
+    );
+    assert!(
+        std::fs::symlink_metadata(b.at("/etc/ld.so.cache"))
+            .unwrap()
+            .is_file()
+    );
+    // A FIFO at the cache: never opened (the hook would hang), replaced.
+    std::fs::remove_file(b.at("/etc/ld.so.cache")).unwrap();
+    nix::unistd::mkfifo(
+        &b.at("/etc/ld.so.cache"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    ok(&b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+    ]));
+    assert!(ldconfig_p(&b.at("/etc/ld.so.cache")).contains("libcuda.so.1"));
+    // Garbage where the cache is: replaced by ours (the loader ignores garbage too).
+    std::fs::write(b.at("/etc/ld.so.cache"), b"not a cache").unwrap();
+    ok(&b.hook(&[
+        "update-ldcache",
+        "--lib",
+        &format!("libcuda.so.1::{ML}/libcuda.so.1"),
+    ]));
+    assert!(ldconfig_p(&b.at("/etc/ld.so.cache")).contains("libcuda.so.1"));
+}
+
+#[test]
+fn privileged_bad_arguments_and_states_write_nothing() {
+    let b = Bundle::new();
+    let out = b.hook(&["create-symlinks", "--link", "no-separator"]);
+    failed(&out, 2, "no-separator");
+    let out = b.hook(&["update-ldcache", "--lib", "libcuda.so.1::relative/path"]);
+    failed(&out, 2, "relative/path");
+    assert_eq!(std::fs::read_dir(b.root()).unwrap().count(), 0);
+    let out = run_hook("{}", &["create-symlinks", "--link", "a::/b"]);
+    failed(&out, 1, "bundle");
+    // A bundle whose root is the runtime's own `/`.
+    let slash = tempfile::tempdir().unwrap();
+    std::fs::write(
+        slash.path().join("config.json"),
+        r#"{"root": {"path": "/"}}"#,
+    )
+    .unwrap();
+    let state = format!(r#"{{"bundle": "{}"}}"#, slash.path().display());
+    let out = run_hook(
+        &state,
+        &["create-symlinks", "--link", "a::/nspawn-lifecycle-test-b"],
+    );
+    failed(&out, 1, "own root");
+    assert!(!Path::new("/nspawn-lifecycle-test-b").exists());
+}
+
+/// Run the hook in a private mount namespace and print the container's params after it.
+fn params_in_namespace(b: &Bundle, host_params: &Path) -> Output {
+    let script = format!(
+        "{BIN} cdi-hook disable-device-node-modification --host-params {} <<'EOF' || exit 9\n{}\nEOF\n\
+         cat {p}; echo; if echo x > {p} 2>/dev/null; then echo WRITABLE; fi; \
+         grep -c nspawn-lifecycle-params /proc/self/mountinfo || true; ls /tmp | grep -c nspawn-lifecycle-params || true",
+        host_params.display(),
+        b.state(),
+        p = b.at("/proc/driver/nvidia/params").display()
+    );
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn privileged_disable_device_node_modification_covers_params_read_only() {
+    let b = Bundle::new();
+    mkdirs(&b, "/proc/driver/nvidia");
+    std::fs::write(
+        b.at("/proc/driver/nvidia/params"),
+        "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n",
+    )
+    .unwrap();
+    let host = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        host.path(),
+        "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n",
+    )
+    .unwrap();
+    let out = params_in_namespace(&b, host.path());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("ModifyDeviceFiles: 0\n"), "{text}");
+    assert!(text.contains("DeviceFileUID: 0\n"), "{text}");
+    assert!(!text.contains("ModifyDeviceFiles: 1"), "{text}");
+    assert!(!text.contains("WRITABLE"), "the copy is read-only: {text}");
+    // No tmpfs and no temporary directory left behind.
+    let tail: Vec<_> = text.lines().rev().take(2).collect();
+    assert_eq!(tail, ["0", "0"], "{text}");
+    // Outside the namespace the container's file is as it was.
+    assert!(
+        std::fs::read_to_string(b.at("/proc/driver/nvidia/params"))
+            .unwrap()
+            .contains("ModifyDeviceFiles: 1")
+    );
+
+    // No host params (no NVIDIA kernel driver): nothing to do.
+    let out = params_in_namespace(&b, Path::new("/nonexistent/params"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ModifyDeviceFiles: 1"));
+
+    // A symlink planted at the container's params (to a file the bind would then cover): refused.
+    std::fs::remove_file(b.at("/proc/driver/nvidia/params")).unwrap();
+    std::fs::write(b.at("/victim"), "image file").unwrap();
+    symlink("/victim", b.at("/proc/driver/nvidia/params")).unwrap();
+    let out = params_in_namespace(&b, host.path());
+    assert_eq!(out.status.code(), Some(9), "{out:?}");
+}

@@ -1,0 +1,56 @@
+#!/bin/bash
+# A glibc whose loader searches only /lib64, /usr/lib64, /lib and /usr/lib (the RHEL/UBI/Rocky
+# layout NVIDIA publishes CUDA images on): Debian's libc6-amd64:i386 package, which is the x86_64
+# glibc of the i386 port, installed under /lib64. Fetched with `apt-get download` through a
+# PRIVATE apt configuration (the machine's apt sources and dpkg architecture list are never
+# touched), cached, and extracted once.
+#
+#   fetch-lib64-glibc.sh DIR   print DIR-independent cache path of the extracted package tree
+#                              (…/root, holding lib64/ld-linux-x86-64.so.2 and lib64/libc.so.6)
+#
+# Cache: /var/tmp/nspawn-lifecycle-cdihooks (CDIHOOKS_CACHE). Offline once cached.
+set -euo pipefail
+
+CACHE=${CDIHOOKS_CACHE:-/var/tmp/nspawn-lifecycle-cdihooks}
+PKG=libc6-amd64:i386
+
+die() { echo "fetch-lib64-glibc.sh: $*" >&2; exit 1; }
+
+# Same rule as tests/e2e/harness.sh debian_mirror(): first non-security URI of the machine's sources.
+debian_mirror() {
+    awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i !~ /-security$/) {print u; exit}}' \
+        /etc/apt/sources.list.d/debian.sources
+}
+
+if [ -e "$CACHE/root/lib64/ld-linux-x86-64.so.2" ]; then
+    echo "$CACHE/root"
+    exit 0
+fi
+
+mkdir -p "$CACHE/apt/etc/sources.list.d" "$CACHE/apt/etc/preferences.d" "$CACHE/apt/state/lists/partial" \
+    "$CACHE/apt/cache/archives/partial" "$CACHE/debs"
+mirror=$(debian_mirror) || true
+[ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources"
+# The host's release (bookworm): the glibc of the same version as the gcc that builds the probe.
+cat > "$CACHE/apt/etc/sources.list.d/debian.sources" <<SRC
+Types: deb
+URIs: $mirror
+Suites: bookworm
+Components: main
+Architectures: i386
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+: > "$CACHE/apt/etc/apt.conf"
+: > "$CACHE/apt/status"
+APT=(apt-get -q -o "Dir::Etc=$CACHE/apt/etc" -o "Dir::Etc::sourcelist=/dev/null"
+    -o "Dir::Etc::sourceparts=$CACHE/apt/etc/sources.list.d" -o "Dir::State=$CACHE/apt/state"
+    -o "Dir::State::status=$CACHE/apt/status" -o "Dir::Cache=$CACHE/apt/cache"
+    -o "APT::Architectures::=i386" -o "Debug::NoLocking=1")
+"${APT[@]}" update >&2 || die "apt-get update failed"
+(cd "$CACHE/debs" && "${APT[@]}" download "$PKG" >&2) || die "apt-get download $PKG failed"
+deb=$(ls "$CACHE"/debs/libc6-amd64_*_i386.deb | head -1)
+rm -rf "$CACHE/root.tmp"
+dpkg-deb -x "$deb" "$CACHE/root.tmp"
+[ -e "$CACHE/root.tmp/lib64/ld-linux-x86-64.so.2" ] || die "$deb has no lib64/ld-linux-x86-64.so.2"
+mv "$CACHE/root.tmp" "$CACHE/root"
+echo "$CACHE/root"
