@@ -137,10 +137,30 @@ build_driver_stubs() {
     done
 }
 
+# E2E_REAL_DRIVER_ROOT: a real NVIDIA driver's userspace laid out as NVIDIA's .run installer does
+# (usr/lib/x86_64-linux-gnu/*.so.*, usr/bin/nvidia-*, lib/firmware/nvidia/<ver>/), e.g. from
+# Debian's nvidia-graphics-drivers packages (issue 11). Staged beside the stubs as one more
+# version, marked .real; `fakehw version <ver>` (scenario 16) makes the fake host use it.
+stage_real_driver() {
+    local r=${E2E_REAL_DRIVER_ROOT:-} v d
+    [ -n "$r" ] || return 0
+    [ -d "$r/usr/lib/x86_64-linux-gnu" ] || die "E2E_REAL_DRIVER_ROOT=$r has no usr/lib/x86_64-linux-gnu"
+    v=$(find "$r/usr/lib/x86_64-linux-gnu" -maxdepth 1 -type f -name 'libcuda.so.*.*' -printf '%f\n' | sed 's/^libcuda\.so\.//' | head -1)
+    [ -n "$v" ] || die "E2E_REAL_DRIVER_ROOT=$r has no libcuda.so.<version> in usr/lib/x86_64-linux-gnu"
+    d=$RUN/support/driver/$v
+    rm -rf "$d"; mkdir -p "$d/lib" "$d/bin" "$d/firmware"
+    cp -a "$r/usr/lib/x86_64-linux-gnu/." "$d/lib/"
+    [ ! -d "$r/usr/bin" ] || find "$r/usr/bin" -maxdepth 1 -type f -name 'nvidia-*' -exec cp -a {} "$d/bin/" \;
+    [ ! -d "$r/lib/firmware/nvidia/$v" ] || cp -a "$r/lib/firmware/nvidia/$v/." "$d/firmware/"
+    : > "$d/.real"
+    log "real driver $v staged from $r: $(find "$d/lib" -type f | wc -l) library files"
+}
+
 write_support() {
     mkdir -p "$RUN/support/images"
     install -m755 "$E2E_SRC/lib/standin-helper.sh" "$RUN/support/standin-helper"
     build_driver_stubs
+    stage_real_driver
     mkoci "$RUN/support/images/e2e-hello.tar" docker.io/library/e2e-hello:1 "hello from the e2e image"
     mkcorrupt "$RUN/support/images/e2e-corrupt.tar"
 }
