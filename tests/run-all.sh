@@ -3,7 +3,8 @@
 #
 # Runs as root on a fresh Debian 12 machine with the pinned Rust toolchain; installs what it needs.
 #   1. the floor: cargo fmt --check, cargo clippy -D warnings
-#   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs,
+#   2. cargo test: unit tests, fixture hosts (mknod: root; the real-driver hosts are built from
+#      the .debs tests/realdriver/fetch.sh caches under /var/tmp), CDI validation, hostile rootfs,
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build, checked with file/ldd, and the same with --features failpoints
@@ -26,6 +27,9 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+
+step "real NVIDIA driver files (tests/realdriver/fetch.sh: Debian trixie non-free .debs, cached)"
+tests/realdriver/fetch.sh fetch
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
