@@ -49,7 +49,6 @@ def main(argv):
         nsopt = pb.NamespaceOption(network=pb.NODE)
         pod_cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex, namespace="e2e"),
-            hostname=name,
             log_directory=logdir,
             linux=pb.LinuxPodSandboxConfig(
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=nsopt)),
