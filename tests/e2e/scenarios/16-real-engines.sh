@@ -181,7 +181,7 @@ run_probe() {
         cri) o=$(M -m "$EM" python3 /root/e2e-engines/cri/cri-run.py "docker.io/library/e2e-$img:1" \
                  --cdi "nvidia.com/gpu=$dev" -- /bin/sh -c "OWN=$own OTHER=$other; $PROBE" 2>&1); rc=$?;;
     esac
-    info "$e $img gpu=$dev: exit $rc in $(( $(now_ms) - t )) ms"
+    info "$e $img gpu=$dev: exit $rc in $(( $(now_ms) - t )) ms; $(printf '%s\n' "$o" | grep -E '^(DLOPEN|CALL) ' | tr '\n' ';' | sed 's/;$//')"
     check_run "$e" "$img" "$dev" "$gpus" "$rc" "$o"
 }
 
@@ -206,4 +206,8 @@ ours=$(M -m "$EM" sh -c 'for l in /dev/char/*; do [ -L "$l" ] || continue; t=$(r
 if [ -n "$out" ] && [ "$out" = "$ours" ]; then pass "$(c dev-char-equals-nvidia-ctk)"
 else fail "$(c dev-char-equals-nvidia-ctk)" "nvidia-ctk: [$out] ours: [$ours]"; fi
 
+# leave the rig as baseline expects it: stub driver again, kube1 restarted by the next baseline
+# (its binds were taken from the stub files that the version switch replaced)
 stop_unit "$EM" >/dev/null 2>&1
+fake_driver_version "$DRIVER_VERSION"
+stop_unit kube1 >/dev/null 2>&1
