@@ -39,7 +39,7 @@ if [ -n "$REALV" ]; then
     info "real NVIDIA userspace $REALV in the fake host ($(H sh -c "ls /usr/lib/x86_64-linux-gnu/*.so.$REALV | wc -l") libraries)"
 else
     DV=$DRIVER_VERSION
-    fail "$(c real-driver-files)" "no real driver staged (E2E_REAL_DRIVER_ROOT unset): libraries are stubs, cuInit cannot be called"
+    fail "$(c real-driver-files)" "no real driver in the fake host (E2E_REAL_DRIVER=0, or neither tests/realdriver/fetch.sh nor E2E_REAL_DRIVER_ROOT): libraries are stubs, cuInit cannot be called"
 fi
 assert_eq "$(c fake-host-params)" "ModifyDeviceFiles: 1" "$(H grep ModifyDeviceFiles /proc/driver/nvidia/params 2>&1)"
 
@@ -203,6 +203,7 @@ assert_no_match "$(c nvidia-ctk-cdi-list-no-errors)" '(level=error|level=warning
 # /dev/char: nvidia-ctk's links into a scratch dir, compared with the machine's (name -> node)
 out=$(M -m "$EM" sh -c 'rm -rf /tmp/ctkchar && /root/e2e-engines/nvidia-ctk system create-dev-char-symlinks --dev-char-path /tmp/ctkchar >/dev/null 2>&1; for l in /tmp/ctkchar/*; do [ -L "$l" ] && echo "${l##*/} $(readlink -f "$l")"; done | sort')
 ours=$(M -m "$EM" sh -c 'for l in /dev/char/*; do [ -L "$l" ] || continue; t=$(readlink -f "$l"); case "$t" in /dev/nvidia*) echo "${l##*/} $t";; esac; done | sort')
+info "/dev/char: nvidia-ctk made $(printf '%s' "$out" | grep -c .) links to NVIDIA nodes, the machine has $(printf '%s' "$ours" | grep -c .)"
 if [ -n "$out" ] && [ "$out" = "$ours" ]; then pass "$(c dev-char-equals-nvidia-ctk)"
 else fail "$(c dev-char-equals-nvidia-ctk)" "nvidia-ctk: [$out] ours: [$ours]"; fi
 
