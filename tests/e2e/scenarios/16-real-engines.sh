@@ -64,12 +64,21 @@ rm -rf "$MR/root/e2e-engines"; mkdir -p "$MR/root/e2e-engines"
 cp -a "$ENG_CACHE/machine/." "$MR/root/e2e-engines/"
 install -m755 "$E2E_SRC/lib/cri-run.py" "$MR/root/e2e-engines/cri/cri-run.py"
 install -m755 "$CTK_DIR/nvidia-ctk" "$MR/root/e2e-engines/nvidia-ctk"
+# /proc/driver/nvidia/params as a real kernel module shows it in every procfs: in the machine
+# (a tmpfs over its /proc/driver, filled from the fake host's) and, through a rig-only
+# createRuntime hook (lib/fake-proc-driver.py), in every container's fresh procfs
+mkdir -p "$MR/usr/local/lib/e2e" "$MR/etc/containers/oci/hooks.d"
+install -m755 "$E2E_SRC/lib/fake-proc-driver.py" "$MR/usr/local/lib/e2e/fake-proc-driver"
+printf '{"version":"1.0.0","hook":{"path":"/usr/local/lib/e2e/fake-proc-driver"},"when":{"always":true},"stages":["createRuntime"]}\n' \
+    > "$MR/etc/containers/oci/hooks.d/00-e2e-fake-proc-driver.json"
+H cat /proc/driver/nvidia/params | Mi -m "$EM" sh -c 'mountpoint -q /proc/driver || mount -t tmpfs -o mode=755,size=64k e2e-proc-driver /proc/driver; mkdir -p /proc/driver/nvidia; cat > /proc/driver/nvidia/params'
+assert_eq "$(c machine-params)" "ModifyDeviceFiles: 1" "$(M -m "$EM" grep ModifyDeviceFiles /proc/driver/nvidia/params 2>&1)"
 # podman's settings before its first call (pitfalls 2 and 4: vfs on the overlay rootfs, no pids
 # controller); CRI: containerd 1.7's config and the rig-only runc wrapper
 mkdir -p "$MR/etc/containers" "$MR/etc/containerd" "$MR/usr/local/sbin"
 printf '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' \
     > "$MR/etc/containers/storage.conf"
-printf '[containers]\npids_limit = 0\n\n[engine]\nruntime = "runc"\n' > "$MR/etc/containers/containers.conf"
+printf '[containers]\npids_limit = 0\n\n[engine]\nruntime = "runc"\nhooks_dir = ["/etc/containers/oci/hooks.d"]\n' > "$MR/etc/containers/containers.conf"
 cat > "$MR/usr/local/sbin/runc-nocpu" <<'EOF'
 #!/bin/sh
 # e2e rig only (ENGINES-IN-MACHINE.md pitfall 2): the machine has no cgroup controllers on these
@@ -97,11 +106,15 @@ version = 2
     snapshotter = "native"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      base_runtime_spec = "/etc/containerd/e2e-base-spec.json"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "/usr/local/sbin/runc-nocpu"
         SystemdCgroup = false
 EOF
-out=$(M -m "$EM" sh -c '/root/e2e-engines/install.sh 2>&1 && systemctl restart containerd 2>&1') \
+out=$(M -m "$EM" sh -c '/root/e2e-engines/install.sh 2>&1 && ctr oci spec > /etc/containerd/e2e-base-spec.json && python3 -c "
+import json; p = \"/etc/containerd/e2e-base-spec.json\"; s = json.load(open(p))
+s.setdefault(\"hooks\", {})[\"createRuntime\"] = [{\"path\": \"/usr/local/lib/e2e/fake-proc-driver\"}]
+json.dump(s, open(p, \"w\"))" && systemctl restart containerd 2>&1') \
     && pass "$(c packages-installed)" || fail "$(c packages-installed)" "$(printf '%s' "$out" | tail -5)"
 info "copy + dpkg of $(ls "$ENG_CACHE/machine/debs" | grep -c '\.deb$') packages in $EM: $(( $(now_ms) - t0 )) ms"
 assert_match "$(c podman-4.3.1)" '^podman version 4\.3\.1' "$(M -m "$EM" podman --version 2>&1)"
