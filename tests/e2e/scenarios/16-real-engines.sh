@@ -20,7 +20,9 @@
 # CAP_SYS_RESOURCE, so crun cannot raise RLIMIT_MEMLOCK to load its device eBPF program; crun runs
 # with --cgroups=disabled (no device cgroup), everything else about it is real. containerd's CRI
 # always sets cpu shares, and this VM's machine has no cgroup controllers: runc is reached through
-# a rig-only wrapper that drops linux.resources (pitfall 2).
+# a rig-only wrapper that drops linux.resources (pitfall 2). No kernel module: the fake
+# /proc/driver/nvidia/params is put into the machine's /proc and, by a rig-only createRuntime hook
+# (lib/fake-proc-driver.py), into each container's fresh procfs, as a real module would show it.
 scenario "real engines (podman 4.3.1 crun/runc, containerd 1.7 CRI) run CUDA-loading containers with our CDI spec" --needs-helper
 # shellcheck source=../lib/engines.sh
 . "$E2E_SRC/lib/engines.sh"
