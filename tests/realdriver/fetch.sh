@@ -8,6 +8,8 @@
 #   fetch.sh fetch                  download the pinned .debs into the cache (no-op once cached)
 #   fetch.sh install run|deb ROOT   lay the driver into ROOT (created if absent; may be an existing
 #                                   host tree such as the e2e harness's fake host), fetching first
+#   fetch.sh uninstall run|deb ROOT remove every file and link `install` made there (directories
+#                                   and merged-/usr links stay), then rebuild ROOT's ld.so.cache
 #   fetch.sh build DIR              DIR/run and DIR/deb: both layouts, each a fresh tree
 #   fetch.sh version                print the driver version (what discovery must report)
 #   fetch.sh list-debs              print the cached .deb paths
@@ -32,6 +34,7 @@
 set -euo pipefail
 
 CACHE=${NVIDIA_DEBS_CACHE:-/var/tmp/nspawn-lifecycle-nvidia-debs}
+MODE=install
 SUITE=trixie
 DRIVER_VERSION=550.163.01
 DEB_VERSION=$DRIVER_VERSION-2
@@ -173,6 +176,7 @@ put() {
     local src=$1 dir=$2 name=${3:-$(basename "$1")} d
     d=$(dest "$dir")
     rm -f "$d/$name"
+    [ "$MODE" = uninstall ] && return 0
     if [ -L "$src" ]; then
         ln -s "$(readlink "$src")" "$d/$name"
     else
@@ -182,7 +186,11 @@ put() {
 link() { # link TARGET ROOT-RELATIVE-PATH
     local d
     d=$(dest "$(dirname "$2")")
-    ln -sfn "$1" "$d/$(basename "$2")"
+    if [ "$MODE" = uninstall ]; then
+        rm -f "$d/$(basename "$2")"
+    else
+        ln -sfn "$1" "$d/$(basename "$2")"
+    fi
 }
 
 ld_cache() {
@@ -254,7 +262,8 @@ in_root_file() {
 ALT_NAMES=()
 alt_slave() { # alt_slave LINK NAME SOURCE
     local link=$1 name=$2 src=$3
-    in_root_file "$src" || return 0
+    # Uninstall removes every link install may have made, whatever is left of the sources.
+    [ "$MODE" = uninstall ] || in_root_file "$src" || return 0
     [ -d "$ROOT$(dirname "$link")" ] || return 0
     link "/etc/alternatives/$name" "${link#/}"
     link "$src" "etc/alternatives/$name"
@@ -268,7 +277,7 @@ alt_multiarch() { # alt_multiarch SUBDIR FILE PREFIX [SOURCE-SUBDIR]  (x86_64 on
 install_deb() {
     local x=$CACHE/x p
     # Merged /usr, as on every trixie host (usrmerge is mandatory there).
-    for p in bin sbin lib lib64; do
+    [ "$MODE" = uninstall ] || for p in bin sbin lib lib64; do
         [ -e "$ROOT/$p" ] || [ -L "$ROOT/$p" ] || { mkdir -p "$ROOT/usr/$p" && ln -s "usr/$p" "$ROOT/$p"; }
     done
     # dpkg's unpack: each package's data as it is.
@@ -278,9 +287,10 @@ install_deb() {
             rel=${rel#./}
             put "$x/$p/data/$rel" "$(dirname "$rel")"
         done
-        (cd "$x/$p/data" && find . -type d -empty -printf '%P\0') | while IFS= read -r -d '' rel; do
-            [ -n "$rel" ] && dest "$rel" >/dev/null
-        done
+        [ "$MODE" = uninstall ] ||
+            (cd "$x/$p/data" && find . -type d -empty -printf '%P\0') | while IFS= read -r -d '' rel; do
+                [ -n "$rel" ] && dest "$rel" >/dev/null
+            done
     done
     # Configure. Replicated from the maintainer scripts of this exact upload (read them in
     # $CACHE/x/<pkg>/control/postinst), x86_64 slaves only, in trigger order:
@@ -343,9 +353,11 @@ main() {
         fetch) with_lock do_fetch ;;
         version) echo "$DRIVER_VERSION" ;;
         list-debs) ensure; for p in "${PACKAGES[@]}"; do deb_file "$p"; echo; done ;;
-        install)
-            [ $# = 3 ] || die "usage: fetch.sh install run|deb ROOT"
+        install | uninstall)
+            [ $# = 3 ] || die "usage: fetch.sh $cmd run|deb ROOT"
+            MODE=$cmd
             ROOT=$3
+            [ "$MODE" = install ] || [ -d "$ROOT" ] || die "$ROOT: no such directory"
             mkdir -p "$ROOT"
             ensure
             case $2 in
@@ -363,7 +375,7 @@ main() {
                 "$0" install "$l" "$2/$l"
             done
             ;;
-        *) die "usage: fetch.sh fetch | install run|deb ROOT | build DIR | version | list-debs" ;;
+        *) die "usage: fetch.sh fetch | install run|deb ROOT | uninstall run|deb ROOT | build DIR | version | list-debs" ;;
     esac
 }
 main "$@"
