@@ -10,6 +10,7 @@
 # pod and exits with the container's exit code. A CRI error is printed as "CRI <call>: <details>"
 # and exits 125.
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -99,6 +100,7 @@ def main(argv):
                 rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=60)
             except grpc.RpcError as e:
                 print("CRI cleanup: %s" % e.details(), file=sys.stderr)
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -221,6 +221,10 @@ remove_lib_files() {
         while IFS= read -r f; do rm -f "$LIBDIR/$f"; done < "$STATE/real-files"
         rm -f "$STATE/real-files"
     fi
+    if [ -s "$STATE/real-bins" ]; then
+        while IFS= read -r f; do rm -f "/usr/bin/$f"; done < "$STATE/real-bins"
+        rm -f "$STATE/real-bins"
+    fi
     # dangling links that pointed at them (SONAME and dev links)
     find "$LIBDIR" "$LIBDIR/vdpau" -maxdepth 1 -xtype l \( -name 'lib*nvidia*' -o -name 'libcuda*' \) -delete 2>/dev/null || true
 }
@@ -230,7 +234,10 @@ apply_libs() {
         [ -d "$STAGE/$UVER" ] || { echo "fakehw: no stub libraries for version $UVER in $STAGE" >&2; exit 1; }
         mkdir -p "$LIBDIR/vdpau" "$STATE"
         # a real driver's files carry no marker: remember them to remove them again
-        if [ -e "$STAGE/$UVER/.real" ]; then ( cd "$STAGE/$UVER/lib" && find . ! -type d | sed 's|^\./||' ) > "$STATE/real-files"; fi
+        if [ -e "$STAGE/$UVER/.real" ]; then
+            ( cd "$STAGE/$UVER/lib" && find . ! -type d | sed 's|^\./||' ) > "$STATE/real-files"
+            ls "$STAGE/$UVER/bin" > "$STATE/real-bins"
+        fi
         cp -a "$STAGE/$UVER/lib/." "$LIBDIR/"
         # SONAME links: ldconfig makes them in the dirs it scans; vdpau/ is not one, so link by hand
         [ ! -e "$LIBDIR/vdpau/libvdpau_nvidia.so.$UVER" ] || ( cd "$LIBDIR/vdpau" && ln -sfn "libvdpau_nvidia.so.$UVER" libvdpau_nvidia.so.1 )

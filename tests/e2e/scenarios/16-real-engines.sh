@@ -227,3 +227,16 @@ else fail "$(c dev-char-equals-nvidia-ctk)" "nvidia-ctk: [$out] ours: [$ours]"; 
 stop_unit "$EM" >/dev/null 2>&1
 fake_driver_version "$DRIVER_VERSION"
 stop_unit kube1 >/dev/null 2>&1
+if [ -n "$REALV" ]; then
+    # every file the real driver put into the host is gone again (or a stub's, by its marker)
+    # shellcheck disable=SC2016
+    left=$(H sh -c 'cd "/opt/e2e-fake-driver/$1" || exit 1
+        for f in $(cd lib && find . ! -type d | sed "s|^\./||"); do
+            p=/usr/lib/x86_64-linux-gnu/$f
+            if [ -e "$p" ] && ! grep -q e2e_fake_driver "$p"; then echo "$p"; fi
+        done
+        for f in $(ls bin); do
+            if [ -e "/usr/bin/$f" ] && ! grep -q e2e_fake_driver "/usr/bin/$f"; then echo "/usr/bin/$f"; fi
+        done' sh "$REALV" 2>&1)
+    assert_eq "$(c rig-back-on-stubs)" "" "$left"
+fi
