@@ -137,6 +137,41 @@ build_driver_stubs() {
     done
 }
 
+# A real NVIDIA driver's userspace in the fake host, beside the stubs (issue 11): Debian's
+# nvidia-graphics-drivers laid out as NVIDIA's .run installer does by tests/realdriver/fetch.sh
+# (cached .debs; E2E_REAL_DRIVER=0: none), or any tree in that layout given as
+# E2E_REAL_DRIVER_ROOT (usr/lib/x86_64-linux-gnu/*.so.*, usr/bin/nvidia-*,
+# lib/firmware/nvidia/<ver>/). Staged once on disk as one more driver version, marked .real, and
+# bind-mounted read-only into the host at /opt/e2e-fake-driver/<ver>; `fakehw version <ver>`
+# (scenario 16) makes the fake host use it.
+REAL_STAGE=""; REAL_VERSION=""
+stage_real_driver() {
+    local r=${E2E_REAL_DRIVER_ROOT:-} v d fetch=$E2E_SRC/../realdriver/fetch.sh
+    if [ -z "$r" ]; then
+        [ "${E2E_REAL_DRIVER:-1}" != 0 ] && [ -x "$fetch" ] || return 0
+        r=$CACHE/realdriver-run
+        v=$("$fetch" version)
+        if [ "$(cat "$r/.e2e-complete" 2>/dev/null)" != "$v" ]; then
+            rm -rf "$r"
+            "$fetch" install run "$r" >"$LOGS/realdriver.log" 2>&1 || { tail -20 "$LOGS/realdriver.log"; die "tests/realdriver/fetch.sh install run failed"; }
+            echo "$v" > "$r/.e2e-complete"
+        fi
+    fi
+    [ -d "$r/usr/lib/x86_64-linux-gnu" ] || die "real driver root $r has no usr/lib/x86_64-linux-gnu"
+    v=$(find "$r/usr/lib/x86_64-linux-gnu" -maxdepth 1 -type f -name 'libcuda.so.*.*' -printf '%f\n' | sed 's/^libcuda\.so\.//' | head -1)
+    [ -n "$v" ] || die "real driver root $r has no libcuda.so.<version> in usr/lib/x86_64-linux-gnu"
+    d=$CACHE/realdriver-stage/$v
+    if [ "$(cat "$d/.real" 2>/dev/null)" != "$r" ] || [ -n "${E2E_REAL_DRIVER_ROOT:-}" ]; then
+        rm -rf "$d"; mkdir -p "$d/lib" "$d/bin" "$d/firmware"
+        cp -a "$r/usr/lib/x86_64-linux-gnu/." "$d/lib/"
+        [ ! -d "$r/usr/bin" ] || find "$r/usr/bin" -maxdepth 1 -type f -name 'nvidia-*' -exec cp -a {} "$d/bin/" \;
+        [ ! -d "$r/lib/firmware/nvidia/$v" ] || cp -a "$r/lib/firmware/nvidia/$v/." "$d/firmware/"
+        echo "$r" > "$d/.real"
+    fi
+    REAL_STAGE=$d; REAL_VERSION=$v
+    log "real driver $v (from $r): $(find "$d/lib" -type f | wc -l) library files, bound at /opt/e2e-fake-driver/$v"
+}
+
 write_support() {
     mkdir -p "$RUN/support/images"
     install -m755 "$E2E_SRC/lib/standin-helper.sh" "$RUN/support/standin-helper"
@@ -253,9 +288,11 @@ helper_path() { # what gets bind-mounted at the stable path
 up() {
     helper_path >/dev/null     # validate HELPER here: a failure inside $(...) would not stop us
     local fp_bind=()
+    stage_real_driver
+    [ -z "$REAL_STAGE" ] || fp_bind+=(--bind-ro="$REAL_STAGE:/opt/e2e-fake-driver/$REAL_VERSION")
     if [ -n "${HELPER_FAILPOINTS:-}" ]; then
         [ -x "$HELPER_FAILPOINTS" ] || die "HELPER_FAILPOINTS=$HELPER_FAILPOINTS is not an executable file"
-        fp_bind=(--bind-ro="$(readlink -f "$HELPER_FAILPOINTS"):$HP_FAILPOINTS")
+        fp_bind+=(--bind-ro="$(readlink -f "$HELPER_FAILPOINTS"):$HP_FAILPOINTS")
     fi
     if [ -n "$(host_leader)" ] && kill -0 "$(host_leader)" 2>/dev/null; then log "host already up"; return; fi
     down >/dev/null 2>&1 || true     # leftovers of a crashed run: every boot starts pristine

@@ -127,6 +127,52 @@ apply_proc_driver() {
     mkdir -p /proc/driver/nvidia/gpus
     printf 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  Wed Jul 23 22:22:58 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n' \
         "$KVER" > /proc/driver/nvidia/version
+    # the module's parameters, as a real driver shows them; ModifyDeviceFiles: 1 means the driver
+    # (re)creates /dev/nvidia* itself, which NVIDIA's disable-device-node-modification hook hides
+    # from containers (issue 11 item 5)
+    cat > /proc/driver/nvidia/params <<'EOF2'
+ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+InitializeSystemMemoryAllocations: 1
+UsePageAttributeTable: 4294967295
+EnableMSI: 1
+EnablePCIeGen3: 0
+MemoryPoolSize: 0
+KMallocHeapMaxSize: 0
+VMallocHeapMaxSize: 0
+IgnoreMMIOCheck: 0
+EnableStreamMemOPs: 0
+EnableUserNUMAManagement: 1
+NvLinkDisable: 0
+RmProfilingAdminOnly: 1
+PreserveVideoMemoryAllocations: 0
+EnableS0ixPowerManagement: 0
+S0ixPowerManagementVideoMemoryThreshold: 256
+DynamicPowerManagement: 3
+DynamicPowerManagementVideoMemoryThreshold: 200
+RegisterPCIDriver: 1
+EnablePCIERelaxedOrderingMode: 0
+EnableResizableBar: 0
+EnableGpuFirmware: 18
+EnableGpuFirmwareLogs: 2
+RmNvlinkBandwidthLinkCount: 0
+EnableDbgBreakpoint: 0
+OpenRmEnableUnsupportedGpus: 1
+DmaRemapPeerMmio: 1
+ImexChannelCount: 2048
+CreateImexChannel0: 0
+GrdmaPciTopoCheckOverride: 0
+RegistryDwords: ""
+RegistryDwordsPerDevice: ""
+RmMsg: ""
+GpuBlacklist: ""
+TemporaryFilePath: ""
+ExcludedGpus: ""
+EOF2
     for ((i = 0; i < GPUS; i++)); do
         b=$(bus_of "$i"); d=/proc/driver/nvidia/gpus/$b
         mkdir -p "$d"
@@ -170,6 +216,15 @@ remove_lib_files() {
         grep -q e2e_fake_driver "$f" 2>/dev/null || continue   # only our stand-ins
         rm -f "$f"
     done
+    # files of a real driver's userspace (a stage marked .real), as listed when they were installed
+    if [ -s "$STATE/real-files" ]; then
+        while IFS= read -r f; do rm -f "$LIBDIR/$f"; done < "$STATE/real-files"
+        rm -f "$STATE/real-files"
+    fi
+    if [ -s "$STATE/real-bins" ]; then
+        while IFS= read -r f; do rm -f "/usr/bin/$f"; done < "$STATE/real-bins"
+        rm -f "$STATE/real-bins"
+    fi
     # dangling links that pointed at them (SONAME and dev links)
     find "$LIBDIR" "$LIBDIR/vdpau" -maxdepth 1 -xtype l \( -name 'lib*nvidia*' -o -name 'libcuda*' \) -delete 2>/dev/null || true
 }
@@ -177,13 +232,18 @@ apply_libs() {
     remove_lib_files
     if [ "$LIBS" = present ]; then
         [ -d "$STAGE/$UVER" ] || { echo "fakehw: no stub libraries for version $UVER in $STAGE" >&2; exit 1; }
-        mkdir -p "$LIBDIR/vdpau"
+        mkdir -p "$LIBDIR/vdpau" "$STATE"
+        # a real driver's files carry no marker: remember them to remove them again
+        if [ -e "$STAGE/$UVER/.real" ]; then
+            ( cd "$STAGE/$UVER/lib" && find . ! -type d | sed 's|^\./||' ) > "$STATE/real-files"
+            ls "$STAGE/$UVER/bin" > "$STATE/real-bins"
+        fi
         cp -a "$STAGE/$UVER/lib/." "$LIBDIR/"
         # SONAME links: ldconfig makes them in the dirs it scans; vdpau/ is not one, so link by hand
-        ( cd "$LIBDIR/vdpau" && ln -sfn "libvdpau_nvidia.so.$UVER" libvdpau_nvidia.so.1 )
+        [ ! -e "$LIBDIR/vdpau/libvdpau_nvidia.so.$UVER" ] || ( cd "$LIBDIR/vdpau" && ln -sfn "libvdpau_nvidia.so.$UVER" libvdpau_nvidia.so.1 )
         ( cd "$LIBDIR" && ln -sfn libcuda.so.1 libcuda.so && ln -sfn libnvidia-ml.so.1 libnvidia-ml.so )
         # binaries and firmware come with the same installer
-        install -m755 "$STAGE/$UVER/bin/"* /usr/bin/
+        [ -z "$(ls "$STAGE/$UVER/bin")" ] || install -m755 "$STAGE/$UVER/bin/"* /usr/bin/
         rm -rf /lib/firmware/nvidia; mkdir -p "/lib/firmware/nvidia/$UVER"
         cp -a "$STAGE/$UVER/firmware/." "/lib/firmware/nvidia/$UVER/"
     fi
