@@ -278,6 +278,9 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
                     let dev = soname.trim_end_matches(|c: char| c.is_ascii_digit());
                     let dev = dev.trim_end_matches('.');
                     links.push((soname.to_owned(), format!("{dir}/{dev}")));
+                    // In the cache too, as ldconfig lists a development link: a loader that never
+                    // searches `dir` (a `/usr/lib64` image) finds `libcuda.so` only there.
+                    libs.push((dev.to_owned(), format!("{dir}/{dev}")));
                 }
                 continue;
             }

@@ -491,6 +491,8 @@ fn check_injection(
                 want_libs.push(format!("{soname}::{link}"));
                 if soname == "libcuda.so.1" {
                     want_links.push(format!("libcuda.so.1::{std_dir}/libcuda.so"));
+                    // In the cache too: a `/usr/lib64` image's loader finds it only there.
+                    want_libs.push(format!("libcuda.so::{std_dir}/libcuda.so"));
                 }
             }
         }

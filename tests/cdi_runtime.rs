@@ -37,9 +37,9 @@ const PROBE_C: &str = r#"
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 int main(void) {
-    const char *libs[2] = {"libcuda.so.1", "libnvidia-ml.so.1"};
-    const char *syms[2] = {"cuInit", "nvmlInit_v2"};
-    for (int i = 0; i < 2; i++) {
+    const char *libs[3] = {"libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so"};
+    const char *syms[3] = {"cuInit", "nvmlInit_v2", "cuInit"};
+    for (int i = 0; i < 3; i++) {
         void *h = dlopen(libs[i], RTLD_NOW);
         if (!h) { printf("DLOPEN-FAIL %s %s\n", libs[i], dlerror()); continue; }
         int (*f)(unsigned) = (int (*)(unsigned))dlsym(h, syms[i]);
@@ -405,12 +405,13 @@ fn run_all(driver: &Driver, runtimes: &[&str]) -> Vec<String> {
                 Driver::Stubs => {
                     want.push("DLOPEN-OK libcuda.so.1 4242".to_owned());
                     want.push("DLOPEN-OK libnvidia-ml.so.1 4343".to_owned());
+                    want.push("DLOPEN-OK libcuda.so 4242".to_owned());
                 }
                 Driver::Real => {
                     // No kernel driver here: both calls must return an error code (observed:
                     // 100 CUDA_ERROR_NO_DEVICE, 9 NVML_ERROR_DRIVER_NOT_LOADED), never the
                     // stand-ins' 4242/4343, which proves the real library was loaded and ran.
-                    for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+                    for lib in ["libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so"] {
                         let code = text
                             .lines()
                             .find_map(|l| l.strip_prefix(&format!("DLOPEN-OK {lib} ")))
