@@ -353,6 +353,21 @@ impl MachineRoot {
             None => Ok(None),
         }
     }
+
+    /// Whether `path` resolves inside the machine, following every symlink (the last component
+    /// too) inside the machine only: false for a dangling link, a loop or a missing parent. Opens
+    /// an `O_PATH` descriptor, which runs no driver's open and reads nothing.
+    pub fn resolves(&self, path: &str) -> Result<bool> {
+        components(path)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(in_root());
+        match openat2(&self.fd, path, how) {
+            Ok(_) => Ok(true),
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("resolving {path} in the machine")),
+        }
+    }
 }
 
 impl MachineDir {
