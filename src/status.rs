@@ -732,8 +732,11 @@ fn judge_nvidia(
         }
     }
     if !m.dangling_links.is_empty() {
-        // After a driver upgrade or a GPU removal the old links dangle: that is the drift itself.
-        let state = if version_drift || gpu_drift {
+        // After a driver upgrade, a GPU removal or a host daemon gone (its socket with it) the
+        // old links dangle: the host changed, and that is the drift itself. With the host as
+        // the machine was wired for, a dangling link is damage.
+        let host_changed = version_drift || gpu_drift || (spec.checked.is_some() && !spec.current);
+        let state = if host_changed {
             State::Drift
         } else {
             State::Broken
