@@ -1043,4 +1043,39 @@ mod tests {
             assert!(d.open_regular(name).unwrap().is_none(), "{name}");
         }
     }
+
+    #[test]
+    fn resolves_follows_links_inside_the_machine_only() {
+        let t = tempfile::tempdir().unwrap();
+        let m = t.path();
+        std::fs::create_dir_all(m.join("usr/lib")).unwrap();
+        std::fs::write(m.join("usr/lib/real"), b"").unwrap();
+        let link = |target: &str, name: &str| {
+            std::os::unix::fs::symlink(target, m.join("usr/lib").join(name)).unwrap();
+        };
+        link("/usr/lib/real", "abs");
+        link("real", "rel");
+        link("/etc/passwd", "host-only"); // exists on the host, not in the machine
+        link("../../../../../../etc/passwd", "dotdot");
+        link("/nowhere", "dangling");
+        link("loop", "loop");
+        let root = MachineRoot::open(m).unwrap();
+        for (name, want) in [
+            ("real", true),
+            ("abs", true),
+            ("rel", true),
+            ("host-only", false),
+            ("dotdot", false),
+            ("dangling", false),
+            ("loop", false),
+            ("missing", false),
+        ] {
+            assert_eq!(
+                root.resolves(&format!("/usr/lib/{name}")).unwrap(),
+                want,
+                "{name}"
+            );
+        }
+        assert!(!root.resolves("/no/such/dir/x").unwrap());
+    }
 }

@@ -513,7 +513,8 @@ pub fn evaluate(
                 .as_ref()
                 .and_then(|u| u.last_post_start.as_ref())
             {
-                s.push_str(&format!("; last post-start succeeded {}", run.started_at));
+                let at = run.exited_at.as_deref().unwrap_or(&run.started_at);
+                s.push_str(&format!("; last post-start succeeded {at}"));
             }
             s
         }
