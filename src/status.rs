@@ -626,29 +626,33 @@ fn judge_nvidia(
         );
         return;
     }
-    let mut version_drift = false;
+    // One finding per version the machine holds, naming where it holds it.
+    let mut by_version: Vec<(String, Vec<&str>)> = Vec::new();
     for (what, versions) in [
         ("CDI spec", &spec.driver_versions),
         ("driver root", &m.driver_root_versions),
         ("library links", &m.link_versions),
     ] {
-        let other: Vec<&str> = versions
-            .iter()
-            .map(String::as_str)
-            .filter(|v| *v != host_version)
-            .collect();
-        if !other.is_empty() {
-            version_drift = true;
-            add(
-                State::Drift,
-                "driver-version",
-                format!(
-                    "NVIDIA driver changed: host kernel module {host_version}, machine's {what} \
-                     {}",
-                    other.join(", ")
-                ),
-            );
+        for v in versions.iter().filter(|v| v.as_str() != host_version) {
+            match by_version.iter_mut().find(|(x, _)| x == v) {
+                Some((_, whats)) => whats.push(what),
+                None => by_version.push((v.clone(), vec![what])),
+            }
         }
+    }
+    let version_drift = !by_version.is_empty();
+    for (v, whats) in by_version {
+        let whats = match whats.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => whats.join(""),
+        };
+        add(
+            State::Drift,
+            "driver-version",
+            format!(
+                "NVIDIA driver changed: host kernel module {host_version}, machine's {whats} {v}"
+            ),
+        );
     }
     match spec.state {
         "missing" => add(
@@ -1182,7 +1186,8 @@ mod tests {
         assert_eq!(s.exit_code, 5);
         assert!(
             s.summary.contains(&format!(
-                "host kernel module {NEW}, machine's CDI spec {OLD}"
+                "NVIDIA driver changed: host kernel module {NEW}, machine's CDI spec, driver \
+                 root and library links {OLD}; "
             )),
             "{}",
             s.summary
