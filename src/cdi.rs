@@ -414,6 +414,151 @@ pub fn render(spec: &Spec) -> String {
     s
 }
 
+/// CDI versions a spec may declare (those the CDI library knows).
+const KNOWN_VERSIONS: [&str; 9] = [
+    "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0", "1.1.1",
+];
+/// Keys of a spec, of container edits, of a device node and of a mount, as the CDI library's
+/// strict loader knows them: anything else makes it reject the file.
+const SPEC_KEYS: [&str; 5] = [
+    "cdiVersion",
+    "kind",
+    "annotations",
+    "devices",
+    "containerEdits",
+];
+const EDIT_KEYS: [&str; 7] = [
+    "env",
+    "deviceNodes",
+    "hooks",
+    "mounts",
+    "intelRdt",
+    "additionalGids",
+    "netDevices",
+];
+
+/// What [`check`] read from a valid spec file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub cdi_version: String,
+    /// Each device's name and the paths of the device nodes it hands out, in file order.
+    pub devices: Vec<(String, Vec<String>)>,
+    /// Every mount's `containerPath`, spec-level then per device, in file order.
+    pub container_paths: Vec<String>,
+}
+
+/// Check a spec file of `kind` the way a CDI consumer loads one, without changing anything: a
+/// JSON object with a known `cdiVersion`, exactly `kind`, at least one device, device names by
+/// the CDI rule and unique, no key the strict loader rejects, every device with non-empty
+/// edits, every node and mount path absolute. The error names the first problem.
+pub fn check(kind: &str, bytes: &[u8]) -> Result<Checked, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let top = v.as_object().ok_or("not a JSON object")?;
+    if let Some(k) = top.keys().find(|k| !SPEC_KEYS.contains(&k.as_str())) {
+        return Err(format!("unknown key {k:?}"));
+    }
+    let version = top
+        .get("cdiVersion")
+        .and_then(|x| x.as_str())
+        .ok_or("no cdiVersion string")?;
+    if !KNOWN_VERSIONS.contains(&version) {
+        return Err(format!("unknown cdiVersion {version:?}"));
+    }
+    match top.get("kind").and_then(|x| x.as_str()) {
+        Some(k) if k == kind => {}
+        Some(k) => return Err(format!("kind is {k:?}, expected {kind:?}")),
+        None => return Err("no kind string".into()),
+    }
+    let mut out = Checked {
+        cdi_version: version.to_owned(),
+        ..Checked::default()
+    };
+    if let Some(edits) = top.get("containerEdits") {
+        check_edits(edits, "containerEdits", &mut out.container_paths)?;
+    }
+    let devices = top
+        .get("devices")
+        .and_then(|x| x.as_array())
+        .filter(|d| !d.is_empty())
+        .ok_or("no devices")?;
+    for (i, d) in devices.iter().enumerate() {
+        let name = d
+            .get("name")
+            .and_then(|x| x.as_str())
+            .ok_or_else(|| format!("devices[{i}] has no name"))?;
+        if !valid_device_name(name) {
+            return Err(format!(
+                "device name {name:?} is not a valid CDI device name"
+            ));
+        }
+        if out.devices.iter().any(|(n, _)| n == name) {
+            return Err(format!("device {name:?} appears twice"));
+        }
+        let edits = d
+            .get("containerEdits")
+            .ok_or_else(|| format!("device {name:?} has no containerEdits"))?;
+        let nodes = check_edits(edits, &format!("device {name:?}"), &mut out.container_paths)?;
+        if nodes.is_empty() && edits.as_object().is_none_or(|o| o.is_empty()) {
+            return Err(format!("device {name:?} has empty containerEdits"));
+        }
+        out.devices.push((name.to_owned(), nodes));
+    }
+    Ok(out)
+}
+
+/// Check one `containerEdits` object; returns its device node paths, adds its mounts' container
+/// paths to `container_paths`.
+fn check_edits(
+    edits: &serde_json::Value,
+    what: &str,
+    container_paths: &mut Vec<String>,
+) -> Result<Vec<String>, String> {
+    let o = edits
+        .as_object()
+        .ok_or_else(|| format!("{what}: containerEdits is not an object"))?;
+    if let Some(k) = o.keys().find(|k| !EDIT_KEYS.contains(&k.as_str())) {
+        return Err(format!("{what}: unknown key {k:?} in containerEdits"));
+    }
+    let list = |key: &str| -> Result<&[serde_json::Value], String> {
+        match o.get(key) {
+            None => Ok(&[]),
+            Some(x) => x
+                .as_array()
+                .map(Vec::as_slice)
+                .ok_or_else(|| format!("{what}: {key} is not a list")),
+        }
+    };
+    let abs = |x: Option<&serde_json::Value>, field: &str| -> Result<String, String> {
+        match x.and_then(|x| x.as_str()) {
+            Some(p) if p.starts_with('/') => Ok(p.to_owned()),
+            _ => Err(format!(
+                "{what}: a {field} is missing or not an absolute path"
+            )),
+        }
+    };
+    for e in list("env")? {
+        if !e.as_str().is_some_and(|e| e.contains('=')) {
+            return Err(format!("{what}: env entry {e} is not NAME=VALUE"));
+        }
+    }
+    let mut nodes = Vec::new();
+    for n in list("deviceNodes")? {
+        nodes.push(abs(n.get("path"), "device node path")?);
+    }
+    for m in list("mounts")? {
+        abs(m.get("hostPath"), "mount hostPath")?;
+        container_paths.push(abs(m.get("containerPath"), "mount containerPath")?);
+    }
+    for h in list("hooks")? {
+        abs(h.get("path"), "hook path")?;
+        if !h.get("hookName").is_some_and(|x| x.is_string()) {
+            return Err(format!("{what}: a hook has no hookName"));
+        }
+    }
+    Ok(nodes)
+}
+
 /// Whether `file_name` with content `bytes`, found in `/etc/cdi` or `/var/run/cdi`, is another
 /// spec of `kind`, which would conflict with ours (same device names at the same priority are
 /// dropped by CDI) or shadow it, so post-start removes it.

@@ -48,6 +48,25 @@ pub enum Command {
     /// Writes nothing.
     Plan { machine: MachineName },
 
+    /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the
+    /// running machine (CDI spec, driver root, links, unit gate, containerd and kubelet) and the
+    /// last post-start. Writes nothing. Exit 0 in sync, 5 drift (`reconcile` fixes it), 6 broken,
+    /// 7 not running; a one-line summary, or `--json` (schema 1).
+    Status {
+        /// The machine; or `--all`.
+        #[arg(required_unless_present = "all")]
+        machine: Option<MachineName>,
+        /// Every installed machine (those with our drop-in); exits with the worst state.
+        #[arg(long, conflicts_with = "machine")]
+        all: bool,
+        /// Print a versioned JSON object (`"schema": 1`) instead of the summary line.
+        #[arg(long)]
+        json: bool,
+        /// (tests, chroots) Read the machine's tree from DIR and ask no systemd.
+        #[arg(long, value_name = "DIR", hide = true)]
+        machine_root: Option<PathBuf>,
+    },
+
     /// Install or upgrade this helper for MACHINE in place: copy it to its stable path, write the
     /// unit drop-in and .nspawn file, migrate older layouts, reload systemd if a unit file changed.
     /// Never touches the machine's rootfs or running services.
@@ -222,6 +241,32 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("completions"), "{help}");
         assert!(!help.contains("manpages"), "{help}");
+    }
+
+    #[test]
+    fn status_takes_a_machine_or_all() {
+        let cli = Cli::try_parse_from(["x", "status", "kube1", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Status { machine: Some(ref m), all: false, json: true, .. } if m.as_str() == "kube1"
+        ));
+        let cli = Cli::try_parse_from(["x", "status", "--all"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Status {
+                machine: None,
+                all: true,
+                json: false,
+                ..
+            }
+        ));
+        for bad in [&["x", "status"][..], &["x", "status", "kube1", "--all"]] {
+            assert_eq!(
+                Cli::try_parse_from(bad).unwrap_err().exit_code(),
+                2,
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

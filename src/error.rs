@@ -6,6 +6,11 @@
 //! - 2 bad usage or bad input (machine name, config file, command line)
 //! - 3 NVIDIA state incomplete (systemd retries the start until the driver install finishes)
 //! - 4 the machine's lock could not be taken (deadline passed, or SIGTERM/SIGINT while waiting)
+//!
+//! `status` alone answers with a machine state instead (not errors; see `status::State`):
+//! - 5 drift: the host changed since the machine's last start (`reconcile` fixes it)
+//! - 6 broken: the machine's NVIDIA state or services need a person
+//! - 7 not running: the machine's unit is stopped
 
 use std::fmt;
 

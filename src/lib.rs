@@ -29,6 +29,7 @@ pub mod poststart;
 pub mod prestart;
 pub mod reconcile;
 pub mod rewire;
+pub mod status;
 pub mod systemd;
 
 use anyhow::Result;
@@ -41,6 +42,30 @@ use host::HostRoot;
 pub struct Ctx {
     pub host: HostRoot,
     pub config: Config,
+}
+
+/// Run one parsed command line and give the process exit code on success: 0, or for `status`
+/// the machine state's code (5 drift, 6 broken, 7 not running).
+pub fn run_with_code(cli: Cli) -> Result<u8> {
+    let Command::Status {
+        machine,
+        all,
+        json,
+        machine_root,
+    } = &cli.command
+    else {
+        return run(cli).map(|()| 0);
+    };
+    let host = HostRoot::new(&cli.host_root);
+    if !host.root().is_dir() {
+        return Err(error::bad_input(format!(
+            "--host-root {}: not a directory",
+            host.root().display()
+        )));
+    }
+    let config = Config::load(&host, cli.config.as_deref())?;
+    let ctx = Ctx { host, config };
+    status::status(&ctx, machine.as_ref(), *all, *json, machine_root.as_deref())
 }
 
 /// Run one parsed command line.
@@ -111,6 +136,9 @@ pub fn run(cli: Cli) -> Result<()> {
         | Command::CdiHook(_) => {
             unreachable!("handled above")
         }
+        Command::Status { .. } => Err(anyhow::anyhow!(
+            "status gives an exit code of its own: run it through run_with_code"
+        )),
         #[cfg(feature = "failpoints")]
         Command::Failpoints => unreachable!("handled above"),
         #[cfg(feature = "failpoints")]

@@ -353,6 +353,21 @@ impl MachineRoot {
             None => Ok(None),
         }
     }
+
+    /// Whether `path` resolves inside the machine, following every symlink (the last component
+    /// too) inside the machine only: false for a dangling link, a loop or a missing parent. Opens
+    /// an `O_PATH` descriptor, which runs no driver's open and reads nothing.
+    pub fn resolves(&self, path: &str) -> Result<bool> {
+        components(path)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(in_root());
+        match openat2(&self.fd, path, how) {
+            Ok(_) => Ok(true),
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("resolving {path} in the machine")),
+        }
+    }
 }
 
 impl MachineDir {
@@ -1027,5 +1042,40 @@ mod tests {
         for name in ["link.tar", "fifo.tar", "missing.tar"] {
             assert!(d.open_regular(name).unwrap().is_none(), "{name}");
         }
+    }
+
+    #[test]
+    fn resolves_follows_links_inside_the_machine_only() {
+        let t = tempfile::tempdir().unwrap();
+        let m = t.path();
+        std::fs::create_dir_all(m.join("usr/lib")).unwrap();
+        std::fs::write(m.join("usr/lib/real"), b"").unwrap();
+        let link = |target: &str, name: &str| {
+            std::os::unix::fs::symlink(target, m.join("usr/lib").join(name)).unwrap();
+        };
+        link("/usr/lib/real", "abs");
+        link("real", "rel");
+        link("/etc/passwd", "host-only"); // exists on the host, not in the machine
+        link("../../../../../../etc/passwd", "dotdot");
+        link("/nowhere", "dangling");
+        link("loop", "loop");
+        let root = MachineRoot::open(m).unwrap();
+        for (name, want) in [
+            ("real", true),
+            ("abs", true),
+            ("rel", true),
+            ("host-only", false),
+            ("dotdot", false),
+            ("dangling", false),
+            ("loop", false),
+            ("missing", false),
+        ] {
+            assert_eq!(
+                root.resolves(&format!("/usr/lib/{name}")).unwrap(),
+                want,
+                "{name}"
+            );
+        }
+        assert!(!root.resolves("/no/such/dir/x").unwrap());
     }
 }

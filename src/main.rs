@@ -4,8 +4,8 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = nspawn_lifecycle::cli::Cli::parse();
     nspawn_lifecycle::init_logging(cli.verbose);
-    match nspawn_lifecycle::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    match nspawn_lifecycle::run_with_code(cli) {
+        Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::from(nspawn_lifecycle::error::exit_code(&err))

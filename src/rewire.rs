@@ -32,7 +32,7 @@ use std::fmt;
 /// Staging name beside the driver root; a crashed run's leftover is removed by the next run.
 const STAGING: &str = ".driver.new";
 /// Where `/dev/char` links live in the machine.
-const DEV_CHAR: &str = "/dev/char";
+pub(crate) const DEV_CHAR: &str = "/dev/char";
 /// CDI spec directories every CDI consumer scans.
 const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// Largest CDI spec we read when looking for conflicts.
@@ -272,13 +272,13 @@ fn is_under(path: &str, dir: &str) -> bool {
 }
 
 /// Whether a link target (as found in `dir`) points into the driver root or the host binds.
-fn points_into_driver(dir: &str, target: &str) -> bool {
+pub(crate) fn points_into_driver(dir: &str, target: &str) -> bool {
     let t = normalize(dir, target);
     is_under(&t, HOST_NVIDIA) || is_under(&t, DRIVER_ROOT)
 }
 
 /// Every symlink in `dir` with its target (non-UTF-8 names and targets cannot be ours).
-fn symlinks(dir: &MachineDir) -> Result<BTreeMap<String, String>> {
+pub(crate) fn symlinks(dir: &MachineDir) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for (name, kind) in dir.entries()? {
         let Some(name) = name.to_str() else { continue };
@@ -350,7 +350,7 @@ fn desired_lib_links(driver: &UserspaceDriver) -> BTreeMap<String, BTreeMap<Stri
 
 /// The machine's multiarch library dirs (`/usr/lib/*-linux-*` and their `vdpau/`), as machine
 /// paths; resolved in the machine, so one reached through a symlink is still inside it.
-fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
+pub(crate) fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let Some(usr_lib) = open_dir_if_dir(root, "/usr/lib")? else {
         return Ok(out);
@@ -501,7 +501,7 @@ fn ld_cache_lists(cache: &[u8], wanted: &[String]) -> bool {
 /// Whether a `/dev/char` link is an NVIDIA one we may remove: it points at `/dev/nvidia*`
 /// (absolute or relative — the name alone says NVIDIA), or it is a `/dev/dri/*` link with an
 /// absolute target, the form only we write (udev writes `../dri/card1`).
-fn is_nvidia_dev_char(dir: &str, target: &str) -> bool {
+pub(crate) fn is_nvidia_dev_char(dir: &str, target: &str) -> bool {
     let t = normalize(dir, target);
     t.strip_prefix("/dev/")
         .is_some_and(|rest| rest.starts_with("nvidia"))
@@ -535,7 +535,7 @@ fn sync_dev_char(
     Ok(())
 }
 
-fn is_dev_numbers(name: &str) -> bool {
+pub(crate) fn is_dev_numbers(name: &str) -> bool {
     name.split_once(':').is_some_and(|(a, b)| {
         !a.is_empty()
             && !b.is_empty()

@@ -1110,3 +1110,54 @@ fn our_own_spec_is_recognised_as_a_conflict_only_under_another_name() {
         text.as_bytes()
     ));
 }
+
+/// `status` judges a machine's spec with `cdi::check`: it accepts every spec we generate, reading
+/// the same device names the official loader does, and rejects what the loader rejects.
+#[test]
+fn status_check_accepts_what_we_write_and_rejects_what_the_loader_rejects() {
+    for (case, inv) in cases() {
+        let (_, text, _) = generated(&inv);
+        let checked = cdi::check(KIND, text.as_bytes()).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let loaded = strict_load(&text).unwrap();
+        assert_eq!(
+            checked
+                .devices
+                .iter()
+                .map(|(n, _)| n.clone())
+                .collect::<BTreeSet<_>>(),
+            loaded.devices.keys().cloned().collect::<BTreeSet<_>>(),
+            "{case}"
+        );
+    }
+    let (_, text, doc) = generated(&cases()[0].1);
+    let mutate = |f: &dyn Fn(&mut Value)| {
+        let mut d = doc.clone();
+        f(&mut d);
+        serde_json::to_string(&d).unwrap()
+    };
+    for (what, bad) in [
+        ("unknown key", mutate(&|d| d["bogus"] = Value::from(1))),
+        (
+            "bad device name",
+            mutate(&|d| d["devices"][0]["name"] = Value::from("-0")),
+        ),
+        (
+            "duplicate device",
+            mutate(&|d| {
+                let first = d["devices"][0].clone();
+                d["devices"].as_array_mut().unwrap().push(first);
+            }),
+        ),
+        (
+            "unknown edit key",
+            mutate(&|d| d["containerEdits"]["bogus"] = Value::from(1)),
+        ),
+        ("not JSON", text[..text.len() / 2].to_owned()),
+    ] {
+        assert!(strict_load(&bad).is_err(), "{what}: the loader accepts it");
+        assert!(
+            cdi::check(KIND, bad.as_bytes()).is_err(),
+            "{what}: check accepts it"
+        );
+    }
+}

@@ -184,6 +184,31 @@ pub struct ServiceState {
     pub timeout_stop: Option<Duration>,
 }
 
+/// The last run of one `ExecStartPost=` command (what `systemctl status` prints as
+/// `Process: <pid> ExecStartPost=… (code=exited, status=0/SUCCESS)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRun {
+    /// argv joined with spaces.
+    pub command: String,
+    /// Wall-clock start and exit, µs since the epoch; 0 when it has not started or exited.
+    pub started_usec: u64,
+    pub exited_usec: u64,
+    pub pid: u32,
+    /// `si_code` of the exit: 1 `CLD_EXITED`, 2 `CLD_KILLED`, 3 `CLD_DUMPED`; 0 while it runs.
+    pub code: i32,
+    /// Exit status, or the signal number when killed.
+    pub status: i32,
+}
+
+/// A unit's state with its service result and the last runs of its `ExecStartPost=` commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRun {
+    pub unit: UnitState,
+    /// `success`, `exit-code`, `signal`, `timeout`, … (of the last run).
+    pub result: String,
+    pub exec_start_post: Vec<ExecRun>,
+}
+
 /// A connection to one systemd instance (the host's, or a machine's).
 pub struct Systemd {
     conn: Connection,
@@ -323,6 +348,38 @@ impl Systemd {
         zbus::block_on(async {
             let path = self.load_unit(unit, deadline).await?;
             self.service_state_at(unit, &path, deadline).await
+        })
+    }
+
+    /// Read a service's state, result and the last runs of its `ExecStartPost=` commands; only
+    /// property reads (what `status` uses).
+    pub fn service_run(&self, unit: &str, deadline: Instant) -> Result<ServiceRun> {
+        zbus::block_on(async {
+            let path = self.load_unit(unit, deadline).await?;
+            let state = self.unit_state_at(unit, &path, deadline).await?;
+            let s = self.service_proxy(&path).await?;
+            let what = |p: &str| format!("reading {p} of {unit}");
+            let result = self.call(&what("Result"), deadline, s.result()).await?;
+            let post = self
+                .call(&what("ExecStartPost"), deadline, s.exec_start_post())
+                .await?;
+            Ok(ServiceRun {
+                unit: state,
+                result,
+                exec_start_post: post
+                    .into_iter()
+                    .map(
+                        |(_, argv, _, start, _, exit, _, pid, code, status)| ExecRun {
+                            command: argv.join(" "),
+                            started_usec: start,
+                            exited_usec: exit,
+                            pid,
+                            code,
+                            status,
+                        },
+                    )
+                    .collect(),
+            })
         })
     }
 

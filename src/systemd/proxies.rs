@@ -78,6 +78,14 @@ pub trait Service {
     fn timeout_start_usec(&self) -> zbus::Result<u64>;
     #[zbus(property, name = "TimeoutStopUSec")]
     fn timeout_stop_usec(&self) -> zbus::Result<u64>;
+    /// Each `ExecStartPost=` command with its last run: (path, argv, ignore failure, start
+    /// realtime µs, start monotonic µs, exit realtime µs, exit monotonic µs, PID, `si_code`,
+    /// status), as systemd 252 keeps it until the unit starts again.
+    #[allow(clippy::type_complexity)]
+    #[zbus(property)]
+    fn exec_start_post(
+        &self,
+    ) -> zbus::Result<Vec<(String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32)>>;
 }
 
 #[proxy(

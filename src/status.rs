@@ -1,0 +1,1529 @@
+//! `status <MACHINE>` and `status --all`: is a machine's GPU wiring current? Compares the host now
+//! with the machine now and never writes anything (no lock, no file, no unit job).
+//!
+//! Gather (host discovery, the host unit's properties, the running machine's tree through its
+//! leader's root, the machine's services over its bus: reads only) → [`evaluate`] (pure) →
+//! print. The machine's driver version is what its CDI spec mounts (`libcuda.so.<version>` at its
+//! standard container path), what its driver root ([`layout::DRIVER_ROOT`]) holds and what its
+//! library links name, never a guess from a host path.
+//!
+//! States and exit codes (README "Exit codes"), worst first: `broken` 6 (something needs a
+//! person: spec invalid or gone while the machine is wired, containerd or kubelet not active,
+//! the unit gate not released, the last post-start failed, the host's driver incomplete),
+//! `drift` 5 (the host changed since the machine's last start: another driver version, a GPU
+//! added or removed, links dangling after an upgrade; `reconcile` fixes it), `not-running` 7
+//! (the unit is stopped: nothing is stale, the next start wires the host as it is then), 0 in
+//! sync.
+
+use crate::Ctx;
+use crate::cdi;
+use crate::config::MachineConfig;
+use crate::discovery::{self, Inventory, Verdict, parse::is_version};
+use crate::gate;
+use crate::install;
+use crate::layout::DRIVER_ROOT;
+use crate::machine_name::MachineName;
+use crate::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::rewire;
+use crate::systemd::{ExecRun, MachineHandle, ServiceRun, Systemd};
+use anyhow::{Context as _, Result};
+use serde::Serialize;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Version of the `status --json` object; bumped on any incompatible change.
+pub const SCHEMA: u32 = 1;
+/// Largest CDI spec read.
+const MAX_SPEC_BYTES: usize = 16 << 20;
+/// Most entries read from the driver root.
+const MAX_DRIVER_ROOT_ENTRIES: usize = 100_000;
+/// How long all bus reads for one machine may take.
+const BUS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A machine's overall state, ordered from best to worst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    InSync,
+    NotRunning,
+    Drift,
+    Broken,
+}
+
+impl State {
+    /// The documented exit code: 0 in sync, 5 drift, 6 broken, 7 not running.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            State::InSync => 0,
+            State::Drift => 5,
+            State::Broken => 6,
+            State::NotRunning => 7,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::InSync => "in sync",
+            State::NotRunning => "not running",
+            State::Drift => "drift",
+            State::Broken => "broken",
+        }
+    }
+}
+
+/// One thing found out of line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    /// `drift` or `broken`.
+    pub state: State,
+    /// What was compared: `driver-version`, `gpus`, `cdi-spec`, `dangling-links`, `gate`,
+    /// `services`, `post-start`, `unit`, `host-driver`, `stale-nvidia-state`.
+    pub check: &'static str,
+    pub message: String,
+}
+
+/// The host as discovered now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostFacts {
+    /// `none`, `complete` or `incomplete`.
+    pub verdict: &'static str,
+    pub kernel_module: Option<String>,
+    pub gpus: Vec<GpuFacts>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuFacts {
+    pub index: u32,
+    pub uuid: String,
+    pub minor: u32,
+}
+
+/// The CDI spec file in the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecFacts {
+    /// Path in the machine.
+    pub path: String,
+    /// `missing`, `invalid` or `valid`.
+    pub state: &'static str,
+    /// Why it is invalid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub cdi_version: Option<String>,
+    /// Versions of the `libcuda.so.<version>` files it mounts.
+    pub driver_versions: Vec<String>,
+    /// Device names (`0`, `GPU-…`, `all`).
+    pub devices: Vec<String>,
+    /// Whether its bytes are exactly what post-start would write for the host now.
+    pub current: bool,
+    #[serde(skip)]
+    checked: Option<cdi::Checked>,
+}
+
+/// What was read from the running machine's tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineFacts {
+    pub cdi_spec: SpecFacts,
+    /// Versions of `libcuda.so.<version>` in the driver root.
+    pub driver_root_versions: Vec<String>,
+    /// Versions of the `libcuda.so.<version>` links post-start keeps in the multiarch dirs.
+    pub link_versions: Vec<String>,
+    /// Our links (library, driver root, `/dev/char`) that do not resolve: `path -> target`.
+    pub dangling_links: Vec<String>,
+    /// Whether pre-start gated containerd/kubelet this boot, and whether post-start released it.
+    pub gated: bool,
+    pub gate_released: bool,
+}
+
+/// A unit and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceFacts {
+    pub unit: String,
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+}
+
+/// The host's `systemd-nspawn@<m>.service` and the last run of our post-start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitFacts {
+    pub unit: String,
+    pub active_state: String,
+    pub sub_state: String,
+    /// The service's `Result` (`success`, `exit-code`, …).
+    pub result: String,
+    pub invocation_id: String,
+    /// `None` when post-start has not run since the unit was loaded.
+    pub last_post_start: Option<PostStartRun>,
+}
+
+/// One run of post-start, from the unit's `ExecStartPost` property.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostStartRun {
+    /// UTC, `2026-12-03T12:00:00Z`.
+    pub started_at: String,
+    /// `None` while it runs.
+    pub exited_at: Option<String>,
+    /// Exit status when it exited; `None` when killed or still running.
+    pub exit_status: Option<i32>,
+    /// Signal number when killed.
+    pub signal: Option<i32>,
+    pub succeeded: bool,
+}
+
+/// The whole answer for one machine (`status --json`, schema [`SCHEMA`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub schema: u32,
+    pub machine: String,
+    pub state: State,
+    pub exit_code: u8,
+    pub summary: String,
+    pub host: HostFacts,
+    /// `None` when the host's systemd was not asked (`--machine-root`).
+    pub unit: Option<UnitFacts>,
+    pub running: bool,
+    /// `None` when the machine is not running.
+    #[serde(rename = "machineState")]
+    pub machine_facts: Option<MachineFacts>,
+    /// containerd and kubelet in the machine; `None` when not running or not asked.
+    pub services: Option<Vec<ServiceFacts>>,
+    pub findings: Vec<Finding>,
+}
+
+/// `status --all --json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllStatus {
+    pub schema: u32,
+    pub state: State,
+    pub exit_code: u8,
+    pub machines: Vec<Status>,
+}
+
+/// What was observed besides the host: each `None` means "not asked" or "not running".
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub unit: Option<UnitFacts>,
+    /// `None` when the machine is not running.
+    pub machine: Option<MachineFacts>,
+    pub services: Option<Vec<ServiceFacts>>,
+}
+
+/// The version in a driver library file name `libcuda.so.<version>`.
+fn libcuda_version(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_prefix("libcuda.so.")
+        .filter(|v| is_version(v))
+}
+
+fn push_unique(v: &mut Vec<String>, s: &str) {
+    if !v.iter().any(|x| x == s) {
+        v.push(s.to_owned());
+    }
+}
+
+/// Read the machine's NVIDIA state through its root: the CDI spec, the driver root, our links.
+/// `expected_spec` is what post-start would write for the host now. Reads only.
+pub fn inspect_machine(
+    root: &MachineRoot,
+    mc: &MachineConfig,
+    expected_spec: Option<&str>,
+) -> Result<MachineFacts> {
+    let path = format!(
+        "{}/{}",
+        mc.cdi_dir.as_str().trim_end_matches('/'),
+        cdi::spec_file_name(&mc.cdi_kind)
+    );
+    let bytes = root
+        .read_file(&path, MAX_SPEC_BYTES)
+        .with_context(|| format!("reading the CDI spec {path} in the machine"))?;
+    let cdi_spec = match bytes {
+        None => SpecFacts {
+            path,
+            state: "missing",
+            error: None,
+            cdi_version: None,
+            driver_versions: Vec::new(),
+            devices: Vec::new(),
+            current: false,
+            checked: None,
+        },
+        Some(bytes) => {
+            let current = expected_spec.is_some_and(|e| e.as_bytes() == bytes.as_slice());
+            match cdi::check(&mc.cdi_kind, &bytes) {
+                Err(e) => SpecFacts {
+                    path,
+                    state: "invalid",
+                    error: Some(e),
+                    cdi_version: None,
+                    driver_versions: Vec::new(),
+                    devices: Vec::new(),
+                    current,
+                    checked: None,
+                },
+                Ok(c) => {
+                    let mut versions = Vec::new();
+                    for p in &c.container_paths {
+                        let name = p.rsplit('/').next().unwrap_or(p);
+                        if let Some(v) = libcuda_version(name) {
+                            push_unique(&mut versions, v);
+                        }
+                    }
+                    SpecFacts {
+                        path,
+                        state: "valid",
+                        error: None,
+                        cdi_version: Some(c.cdi_version.clone()),
+                        driver_versions: versions,
+                        devices: c.devices.iter().map(|(n, _)| n.clone()).collect(),
+                        current,
+                        checked: Some(c),
+                    }
+                }
+            }
+        }
+    };
+
+    let mut dangling = Vec::new();
+    let mut driver_root_versions = Vec::new();
+    if let Lookup::Dir(dr) = root.lookup_dir(DRIVER_ROOT)? {
+        let entries = dr.walk(MAX_DRIVER_ROOT_ENTRIES)?.with_context(|| {
+            format!("{DRIVER_ROOT} in the machine has more than {MAX_DRIVER_ROOT_ENTRIES} entries")
+        })?;
+        for e in entries {
+            let name = e.path.rsplit('/').next().unwrap_or(&e.path);
+            if let Some(v) = libcuda_version(name) {
+                push_unique(&mut driver_root_versions, v);
+            }
+            if e.kind == FileKind::Symlink {
+                let p = format!("{DRIVER_ROOT}/{}", e.path);
+                if !root.resolves(&p)? {
+                    dangling.push(format!("{p} -> {}", e.target.unwrap_or_default()));
+                }
+            }
+        }
+    }
+
+    let mut link_versions = Vec::new();
+    for dir_path in rewire::machine_lib_dirs(root)? {
+        let Lookup::Dir(dir) = root.lookup_dir(&dir_path)? else {
+            continue;
+        };
+        let links = rewire::symlinks(&dir)?;
+        let direct: Vec<&str> = links
+            .iter()
+            .filter(|(_, t)| rewire::points_into_driver(dir.path(), t))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        for (name, target) in &links {
+            let ours = direct.contains(&name.as_str())
+                || (!target.contains('/') && direct.contains(&target.as_str()));
+            if !ours {
+                continue;
+            }
+            if let Some(v) = libcuda_version(name) {
+                push_unique(&mut link_versions, v);
+            }
+            let p = dir.child(name);
+            if !root.resolves(&p)? {
+                dangling.push(format!("{p} -> {target}"));
+            }
+        }
+    }
+    if let Lookup::Dir(dev_char) = root.lookup_dir(rewire::DEV_CHAR)? {
+        for (name, target) in rewire::symlinks(&dev_char)? {
+            if rewire::is_dev_numbers(&name) && rewire::is_nvidia_dev_char(dev_char.path(), &target)
+            {
+                let p = dev_char.child(&name);
+                if !root.resolves(&p)? {
+                    dangling.push(format!("{p} -> {target}"));
+                }
+            }
+        }
+    }
+
+    let gated =
+        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
+    let gate_released = root.kind_of(gate::WIRED)?.is_some();
+    Ok(MachineFacts {
+        cdi_spec,
+        driver_root_versions,
+        link_versions,
+        dangling_links: dangling,
+        gated,
+        gate_released,
+    })
+}
+
+/// Judge what was observed: pure, so every case is a unit test.
+pub fn evaluate(
+    machine: &MachineName,
+    mc: &MachineConfig,
+    inv: &Inventory,
+    observed: Observed,
+) -> Status {
+    let mut findings: Vec<Finding> = Vec::new();
+    let mut add = |state: State, check: &'static str, message: String| {
+        findings.push(Finding {
+            state,
+            check,
+            message,
+        });
+    };
+    let host = HostFacts {
+        verdict: match inv.verdict {
+            Verdict::None => "none",
+            Verdict::Complete => "complete",
+            Verdict::Incomplete { .. } => "incomplete",
+        },
+        kernel_module: inv.kernel_module.clone(),
+        gpus: inv
+            .gpus
+            .iter()
+            .map(|g| GpuFacts {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+            })
+            .collect(),
+    };
+    if let Verdict::Incomplete { reasons } = &inv.verdict {
+        add(
+            State::Broken,
+            "host-driver",
+            format!(
+                "the host's NVIDIA state is incomplete ({}); the next start would fail until the \
+                 driver install finishes",
+                reasons.join("; ")
+            ),
+        );
+    }
+
+    // The host unit: a failed or restarting unit is broken, a stopped one is not running.
+    let mut not_running = None;
+    if let Some(u) = &observed.unit {
+        if let Some(run) = &u.last_post_start
+            && !run.succeeded
+            && run.exited_at.is_some()
+        {
+            add(
+                State::Broken,
+                "post-start",
+                format!(
+                    "the last post-start ({}) {}",
+                    run.started_at,
+                    match (run.exit_status, run.signal) {
+                        (Some(s), _) => format!("exited with status {s}"),
+                        (_, Some(sig)) => format!("was killed by signal {sig}"),
+                        _ => "failed".to_owned(),
+                    }
+                ),
+            );
+        }
+        let failing = u.active_state == "failed"
+            || u.sub_state == "auto-restart"
+            || (u.active_state != "active" && u.result != "success");
+        if failing {
+            add(
+                State::Broken,
+                "unit",
+                format!(
+                    "{} is {} ({}), result {}",
+                    u.unit, u.active_state, u.sub_state, u.result
+                ),
+            );
+        } else if u.active_state != "active" {
+            not_running = Some(format!(
+                "{} is {} ({})",
+                u.unit, u.active_state, u.sub_state
+            ));
+        }
+    }
+    if observed.machine.is_none() && not_running.is_none() {
+        not_running = Some(format!("machine {machine} is not registered with machined"));
+    }
+
+    if let Some(m) = &observed.machine {
+        judge_nvidia(inv, m, &mut add);
+        if m.gated && !m.gate_released {
+            add(
+                State::Broken,
+                "gate",
+                format!(
+                    "containerd and kubelet are gated this boot and post-start has not released \
+                     them ({} missing in the machine)",
+                    gate::WIRED
+                ),
+            );
+        }
+    }
+    if let Some(services) = &observed.services {
+        for s in services {
+            if s.load_state != "loaded" {
+                add(
+                    State::Broken,
+                    "services",
+                    format!("{} is {} in the machine", s.unit, s.load_state),
+                );
+            } else if s.active_state != "active" {
+                add(
+                    State::Broken,
+                    "services",
+                    format!(
+                        "{} is {} ({}) in the machine",
+                        s.unit, s.active_state, s.sub_state
+                    ),
+                );
+            }
+        }
+    }
+
+    let worst = findings.iter().map(|f| f.state).max();
+    let state = match (worst, &not_running) {
+        (Some(w), _) if w >= State::Drift => w,
+        (_, Some(_)) => State::NotRunning,
+        _ => State::InSync,
+    };
+    let summary = match state {
+        State::InSync => {
+            let mut s = format!("{machine}: in sync: ");
+            match (&inv.verdict, &inv.kernel_module) {
+                (Verdict::Complete, Some(v)) => {
+                    s.push_str(&format!("NVIDIA {v}, {} GPU(s)", inv.gpus.len()));
+                }
+                _ => s.push_str("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
+            }
+            if observed.services.is_some() {
+                s.push_str(&format!(
+                    "; {} and {} active",
+                    mc.containerd_unit, mc.kubelet_unit
+                ));
+            }
+            if let Some(run) = observed
+                .unit
+                .as_ref()
+                .and_then(|u| u.last_post_start.as_ref())
+            {
+                let at = run.exited_at.as_deref().unwrap_or(&run.started_at);
+                s.push_str(&format!("; last post-start succeeded {at}"));
+            }
+            s
+        }
+        State::NotRunning => format!(
+            "{machine}: not running: {}; the next start wires the host as it is then",
+            not_running.as_deref().unwrap_or("stopped")
+        ),
+        State::Drift | State::Broken => {
+            let mut msgs: Vec<&str> = findings
+                .iter()
+                .filter(|f| f.state == state)
+                .map(|f| f.message.as_str())
+                .collect();
+            msgs.extend(
+                findings
+                    .iter()
+                    .filter(|f| f.state != state)
+                    .map(|f| f.message.as_str()),
+            );
+            let hint = if state == State::Drift {
+                format!(" (run `nspawn-lifecycle-helper nspawn-lifecycle reconcile {machine}`)")
+            } else {
+                String::new()
+            };
+            format!("{machine}: {}: {}{hint}", state.as_str(), msgs.join("; "))
+        }
+    };
+    let running = observed.machine.is_some();
+    Status {
+        schema: SCHEMA,
+        machine: machine.to_string(),
+        state,
+        exit_code: state.exit_code(),
+        summary,
+        host,
+        unit: observed.unit,
+        running,
+        machine_facts: observed.machine,
+        services: observed.services,
+        findings,
+    }
+}
+
+/// The NVIDIA part of [`evaluate`]: host GPUs and driver against the running machine's spec,
+/// driver root and links.
+fn judge_nvidia(
+    inv: &Inventory,
+    m: &MachineFacts,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
+    let spec = &m.cdi_spec;
+    let has_state = spec.state != "missing"
+        || !m.driver_root_versions.is_empty()
+        || !m.link_versions.is_empty();
+    let dangling = || {
+        let n = m.dangling_links.len();
+        let shown: Vec<&str> = m
+            .dangling_links
+            .iter()
+            .take(3)
+            .map(String::as_str)
+            .collect();
+        format!(
+            "{n} NVIDIA link(s) in the machine dangle: {}{}",
+            shown.join(", "),
+            if n > 3 { ", …" } else { "" }
+        )
+    };
+    let host_version = match (&inv.verdict, &inv.kernel_module) {
+        (Verdict::Complete, Some(v)) => v.as_str(),
+        (Verdict::Incomplete { .. }, _) => return,
+        _ => {
+            // No NVIDIA GPUs on the host: any NVIDIA state left in the machine is stale.
+            if has_state {
+                let mut what = Vec::new();
+                if spec.state != "missing" {
+                    what.push(format!("CDI spec {}", spec.path));
+                }
+                if !m.driver_root_versions.is_empty() {
+                    what.push(format!("driver root {DRIVER_ROOT}"));
+                }
+                if !m.link_versions.is_empty() {
+                    what.push("library links".to_owned());
+                }
+                add(
+                    State::Drift,
+                    "stale-nvidia-state",
+                    format!(
+                        "the host has no NVIDIA GPUs but the machine still has NVIDIA state ({})",
+                        what.join(", ")
+                    ),
+                );
+            }
+            if !m.dangling_links.is_empty() {
+                add(State::Drift, "dangling-links", dangling());
+            }
+            return;
+        }
+    };
+    if !has_state {
+        add(
+            State::Drift,
+            "driver-version",
+            format!(
+                "the host has NVIDIA {host_version} with {} GPU(s) but the machine has no NVIDIA \
+                 state (it started before they appeared)",
+                inv.gpus.len()
+            ),
+        );
+        return;
+    }
+    // One finding per version the machine holds, naming where it holds it.
+    let mut by_version: Vec<(String, Vec<&str>)> = Vec::new();
+    for (what, versions) in [
+        ("CDI spec", &spec.driver_versions),
+        ("driver root", &m.driver_root_versions),
+        ("library links", &m.link_versions),
+    ] {
+        for v in versions.iter().filter(|v| v.as_str() != host_version) {
+            match by_version.iter_mut().find(|(x, _)| x == v) {
+                Some((_, whats)) => whats.push(what),
+                None => by_version.push((v.clone(), vec![what])),
+            }
+        }
+    }
+    let version_drift = !by_version.is_empty();
+    for (v, whats) in by_version {
+        let whats = match whats.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => whats.join(""),
+        };
+        add(
+            State::Drift,
+            "driver-version",
+            format!(
+                "NVIDIA driver changed: host kernel module {host_version}, machine's {whats} {v}"
+            ),
+        );
+    }
+    match spec.state {
+        "missing" => add(
+            State::Broken,
+            "cdi-spec",
+            format!(
+                "CDI spec {} is missing while the machine is wired for NVIDIA {}",
+                spec.path,
+                m.driver_root_versions
+                    .first()
+                    .or(m.link_versions.first())
+                    .map_or("?", String::as_str)
+            ),
+        ),
+        "invalid" => add(
+            State::Broken,
+            "cdi-spec",
+            format!(
+                "CDI spec {} is invalid: {}",
+                spec.path,
+                spec.error.as_deref().unwrap_or("?")
+            ),
+        ),
+        _ => {}
+    }
+    let mut gpu_drift = false;
+    if let Some(c) = &spec.checked {
+        let minor_of = |name: &str| -> Option<Vec<&str>> {
+            c.devices
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, nodes)| nodes.iter().map(String::as_str).collect())
+        };
+        for g in &inv.gpus {
+            let node = format!("/dev/nvidia{}", g.minor);
+            match minor_of(&g.uuid) {
+                None => {
+                    gpu_drift = true;
+                    add(
+                        State::Drift,
+                        "gpus",
+                        format!(
+                            "GPU {} ({node}) on the host is not in the machine's CDI spec",
+                            g.uuid
+                        ),
+                    );
+                }
+                Some(nodes) if !nodes.contains(&node.as_str()) => {
+                    gpu_drift = true;
+                    add(
+                        State::Drift,
+                        "gpus",
+                        format!(
+                            "GPU {} is {node} on the host but {} in the machine's CDI spec",
+                            g.uuid,
+                            nodes.join(", ")
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+        for (name, _) in &c.devices {
+            if name.starts_with("GPU-") && !inv.gpus.iter().any(|g| &g.uuid == name) {
+                gpu_drift = true;
+                add(
+                    State::Drift,
+                    "gpus",
+                    format!("GPU {name} in the machine's CDI spec is gone from the host"),
+                );
+            }
+        }
+        if !version_drift && !gpu_drift && !spec.current {
+            add(
+                State::Drift,
+                "cdi-spec",
+                format!(
+                    "CDI spec {} differs from what post-start would write for the host now",
+                    spec.path
+                ),
+            );
+        }
+    }
+    if !m.dangling_links.is_empty() {
+        // After a driver upgrade, a GPU removal or a host daemon gone (its socket with it) the
+        // old links dangle: the host changed, and that is the drift itself. With the host as
+        // the machine was wired for, a dangling link is damage.
+        let host_changed = version_drift || gpu_drift || (spec.checked.is_some() && !spec.current);
+        let state = if host_changed {
+            State::Drift
+        } else {
+            State::Broken
+        };
+        add(state, "dangling-links", dangling());
+    }
+}
+
+/// The last run of our post-start among the unit's `ExecStartPost=` commands.
+fn last_post_start(runs: &[ExecRun]) -> Option<PostStartRun> {
+    let run = runs
+        .iter()
+        .find(|r| r.command.contains("nspawn-lifecycle post-start"))?;
+    if run.started_usec == 0 {
+        return None;
+    }
+    // si_code: 1 CLD_EXITED, 2 CLD_KILLED, 3 CLD_DUMPED; 0 while it runs.
+    let exited = run.exited_usec != 0 && run.code != 0;
+    Some(PostStartRun {
+        started_at: utc(run.started_usec),
+        exited_at: exited.then(|| utc(run.exited_usec)),
+        exit_status: (exited && run.code == 1).then_some(run.status),
+        signal: (exited && run.code != 1).then_some(run.status),
+        succeeded: exited && run.code == 1 && run.status == 0,
+    })
+}
+
+/// µs since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc(usec: u64) -> String {
+    let secs = usec / 1_000_000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Everything [`evaluate`] needs about one machine, read from the host's and the machine's
+/// systemd and the machine's tree. `machine_root` (tests, chroots) reads the tree from a
+/// directory instead and asks no systemd.
+fn observe(
+    ctx: &Ctx,
+    machine: &MachineName,
+    mc: &MachineConfig,
+    expected_spec: Option<&str>,
+    machine_root: Option<&Path>,
+) -> Result<Observed> {
+    if let Some(dir) = machine_root {
+        let root = MachineRoot::open(dir)?;
+        return Ok(Observed {
+            unit: None,
+            machine: Some(inspect_machine(&root, mc, expected_spec)?),
+            services: None,
+        });
+    }
+    if !ctx.host.is_real_root() {
+        return Err(crate::error::bad_input(format!(
+            "status of {machine} with --host-root {} needs --machine-root DIR: the running \
+             machine is only reachable through the host's systemd",
+            ctx.host.root().display()
+        )));
+    }
+    let deadline = Instant::now() + BUS_TIMEOUT;
+    let host = Systemd::host(deadline)?;
+    let unit_name = install::unit_name(machine);
+    let run: ServiceRun = host.service_run(&unit_name, deadline)?;
+    let unit = UnitFacts {
+        unit: unit_name,
+        active_state: run.unit.active_state.clone(),
+        sub_state: run.unit.sub_state.clone(),
+        result: run.result.clone(),
+        invocation_id: run.unit.invocation_id.clone(),
+        last_post_start: last_post_start(&run.exec_start_post),
+    };
+    // Only an active unit has a machine to inspect; while it starts, post-start may be halfway.
+    if run.unit.active_state != "active"
+        || host.machine_leader(machine.as_str(), deadline)?.is_none()
+    {
+        return Ok(Observed {
+            unit: Some(unit),
+            machine: None,
+            services: None,
+        });
+    }
+    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let facts = inspect_machine(handle.root(), mc, expected_spec)?;
+    // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
+    let sd = Systemd::machine_unchecked(&handle, deadline)?;
+    let mut services = Vec::new();
+    for u in [&mc.containerd_unit, &mc.kubelet_unit] {
+        let st = sd.unit_state(u.as_str(), deadline)?;
+        services.push(ServiceFacts {
+            unit: u.to_string(),
+            load_state: st.load_state,
+            active_state: st.active_state,
+            sub_state: st.sub_state,
+        });
+    }
+    Ok(Observed {
+        unit: Some(unit),
+        machine: Some(facts),
+        services: Some(services),
+    })
+}
+
+/// Whether `machine` is installed: our drop-in is on the host.
+fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
+    ctx.host.path(install::dropin_path(machine)).is_file()
+}
+
+/// Every installed machine (those with our drop-in), sorted by name.
+pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
+    let dir = ctx.host.path(install::UNIT_DIR);
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let name = e.file_name();
+        let Some(m) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("systemd-nspawn@"))
+            .and_then(|n| n.strip_suffix(".service.d"))
+        else {
+            continue;
+        };
+        if let Ok(m) = m.parse::<MachineName>()
+            && installed(ctx, &m)
+        {
+            out.push(m);
+        }
+    }
+    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    Ok(out)
+}
+
+/// The status of one machine.
+pub fn machine_status(
+    ctx: &Ctx,
+    inv: &Inventory,
+    machine: &MachineName,
+    machine_root: Option<&Path>,
+) -> Result<Status> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
+    let observed = observe(ctx, machine, &mc, expected.as_deref(), machine_root)
+        .with_context(|| format!("status of {machine}"))?;
+    Ok(evaluate(machine, &mc, inv, observed))
+}
+
+/// `status`: print and return the exit code (0, 5, 6 or 7).
+pub fn status(
+    ctx: &Ctx,
+    machine: Option<&MachineName>,
+    all: bool,
+    json: bool,
+    machine_root: Option<&Path>,
+) -> Result<u8> {
+    let machines = match (machine, all) {
+        (Some(m), false) => {
+            if !installed(ctx, m) {
+                return Err(crate::error::bad_input(format!(
+                    "machine {m} is not installed: no {} on the host (see `install`)",
+                    install::dropin_path(m)
+                )));
+            }
+            vec![m.clone()]
+        }
+        (None, true) => installed_machines(ctx)?,
+        _ => {
+            return Err(crate::error::bad_input(
+                "status needs a MACHINE or --all, not both",
+            ));
+        }
+    };
+    let inv = discovery::discover(&ctx.host)?;
+    let mut out = Vec::new();
+    for m in &machines {
+        out.push(machine_status(ctx, &inv, m, machine_root)?);
+    }
+    let state = out.iter().map(|s| s.state).max().unwrap_or(State::InSync);
+    let mut stdout = std::io::stdout().lock();
+    use std::io::Write as _;
+    if json {
+        let text = if all {
+            serde_json::to_string_pretty(&AllStatus {
+                schema: SCHEMA,
+                state,
+                exit_code: state.exit_code(),
+                machines: out,
+            })
+        } else {
+            serde_json::to_string_pretty(&out[0])
+        }
+        .context("serializing the status")?;
+        writeln!(stdout, "{text}").context("writing to stdout")?;
+    } else {
+        if all && out.is_empty() {
+            writeln!(stdout, "no installed machines").context("writing to stdout")?;
+        }
+        for s in &out {
+            writeln!(stdout, "{}", s.summary).context("writing to stdout")?;
+        }
+    }
+    Ok(state.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Fixture hosts (materialized with mknod: root) and machine trees wired by post-start's own
+    //! steps, with the host's binds stood in for by copies of their file names.
+    use super::*;
+    use crate::config::Config;
+    use crate::fixture;
+    use crate::host::HostRoot;
+    use crate::layout;
+
+    const OLD: &str = "580.82.07";
+    const NEW: &str = "580.95.05";
+    const GPU1: &str = "GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254";
+
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "privileged tests build host trees with mknod and must run as root"
+        );
+    }
+
+    /// The two-GPU example host, edited by `edit`.
+    fn host_from(edit: impl Fn(&str) -> String) -> (tempfile::TempDir, HostRoot, Inventory) {
+        require_root();
+        let text = edit(fixture::example("two-gpus").unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        fixture::materialize(&text, dir.path()).unwrap();
+        let host = HostRoot::new(dir.path());
+        let inv = discovery::discover(&host).unwrap();
+        (dir, host, inv)
+    }
+
+    fn two_gpus() -> (tempfile::TempDir, HostRoot, Inventory) {
+        host_from(str::to_owned)
+    }
+
+    fn old_driver() -> (tempfile::TempDir, HostRoot, Inventory) {
+        host_from(|t| t.replace(NEW, OLD))
+    }
+
+    fn without_gpu1() -> (tempfile::TempDir, HostRoot, Inventory) {
+        host_from(|t| {
+            t.lines()
+                .filter(|l| !l.contains(GPU1) && !l.starts_with("chr /dev/nvidia1 "))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        })
+    }
+
+    fn cpu_only() -> (tempfile::TempDir, HostRoot, Inventory) {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        fixture::materialize(fixture::example("cpu-only").unwrap(), dir.path()).unwrap();
+        let host = HostRoot::new(dir.path());
+        let inv = discovery::discover(&host).unwrap();
+        (dir, host, inv)
+    }
+
+    fn mc(host: &HostRoot) -> MachineConfig {
+        Config::default()
+            .machine(host, &"kube1".parse().unwrap())
+            .unwrap()
+    }
+
+    /// An empty Debian-like machine tree.
+    fn machine() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["usr/lib/x86_64-linux-gnu", "etc", "run", "dev", "var"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+        dir
+    }
+
+    /// What the running machine sees of `host`: the `.nspawn` binds (file names copied, contents
+    /// empty) and the device nodes (as empty files: only their existence matters here).
+    fn bind_host(m: &Path, host: &HostRoot, inv: &Inventory) {
+        fn copy_names(from: &Path, to: &Path) {
+            if from.is_dir() {
+                std::fs::create_dir_all(to).unwrap();
+                for e in std::fs::read_dir(from).unwrap() {
+                    let e = e.unwrap();
+                    copy_names(&e.path(), &to.join(e.file_name()));
+                }
+            } else {
+                std::fs::write(to, b"").unwrap();
+            }
+        }
+        let _ = std::fs::remove_dir_all(m.join(&layout::HOST_NVIDIA[1..]));
+        if let Some(driver) = &inv.driver {
+            for b in layout::driver_binds(driver) {
+                let to = m.join(&b.target.as_str()[1..]);
+                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                copy_names(&host.path(b.source.as_str()), &to);
+            }
+        }
+        // The machine's /dev keeps its /dev/char links; only the bound nodes come and go.
+        std::fs::create_dir_all(m.join("dev")).unwrap();
+        for e in std::fs::read_dir(m.join("dev")).unwrap() {
+            let e = e.unwrap();
+            if e.file_name().to_string_lossy().starts_with("nvidia") {
+                let p = e.path();
+                if p.is_dir() {
+                    std::fs::remove_dir_all(p).unwrap();
+                } else {
+                    std::fs::remove_file(p).unwrap();
+                }
+            }
+        }
+        for d in &inv.devices {
+            let p = m.join(&d.path.as_str()[1..]);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"").unwrap();
+        }
+    }
+
+    /// Wire `m` for `inv` exactly as post-start's file steps do (ldconfig aside).
+    fn wire(m: &Path, host: &HostRoot, inv: &Inventory) {
+        bind_host(m, host, inv);
+        let root = MachineRoot::open(m).unwrap();
+        let mc = mc(host);
+        let driver = inv.complete_driver().unwrap();
+        rewire::build_driver_root(&root, driver).unwrap();
+        rewire::rebuild_links(&root, inv).unwrap();
+        let json = cdi::render(&cdi::spec(inv, &mc.cdi_kind).unwrap());
+        let file = cdi::spec_file_name(&mc.cdi_kind);
+        rewire::write_cdi(&root, &mc.cdi_dir, &file, json.as_bytes(), |_, _| false).unwrap();
+        crate::gate::release(&root).unwrap();
+    }
+
+    fn running_unit() -> UnitFacts {
+        UnitFacts {
+            unit: "systemd-nspawn@kube1.service".into(),
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            result: "success".into(),
+            invocation_id: "0123".into(),
+            last_post_start: Some(PostStartRun {
+                started_at: "2026-12-03T12:00:00Z".into(),
+                exited_at: Some("2026-12-03T12:00:02Z".into()),
+                exit_status: Some(0),
+                signal: None,
+                succeeded: true,
+            }),
+        }
+    }
+
+    fn services(containerd: &str, kubelet: &str) -> Vec<ServiceFacts> {
+        [
+            ("containerd.service", containerd),
+            ("kubelet.service", kubelet),
+        ]
+        .into_iter()
+        .map(|(u, a)| ServiceFacts {
+            unit: u.into(),
+            load_state: "loaded".into(),
+            active_state: a.into(),
+            sub_state: if a == "active" { "running" } else { "dead" }.into(),
+        })
+        .collect()
+    }
+
+    /// Status of machine tree `m` against the host as it is now.
+    fn judge(m: &Path, host: &HostRoot, inv: &Inventory) -> Status {
+        let mc = mc(host);
+        let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
+        let root = MachineRoot::open(m).unwrap();
+        let facts = inspect_machine(&root, &mc, expected.as_deref()).unwrap();
+        evaluate(
+            &"kube1".parse().unwrap(),
+            &mc,
+            inv,
+            Observed {
+                unit: Some(running_unit()),
+                machine: Some(facts),
+                services: Some(services("active", "active")),
+            },
+        )
+    }
+
+    fn checks(s: &Status) -> Vec<(State, &'static str)> {
+        s.findings.iter().map(|f| (f.state, f.check)).collect()
+    }
+
+    #[test]
+    fn privileged_in_sync_after_post_start() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(s.state, State::InSync, "{s:#?}");
+        assert_eq!(s.exit_code, 0);
+        assert!(s.findings.is_empty());
+        let f = s.machine_facts.as_ref().unwrap();
+        assert!(f.cdi_spec.current);
+        assert_eq!(f.cdi_spec.driver_versions, [NEW]);
+        assert_eq!(f.driver_root_versions, [NEW]);
+        assert_eq!(f.link_versions, [NEW]);
+        assert!(f.dangling_links.is_empty(), "{:?}", f.dangling_links);
+        assert!(
+            s.summary
+                .starts_with("kube1: in sync: NVIDIA 580.95.05, 2 GPU(s); "),
+            "{}",
+            s.summary
+        );
+    }
+
+    #[test]
+    fn privileged_driver_upgraded_is_drift_naming_both_versions() {
+        let (_o, old_host, old_inv) = old_driver();
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &old_host, &old_inv);
+        // The host's driver is upgraded under the running machine: its binds now show the new
+        // files, so every old leaf and link dangles.
+        bind_host(m.path(), &host, &inv);
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(s.state, State::Drift, "{s:#?}");
+        assert_eq!(s.exit_code, 5);
+        assert!(
+            s.summary.contains(&format!(
+                "NVIDIA driver changed: host kernel module {NEW}, machine's CDI spec, driver \
+                 root and library links {OLD}; "
+            )),
+            "{}",
+            s.summary
+        );
+        let c = checks(&s);
+        assert!(c.contains(&(State::Drift, "driver-version")), "{c:?}");
+        assert!(c.contains(&(State::Drift, "dangling-links")), "{c:?}");
+        assert!(!c.iter().any(|(st, _)| *st == State::Broken), "{c:?}");
+        // After the restart post-start wires the new driver: in sync again.
+        wire(m.path(), &host, &inv);
+        assert_eq!(judge(m.path(), &host, &inv).state, State::InSync);
+    }
+
+    #[test]
+    fn privileged_gpu_removed_and_added_are_drift() {
+        let (_h, host, inv) = two_gpus();
+        let (_o, one_host, one_inv) = without_gpu1();
+        // Removed: wired with two GPUs, the host now has one.
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        bind_host(m.path(), &one_host, &one_inv);
+        let s = judge(m.path(), &one_host, &one_inv);
+        assert_eq!(s.state, State::Drift, "{s:#?}");
+        assert!(
+            s.summary.contains(&format!(
+                "GPU {GPU1} in the machine's CDI spec is gone from the host"
+            )),
+            "{}",
+            s.summary
+        );
+        // Its /dev/char link dangles now, explained by the removal: still drift, not broken.
+        assert!(checks(&s).contains(&(State::Drift, "dangling-links")));
+        // Added: wired with one GPU, the host now has two.
+        let m = machine();
+        wire(m.path(), &one_host, &one_inv);
+        bind_host(m.path(), &host, &inv);
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(s.state, State::Drift, "{s:#?}");
+        assert!(
+            s.summary.contains(&format!(
+                "GPU {GPU1} (/dev/nvidia1) on the host is not in the machine's CDI spec"
+            )),
+            "{}",
+            s.summary
+        );
+    }
+
+    #[test]
+    fn privileged_dangling_links_without_a_host_change_are_broken() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        // The bound library vanished from under the machine with the host unchanged.
+        let lib = m
+            .path()
+            .join("run/host-nvidia/lib/0/libnvidia-ml.so.580.95.05");
+        std::fs::remove_file(&lib).unwrap();
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(s.state, State::Broken, "{s:#?}");
+        assert_eq!(s.exit_code, 6);
+        assert_eq!(checks(&s), [(State::Broken, "dangling-links")]);
+        assert!(
+            s.summary.contains("libnvidia-ml.so.580.95.05"),
+            "{}",
+            s.summary
+        );
+    }
+
+    #[test]
+    fn privileged_spec_missing_or_invalid_is_broken() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        let spec = m.path().join("run/cdi/nvidia.com-gpu.json");
+        let good = std::fs::read(&spec).unwrap();
+        std::fs::remove_file(&spec).unwrap();
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(s.state, State::Broken, "{s:#?}");
+        assert!(
+            s.summary
+                .contains("CDI spec /var/run/cdi/nvidia.com-gpu.json is missing"),
+            "{}",
+            s.summary
+        );
+        for (bad, why) in [
+            (&b"{\"cdiVersion\": \"0.5.0\""[..], "not JSON"),
+            (
+                br#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[]}"#,
+                "no devices",
+            ),
+            (
+                br#"{"cdiVersion":"0.5.0","kind":"other.com/gpu","devices":[{"name":"0","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0"}]}}]}"#,
+                "kind is \"other.com/gpu\"",
+            ),
+            (
+                br#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"-x","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0"}]}}]}"#,
+                "not a valid CDI device name",
+            ),
+        ] {
+            std::fs::write(&spec, bad).unwrap();
+            let s = judge(m.path(), &host, &inv);
+            assert_eq!(s.state, State::Broken, "{s:#?}");
+            assert!(s.summary.contains("is invalid: "), "{}", s.summary);
+            assert!(s.summary.contains(why), "{why}: {}", s.summary);
+        }
+        // A valid spec that is not what post-start writes now (hand-edited) is drift.
+        let edited = String::from_utf8(good)
+            .unwrap()
+            .replace("NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all");
+        std::fs::write(&spec, edited).unwrap();
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(checks(&s), [(State::Drift, "cdi-spec")], "{s:#?}");
+    }
+
+    #[test]
+    fn privileged_gate_not_released_is_broken() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        let d = m.path().join("run/systemd/system/kubelet.service.d");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("50-nspawn-lifecycle-gate.conf"), gate::CONTENT).unwrap();
+        assert_eq!(judge(m.path(), &host, &inv).state, State::InSync);
+        std::fs::remove_file(m.path().join("run/nspawn-lifecycle/wired")).unwrap();
+        let s = judge(m.path(), &host, &inv);
+        assert_eq!(checks(&s), [(State::Broken, "gate")], "{s:#?}");
+    }
+
+    #[test]
+    fn privileged_no_gpus_and_no_nvidia_state_is_in_sync_stale_state_is_drift() {
+        let (_c, cpu, cpu_inv) = cpu_only();
+        let m = machine();
+        let s = judge(m.path(), &cpu, &cpu_inv);
+        assert_eq!(s.state, State::InSync, "{s:#?}");
+        assert!(
+            s.summary
+                .contains("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
+            "{}",
+            s.summary
+        );
+        // GPUs gone while the machine runs: its NVIDIA state is stale.
+        let (_h, host, inv) = two_gpus();
+        wire(m.path(), &host, &inv);
+        bind_host(m.path(), &cpu, &cpu_inv);
+        let s = judge(m.path(), &cpu, &cpu_inv);
+        assert_eq!(s.state, State::Drift, "{s:#?}");
+        assert!(checks(&s).contains(&(State::Drift, "stale-nvidia-state")));
+        // GPUs appeared after the machine started without: drift, not broken.
+        let fresh = machine();
+        let s = judge(fresh.path(), &host, &inv);
+        assert_eq!(checks(&s), [(State::Drift, "driver-version")], "{s:#?}");
+        assert!(s.summary.contains("has no NVIDIA state"), "{}", s.summary);
+    }
+
+    #[test]
+    fn privileged_incomplete_host_driver_is_broken() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        let (_x, bad, bad_inv) =
+            host_from(|t| t.replace("nvidia-kernel 580.95.05", "nvidia-kernel 580.99.01"));
+        let s = judge(m.path(), &bad, &bad_inv);
+        assert_eq!(s.state, State::Broken, "{s:#?}");
+        assert!(checks(&s).contains(&(State::Broken, "host-driver")));
+    }
+
+    fn empty_inventory() -> Inventory {
+        Inventory {
+            devices: Vec::new(),
+            kvm: None,
+            gpus: Vec::new(),
+            kernel_module: None,
+            driver: None,
+            verdict: Verdict::None,
+        }
+    }
+
+    fn plain_mc() -> MachineConfig {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("var/lib/machines/kube1")).unwrap();
+        Config::default()
+            .machine(&HostRoot::new(dir.path()), &"kube1".parse().unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn services_unit_and_post_start_are_judged() {
+        let mc = plain_mc();
+        let inv = empty_inventory();
+        let kube1: MachineName = "kube1".parse().unwrap();
+        let facts = MachineFacts {
+            cdi_spec: SpecFacts {
+                path: "/var/run/cdi/nvidia.com-gpu.json".into(),
+                state: "missing",
+                error: None,
+                cdi_version: None,
+                driver_versions: Vec::new(),
+                devices: Vec::new(),
+                current: false,
+                checked: None,
+            },
+            driver_root_versions: Vec::new(),
+            link_versions: Vec::new(),
+            dangling_links: Vec::new(),
+            gated: false,
+            gate_released: false,
+        };
+        let running = |containerd: &str, kubelet: &str| Observed {
+            unit: Some(running_unit()),
+            machine: Some(facts.clone()),
+            services: Some(services(containerd, kubelet)),
+        };
+        assert_eq!(
+            evaluate(&kube1, &mc, &inv, running("active", "active")).state,
+            State::InSync
+        );
+        let s = evaluate(&kube1, &mc, &inv, running("active", "inactive"));
+        assert_eq!(s.state, State::Broken);
+        assert!(
+            s.summary
+                .contains("kubelet.service is inactive (dead) in the machine"),
+            "{}",
+            s.summary
+        );
+        let mut missing = running("active", "active");
+        missing.services.as_mut().unwrap()[0].load_state = "not-found".into();
+        let s = evaluate(&kube1, &mc, &inv, missing);
+        assert!(
+            s.summary
+                .contains("containerd.service is not-found in the machine"),
+            "{}",
+            s.summary
+        );
+
+        // Stopped cleanly: not running (7), which is neither drift nor broken.
+        let mut unit = running_unit();
+        unit.active_state = "inactive".into();
+        unit.sub_state = "dead".into();
+        let stopped = Observed {
+            unit: Some(unit.clone()),
+            machine: None,
+            services: None,
+        };
+        let s = evaluate(&kube1, &mc, &inv, stopped);
+        assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
+        assert!(
+            s.summary
+                .starts_with("kube1: not running: systemd-nspawn@kube1.service is inactive (dead)"),
+            "{}",
+            s.summary
+        );
+        // Failed, or restarting after a failed post-start: broken.
+        unit.active_state = "activating".into();
+        unit.sub_state = "auto-restart".into();
+        unit.result = "exit-code".into();
+        let post = unit.last_post_start.as_mut().unwrap();
+        post.exit_status = Some(3);
+        post.succeeded = false;
+        let s = evaluate(
+            &kube1,
+            &mc,
+            &inv,
+            Observed {
+                unit: Some(unit),
+                machine: None,
+                services: None,
+            },
+        );
+        assert_eq!(s.state, State::Broken, "{s:#?}");
+        assert!(
+            s.summary
+                .contains("the last post-start (2026-12-03T12:00:00Z) exited with status 3"),
+            "{}",
+            s.summary
+        );
+    }
+
+    #[test]
+    fn post_start_run_from_exec_start_post() {
+        let run = |command: &str, start, exit, code, status| ExecRun {
+            command: command.into(),
+            started_usec: start,
+            exited_usec: exit,
+            pid: 42,
+            code,
+            status,
+        };
+        let hook = "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper nspawn-lifecycle post-start kube1";
+        assert_eq!(last_post_start(&[run("/bin/true", 1, 2, 1, 0)]), None);
+        assert_eq!(last_post_start(&[run(hook, 0, 0, 0, 0)]), None);
+        let ok = last_post_start(&[run(
+            hook,
+            1_764_763_200_000_000,
+            1_764_763_202_500_000,
+            1,
+            0,
+        )])
+        .unwrap();
+        assert!(ok.succeeded);
+        assert_eq!(ok.started_at, "2025-12-03T12:00:00Z");
+        assert_eq!(ok.exited_at.as_deref(), Some("2025-12-03T12:00:02Z"));
+        let killed = last_post_start(&[run(hook, 1, 2_000_000, 2, 9)]).unwrap();
+        assert_eq!(
+            (killed.signal, killed.exit_status, killed.succeeded),
+            (Some(9), None, false)
+        );
+        let running = last_post_start(&[run(hook, 1, 0, 0, 0)]).unwrap();
+        assert_eq!((running.exited_at, running.succeeded), (None, false));
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400_000_000), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn json_is_versioned() {
+        let mc = plain_mc();
+        let s = evaluate(
+            &"kube1".parse().unwrap(),
+            &mc,
+            &empty_inventory(),
+            Observed::default(),
+        );
+        let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["schema"], 1);
+        assert_eq!(v["state"], "not-running");
+        assert_eq!(v["exitCode"], 7);
+        for key in [
+            "machine",
+            "summary",
+            "host",
+            "unit",
+            "running",
+            "machineState",
+            "services",
+            "findings",
+        ] {
+            assert!(v.get(key).is_some(), "{key} missing: {v}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! `status` as the built binary over fixture hosts (`--host-root`) and machine trees
+//! (`--machine-root`): exit codes 0/5/6 and 2, and that it never writes: the host tree and the
+//! machine tree are identical (every entry's type, mode, owner, size, mtime, inode and bytes)
+//! before and after, and no lock file or directory appears.
+//!
+//! Privileged (mknod): fails, not skips, when not run as root.
+
+#![allow(clippy::unwrap_used)]
+
+use nspawn_lifecycle::fixture;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
+const SPEC: &str = "run/cdi/nvidia.com-gpu.json";
+
+/// A host built from example `name`, with `machines` installed (our drop-in present).
+fn host(name: &str, machines: &[&str]) -> tempfile::TempDir {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged tests build host trees with mknod and must run as root"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    fixture::materialize(fixture::example(name).unwrap(), dir.path()).unwrap();
+    for m in machines {
+        let p = dir.path().join(DROPIN.replace("{}", m));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, "[Service]\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("var/lib/machines").join(m)).unwrap();
+    }
+    dir
+}
+
+/// An empty machine tree with `/var/run -> ../run`.
+fn machine() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["usr/lib/x86_64-linux-gnu", "etc", "run", "var", "dev"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+    dir
+}
+
+type Snapshot = BTreeMap<String, String>;
+
+/// Everything about every entry under `root`, symlinks not followed.
+fn snapshot(root: &Path) -> Snapshot {
+    fn walk(root: &Path, dir: &Path, out: &mut Snapshot) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let mut v = format!(
+                "mode={:o} uid={} gid={} size={} mtime={}.{} ctime={}.{} ino={} rdev={}",
+                md.mode(),
+                md.uid(),
+                md.gid(),
+                md.size(),
+                md.mtime(),
+                md.mtime_nsec(),
+                md.ctime(),
+                md.ctime_nsec(),
+                md.ino(),
+                md.rdev()
+            );
+            if md.file_type().is_symlink() {
+                v += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
+            } else if md.is_file() {
+                v += &format!(" bytes={:?}", std::fs::read(&p).unwrap());
+            }
+            out.insert(rel, v);
+            if md.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = Snapshot::new();
+    let md = std::fs::metadata(root).unwrap();
+    out.insert(
+        ".".into(),
+        format!("mtime={}.{}", md.mtime(), md.mtime_nsec()),
+    );
+    walk(root, root, &mut out);
+    out
+}
+
+/// Run `status ARGS` and check it changed nothing under `host` and `machine`.
+fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
+    let (h, m) = (snapshot(host), snapshot(machine));
+    let out = Command::new(BIN)
+        .arg("--host-root")
+        .arg(host)
+        .arg("status")
+        .arg("--machine-root")
+        .arg(machine)
+        .args(args)
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    assert_eq!(h, snapshot(host), "status {args:?} changed the host tree");
+    assert_eq!(
+        m,
+        snapshot(machine),
+        "status {args:?} changed the machine tree"
+    );
+    assert!(
+        !host.join("run/nspawn-lifecycle").exists(),
+        "status {args:?} created our run directory (a lock?)"
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn privileged_status_exit_codes_and_nothing_written() {
+    // No GPUs, no NVIDIA state: in sync.
+    let cpu = host("cpu-only", &["kube1"]);
+    let m = machine();
+    let out = status(cpu.path(), m.path(), &["kube1"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        stdout(&out),
+        "kube1: in sync: no NVIDIA GPUs on the host, no NVIDIA state in the machine\n"
+    );
+
+    // GPUs on the host, a machine that never saw them: drift.
+    let gpus = host("two-gpus", &["kube1"]);
+    let out = status(gpus.path(), m.path(), &["kube1"]);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        stdout(&out).starts_with(
+            "kube1: drift: the host has NVIDIA 580.95.05 with 2 GPU(s) but the machine has no \
+             NVIDIA state"
+        ),
+        "{}",
+        stdout(&out)
+    );
+
+    // A CDI spec that does not load: broken, named.
+    std::fs::create_dir_all(m.path().join("run/cdi")).unwrap();
+    std::fs::write(m.path().join(SPEC), "{\"cdiVersion\": 5}").unwrap();
+    let out = status(gpus.path(), m.path(), &["kube1", "--json"]);
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], 1);
+    assert_eq!(v["state"], "broken");
+    assert_eq!(v["exitCode"], 6);
+    assert_eq!(v["machineState"]["cdiSpec"]["state"], "invalid");
+    assert_eq!(
+        v["machineState"]["cdiSpec"]["error"],
+        "no cdiVersion string"
+    );
+    assert_eq!(v["host"]["kernelModule"], "580.95.05");
+    assert_eq!(v["host"]["gpus"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn privileged_status_all_and_bad_input() {
+    let gpus = host("two-gpus", &["kube1", "kube2"]);
+    let m = machine();
+    // Every installed machine, worst state wins.
+    let out = status(gpus.path(), m.path(), &["--all"]);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.starts_with("kube1: drift: "), "{text}");
+    assert!(text.contains("\nkube2: drift: "), "{text}");
+    let out = status(gpus.path(), m.path(), &["--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], 1);
+    assert_eq!(v["exitCode"], 5);
+    assert_eq!(v["machines"].as_array().unwrap().len(), 2);
+    assert_eq!(v["machines"][1]["machine"], "kube2");
+
+    // Not installed: exit 2 naming the drop-in.
+    let out = status(gpus.path(), m.path(), &["kube9"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("machine kube9 is not installed")
+            && err.contains("systemd-nspawn@kube9.service.d/50-nspawn-lifecycle.conf"),
+        "{err}"
+    );
+    // A fixture host without --machine-root has no running machine to ask: exit 2.
+    let h = snapshot(gpus.path());
+    let out = Command::new(BIN)
+        .arg("--host-root")
+        .arg(gpus.path())
+        .args(["status", "kube1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --machine-root"));
+    assert_eq!(h, snapshot(gpus.path()));
+}
