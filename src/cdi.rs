@@ -547,7 +547,15 @@ fn check_edits(
         nodes.push(abs(n.get("path"), "device node path")?);
     }
     for m in list("mounts")? {
-        abs(m.get("hostPath"), "mount hostPath")?;
+        // Non-empty, as the official loader wants; not absolute: a tmpfs mount names its
+        // source (`"tmpfs"`), as ours does.
+        if !m
+            .get("hostPath")
+            .and_then(|x| x.as_str())
+            .is_some_and(|p| !p.is_empty())
+        {
+            return Err(format!("{what}: a mount hostPath is missing or empty"));
+        }
         container_paths.push(abs(m.get("containerPath"), "mount containerPath")?);
     }
     for h in list("hooks")? {
