@@ -549,10 +549,9 @@ fn check_edits(
     for m in list("mounts")? {
         // Non-empty, as the official loader wants; not absolute: a tmpfs mount names its
         // source (`"tmpfs"`), as ours does.
-        if !m
-            .get("hostPath")
+        if m.get("hostPath")
             .and_then(|x| x.as_str())
-            .is_some_and(|p| !p.is_empty())
+            .is_none_or(str::is_empty)
         {
             return Err(format!("{what}: a mount hostPath is missing or empty"));
         }
