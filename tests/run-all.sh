@@ -6,7 +6,8 @@
 #   2. cargo test: unit tests, fixture hosts (mknod: root), CDI validation, hostile rootfs,
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
-#   3. the static release build, checked with file/ldd, and the same with --features failpoints
+#   3. the static release build (plain `cargo build --release` and `cargo install --path .`),
+#      checked with file/ldd, and the same with --features failpoints
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
 #      its crash scenario (8) runs the failpoints build
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
@@ -38,18 +39,26 @@ cargo clippy --all-targets --locked --features failpoints -- -D warnings
 step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
 cargo test --locked --features failpoints
 
-step "static release build"
+step "static release build: plain cargo build --release and cargo install --path . (.cargo/config.toml)"
 target=$(rustc -vV | sed -n 's/^host: //p')
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target"
 bin=target/$target/release/nspawn-lifecycle-helper
-file "$bin"
-file "$bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $bin is not statically linked" >&2; exit 1; }
-if ldd "$bin" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $bin" >&2; exit 1; fi
+# The path cargo itself reports, so a static binary left by an earlier build cannot stand in.
+built=$(cargo build --locked --release --message-format=json-render-diagnostics \
+    | sed -n 's/.*"executable":"\([^"]*\/nspawn-lifecycle-helper\)".*/\1/p')
+[ "$built" = "$PWD/$bin" ] || { echo "FAIL: cargo build --release built '$built', not $bin (.cargo/config.toml)" >&2; exit 1; }
+# cargo install --path reuses this workspace's target/, so this costs no second build.
+installed=$(mktemp -d /tmp/nspawn-lifecycle-cargo-install.XXXXXX)
+cargo install --locked --path . --root "$installed"
+for b in "$bin" "$installed/bin/nspawn-lifecycle-helper"; do
+    file "$b"
+    file "$b" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $b is not statically linked" >&2; exit 1; }
+    if ldd "$b" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $b" >&2; exit 1; fi
+done
+rm -rf "$installed"
 # The same, with the crash points compiled in, for the crash scenario of the harness. Its own
 # target dir, so the two builds do not invalidate each other.
 step "static release build with --features failpoints"
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target" \
-    --features failpoints --target-dir target/failpoints
+cargo build --locked --release --features failpoints --target-dir target/failpoints
 fp_bin=target/failpoints/$target/release/nspawn-lifecycle-helper
 file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $fp_bin is not statically linked" >&2; exit 1; }
 # Crash points exist only in the failpoints build: the product binary must not even know the knob.
