@@ -7,9 +7,10 @@
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build (plain `cargo build --release` and `cargo install --path .`),
-#      checked with file/ldd, and the same with --features failpoints
+#      checked with file/ldd, and the same with --features failpoints; the Debian package built
+#      from it and checked (tests/deb.sh: deterministic, contents, lintian)
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
-#      its crash scenario (8) runs the failpoints build
+#      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,11 +66,21 @@ file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL:
 grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
 if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
 
+step "Debian package (packaging/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
+# lintian checks the package; man-db lets scenario 15 find the packaged pages with man.
+for pair in lintian:lintian man:man-db; do
+    command -v "${pair%%:*}" >/dev/null || {
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pair#*:}" >/dev/null
+    }
+done
+deb=$(tests/deb.sh "$bin")
+
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"
     exit 0
 fi
 step "end-to-end harness under a real systemd"
 # The lock only matters on a shared development machine (the harness uses fixed paths).
-HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
+HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_DEB=$PWD/$deb E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
     flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run
