@@ -7,9 +7,11 @@
 #      the .debs tests/realdriver/fetch.sh caches under /var/tmp), CDI validation, hostile rootfs,
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
-#   3. the static release build, checked with file/ldd, and the same with --features failpoints
+#   3. the static release build (plain `cargo build --release` and `cargo install --path .`),
+#      checked with file/ldd, and the same with --features failpoints; the Debian package built
+#      from it and checked (tests/deb.sh: deterministic, contents, lintian)
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
-#      its crash scenario (8) runs the failpoints build
+#      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,23 +44,41 @@ cargo clippy --all-targets --locked --features failpoints -- -D warnings
 step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
 cargo test --locked --features failpoints
 
-step "static release build"
+step "static release build: plain cargo build --release and cargo install --path . (.cargo/config.toml)"
 target=$(rustc -vV | sed -n 's/^host: //p')
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target"
 bin=target/$target/release/nspawn-lifecycle-helper
-file "$bin"
-file "$bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $bin is not statically linked" >&2; exit 1; }
-if ldd "$bin" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $bin" >&2; exit 1; fi
+# The path cargo itself reports, so a static binary left by an earlier build cannot stand in.
+built=$(cargo build --locked --release --message-format=json-render-diagnostics \
+    | sed -n 's/.*"executable":"\([^"]*\/nspawn-lifecycle-helper\)".*/\1/p')
+[ "$built" = "$PWD/$bin" ] || { echo "FAIL: cargo build --release built '$built', not $bin (.cargo/config.toml)" >&2; exit 1; }
+# cargo install --path reuses this workspace's target/, so this costs no second build.
+installed=$(mktemp -d /tmp/nspawn-lifecycle-cargo-install.XXXXXX)
+cargo install --locked --path . --root "$installed"
+for b in "$bin" "$installed/bin/nspawn-lifecycle-helper"; do
+    file "$b"
+    file "$b" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $b is not statically linked" >&2; exit 1; }
+    if ldd "$b" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $b" >&2; exit 1; fi
+done
+rm -rf "$installed"
 # The same, with the crash points compiled in, for the crash scenario of the harness. Its own
 # target dir, so the two builds do not invalidate each other.
 step "static release build with --features failpoints"
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target" \
-    --features failpoints --target-dir target/failpoints
+cargo build --locked --release --features failpoints --target-dir target/failpoints
 fp_bin=target/failpoints/$target/release/nspawn-lifecycle-helper
 file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $fp_bin is not statically linked" >&2; exit 1; }
 # Crash points exist only in the failpoints build: the product binary must not even know the knob.
 grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
 if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
+
+step "Debian package (packaging/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
+# lintian checks the package; man-db lets scenario 15 find the packaged pages with man.
+for pair in lintian:lintian man:man-db; do
+    command -v "${pair%%:*}" >/dev/null || {
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pair#*:}" >/dev/null
+    }
+done
+deb=$(tests/deb.sh "$bin")
 
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"
@@ -66,5 +86,5 @@ if [ "${SKIP_E2E:-0}" = 1 ]; then
 fi
 step "end-to-end harness under a real systemd"
 # The lock only matters on a shared development machine (the harness uses fixed paths).
-HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
+HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_DEB=$PWD/$deb E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
     flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run

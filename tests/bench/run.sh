@@ -25,7 +25,7 @@ cd "$(dirname "$0")/../.."
 results=tests/bench/results
 mkdir -p "$results"
 target=$(rustc -vV | sed -n 's/^host: //p')
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --release --target "$target"
+cargo build --locked --release     # static: .cargo/config.toml
 helper=$PWD/target/$target/release/nspawn-lifecycle-helper
 cargo bench --locked --bench hooks --no-run
 

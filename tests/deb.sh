@@ -1,0 +1,57 @@
+#!/bin/bash
+# The Debian package (issue 16 item 2), checked without booting anything; scenario 15 of the e2e
+# harness then installs it in a real systemd host and runs the lifecycle with it.
+#
+#   tests/deb.sh STATIC-BINARY      prints the .deb's path on stdout (target/debian/...)
+#
+# Builds the package from the binary twice and requires identical bytes (deterministic build),
+# checks its file list and that it has no maintainer scripts, then runs lintian (which must be
+# installed: tests/run-all.sh installs it) and fails on any error or warning it reports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# = 1 ] || { echo "usage: tests/deb.sh STATIC-BINARY" >&2; exit 2; }
+bin=$1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+deb=$(packaging/build-deb.sh --binary "$bin" --out target/debian)
+again=$(packaging/build-deb.sh --binary "$bin" --out target/debian/again)
+cmp "$deb" "$again" || fail "two builds of the package from $bin differ (not deterministic)"
+echo "deterministic: $(sha256sum < "$deb" | cut -c1-16) twice" >&2
+
+# Maintainer scripts are how a package would touch machines or reload units: there must be none.
+ctrl=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | sed 's|^\./||; /^$/d' | LC_ALL=C sort | tr '\n' ' ')
+[ "$ctrl" = "control md5sums " ] || fail "control members are '$ctrl', want only control and md5sums"
+
+exe=nspawn-lifecycle-helper
+files=$(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|' | grep -v '/$' | LC_ALL=C sort)
+want="/usr/bin/$exe
+/usr/share/bash-completion/completions/$exe
+/usr/share/doc/nspawn-lifecycle/README.md.gz
+/usr/share/doc/nspawn-lifecycle/changelog.gz
+/usr/share/doc/nspawn-lifecycle/copyright
+/usr/share/fish/vendor_completions.d/$exe.fish
+/usr/share/lintian/overrides/nspawn-lifecycle
+/usr/share/zsh/vendor-completions/_$exe"
+# One man page per visible command, exactly the ones the binary generates.
+pages=$(mktemp -d)
+trap 'rm -rf "$pages"' EXIT
+"$bin" manpages "$pages" >/dev/null
+want+=$'\n'$(cd "$pages" && for p in *.1; do echo "/usr/share/man/man1/$p.gz"; done)
+want=$(printf '%s\n' "$want" | LC_ALL=C sort)
+[ "$files" = "$want" ] || fail "the package's files differ from the expected list:
+$(diff <(printf '%s\n' "$want") <(printf '%s\n' "$files") || true)"
+dpkg-deb --fsys-tarfile "$deb" | tar -tv | awk '$2 != "root/root" {bad = 1; print} END {exit bad}' >&2 \
+    || fail "files not owned by root/root in $deb"
+[ "$(dpkg-deb --fsys-tarfile "$deb" | tar -xO "./usr/bin/$exe" | sha256sum)" = "$(sha256sum < "$bin")" ] \
+    || fail "/usr/bin/$exe in the package is not $bin"
+echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts" >&2
+
+if command -v lintian >/dev/null; then
+    # --fail-on warning: a warning is a defect to fix or to override with a reason
+    # (packaging/deb/lintian-overrides), never to ignore.
+    lintian --fail-on error,warning --display-info "$deb" >&2 || fail "lintian reports problems in $deb (above)"
+    echo "lintian: no error or warning" >&2
+else
+    fail "lintian is not installed (apt-get install lintian)"
+fi
+echo "$deb"

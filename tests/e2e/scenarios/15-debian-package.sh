@@ -1,0 +1,141 @@
+# shellcheck shell=bash
+# Scenario 15 (issue 16 item 2): the Debian package (E2E_DEB, built by packaging/build-deb.sh).
+# `dpkg -i` in the host changes nothing but its own files (no drop-in, no .nspawn file, no copy at
+# the stable path, no reload); the packaged binary, found on PATH, installs kube1 (copying itself
+# to the stable path) and the machine starts with its hooks; bash completion loads and completes;
+# the man pages are where man finds them; `dpkg --purge` takes away exactly the package's files
+# and nothing `install` wrote, and the machine still restarts after it.
+#
+# The harness bind-mounts HELPER read-only at the stable path $HP. For this scenario a tmpfs
+# covers $HP's directory, so `install` has somewhere to copy the packaged binary and the hooks
+# systemd runs are that copy; unmounting it at the end brings HELPER back.
+scenario "the Debian package: dpkg -i, the lifecycle with the packaged binary, purge" --needs-helper
+if [ -z "${E2E_DEB:-}" ] || [ ! -f "$E2E_DEB" ]; then
+    skip "$SC_NAME" "needs the .deb (set E2E_DEB=/path/to/nspawn-lifecycle_<version>_<arch>.deb)"
+    exit 0
+fi
+baseline
+
+u=$(unit_of kube1)
+pkg=nspawn-lifecycle
+exe=nspawn-lifecycle-helper
+hp_dir=${HP%/*}
+dropin_dir=/etc/systemd/system/$u.d
+deb_in_host=/var/tmp/e2e-$pkg.deb
+
+# Every path of the host's root filesystem except the ones dpkg, the journal and systemd keep
+# changing on their own. -xdev: /var/lib/machines and the tmpfs at $hp_dir are other mounts.
+host_paths() {
+    H find / -xdev \( -path /var/lib/dpkg -o -path /var/log -o -path /var/cache -o -path /tmp \
+        -o -path /var/tmp -o -path /var/lib/systemd \) -prune -o -print | LC_ALL=C sort
+}
+cleanup() {
+    H dpkg --purge "$pkg" >/dev/null 2>&1
+    H rm -f "$deb_in_host"
+    stop_unit kube1 >/dev/null 2>&1
+    H umount "$hp_dir" 2>/dev/null
+    # the drop-in now names the same stable path, which is HELPER again: baseline state
+    start_unit kube1 >/dev/null 2>&1
+}
+trap cleanup EXIT
+
+# ---- a node without kube1's hooks, the stable path empty ----------------------------------------
+stop_unit kube1 >/dev/null 2>&1
+H rm -rf "$dropin_dir" /etc/systemd/nspawn/kube1.nspawn
+H systemctl daemon-reload
+H dpkg --purge "$pkg" >/dev/null 2>&1     # a leftover of an interrupted run
+if ! H mount -t tmpfs -o mode=0755 e2e-s15 "$hp_dir"; then
+    fail "$(c stable-dir-tmpfs)" "cannot mount a tmpfs over $hp_dir"; exit 0
+fi
+H sh -c "cat > $deb_in_host" < "$E2E_DEB"
+before=$(host_paths)
+
+# ---- dpkg -i: the package's own files and nothing else ------------------------------------------
+out=$(H dpkg -i "$deb_in_host" 2>&1); rc=$?
+info "dpkg -i: $(printf '%s' "$out" | tr '\n' ' ')"
+assert_eq "$(c dpkg-install-exit-0)" 0 "$rc"
+assert_eq "$(c dpkg-status-installed)" "install ok installed" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>&1)"
+listed=$(H dpkg -L "$pkg" | LC_ALL=C sort)
+after_install=$(host_paths)
+added=$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after_install"))
+assert_eq "$(c dpkg-install-adds-only-package-paths)" "" \
+    "$(LC_ALL=C comm -23 <(printf '%s\n' "$added") <(printf '%s\n' "$listed"))"
+assert_eq "$(c dpkg-install-removes-nothing)" "" \
+    "$(LC_ALL=C comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after_install"))"
+for f in "/usr/bin/$exe" "/usr/share/man/man1/$exe.1.gz" "/usr/share/man/man1/$exe-install.1.gz" \
+         "/usr/share/bash-completion/completions/$exe" "/usr/share/zsh/vendor-completions/_$exe" \
+         "/usr/share/fish/vendor_completions.d/$exe.fish" "/usr/share/doc/$pkg/copyright" \
+         "/usr/share/doc/$pkg/README.md.gz" "/usr/share/doc/$pkg/changelog.gz"; do
+    assert_match "$(c "ships$f")" "^$f\$" "$listed"
+done
+assert_eq "$(c no-maintainer-scripts)" "" \
+    "$(H sh -c "ls /var/lib/dpkg/info/$pkg.* | grep -Ev '\\.(list|md5sums)\$'")"
+assert_eq "$(c dpkg-install-no-dropin)" absent "$(H test -e "$dropin_dir" && echo present || echo absent)"
+assert_eq "$(c dpkg-install-no-nspawn-file)" absent \
+    "$(H test -e /etc/systemd/nspawn/kube1.nspawn && echo present || echo absent)"
+assert_eq "$(c dpkg-install-no-stable-copy)" "" "$(H ls -A "$hp_dir")"
+assert_eq "$(c dpkg-install-machine-stopped)" inactive "$(uprop ActiveState kube1)"
+assert_eq "$(c packaged-binary-on-path)" "/usr/bin/$exe" "$(H sh -c "command -v $exe")"
+assert_match "$(c packaged-binary-static)" 'statically linked' "$(H ldd "/usr/bin/$exe" 2>&1)"
+
+# ---- the lifecycle with the packaged binary -----------------------------------------------------
+out=$(H "$exe" install kube1 2>&1); rc=$?
+info "install (packaged): $(printf '%s' "$out" | tail -5 | tr '\n' ' ')"
+assert_eq "$(c install-exit-0)" 0 "$rc"
+assert_cmd "$(c stable-copy-is-packaged-binary)" H cmp "/usr/bin/$exe" "$HP"
+# statfs of the path itself: findmnt --target would name the harness's bind hidden under the tmpfs
+assert_eq "$(c stable-copy-in-tmpfs)" tmpfs "$(H stat -f -c %T "$HP")"
+assert_eq "$(c stable-copy-not-package-owned)" 1 "$(H dpkg -S "$HP" >/dev/null 2>&1; echo $?)"
+assert_match "$(c hooks-use-stable-path)" "argv\[\]=$HP nspawn-lifecycle pre-start" "$(uprop ExecStartPre kube1)"
+if start_unit kube1; then pass "$(c unit-start)"
+else fail "$(c unit-start)" "$(H systemctl status "$u" --no-pager -l 2>&1 | tail -15)"; fi
+assert_eq "$(c pre-start-status)" 0 "$(exec_field kube1 ExecStartPre 'pre-start' status)"
+assert_eq "$(c post-start-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
+assert_cmd "$(c machine-up)" wait_machine_up kube1 60
+assert_cmd "$(c cdi-spec-written)" M test -s "$CDI_SPEC"
+assert_match "$(c nspawn-file-binds-gpu)" '^Bind=/dev/nvidia0' "$(nspawn_file kube1)"
+
+# ---- bash completion and man pages --------------------------------------------------------------
+comp=/usr/share/bash-completion/completions/$exe
+out=$(H bash --norc --noprofile -c "source $comp; complete -p $exe" 2>&1)
+assert_match "$(c bash-completion-loads)" "^complete .*-F [^ ]+ .*$exe\$" "$out"
+# and it completes: the function `complete -p` names, asked the way bash asks
+out=$(H bash --norc --noprofile -c "source $comp
+fn=\$(complete -p $exe | sed -n 's/.* -F \\([^ ]*\\) .*/\\1/p')
+COMP_WORDS=($exe ins); COMP_CWORD=1; COMP_LINE='$exe ins'; COMP_POINT=\${#COMP_LINE}
+\"\$fn\" $exe ins $exe; printf '%s\\n' \"\${COMPREPLY[@]}\"" 2>&1)
+assert_match "$(c bash-completion-completes-install)" '^install$' "$out"
+# The host image has no man-db: man on the outer machine reads the host's man tree by name.
+if command -v man >/dev/null; then
+    manpath=$RUN/host/usr/share/man
+    assert_eq "$(c man-finds-page)" "$manpath/man1/$exe.1.gz" "$(man --manpath="$manpath" -w "$exe" 2>&1)"
+    assert_match "$(c man-renders-page)" "^NAME" "$(MANPAGER=cat MANWIDTH=100 man --manpath="$manpath" "$exe" 2>&1)"
+    assert_match "$(c man-renders-install-page)" "$exe-install" \
+        "$(MANPAGER=cat MANWIDTH=100 man --manpath="$manpath" "$exe-install" 2>&1)"
+else
+    fail "$(c man-finds-page)" "needs man (man-db) on the outer machine (tests/run-all.sh installs it)"
+fi
+
+# ---- purge: exactly the package's files go ------------------------------------------------------
+after_lifecycle=$(host_paths)
+out=$(H dpkg --purge "$pkg" 2>&1); rc=$?
+info "dpkg --purge: $(printf '%s' "$out" | tr '\n' ' ')"
+assert_eq "$(c purge-exit-0)" 0 "$rc"
+assert_eq "$(c purge-status-gone)" "" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)"
+after_purge=$(host_paths)
+gone=$(LC_ALL=C comm -23 <(printf '%s\n' "$after_lifecycle") <(printf '%s\n' "$after_purge"))
+assert_eq "$(c purge-removes-only-package-paths)" "" \
+    "$(LC_ALL=C comm -23 <(printf '%s\n' "$gone") <(printf '%s\n' "$listed"))"
+assert_eq "$(c purge-removes-every-path-dpkg-added)" "" \
+    "$(LC_ALL=C comm -12 <(printf '%s\n' "$added") <(printf '%s\n' "$after_purge"))"
+assert_eq "$(c purge-adds-nothing)" "" \
+    "$(LC_ALL=C comm -13 <(printf '%s\n' "$after_lifecycle") <(printf '%s\n' "$after_purge"))"
+# what install wrote is not the package's: it stays, and the machine still restarts with it
+for f in "$dropin_dir/50-nspawn-lifecycle.conf" /etc/systemd/nspawn/kube1.nspawn "$HP"; do
+    assert_cmd "$(c "purge-keeps-${f##*/}")" H test -s "$f"
+done
+assert_eq "$(c purge-leaves-machine-running)" active "$(uprop ActiveState kube1)"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c reconcile-after-purge-exit-0)" 0 "$rc"
+assert_eq "$(c post-start-after-purge-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
+assert_cmd "$(c machine-up-after-purge)" wait_machine_up kube1 60
