@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 bin=$1
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-deb=$(packaging/build-deb.sh --binary "$bin" --out target/debian)
-again=$(packaging/build-deb.sh --binary "$bin" --out target/debian/again)
+deb=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian)
+again=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian/again)
 cmp "$deb" "$again" || fail "two builds of the package from $bin differ (not deterministic)"
 echo "deterministic: $(sha256sum < "$deb" | cut -c1-16) twice" >&2
 
@@ -48,7 +48,7 @@ echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts" 
 
 if command -v lintian >/dev/null; then
     # --fail-on warning: a warning is a defect to fix or to override with a reason
-    # (packaging/deb/lintian-overrides), never to ignore.
+    # (assets/debian/lintian-overrides), never to ignore.
     lintian --fail-on error,warning --display-info "$deb" >&2 || fail "lintian reports problems in $deb (above)"
     echo "lintian: no error or warning" >&2
 else

@@ -70,7 +70,7 @@ file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL:
 grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
 if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
 
-step "Debian package (packaging/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
+step "Debian package (assets/debian/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
 # lintian checks the package; man-db lets scenario 15 find the packaged pages with man.
 for pair in lintian:lintian man:man-db; do
     command -v "${pair%%:*}" >/dev/null || {

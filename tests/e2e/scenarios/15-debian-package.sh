@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Scenario 15 (issue 16 item 2): the Debian package (E2E_DEB, built by packaging/build-deb.sh).
+# Scenario 15 (issue 16 item 2): the Debian package (E2E_DEB, built by assets/debian/build-deb.sh).
 # `dpkg -i` in the host changes nothing but its own files (no drop-in, no .nspawn file, no copy at
 # the stable path, no reload); the packaged binary, found on PATH, installs kube1 (copying itself
 # to the stable path) and the machine starts with its hooks; bash completion loads and completes;

@@ -3,7 +3,7 @@
 # dpkg-deb alone (no cargo-deb: installing it from crates.io costs CI several minutes of compile on
 # two cores, see README "Debian package").
 #
-#   packaging/build-deb.sh [--binary PATH] [--out DIR]
+#   assets/debian/build-deb.sh [--binary PATH] [--out DIR]
 #
 # --binary: the static helper to package (default: `cargo build --locked --release`, which is
 #           static by .cargo/config.toml); a dynamically linked binary is refused (exit 2).
@@ -27,7 +27,7 @@
 # both dpkg and `install` would be overwritten behind dpkg's back and deleted by a purge while
 # machines still run it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 usage() { sed -n '5,9s/^# \{0,1\}//p' "$0"; }
 die() { echo "build-deb.sh: $*" >&2; exit "${2:-1}"; }
@@ -88,12 +88,12 @@ install -m 0755 "$bin" "$root/usr/bin/$exe"
 "$bin" completions zsh > "$root/usr/share/zsh/vendor-completions/_$exe"
 "$bin" completions fish > "$root/usr/share/fish/vendor_completions.d/$exe.fish"
 install -m 0644 README.md "$doc/README.md"
-install -m 0644 packaging/deb/copyright "$doc/copyright"
-install -m 0644 packaging/deb/lintian-overrides "$root/usr/share/lintian/overrides/$name"
+install -m 0644 assets/debian/copyright "$doc/copyright"
+install -m 0644 assets/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
 {
     printf '%s (%s) unstable; urgency=medium\n\n' "$name" "$version"
     printf '  * Built from the %s repository at commit %s.\n\n' "$name" "$commit"
-    printf ' -- %s  %s\n' "$(sed -n 's/^Maintainer: //p' packaging/deb/control.in)" \
+    printf ' -- %s  %s\n' "$(sed -n 's/^Maintainer: //p' assets/debian/control.in)" \
         "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } > "$doc/changelog"
 gzip -9n "$root"/usr/share/man/man1/*.1 "$doc/README.md" "$doc/changelog"
@@ -104,7 +104,7 @@ chmod 0755 "$root/usr/bin/$exe" "$root/DEBIAN"
     > "$root/DEBIAN/md5sums"
 size=$(du -sk --apparent-size --exclude=DEBIAN "$root" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@INSTALLED_SIZE@/$size/" \
-    -e "s/@BUILT_USING@/$built_using/" packaging/deb/control.in > "$root/DEBIAN/control"
+    -e "s/@BUILT_USING@/$built_using/" assets/debian/control.in > "$root/DEBIAN/control"
 chmod 0644 "$root/DEBIAN/control" "$root/DEBIAN/md5sums"
 find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 
