@@ -439,10 +439,11 @@ fn check_injection(
             .unwrap_or_else(|| panic!("{case}: no mount at {dest}: {added:#?}"))
     };
     let mut want_count = 0;
-    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+    for dir in &driver.lib_dirs {
         let std_dir = format!("/usr/lib/{}", dir.triplet);
         for f in &dir.files {
-            let src = format!("/run/host-nvidia/lib/{i}/{}", f.name);
+            // In the driver root, where nspawn binds the host file (src/layout.rs).
+            let src = format!("/run/nvidia/driver{std_dir}/{}", f.name);
             let m = find(&format!("{std_dir}/{}", f.name));
             assert_eq!(
                 (m.1.as_str(), &m.2[..]),
@@ -465,23 +466,26 @@ fn check_injection(
     let t0 = &driver.lib_dirs[0].triplet;
     assert_eq!(
         find(&format!("/usr/lib/{t0}/libcuda.so.1")).1,
-        format!("/run/host-nvidia/lib/0/libcuda.so.{VER}")
+        format!("/run/nvidia/driver/usr/lib/{t0}/libcuda.so.{VER}")
     );
     for b in &driver.binaries {
         let name = b.rsplit('/').next().unwrap();
         assert_eq!(
             find(&format!("/usr/bin/{name}")).1,
-            format!("/run/host-nvidia/bin/{name}")
+            format!("/run/nvidia/driver/usr/bin/{name}")
         );
         want_count += 1;
     }
     let fw = find(&format!("/lib/firmware/nvidia/{VER}"));
-    assert_eq!(fw.1, format!("/run/host-nvidia/firmware/{VER}"));
+    assert_eq!(
+        fw.1,
+        format!("/run/nvidia/driver/lib/firmware/nvidia/{VER}")
+    );
     want_count += 1;
     for s in &driver.sockets {
         let name = s.rsplit('/').next().unwrap();
         let m = find(&format!("/run/{name}/socket"));
-        assert_eq!(m.1, format!("/run/host-nvidia/run/{name}/socket"));
+        assert_eq!(m.1, format!("/run/nvidia/driver/run/{name}/socket"));
         assert_eq!(m.2, SOCKET_OPTS.map(String::from), "{case}: socket options");
         want_count += 1;
     }
