@@ -79,9 +79,10 @@ print(("BAD host-paths-inside-the-driver-root: %s" % " ".join(outside[:8])) if o
 
 # ---- in the machine --------------------------------------------------------------------------
 assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
-spec=$(M "$ORACLE/nvidia-ctk" --quiet cdi generate --mode=management --driver-root="$DR" \
+info "firmware in the driver root: $(M ls "$DR/lib/firmware/nvidia/$DRIVER_VERSION" 2>&1 | tr '\n' ' ')"
+spec=$(M "$ORACLE/nvidia-ctk" --debug cdi generate --mode=management --driver-root="$DR" \
     --dev-root=/ --format=json 2>/tmp/e2e-s17-ctk.err); rc=$?
-info "nvidia-ctk in the machine: rc=$rc $(tail -3 /tmp/e2e-s17-ctk.err 2>/dev/null | tr '\n' ' ')"
+info "nvidia-ctk in the machine: rc=$rc; $(grep -i 'driver version\|gsp' /tmp/e2e-s17-ctk.err | cut -c1-200 | tr '\n' ' ')"
 compare machine "$DR" "$spec"
 
 # ---- as a pod sees it: the driver root bound at /driver-root, the original covered ------------
@@ -94,9 +95,9 @@ spec=$(M unshare -m --propagation private /bin/sh -c '
     mount -t tmpfs e2e-empty /run/nvidia
     test ! -e /run/host-nvidia
     test ! -e /run/nvidia/driver
-    '"$ORACLE"'/nvidia-ctk --quiet cdi generate --mode=management --driver-root=/driver-root \
+    '"$ORACLE"'/nvidia-ctk --debug cdi generate --mode=management --driver-root=/driver-root \
         --dev-root=/ --format=json' 2>/tmp/e2e-s17-ctk.err); rc=$?
-info "nvidia-ctk at /driver-root: rc=$rc $(tail -3 /tmp/e2e-s17-ctk.err 2>/dev/null | tr '\n' ' ')"
+info "nvidia-ctk at /driver-root: rc=$rc; $(grep -i 'driver version\|gsp' /tmp/e2e-s17-ctk.err | cut -c1-200 | tr '\n' ' ')"
 M rmdir /driver-root 2>/dev/null
 compare driver-root /driver-root "$spec"
 
