@@ -156,7 +156,7 @@ pub struct DeviceNode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Mount {
-    /// Path where containerd runs, i.e. inside the machine (under `/run/host-nvidia`).
+    /// Path where containerd runs, i.e. inside the machine (in the driver root `/run/nvidia/driver`).
     pub host_path: String,
     pub container_path: String,
     pub options: Vec<String>,

@@ -9,7 +9,7 @@
 //!   hold the machine lock or slow one step down and watch what a second caller does.
 //!
 //! Names are stable (tests and `tests/e2e` iterate [`ALL`]); a point that runs once per entry
-//! (a staged driver-root entry, a link, an image) counts its hits.
+//! (a link, an image) counts its hits.
 
 /// One named point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,10 +20,6 @@ pub enum Point {
     AfterKubeletStop,
     /// post-start: both services were stopped.
     AfterContainerdStop,
-    /// post-start: after each entry staged for the new driver root.
-    MidDriverRoot,
-    /// post-start: the new driver root was swapped in, the old tree not yet removed.
-    AfterDriverRootSwap,
     /// post-start: after each library or `/dev/char` link is brought in line (changed or not).
     MidLinks,
     /// post-start: the CDI spec's temp file is written and synced, not yet renamed.
@@ -57,12 +53,10 @@ pub enum Point {
 }
 
 /// Every point, in the order a run meets them.
-pub const ALL: [Point; 18] = [
+pub const ALL: [Point; 16] = [
     Point::AfterLock,
     Point::AfterKubeletStop,
     Point::AfterContainerdStop,
-    Point::MidDriverRoot,
-    Point::AfterDriverRootSwap,
     Point::MidLinks,
     Point::MidCdiWrite,
     Point::PostStartMidGateRelease,
@@ -85,8 +79,6 @@ impl Point {
             Point::AfterLock => "after-lock",
             Point::AfterKubeletStop => "post-start-after-kubelet-stop",
             Point::AfterContainerdStop => "post-start-after-containerd-stop",
-            Point::MidDriverRoot => "post-start-mid-driver-root",
-            Point::AfterDriverRootSwap => "post-start-after-driver-root-swap",
             Point::MidLinks => "post-start-mid-links",
             Point::MidCdiWrite => "post-start-mid-cdi-write",
             Point::PostStartMidGateRelease => "post-start-mid-gate-release",

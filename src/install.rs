@@ -630,6 +630,7 @@ fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
                                 || p == "/dev/kvm"
                                 || p == "/lib/modules"
                                 || p.starts_with("/run/host-nvidia")
+                                || p.starts_with("/run/nvidia/driver")
                         };
                         gpu(src)
                             || gpu(dst)

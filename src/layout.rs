@@ -1,19 +1,34 @@
-//! Where host driver files appear inside the machine, and where they belong in a driver install.
+//! Where host driver files appear inside the machine: the driver root, laid out as a driver install.
 //!
-//! One mapping shared by the `.nspawn` renderer (which binds host paths under
-//! `/run/host-nvidia`), the driver-root builder and the CDI spec (which point at those binds).
+//! One mapping shared by the `.nspawn` renderer (which binds every host driver file read-only into
+//! the driver root), post-start's check of that tree, its links into it, and the CDI spec (which
+//! points at the tree's files).
+//!
+//! The driver root `/run/nvidia/driver` is made entirely of read-only bind mounts that
+//! systemd-nspawn sets up before the machine boots: each library at
+//! `usr/lib/<triplet>/<name>` and, bound again from the same host file, at its SONAME (nspawn
+//! cannot make symlinks, and a link out of the tree is what NVIDIA's tools cannot follow), each
+//! binary at `usr/bin/<name>`, the firmware directory at `lib/firmware/nvidia/<version>`, and the
+//! daemons' socket directories at `run/<name>`. Every entry is a real file or directory inside
+//! the tree, so the tree resolves on its own wherever it is seen: at `/run/nvidia/driver` in the
+//! machine, or bound at `/driver-root` in a pod (what the NVIDIA device plugin, GPU Operator and
+//! `nvidia-ctk --driver-root` do). It exists complete from the first instant of the boot and
+//! changes only with the machine, so no service can see it half-built or stale.
 
 use crate::discovery::UserspaceDriver;
 use crate::paths::{HostPath, MachinePath};
+use anyhow::Result;
+use std::collections::BTreeSet;
 
-/// Where the machine sees host driver files (bound read-only by the `.nspawn` file).
-pub const HOST_NVIDIA: &str = "/run/host-nvidia";
-/// The driver root built inside the machine: shaped like a host driver install.
+/// Where earlier versions bound whole host directories (`lib/<n>`, `bin/`, …). Nothing is bound
+/// there any more; links into it that an older version left in a machine are stale and removed.
+pub const LEGACY_HOST_NVIDIA: &str = "/run/host-nvidia";
+/// The driver root in the machine: shaped like a host driver install, made of bind mounts.
 pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
 
 /// Where the machine sees this helper, bound read-only from its stable host path at every start:
 /// the CDI spec names it as the OCI hook binary (`cdi-hook …`), since the machine has no
-/// `nvidia-cdi-hook`. Outside [`HOST_NVIDIA`] so the driver binds never touch it.
+/// `nvidia-cdi-hook`. Outside [`DRIVER_ROOT`] so the driver binds never touch it.
 pub const HOOK_BINARY: &str = "/run/nspawn-lifecycle/nspawn-lifecycle-helper";
 
 /// The bind of the helper at `helper` (its stable host path) to [`HOOK_BINARY`].
@@ -24,6 +39,7 @@ pub fn hook_bind(helper: &HostPath) -> Bind {
             .parse()
             .expect("HOOK_BINARY is a valid machine path"),
         read_only: true,
+        dir: false,
     }
 }
 
@@ -33,67 +49,111 @@ pub struct Bind {
     pub source: HostPath,
     pub target: MachinePath,
     pub read_only: bool,
+    /// Whether the source is a directory (firmware, socket directories) rather than a file.
+    pub dir: bool,
 }
 
-/// A path under [`HOST_NVIDIA`] built from checked parts: a number, a driver version
-/// (`parse::is_version`) or the file name of a checked host path.
-fn under_host_nvidia(rel: &str) -> MachinePath {
-    format!("{HOST_NVIDIA}/{rel}")
-        .parse()
-        .expect("numbers, versions and file names of checked paths make valid machine paths")
+fn host_path(what: &str, p: String) -> Result<HostPath> {
+    p.parse::<HostPath>().map_err(|e| {
+        anyhow::anyhow!("{what} from host discovery cannot be bound into the machine: {e}")
+    })
 }
 
-/// The binds that carry the userspace driver into the machine, in a stable order:
-/// library directories (numbered in discovery order), binaries, firmware, IPC socket directories.
-pub fn driver_binds(driver: &UserspaceDriver) -> Vec<Bind> {
+fn machine_path(what: &str, p: String) -> Result<MachinePath> {
+    p.parse::<MachinePath>().map_err(|e| {
+        anyhow::anyhow!("{what} from host discovery cannot be bound into the machine: {e}")
+    })
+}
+
+/// The binds that make the driver root, in a stable order: per library directory (discovery
+/// order) its files then their SONAME names, then binaries, firmware, IPC socket directories.
+/// A path of the tree is bound once: of two host directories for one triplet the first wins.
+pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
     let mut binds = Vec::new();
-    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+    let mut seen = BTreeSet::new();
+    let mut push = |binds: &mut Vec<Bind>, what: &str, source: String, target: String, dir| {
+        if !seen.insert(target.clone()) {
+            return Ok::<(), anyhow::Error>(());
+        }
         binds.push(Bind {
-            source: dir.path.clone(),
-            target: under_host_nvidia(&format!("lib/{i}")),
+            source: host_path(what, source)?,
+            target: machine_path(what, target)?,
             read_only: true,
+            dir,
         });
+        Ok(())
+    };
+    for dir in &driver.lib_dirs {
+        for f in &dir.files {
+            push(
+                &mut binds,
+                "driver library",
+                format!("{}/{}", dir.path, f.name),
+                format!("{DRIVER_ROOT}/usr/lib/{}/{}", dir.triplet, f.name),
+                false,
+            )?;
+        }
+        for f in &dir.files {
+            if let Some(soname) = &f.soname {
+                let (sub, _) = split_dir(&f.name);
+                push(
+                    &mut binds,
+                    "driver library SONAME",
+                    format!("{}/{}", dir.path, f.name),
+                    format!("{DRIVER_ROOT}/usr/lib/{}/{sub}{soname}", dir.triplet),
+                    false,
+                )?;
+            }
+        }
     }
     for bin in &driver.binaries {
-        binds.push(Bind {
-            source: bin.clone(),
-            target: under_host_nvidia(&format!("bin/{}", basename(bin))),
-            read_only: true,
-        });
+        push(
+            &mut binds,
+            "driver binary",
+            bin.to_string(),
+            format!("{DRIVER_ROOT}/usr/bin/{}", basename(bin)),
+            false,
+        )?;
     }
     if let Some(fw) = &driver.firmware {
-        binds.push(Bind {
-            source: fw.clone(),
-            target: under_host_nvidia(&format!("firmware/{}", driver.version)),
-            read_only: true,
-        });
+        push(
+            &mut binds,
+            "firmware directory",
+            fw.to_string(),
+            format!("{DRIVER_ROOT}/lib/firmware/nvidia/{}", driver.version),
+            true,
+        )?;
     }
     // Whole socket directories, not the sockets: a daemon restart replaces the socket inode,
     // which would leave a bind of the old socket dead. Read-only: connect(2) to a unix socket
     // needs write permission on the socket, not a writable mount, so clients still connect, while
     // the machine can no longer create, replace or remove files in the host daemons' directories.
     for dir in &driver.sockets {
-        binds.push(Bind {
-            source: dir.clone(),
-            target: under_host_nvidia(&format!("run/{}", basename(dir))),
-            read_only: true,
-        });
+        push(
+            &mut binds,
+            "socket directory",
+            dir.to_string(),
+            format!("{DRIVER_ROOT}/run/{}", basename(dir)),
+            true,
+        )?;
     }
-    binds
+    Ok(binds)
 }
 
 /// What a driver entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
-    /// A library file (`source` is its path under [`HOST_NVIDIA`]).
+    /// A library file (`source` is its path in the driver root).
     Library,
-    /// A SONAME link: `source` is the file name it points at, in the same directory.
+    /// A SONAME name: `source` is the file name of the library it names, in the same directory.
+    /// In the driver root it is a bind of that library; in the machine's library directories
+    /// and containers, a link or mount of it.
     SonameLink,
-    /// An executable (`source` under [`HOST_NVIDIA`]).
+    /// An executable (`source` is its path in the driver root).
     Binary,
-    /// The firmware directory (`source` under [`HOST_NVIDIA`]).
+    /// The firmware directory (`source` is its path in the driver root).
     Firmware,
-    /// An IPC socket (`source` under [`HOST_NVIDIA`]).
+    /// An IPC socket (`source` is its path in the driver root).
     Socket,
 }
 
@@ -111,16 +171,18 @@ pub struct Entry {
 const SOCKET_NAME: &str = "socket";
 
 /// Every piece of the driver at its standard path, in a stable order: per library directory its
-/// files then their SONAME links, then binaries, firmware and sockets.
+/// files then their SONAME links, then binaries, firmware and sockets. A source in the driver
+/// root is the standard path under [`DRIVER_ROOT`], where [`driver_binds`] puts the host file.
 pub fn driver_entries(driver: &UserspaceDriver) -> Vec<Entry> {
     let mut out = Vec::new();
-    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+    for dir in &driver.lib_dirs {
         let std_dir = format!("/usr/lib/{}", dir.triplet);
         for f in &dir.files {
+            let path = format!("{std_dir}/{}", f.name);
             out.push(Entry {
                 kind: EntryKind::Library,
-                path: format!("{std_dir}/{}", f.name),
-                source: format!("{HOST_NVIDIA}/lib/{i}/{}", f.name),
+                source: format!("{DRIVER_ROOT}{path}"),
+                path,
             });
         }
         for f in &dir.files {
@@ -135,26 +197,27 @@ pub fn driver_entries(driver: &UserspaceDriver) -> Vec<Entry> {
         }
     }
     for bin in &driver.binaries {
-        let name = basename(bin);
+        let path = format!("/usr/bin/{}", basename(bin));
         out.push(Entry {
             kind: EntryKind::Binary,
-            path: format!("/usr/bin/{name}"),
-            source: format!("{HOST_NVIDIA}/bin/{name}"),
+            source: format!("{DRIVER_ROOT}{path}"),
+            path,
         });
     }
     if driver.firmware.is_some() {
+        let path = format!("/lib/firmware/nvidia/{}", driver.version);
         out.push(Entry {
             kind: EntryKind::Firmware,
-            path: format!("/lib/firmware/nvidia/{}", driver.version),
-            source: format!("{HOST_NVIDIA}/firmware/{}", driver.version),
+            source: format!("{DRIVER_ROOT}{path}"),
+            path,
         });
     }
     for dir in &driver.sockets {
-        let name = basename(dir);
+        let path = format!("/run/{}/{SOCKET_NAME}", basename(dir));
         out.push(Entry {
             kind: EntryKind::Socket,
-            path: format!("/run/{name}/{SOCKET_NAME}"),
-            source: format!("{HOST_NVIDIA}/run/{name}/{SOCKET_NAME}"),
+            source: format!("{DRIVER_ROOT}{path}"),
+            path,
         });
     }
     out
@@ -207,6 +270,7 @@ mod tests {
         let mut d = driver();
         d.sockets.push("/run/nvidia-fabricmanager".parse().unwrap());
         let writable: Vec<_> = driver_binds(&d)
+            .unwrap()
             .into_iter()
             .filter(|b| !b.read_only)
             .map(|b| b.source)
@@ -214,54 +278,126 @@ mod tests {
         assert!(writable.is_empty(), "writable driver binds: {writable:?}");
     }
 
+    /// Issue 11 item 1: every name in the driver root, SONAMEs included, is a bind of a host
+    /// file inside the tree, never a link out of it.
     #[test]
-    fn binds_and_entries_agree() {
-        let d = driver();
-        let binds = driver_binds(&d);
-        let targets: Vec<_> = binds.iter().map(|b| b.target.as_str()).collect();
-        assert_eq!(
-            targets,
-            [
-                "/run/host-nvidia/lib/0",
-                "/run/host-nvidia/bin/nvidia-smi",
-                "/run/host-nvidia/firmware/580.82.07",
-                "/run/host-nvidia/run/nvidia-persistenced"
-            ]
-        );
-        let entries = driver_entries(&d);
-        let got: Vec<_> = entries
+    fn the_driver_root_is_binds_of_host_files_at_every_name() {
+        let binds = driver_binds(&driver()).unwrap();
+        let got: Vec<_> = binds
             .iter()
-            .map(|e| (e.path.as_str(), e.source.as_str()))
+            .map(|b| (b.source.as_str(), b.target.as_str(), b.dir))
             .collect();
         assert_eq!(
             got,
             [
                 (
                     "/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
-                    "/run/host-nvidia/lib/0/libcuda.so.580.82.07"
+                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
+                    false
                 ),
                 (
                     "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
-                    "/run/host-nvidia/lib/0/vdpau/libvdpau_nvidia.so.580.82.07"
+                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
+                    false
                 ),
                 (
-                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-                    "libcuda.so.580.82.07"
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
+                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    false
                 ),
                 (
-                    "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.1",
-                    "libvdpau_nvidia.so.580.82.07"
+                    "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
+                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.1",
+                    false
                 ),
-                ("/usr/bin/nvidia-smi", "/run/host-nvidia/bin/nvidia-smi"),
+                (
+                    "/usr/bin/nvidia-smi",
+                    "/run/nvidia/driver/usr/bin/nvidia-smi",
+                    false
+                ),
                 (
                     "/lib/firmware/nvidia/580.82.07",
-                    "/run/host-nvidia/firmware/580.82.07"
+                    "/run/nvidia/driver/lib/firmware/nvidia/580.82.07",
+                    true
                 ),
                 (
-                    "/run/nvidia-persistenced/socket",
-                    "/run/host-nvidia/run/nvidia-persistenced/socket"
+                    "/run/nvidia-persistenced",
+                    "/run/nvidia/driver/run/nvidia-persistenced",
+                    true
                 ),
             ]
+        );
+        assert!(
+            binds
+                .iter()
+                .all(|b| !b.source.starts_with(LEGACY_HOST_NVIDIA)
+                    && !b.target.starts_with(LEGACY_HOST_NVIDIA))
+        );
+    }
+
+    #[test]
+    fn every_entry_source_is_in_the_driver_root_where_a_bind_puts_it() {
+        let d = driver();
+        let targets: Vec<String> = driver_binds(&d)
+            .unwrap()
+            .into_iter()
+            .map(|b| b.target.to_string())
+            .collect();
+        for e in driver_entries(&d) {
+            match e.kind {
+                EntryKind::SonameLink => {
+                    let lib = format!("{}/{}", e.path.rsplit_once('/').unwrap().0, e.source);
+                    assert!(
+                        driver_entries(&d)
+                            .iter()
+                            .any(|l| l.kind == EntryKind::Library && l.path == lib),
+                        "{e:?}"
+                    );
+                    assert!(
+                        targets.contains(&format!("{DRIVER_ROOT}{}", e.path)),
+                        "{e:?}"
+                    );
+                }
+                EntryKind::Socket => assert!(
+                    targets
+                        .iter()
+                        .any(|t| e.source.starts_with(&format!("{t}/"))),
+                    "{e:?}"
+                ),
+                _ => {
+                    assert_eq!(e.source, format!("{DRIVER_ROOT}{}", e.path));
+                    assert!(targets.contains(&e.source), "{e:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn two_host_dirs_of_one_triplet_bind_each_name_once_first_wins() {
+        let mut d = driver();
+        let mut second = d.lib_dirs[0].clone();
+        second.path = "/usr/local/nvidia/lib".parse().unwrap();
+        d.lib_dirs.push(second);
+        let binds = driver_binds(&d).unwrap();
+        let cuda: Vec<_> = binds
+            .iter()
+            .filter(|b| b.target.ends_with("/libcuda.so.1"))
+            .map(|b| b.source.as_str())
+            .collect();
+        assert_eq!(cuda, ["/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07"]);
+    }
+
+    #[test]
+    fn a_file_name_no_bind_can_carry_is_refused_by_name() {
+        let mut d = driver();
+        d.lib_dirs[0].files.push(DriverFile {
+            name: "libnvidia-x\n.so.580.82.07".into(),
+            soname: None,
+        });
+        let e = format!("{:#}", driver_binds(&d).unwrap_err());
+        assert!(
+            e.contains("driver library") && e.contains("libnvidia-x\\n"),
+            "{e}"
         );
     }
 }

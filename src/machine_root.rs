@@ -370,6 +370,12 @@ impl MachineRoot {
     }
 }
 
+impl std::os::fd::AsFd for MachineDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl MachineDir {
     /// This directory's path inside the machine.
     pub fn path(&self) -> &str {

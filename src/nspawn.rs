@@ -119,13 +119,14 @@ impl NspawnFile {
     /// Render for `inv` (whose verdict must not be incomplete; callers check first).
     /// `has_lib_modules`: whether the host has `/lib/modules` (nspawn fails on a missing source).
     /// `helper`: this helper's stable host path, bound in for the CDI hooks when there are GPUs.
+    /// An error when a discovered driver file has a name no bind line can carry.
     pub fn render(
         machine: &MachineName,
         inv: &Inventory,
         cfg: &MachineConfig,
         has_lib_modules: bool,
         helper: &HostPath,
-    ) -> NspawnFile {
+    ) -> anyhow::Result<NspawnFile> {
         let mut binds = Vec::new();
         if has_lib_modules {
             binds.push(lib_modules());
@@ -138,7 +139,8 @@ impl NspawnFile {
                 for dev in &inv.devices {
                     binds.push(same(&dev.path, false));
                 }
-                for b in layout::driver_binds(driver) {
+                // The driver root, one read-only bind per file and per name (src/layout.rs).
+                for b in layout::driver_binds(driver)? {
                     binds.push(BindLine {
                         source: b.source,
                         target: b.target,
@@ -170,13 +172,13 @@ impl NspawnFile {
             None => "no NVIDIA GPUs".to_owned(),
         };
         binds.extend(mount_binds(cfg));
-        NspawnFile {
+        Ok(NspawnFile {
             machine: machine.to_string(),
             summary,
             binds,
             drop_capabilities: cfg.drop_capabilities.clone(),
             uninstalled: false,
-        }
+        })
     }
 
     /// What `uninstall` leaves: pre-start's settings for a host without GPUs and without KVM
@@ -294,9 +296,12 @@ pub fn describe_change(old: Option<&str>, new: &str) -> String {
         }
     };
     let is_dev = |b: &str| b.starts_with("/dev/");
-    let is_lib = |b: &str| b.contains(":/run/host-nvidia/lib/");
+    let is_lib = |b: &str| {
+        b.contains(&format!(":{}/usr/lib/", layout::DRIVER_ROOT))
+            || b.contains(&format!(":{}/lib/", layout::LEGACY_HOST_NVIDIA))
+    };
     group(&is_dev, "devices", &mut parts);
-    group(&is_lib, "library dirs", &mut parts);
+    group(&is_lib, "driver libraries", &mut parts);
     group(
         &|b: &str| !is_dev(b) && !is_lib(b),
         "other binds",
@@ -325,12 +330,12 @@ mod tests {
 
     #[test]
     fn change_lines_name_devices_libs_and_driver() {
-        let old = "# Host: NVIDIA driver 1.0, 1 GPU\n[Files]\nBind=/dev/nvidia0\nBindReadOnly=/usr/lib/a:/run/host-nvidia/lib/0\n";
-        let new = "# Host: NVIDIA driver 2.0, 1 GPU\n[Files]\nBind=/dev/nvidia1\nBindReadOnly=/usr/lib/a:/run/host-nvidia/lib/0\nBind=/data\n";
+        let old = "# Host: NVIDIA driver 1.0, 1 GPU\n[Files]\nBind=/dev/nvidia0\nBindReadOnly=/usr/lib/a/libcuda.so.1.0:/run/nvidia/driver/usr/lib/a/libcuda.so.1.0\n";
+        let new = "# Host: NVIDIA driver 2.0, 1 GPU\n[Files]\nBind=/dev/nvidia1\nBindReadOnly=/usr/lib/a/libcuda.so.2.0:/run/nvidia/driver/usr/lib/a/libcuda.so.2.0\nBind=/data\n";
         let line = describe_change(Some(old), new);
         assert_eq!(
             line,
-            "devices: +/dev/nvidia1 -/dev/nvidia0; other binds: +/data; host: NVIDIA driver 1.0, 1 GPU -> NVIDIA driver 2.0, 1 GPU"
+            "devices: +/dev/nvidia1 -/dev/nvidia0; driver libraries: +/usr/lib/a/libcuda.so.2.0:/run/nvidia/driver/usr/lib/a/libcuda.so.2.0 -/usr/lib/a/libcuda.so.1.0:/run/nvidia/driver/usr/lib/a/libcuda.so.1.0; other binds: +/data; host: NVIDIA driver 1.0, 1 GPU -> NVIDIA driver 2.0, 1 GPU"
         );
         assert_eq!(
             describe_change(None, new),

@@ -1,6 +1,7 @@
 //! `nspawn-lifecycle post-start`: rewire NVIDIA state inside the machine with its services stopped.
 //!
-//! Order (DESIGN §5): stop kubelet → stop containerd → driver root → links → `ldconfig` → CDI spec
+//! Order (DESIGN §5): stop kubelet → stop containerd → check the driver root (made by nspawn's
+//! binds at boot) → links → `ldconfig` → CDI spec
 //! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
 //! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
 //! the two stops find nothing running and each service starts once, after the driver is wired.
@@ -17,6 +18,7 @@ use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::failpoint::{self, Point};
 use crate::gate;
+use crate::host::HostRoot;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, MachineRoot};
@@ -165,6 +167,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     execute(
         machine,
         &mc,
+        &ctx.host,
         root,
         &inv,
         &spec_file,
@@ -190,8 +193,14 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let inv = discovery::discover(&ctx.host)?;
     check_complete(&inv)?;
+    // Before the machine root is opened: a descriptor opened in the old mount namespace would
+    // not see (nor accept) the mounts made in the new one.
+    private_mount_namespace()?;
     let root = MachineRoot::open(dir)?;
     root.refuse_host_root(std::path::Path::new("/"))?;
+    if let Some(driver) = inv.complete_driver() {
+        bind_driver_root(&root, &ctx.host, driver)?;
+    }
     let spec_file = cdi::spec_file_name(&mc.cdi_kind);
     let Some(spec) = cdi::spec(&inv, &mc.cdi_kind) else {
         let report = rewire::cleanup(&root, &mc.cdi_dir, &spec_file)?;
@@ -203,6 +212,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     execute(
         machine,
         &mc,
+        &ctx.host,
         &root,
         &inv,
         &spec_file,
@@ -211,12 +221,98 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     )
 }
 
+/// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,
+/// as the machine's `/run` goes with the machine.
+#[cfg(feature = "failpoints")]
+fn private_mount_namespace() -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .context("rewire-root: unshare(CLONE_NEWNS)")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("rewire-root: making / private")
+}
+
+/// What systemd-nspawn does with the driver binds of the `.nspawn` file, for `rewire-root` (in
+/// the namespace of [`private_mount_namespace`]): a tmpfs at the driver root with every bind of
+/// [`crate::layout::driver_binds`] mounted read-only at its target.
+#[cfg(feature = "failpoints")]
+fn bind_driver_root(
+    root: &MachineRoot,
+    host: &HostRoot,
+    driver: &discovery::UserspaceDriver,
+) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let top = root.create_dir_all(crate::layout::DRIVER_ROOT, 0o755)?;
+    // By descriptor: the directory was resolved inside the machine root once.
+    let at = format!("/proc/self/fd/{}", top.as_fd().as_raw_fd());
+    mount(
+        Some("tmpfs"),
+        at.as_str(),
+        Some("tmpfs"),
+        MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )
+    .with_context(|| format!("rewire-root: tmpfs on {}", top.path()))?;
+    // The tmpfs just mounted, looked up again by path: the old descriptor (and a reopen of its
+    // /proc magic link) still names the directory underneath. Ours alone, so plain paths below
+    // it are safe.
+    let tmp = root
+        .open_dir(crate::layout::DRIVER_ROOT)?
+        .context("rewire-root: the driver root tmpfs vanished")?;
+    let base = format!("/proc/self/fd/{}", tmp.as_fd().as_raw_fd());
+    for b in crate::layout::driver_binds(driver)? {
+        let rel = b
+            .target
+            .strip_prefix(crate::layout::DRIVER_ROOT)
+            .unwrap_or(b.target.as_str());
+        let target = format!("{base}{rel}");
+        let parent = std::path::Path::new(&target)
+            .parent()
+            .context("a bind target has a parent")?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+        if b.dir {
+            std::fs::create_dir(&target)
+        } else {
+            std::fs::File::create(&target).map(drop)
+        }
+        .with_context(|| format!("rewire-root: mount point {}", b.target))?;
+        let source = host.path(b.source.as_str());
+        mount(
+            Some(&source),
+            target.as_str(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .with_context(|| format!("rewire-root: binding {} at {}", source.display(), b.target))?;
+        mount(
+            None::<&str>,
+            target.as_str(),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .with_context(|| format!("rewire-root: read-only {}", b.target))?;
+    }
+    Ok(())
+}
+
 /// Post-start's executor, shared by the product and `rewire-root`: the services stopped around
 /// the file steps and the imports ([`rewire_with_services_stopped`] over [`run_file_step`] and
 /// [`import_images`]).
+#[allow(clippy::too_many_arguments)]
 fn execute(
     machine: &MachineName,
     mc: &MachineConfig,
+    host: &HostRoot,
     root: &MachineRoot,
     inv: &Inventory,
     spec_file: &str,
@@ -231,6 +327,7 @@ fn execute(
         &mut |step| {
             run_file_step(
                 step,
+                host,
                 root,
                 inv,
                 mc,
@@ -365,6 +462,7 @@ impl FileStep {
 #[allow(clippy::too_many_arguments)]
 fn run_file_step(
     step: FileStep,
+    host: &HostRoot,
     root: &MachineRoot,
     inv: &Inventory,
     mc: &MachineConfig,
@@ -377,7 +475,11 @@ fn run_file_step(
         .complete_driver()
         .context("the host's NVIDIA state changed under the lock")?;
     Ok(match step {
-        FileStep::DriverRoot => rewire::build_driver_root(root, driver)?.to_string(),
+        FileStep::DriverRoot => format!(
+            "driver root: {} binds of driver {} checked against the host",
+            rewire::verify_driver_root(root, host, driver)?,
+            driver.version
+        ),
         FileStep::Links => {
             let report = rewire::rebuild_links(root, inv)?;
             *library_links_changed = rewire::library_links_changed(&report);

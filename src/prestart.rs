@@ -30,7 +30,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     let inv = discovery::discover(&ctx.host)?;
     check_complete(&inv)?;
     let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
-    let file = NspawnFile::render(machine, &inv, mc, has_lib_modules, ctx.config.helper_path());
+    let file = NspawnFile::render(machine, &inv, mc, has_lib_modules, ctx.config.helper_path())?;
     let (new, gate) = (file.to_string(), file.binds_gate());
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
@@ -279,7 +279,7 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
                 &mc,
                 has_lib_modules,
                 crate::config::Config::default().helper_path(),
-            );
+            )?;
             let _ = write!(
                 out,
                 "## {path} as `nspawn-lifecycle pre-start kube1` writes it\n{file}"

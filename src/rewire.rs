@@ -1,36 +1,45 @@
-//! Rebuilding NVIDIA state inside the machine (DESIGN §5): the driver root, the library and
-//! `/dev/char` links, the CDI spec, and their removal on a host without GPUs.
+//! NVIDIA state inside the machine (DESIGN §5): the check of the driver root, the library, tool
+//! and `/dev/char` links, the CDI spec, and their removal on a host without GPUs.
 //!
 //! Everything goes through a [`MachineRoot`], so a hostile rootfs cannot redirect a write, a
 //! replace or a delete to the host. Each step returns a [`Report`] the caller logs as one line.
 //!
+//! The driver root `/run/nvidia/driver` is not built here: systemd-nspawn makes it at boot from
+//! the read-only binds pre-start renders (src/layout.rs), so it exists whole before any service
+//! of the machine starts and changes only with the machine. Post-start checks it against the
+//! host ([`verify_driver_root`]) before anything points into it.
+//!
 //! Link targets:
-//! - Driver-root leaves are absolute links into [`HOST_NVIDIA`] (where the `.nspawn` binds the
-//!   host's files); its SONAME links are relative (`libcuda.so.1 → libcuda.so.<ver>`), as in a
-//!   host install.
 //! - In the machine's multiarch dir, versioned names point into the driver root at the same
-//!   name (`libcuda.so.<ver> → /run/nvidia/driver/usr/lib/<triplet>/libcuda.so.<ver>`), never at
-//!   `/run/host-nvidia/lib/<n>`: the driver root is swapped as one unit, and its shape does not
-//!   depend on how discovery numbered the host's library dirs. SONAME names point at the
-//!   versioned name beside them (`libcuda.so.1 → libcuda.so.<ver>`): exactly what `ldconfig`
-//!   writes, so the `ldconfig` run that follows leaves them alone and the next start finds
-//!   nothing to change.
+//!   name (`libcuda.so.<ver> → /run/nvidia/driver/usr/lib/<triplet>/libcuda.so.<ver>`); the
+//!   tree's shape does not depend on how discovery found the host's library dirs. SONAME names
+//!   point at the versioned name beside them (`libcuda.so.1 → libcuda.so.<ver>`): exactly what
+//!   `ldconfig` writes, so the `ldconfig` run that follows leaves them alone and the next start
+//!   finds nothing to change. Links into `/run/host-nvidia`, where older versions bound the
+//!   host's directories, are stale and removed.
+//! - The driver's tools get `/usr/bin/<tool> → /run/nvidia/driver/usr/bin/<tool>`, so
+//!   `nvidia-smi` is on the machine's PATH; removed like the library links when GPUs go. A real
+//!   file the image has at that name is left alone (and reported).
 //! - `/dev/char/<major>:<minor>` links use absolute targets (`/dev/nvidia0`). udev writes
 //!   relative ones (`../nvidia0`), so an absolute `/dev/dri/*` target is how cleanup knows a DRM
 //!   link is ours once the GPU, and with it the major/minor we could match, is gone.
 
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::failpoint::{self, Point};
-use crate::layout::{DRIVER_ROOT, EntryKind, HOST_NVIDIA, driver_entries};
+use crate::host::HostRoot;
+use crate::layout::{DRIVER_ROOT, EntryKind, LEGACY_HOST_NVIDIA, driver_binds, driver_entries};
 use crate::machine_root::{
-    FileKind, LinkOutcome, Lookup, MachineDir, MachineRoot, Subdir, check_name, components,
+    FileKind, LinkOutcome, Lookup, MachineDir, MachineRoot, Subdir, check_name,
 };
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
-/// Staging name beside the driver root; a crashed run's leftover is removed by the next run.
+/// Staging name beside the driver root of versions that built it in the machine; a leftover is
+/// removed by cleanup.
 const STAGING: &str = ".driver.new";
+/// Where the links to the driver's tools live in the machine (on the PATH of every shell).
+const TOOL_DIR: &str = "/usr/bin";
 /// Where `/dev/char` links live in the machine.
 pub(crate) const DEV_CHAR: &str = "/dev/char";
 /// CDI spec directories every CDI consumer scans.
@@ -103,149 +112,161 @@ impl fmt::Display for Report {
     }
 }
 
-/// One node of the driver-root tree, by path relative to the driver root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
-    Dir,
-    Link(String),
-}
-
-/// The driver root as it should be: every entry of [`driver_entries`] at its standard path, a
-/// symlink to where the machine sees the host file, with every parent directory.
-fn desired_driver_tree(driver: &UserspaceDriver) -> Result<BTreeMap<String, Node>> {
-    let mut tree = BTreeMap::new();
-    for entry in driver_entries(driver) {
-        let comps = components(&entry.path)
-            .with_context(|| format!("driver file {} from host discovery", entry.path))?;
-        let Some((_, parents)) = comps.split_last() else {
-            bail!(
-                "driver file {:?} from host discovery has no name",
-                entry.path
-            );
-        };
-        let rel = comps.join("/");
-        // Two host dirs of one triplet: the first (native, per discovery order) wins.
-        if tree.contains_key(&rel) {
-            continue;
-        }
-        for i in 1..=parents.len() {
-            let dir = parents[..i].join("/");
-            match tree.get(&dir) {
-                Some(Node::Link(_)) => {
-                    bail!(
-                        "driver file {} from host discovery is under a file",
-                        entry.path
-                    )
-                }
-                Some(Node::Dir) => {}
-                None => {
-                    tree.insert(dir, Node::Dir);
-                }
-            }
-        }
-        tree.insert(rel, Node::Link(entry.source.clone()));
-    }
-    Ok(tree)
-}
-
 /// The parent of the driver root and its name: (`/run/nvidia`, `driver`).
 fn driver_root_parent() -> (&'static str, &'static str) {
     DRIVER_ROOT.rsplit_once('/').unwrap_or(("/", DRIVER_ROOT))
 }
 
-/// Open `/run/nvidia` (creating it): resolved in the machine up to `/run`, and the last
-/// component, which the helper owns, never followed when it is a symlink.
-fn driver_root_parent_dir(root: &MachineRoot) -> Result<MachineDir> {
-    let (parent, _) = driver_root_parent();
-    let (grand, name) = parent.rsplit_once('/').unwrap_or(("/", parent));
-    let grand = if grand.is_empty() { "/" } else { grand };
-    let g = if grand == "/" {
-        root.root_dir()?
-    } else {
-        root.create_dir_all(grand, DIR_MODE)?
-    };
-    g.create_subdir(name, DIR_MODE)
+/// What a driver-root path must be: a bind of the host file or directory with this identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wanted {
+    dev: u64,
+    ino: u64,
+    dir: bool,
 }
 
-/// Build the driver root `/run/nvidia/driver` for `driver`: staged beside the old tree, swapped
-/// in with one `renameat2(RENAME_EXCHANGE)`, the old tree removed afterwards. Leftover staging
-/// trees are removed first; an identical tree is left untouched.
-pub fn build_driver_root(root: &MachineRoot, driver: &UserspaceDriver) -> Result<Report> {
-    let mut report = Report::new("driver root");
-    let desired = desired_driver_tree(driver)?;
-    let (_, name) = driver_root_parent();
-    let parent = driver_root_parent_dir(root)?;
+/// Most paths of each kind one verification error spells out.
+const MAX_NAMED: usize = 10;
 
-    if parent.remove_tree(STAGING)? {
-        report.removed.push(parent.child(STAGING));
-    }
-    if let Subdir::Dir(current) = parent.open_subdir(name)?
-        && tree_matches(&current, &desired)?
-    {
-        return Ok(report);
+/// Check the driver root that systemd-nspawn made at this boot from the `.nspawn` file's binds
+/// (src/layout.rs) against the host's driver as discovered now: every bind is at its path and
+/// is the very host file or directory discovery names (same device and inode: a bind mount
+/// shows the inode of its source), and the tree holds nothing else. Reads only. An error names
+/// what is missing, different or extra: the machine then runs with binds rendered for another
+/// host state (the driver changed after pre-start, or the machine was started without our
+/// pre-start), and only a new start (which renders the binds again) can fix that. Returns the
+/// number of binds checked.
+pub fn verify_driver_root(
+    root: &MachineRoot,
+    host: &HostRoot,
+    driver: &UserspaceDriver,
+) -> Result<usize> {
+    let mut wanted: BTreeMap<String, Wanted> = BTreeMap::new();
+    let mut parents: BTreeSet<String> = BTreeSet::new();
+    for b in driver_binds(driver)? {
+        let rel = b
+            .target
+            .strip_prefix(DRIVER_ROOT)
+            .and_then(|r| r.strip_prefix('/'))
+            .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
+            .to_owned();
+        let hp = host.path(b.source.as_str());
+        let st = std::fs::metadata(&hp)
+            .with_context(|| format!("host driver file {} (stat {})", b.source, hp.display()))?;
+        let comps: Vec<&str> = rel.split('/').collect();
+        for i in 1..comps.len() {
+            parents.insert(comps[..i].join("/"));
+        }
+        wanted.insert(
+            rel.clone(),
+            Wanted {
+                dev: std::os::unix::fs::MetadataExt::dev(&st),
+                ino: std::os::unix::fs::MetadataExt::ino(&st),
+                dir: b.dir,
+            },
+        );
     }
 
-    let staging = parent.create_subdir(STAGING, DIR_MODE)?;
-    let mut dirs: BTreeMap<&str, MachineDir> = BTreeMap::new();
-    for (rel, node) in &desired {
-        let (dir_rel, leaf) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
-        let dir = if dir_rel.is_empty() {
-            &staging
-        } else {
-            dirs.get(dir_rel)
-                .with_context(|| format!("driver root: {dir_rel} was not created"))?
-        };
-        match node {
-            Node::Dir => {
-                let d = dir.create_subdir(leaf, DIR_MODE)?;
-                dirs.insert(rel, d);
-            }
-            Node::Link(target) => {
-                if dir.symlink(leaf, target)? != LinkOutcome::Created {
-                    bail!(
-                        "{} in the machine changed while it was being built",
-                        dir.child(leaf)
-                    );
+    let (parent, name) = driver_root_parent();
+    let missing_root = || {
+        anyhow::anyhow!(
+            "the driver root {DRIVER_ROOT} is not in the machine: it is made by the read-only \
+             binds pre-start renders into the .nspawn file, so this machine was started without \
+             them (by another tool, or with a .nspawn file from before the GPUs or driver \
+             appeared); restart it through its systemd-nspawn@.service unit"
+        )
+    };
+    let top = match root.lookup_dir(parent)? {
+        Lookup::Dir(d) => match d.open_subdir(name)? {
+            Subdir::Dir(d) => d,
+            Subdir::Missing => return Err(missing_root()),
+            Subdir::Other(k) => bail!(
+                "{DRIVER_ROOT} in the machine is a {}, not the driver root",
+                k.as_str()
+            ),
+        },
+        Lookup::Missing => return Err(missing_root()),
+        Lookup::NotDir => bail!("{parent} in the machine is not a directory"),
+    };
+
+    let mut seen = BTreeSet::new();
+    let (mut different, mut extra) = (Vec::new(), Vec::new());
+    let mut stack = vec![(String::new(), top)];
+    while let Some((prefix, dir)) = stack.pop() {
+        for (entry, _) in dir.entries()? {
+            let Some(entry) = entry.to_str() else {
+                extra.push(format!("{}/{}", dir.path(), entry.to_string_lossy()));
+                continue;
+            };
+            let rel = if prefix.is_empty() {
+                entry.to_owned()
+            } else {
+                format!("{prefix}/{entry}")
+            };
+            let Some(st) = dir.stat(entry)? else {
+                continue;
+            };
+            let kind = FileKind::from_stat(&st);
+            if let Some(w) = wanted.get(&rel) {
+                seen.insert(rel.clone());
+                let right_kind = if w.dir {
+                    kind == FileKind::Dir
+                } else {
+                    kind == FileKind::File
+                };
+                if !right_kind || (st.st_dev, st.st_ino) != (w.dev, w.ino) {
+                    different.push(dir.child(entry));
                 }
+            } else if parents.contains(&rel) && kind == FileKind::Dir {
+                match dir.open_subdir(entry)? {
+                    Subdir::Dir(sub) => stack.push((rel, sub)),
+                    _ => bail!(
+                        "{} in the machine changed while it was checked",
+                        dir.child(entry)
+                    ),
+                }
+            } else {
+                extra.push(dir.child(entry));
             }
         }
-        failpoint::hit(Point::MidDriverRoot);
     }
-    drop(dirs);
-    staging.sync()?;
-
-    let path = parent.child(name);
-    match parent.kind(name)? {
-        None => {
-            parent.rename_noreplace(STAGING, name)?;
-            report.created.push(path);
+    let missing: Vec<String> = wanted
+        .keys()
+        .filter(|k| !seen.contains(*k))
+        .map(|k| format!("{DRIVER_ROOT}/{k}"))
+        .collect();
+    if missing.is_empty() && different.is_empty() && extra.is_empty() {
+        return Ok(wanted.len());
+    }
+    let mut why = Vec::new();
+    for (label, list) in [
+        ("missing", &missing),
+        ("not the host's file", &different),
+        ("not the host's driver", &extra),
+    ] {
+        if list.is_empty() {
+            continue;
         }
-        Some(_) => {
-            parent.exchange(STAGING, name)?;
-            report.replaced.push(path);
-            // The old tree now sits at the staging name. A crash right here leaves it for the
-            // next run's leftover removal; readers already see the new tree.
-            failpoint::hit(Point::AfterDriverRootSwap);
-            parent.remove_tree(STAGING)?;
-        }
+        let shown: Vec<&str> = list.iter().take(MAX_NAMED).map(String::as_str).collect();
+        let more = list.len().saturating_sub(MAX_NAMED);
+        why.push(format!(
+            "{} {label}: {}{}",
+            list.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
     }
-    parent.sync()?;
-    Ok(report)
-}
-
-/// Whether the directory holds exactly `desired` (types, modes, link targets), nothing more.
-fn tree_matches(dir: &MachineDir, desired: &BTreeMap<String, Node>) -> Result<bool> {
-    let Some(found) = dir.walk(desired.len())? else {
-        return Ok(false);
-    };
-    if found.len() != desired.len() {
-        return Ok(false);
-    }
-    Ok(found.iter().all(|e| match desired.get(&e.path) {
-        Some(Node::Dir) => e.kind == FileKind::Dir && e.mode == DIR_MODE,
-        Some(Node::Link(t)) => e.kind == FileKind::Symlink && e.target.as_deref() == Some(t),
-        None => false,
-    }))
+    bail!(
+        "the driver root {DRIVER_ROOT} does not match the host's NVIDIA driver {} ({}); the \
+         machine was started with binds rendered for another host state (the driver changed \
+         after pre-start?): restart it so pre-start renders them again",
+        driver.version,
+        why.join("; ")
+    )
 }
 
 /// Lexically resolve a symlink `target` found in directory `dir` (both machine paths).
@@ -274,7 +295,7 @@ fn is_under(path: &str, dir: &str) -> bool {
 /// Whether a link target (as found in `dir`) points into the driver root or the host binds.
 pub(crate) fn points_into_driver(dir: &str, target: &str) -> bool {
     let t = normalize(dir, target);
-    is_under(&t, HOST_NVIDIA) || is_under(&t, DRIVER_ROOT)
+    is_under(&t, LEGACY_HOST_NVIDIA) || is_under(&t, DRIVER_ROOT)
 }
 
 /// Every symlink in `dir` with its target (non-UTF-8 names and targets cannot be ours).
@@ -328,12 +349,13 @@ fn sync_lib_links(
     Ok(())
 }
 
-/// Links wanted in the machine's library dirs: `/usr/lib/<triplet>[/sub]` → name → target.
+/// Links wanted in the machine's library dirs (`/usr/lib/<triplet>[/sub]`) and its tool dir
+/// (`/usr/bin`): dir → name → target.
 fn desired_lib_links(driver: &UserspaceDriver) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for entry in driver_entries(driver) {
         let target = match entry.kind {
-            EntryKind::Library => format!("{DRIVER_ROOT}{}", entry.path),
+            EntryKind::Library | EntryKind::Binary => entry.source.clone(),
             EntryKind::SonameLink => entry.source.clone(),
             _ => continue,
         };
@@ -383,9 +405,10 @@ fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineDir>>
     })
 }
 
-/// Bring every library dir in line: the dirs in `desired` that the machine has (never created:
-/// no foreign architecture's dir appears), then every other multiarch dir with nothing desired,
-/// so links of a library, version or architecture that went away are removed too.
+/// Bring every library dir and the tool dir in line: the dirs in `desired` that the machine has
+/// (never created: no foreign architecture's dir appears), then every other multiarch dir and
+/// the tool dir with nothing desired, so links of a library, tool, version or architecture that
+/// went away are removed too.
 fn sync_all_lib_links(
     root: &MachineRoot,
     desired: &BTreeMap<String, BTreeMap<String, String>>,
@@ -407,7 +430,10 @@ fn sync_all_lib_links(
         }
     }
     let none = BTreeMap::new();
-    for dir_path in machine_lib_dirs(root)? {
+    for dir_path in machine_lib_dirs(root)?
+        .into_iter()
+        .chain([TOOL_DIR.to_owned()])
+    {
         if let Some(dir) = open_dir_if_dir(root, &dir_path)?
             && seen.insert(dir.identity()?)
         {
@@ -418,7 +444,7 @@ fn sync_all_lib_links(
 }
 
 /// Rebuild the links in the machine: SONAME and versioned library links in each multiarch dir
-/// the machine has (stale ones removed first), and `/dev/char/<major>:<minor>` for every NVIDIA
+/// the machine has and the tool links in `/usr/bin` (stale ones removed first), and `/dev/char/<major>:<minor>` for every NVIDIA
 /// node (stale NVIDIA ones removed). `ldconfig` in the machine is the caller's next step.
 pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
     let mut report = Report::new("links");
@@ -631,8 +657,16 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
         match g.open_subdir(pname)? {
             Subdir::Dir(parent) => {
                 for n in [STAGING, name] {
-                    if parent.remove_tree(n)? {
-                        report.removed.push(parent.child(n));
+                    match parent.remove_tree(n) {
+                        Ok(true) => report.removed.push(parent.child(n)),
+                        Ok(false) => {}
+                        // The binds nspawn made at this boot (a post-start run by hand after
+                        // the GPUs went): nothing points into them any more, and the next start
+                        // renders none.
+                        Err(e) => report.kept.push((
+                            parent.child(n),
+                            format!("this boot's driver binds, gone at the next start: {e:#}"),
+                        )),
                     }
                 }
                 parent.sync()?;

@@ -461,10 +461,11 @@ fn check_injection(
     let mut want_count = 1;
     let mut want_links: Vec<String> = Vec::new();
     let mut want_libs: Vec<String> = Vec::new();
-    for (i, dir) in driver.lib_dirs.iter().enumerate() {
+    for dir in &driver.lib_dirs {
         let std_dir = format!("/usr/lib/{}", dir.triplet);
         for f in &dir.files {
-            let src = format!("/run/host-nvidia/lib/{i}/{}", f.name);
+            // In the driver root, where nspawn binds the host file (src/layout.rs).
+            let src = format!("/run/nvidia/driver{std_dir}/{}", f.name);
             let dest = format!("{std_dir}/{}", f.name);
             let m = find(&format!("{x}{dest}"));
             assert_eq!(
@@ -501,18 +502,21 @@ fn check_injection(
         let name = b.rsplit('/').next().unwrap();
         assert_eq!(
             find(&format!("{x}/usr/bin/{name}")).1,
-            format!("/run/host-nvidia/bin/{name}")
+            format!("/run/nvidia/driver/usr/bin/{name}")
         );
         want_links.push(format!("{x}/usr/bin/{name}::/usr/bin/{name}"));
         want_count += 1;
     }
     let fw = find(&format!("{x}/lib/firmware/nvidia/{VER}"));
-    assert_eq!(fw.1, format!("/run/host-nvidia/firmware/{VER}"));
+    assert_eq!(
+        fw.1,
+        format!("/run/nvidia/driver/lib/firmware/nvidia/{VER}")
+    );
     want_count += 1;
     for s in &driver.sockets {
         let name = s.rsplit('/').next().unwrap();
         let m = find(&format!("{x}/run/{name}/socket"));
-        assert_eq!(m.1, format!("/run/host-nvidia/run/{name}/socket"));
+        assert_eq!(m.1, format!("/run/nvidia/driver/run/{name}/socket"));
         assert_eq!(m.2, SOCKET_OPTS.map(String::from), "{case}: socket options");
         want_count += 1;
     }

@@ -94,7 +94,7 @@ fn ensure_runtimes() {
         .env("DEBIAN_FRONTEND", "noninteractive"));
 }
 
-/// The gcc-built driver stand-ins in `dir`, as the machine sees them under /run/host-nvidia/lib/0.
+/// The gcc-built driver stand-ins in `dir`, as the machine sees them in its driver root (`/run/nvidia/driver/usr/lib/<triplet>`).
 fn build_driver(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     for (file, soname, body) in [
@@ -174,8 +174,8 @@ fn spec_json(machine: &Path) -> String {
     let text = cdi::render(&spec);
     let hook = nspawn_lifecycle::layout::HOOK_BINARY;
     text.replace(
-        "\"/run/host-nvidia/",
-        &format!("\"{}/run/host-nvidia/", machine.display()),
+        "\"/run/nvidia/driver/",
+        &format!("\"{}/run/nvidia/driver/", machine.display()),
     )
     .replace(&format!("\"{hook}\""), &format!("\"{BIN}\""))
 }
@@ -376,7 +376,11 @@ fn run_all(driver: &Driver, runtimes: &[&str]) -> Vec<String> {
     let lib64 = fetch_lib64_glibc();
     let work = tempfile::tempdir().unwrap();
     let machine = work.path().join("machine");
-    driver_files(driver, &machine.join("run/host-nvidia/lib/0"), work.path());
+    driver_files(
+        driver,
+        &machine.join(format!("run/nvidia/driver/{ML}")),
+        work.path(),
+    );
     let probe = work.path().join("probe");
     std::fs::write(work.path().join("probe.c"), PROBE_C).unwrap();
     sh(Command::new("gcc")

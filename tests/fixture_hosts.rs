@@ -944,7 +944,7 @@ fn privileged_foreign_and_host_only_nodes_are_never_bound() {
     // The daemon's socket directory is bound read-only (a socket connects through it).
     assert!(
         file.contains(
-            "\nBindReadOnly=/run/nvidia-fabricmanager:/run/host-nvidia/run/nvidia-fabricmanager\n"
+            "\nBindReadOnly=/run/nvidia-fabricmanager:/run/nvidia/driver/run/nvidia-fabricmanager\n"
         ),
         "{file}"
     );

@@ -11,8 +11,10 @@
 # /var/tmp/nspawn-lifecycle-e2e.lock (the script re-executes itself under flock).
 #
 # rewire (item 3): the per-file approach of the older agent, reproduced from the host container:
-#     systemd-run --machine=kube1 --pipe --wait --quiet  find <multiarch> -lname '/run/host-nvidia/*' -delete
-#     per library file:  ... rm -f <multiarch>/<file>   and   ... ln -s /run/host-nvidia/lib/0/<file> <multiarch>/<file>
+#     systemd-run --machine=kube1 --pipe --wait --quiet  find <multiarch> -lname '../../../run/nvidia/driver/*' -delete
+#     per library file:  ... rm -f <multiarch>/<file>   and   ... ln -s ../../../run/nvidia/driver/usr/lib/<triplet>/<file> <multiarch>/<file>
+#   (the older agent linked into /run/host-nvidia/lib/0, which no longer exists: the driver root
+#   is nspawn's per-file binds now; a relative target to the same file, so ours replaces each)
 #     ... ldconfig
 #   timed as a whole, against our rewiring on the same machine: the file steps of
 #   `nspawn-lifecycle post-start kube1` (driver root, links, ldconfig, CDI spec; services
@@ -155,8 +157,8 @@ EOF
 write_perfile() {
     # the host lib dir as the machine sees it (the .nspawn bind), and the driver's library files
     local bind
-    bind=$(nspawn_file kube1 | sed -n "s|^BindReadOnly=\(.*\):\(/run/host-nvidia/lib/[0-9]*\)$|\1 \2|p" | head -1)
-    [ -n "$bind" ] || die "no library bind into /run/host-nvidia/lib in kube1.nspawn"
+    bind=$(nspawn_file kube1 | sed -n "s|^BindReadOnly=\(.*\)/libcuda\.so\.[0-9.]*:/run/nvidia/driver\(/usr/lib/[^/]*\)/libcuda\.so\.[0-9.]*$|\1 ../../../run/nvidia/driver\2|p" | head -1)
+    [ -n "$bind" ] || die "no libcuda bind into /run/nvidia/driver in kube1.nspawn"
     local src dst
     read -r src dst <<< "$bind"
     log "per-file: host $src is $dst in the machine"
@@ -170,7 +172,7 @@ files=\$(ls *.so."\$ver" vdpau/*.so."\$ver" 2>/dev/null)
 run() { systemd-run --machine="\$m" --pipe --wait --quiet "\$@" </dev/null; }
 n=0
 t0=\$(date +%s%N)
-run find "\$dir" -lname '/run/host-nvidia/*' -delete
+run find "\$dir" -lname '../../../run/nvidia/driver/*' -delete
 for f in \$files; do
     run rm -f "\$dir/\$f"
     run ln -s "\$bind/\$f" "\$dir/\$f"
@@ -246,14 +248,14 @@ part_rewire() {
     for ((i = 1; i <= N; i++)); do
         perfile "$i"
         if [ "$i" = 1 ]; then
-            local hn; hn=$(links_into /run/host-nvidia/)
-            log "after per-file: $hn links into /run/host-nvidia in $MULTIARCH"
-            sample rewire check 1 perfile-links-into-host-nvidia "$hn"
+            local hn; hn=$(links_into ../../../run/nvidia/driver/)
+            log "after per-file: $hn relative links into the driver root in $MULTIARCH"
+            sample rewire check 1 perfile-relative-links "$hn"
         fi
         ours after-perfile "$i"
         if [ "$i" = 1 ]; then
             sample rewire check 1 ours-links-into-driver-root "$(links_into /run/nvidia/driver/)"
-            sample rewire check 1 ours-links-into-host-nvidia "$(links_into /run/host-nvidia/)"
+            sample rewire check 1 ours-relative-links-left "$(links_into ../../../run/nvidia/driver/)"
             log "after ours: $LAST_LINKS"
         fi
     done

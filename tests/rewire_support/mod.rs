@@ -157,11 +157,11 @@ pub fn debian_machine(root: &Path) {
     link("/dev/nvidia-modeset", "dev/char/195:254");
 }
 
-/// Everything `post-start` does inside the machine for a host with GPUs, in order.
+/// Everything `post-start` writes inside the machine for a host with GPUs, in order (the driver
+/// root is nspawn's binds, which post-start only checks: see [`DriverRootBinds`]).
 pub fn gpu_pass(root: &MachineRoot, inv: &Inventory) -> Vec<Report> {
     let driver = inv.driver.as_ref().unwrap();
     vec![
-        rewire::build_driver_root(root, driver).unwrap(),
         rewire::rebuild_links(root, inv).unwrap(),
         rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(&driver.version), conflicts).unwrap(),
     ]
@@ -268,6 +268,89 @@ fn walk_skipping(
         f(&rel, &meta, &path);
         if meta.file_type().is_dir() {
             walk_skipping(root, &path, skip, f);
+        }
+    }
+}
+
+/// Host driver files for `driver` under the host root `host`: each library an ELF with its
+/// SONAME, binaries, the firmware directory with one file, the socket directories.
+pub fn host_driver_files(host: &Path, driver: &UserspaceDriver) {
+    use nspawn_lifecycle::fixture::{Arch, elf_shared_object};
+    for dir in &driver.lib_dirs {
+        let arch = if dir.triplet == "i386-linux-gnu" {
+            Arch::I386
+        } else {
+            Arch::X86_64
+        };
+        for f in &dir.files {
+            let p = host.join(dir.path.trim_start_matches('/')).join(&f.name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, elf_shared_object(arch, f.soname.as_deref())).unwrap();
+        }
+    }
+    for b in &driver.binaries {
+        let p = host.join(b.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    if let Some(fw) = &driver.firmware {
+        let p = host.join(fw.trim_start_matches('/'));
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("gsp_ga10x.bin"), "fw").unwrap();
+    }
+    for s in &driver.sockets {
+        std::fs::create_dir_all(host.join(s.trim_start_matches('/'))).unwrap();
+    }
+}
+
+/// What systemd-nspawn makes of the `.nspawn` file's driver binds at boot: every bind of
+/// `layout::driver_binds` mounted read-only at its target under the machine root `machine`,
+/// from the host root `host`. Unmounted when dropped (declare it after the tempdirs it uses).
+/// Root only (mount).
+pub struct DriverRootBinds {
+    mounts: Vec<PathBuf>,
+}
+
+impl DriverRootBinds {
+    pub fn mount(machine: &Path, host: &Path, driver: &UserspaceDriver) -> DriverRootBinds {
+        use nix::mount::{MsFlags, mount};
+        let mut out = DriverRootBinds { mounts: Vec::new() };
+        for b in nspawn_lifecycle::layout::driver_binds(driver).unwrap() {
+            let target = machine.join(b.target.trim_start_matches('/'));
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            if b.dir {
+                std::fs::create_dir_all(&target).unwrap();
+            } else {
+                std::fs::write(&target, "").unwrap();
+            }
+            let source = host.join(b.source.trim_start_matches('/'));
+            mount(
+                Some(&source),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .unwrap_or_else(|e| panic!("bind {} at {}: {e}", source.display(), target.display()));
+            out.mounts.push(target.clone());
+            mount(
+                None::<&str>,
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .unwrap();
+        }
+        out
+    }
+}
+
+impl Drop for DriverRootBinds {
+    fn drop(&mut self) {
+        for m in self.mounts.iter().rev() {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
         }
     }
 }

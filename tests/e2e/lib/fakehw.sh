@@ -228,7 +228,31 @@ remove_lib_files() {
     # dangling links that pointed at them (SONAME and dev links)
     find "$LIBDIR" "$LIBDIR/vdpau" -maxdepth 1 -xtype l \( -name 'lib*nvidia*' -o -name 'libcuda*' \) -delete 2>/dev/null || true
 }
+# Whether the stand-ins of $UVER are installed byte for byte and nothing else of ours is: then
+# apply_libs leaves every file (and its inode) alone. A running machine's driver root binds the
+# host files themselves (issue 11), so reinstalling identical files under it on every fakehw
+# call would make each running machine's driver root stale (post-start refuses one).
+libs_current() {
+    local f rel
+    [ "$LIBS" = present ] && [ -d "$STAGE/$UVER" ] || return 1
+    for f in "$STAGE/$UVER"/lib/*.so.* "$STAGE/$UVER"/lib/vdpau/*.so.*; do
+        rel=${f#"$STAGE/$UVER/lib/"}
+        cmp -s "$f" "$LIBDIR/$rel" || return 1
+    done
+    # nvidia-smi is rewritten by write_nvidia_smi with the current GPUs: compared there
+    for f in "$STAGE/$UVER"/bin/*; do
+        [ "${f##*/}" = nvidia-smi ] || cmp -s "$f" "/usr/bin/${f##*/}" || return 1
+    done
+    [ "$(ls /lib/firmware/nvidia 2>/dev/null)" = "$UVER" ] || return 1
+    for f in "$STAGE/$UVER"/firmware/*; do cmp -s "$f" "/lib/firmware/nvidia/$UVER/${f##*/}" || return 1; done
+    for f in "$LIBDIR"/*.so.* "$LIBDIR"/vdpau/*.so.*; do
+        [ -f "$f" ] && [ ! -L "$f" ] || continue
+        grep -q e2e_fake_driver "$f" 2>/dev/null || continue
+        [ -e "$STAGE/$UVER/lib/${f#"$LIBDIR/"}" ] || return 1
+    done
+}
 apply_libs() {
+    if libs_current; then return 0; fi
     remove_lib_files
     if [ "$LIBS" = present ]; then
         [ -d "$STAGE/$UVER" ] || { echo "fakehw: no stub libraries for version $UVER in $STAGE" >&2; exit 1; }
@@ -274,6 +298,8 @@ ${rows}+------------------------------------------------------------------------
 TABLE
 EOF
     chmod 755 /usr/bin/nvidia-smi.new
+    # unchanged: keep the file (and its inode, which a running machine's driver root binds)
+    if cmp -s /usr/bin/nvidia-smi.new /usr/bin/nvidia-smi; then rm -f /usr/bin/nvidia-smi.new; return 0; fi
     mv /usr/bin/nvidia-smi.new /usr/bin/nvidia-smi
 }
 

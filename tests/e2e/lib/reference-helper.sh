@@ -54,11 +54,21 @@ render_nspawn() {
     [ -c /dev/kvm ] && echo "Bind=/dev/kvm"
     if [ "$VERDICT" = complete ]; then
         for n in "${NODES[@]}" "${DRI[@]}"; do echo "Bind=$n"; done
-        echo "BindReadOnly=$LIBDIR:/run/host-nvidia/lib/0"
-        for n in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-control nvidia-cuda-mps-server; do
-            [ -x "/usr/bin/$n" ] && echo "BindReadOnly=/usr/bin/$n:/run/host-nvidia/bin/$n"
+        # the driver root: one read-only bind per file and per SONAME name (issue 11)
+        local f b so
+        for f in "$LIBDIR"/*.so."$UVER" "$LIBDIR"/vdpau/*.so."$UVER"; do
+            [ -e "$f" ] || continue
+            b=${f#"$LIBDIR"/}
+            echo "BindReadOnly=$f:/run/nvidia/driver/usr/lib/$ML/$b"
+            for so in "$(dirname "$f")"/*; do
+                [ -L "$so" ] && [ "$(readlink "$so")" = "${f##*/}" ] || continue
+                echo "BindReadOnly=$f:/run/nvidia/driver/usr/lib/$ML/$(dirname "$b" | sed 's|^\.$||;s|.$|&/|')${so##*/}"
+            done
         done
-        [ -d "/lib/firmware/nvidia/$UVER" ] && echo "BindReadOnly=/lib/firmware/nvidia/$UVER:/run/host-nvidia/firmware/$UVER"
+        for n in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-control nvidia-cuda-mps-server; do
+            [ -x "/usr/bin/$n" ] && echo "BindReadOnly=/usr/bin/$n:/run/nvidia/driver/usr/bin/$n"
+        done
+        [ -d "/lib/firmware/nvidia/$UVER" ] && echo "BindReadOnly=/lib/firmware/nvidia/$UVER:/run/nvidia/driver/lib/firmware/nvidia/$UVER"
     fi
 }
 
@@ -85,8 +95,8 @@ post_start() {
         st=$(systemctl -M "$m" is-system-running 2>/dev/null); case "$st" in running|degraded) break;; esac; sleep 0.1
     done
     cleanup() {
-        rm -rf "$R/run/nvidia/driver" "$R/run/cdi/nvidia.com-gpu.json"
-        find "$R/usr/lib/$ML" -maxdepth 2 \( -lname '/run/host-nvidia/*' -o -lname '/run/nvidia/*' \) -delete
+        rm -f "$R/run/cdi/nvidia.com-gpu.json"
+        find "$R/usr/lib/$ML" "$R/usr/bin" -maxdepth 2 \( -lname '/run/host-nvidia/*' -o -lname '/run/nvidia/*' \) -delete
         find "$R/dev/char" -maxdepth 1 -lname '../nvidia*' -delete 2>/dev/null
     }
     if [ "$VERDICT" = none ]; then cleanup; say "no NVIDIA GPUs: removed NVIDIA state from $m"; return 0; fi
@@ -94,27 +104,15 @@ post_start() {
     systemctl -M "$m" stop containerd.service || die "stopping containerd.service in $m failed"
     recover() { systemctl -M "$m" start containerd.service; systemctl -M "$m" start kubelet.service; die "$*"; }
     cleanup
-    # driver root
+    # the driver root is nspawn's binds (render_nspawn): only check it is there
     # NB: paths are joined as strings under /proc/<leader>/root, so an absolute symlink in the
     # machine (/var/run -> /run) would resolve on the HOST: only symlink-free paths are used here.
     # The product must resolve inside the machine root instead (DESIGN §5, openat2).
-    local DR=$R/run/nvidia/driver.new f b so
-    rm -rf "$DR"; mkdir -p "$DR/usr/lib/$ML/vdpau" "$DR/usr/bin" "$DR/lib/firmware/nvidia"
-    for f in "$LIBDIR"/*.so."$UVER" "$LIBDIR"/vdpau/*.so."$UVER"; do
-        [ -e "$f" ] || continue
-        b=${f#"$LIBDIR"/}
-        ln -s "/run/host-nvidia/lib/0/$b" "$DR/usr/lib/$ML/$b"
-        # SONAME links as the host has them (ldconfig made them), e.g. libcuda.so.1 -> libcuda.so.<v>
-        for so in "$(dirname "$f")"/*; do
-            [ -L "$so" ] && [ "$(readlink "$so")" = "${f##*/}" ] || continue
-            ln -sfn "${f##*/}" "$DR/usr/lib/$ML/$(dirname "$b")/${so##*/}"
-        done
+    local f b
+    [ -f "$R/run/nvidia/driver/usr/lib/$ML/libcuda.so.$UVER" ] || recover "driver root incomplete"
+    for f in "$R/run/nvidia/driver/usr/bin"/*; do
+        [ -e "$f" ] && ln -sfn "/run/nvidia/driver/usr/bin/${f##*/}" "$R/usr/bin/${f##*/}"
     done
-    for f in nvidia-smi nvidia-debugdump nvidia-persistenced nvidia-cuda-mps-control nvidia-cuda-mps-server; do
-        [ -x "/usr/bin/$f" ] && ln -s "/run/host-nvidia/bin/$f" "$DR/usr/bin/$f"
-    done
-    ln -s "/run/host-nvidia/firmware/$UVER" "$DR/lib/firmware/nvidia/$UVER"
-    mv "$DR" "$R/run/nvidia/driver" || recover "driver root swap failed"
     # links in the machine's multiarch dir, /dev/char
     for f in "$R/run/nvidia/driver/usr/lib/$ML"/*.so.*; do
         b=${f##*/}; ln -sfn "/run/nvidia/driver/usr/lib/$ML/$b" "$R/usr/lib/$ML/$b"

@@ -55,9 +55,14 @@ done
 for kv in 'PrivateUsers=no' 'NotifyReady=yes' 'Capability=all' 'VirtualEthernet=no' 'BindReadOnly=/lib/modules'; do
     assert_match "$(c "nspawn-${kv%%=*}")" "^$kv" "$nf"
 done
-assert_match "$(c nspawn-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu:/run/host-nvidia/lib/[0-9]+$' "$nf"
-assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia(/$DRIVER_VERSION)?:/run/host-nvidia/" "$nf"
-assert_match "$(c nspawn-nvidia-smi-bind)" '^BindReadOnly=/usr/bin/nvidia-smi:/run/host-nvidia/' "$nf"
+# The driver root is read-only binds of the host's files, one per file and per SONAME (issue 11);
+# no whole host library directory is bound any more.
+assert_match "$(c nspawn-libcuda-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
+assert_match "$(c nspawn-libcuda-soname-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
+assert_no_match "$(c nspawn-no-whole-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu(:|$)' "$nf"
+assert_no_match "$(c nspawn-no-host-nvidia)" '/run/host-nvidia' "$nf"
+assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia/$DRIVER_VERSION:/run/nvidia/driver/lib/firmware/nvidia/$DRIVER_VERSION\$" "$nf"
+assert_match "$(c nspawn-nvidia-smi-bind)" '^BindReadOnly=/usr/bin/nvidia-smi:/run/nvidia/driver/usr/bin/nvidia-smi$' "$nf"
 assert_no_match "$(c nspawn-no-kvm-when-absent)" '/dev/kvm' "$nf"
 assert_no_match "$(c nspawn-no-nonexistent-nodes)" '^Bind=/dev/nvidia[2-9]' "$nf"
 
@@ -73,7 +78,11 @@ assert_cmd "$(c driver-root-libcuda)" M test -e "$DR$ML/libcuda.so.$DRIVER_VERSI
 assert_cmd "$(c driver-root-libcuda-soname)" M test -e "$DR$ML/libcuda.so.1"
 assert_cmd "$(c driver-root-libnvidia-ml)" M test -e "$DR$ML/libnvidia-ml.so.$DRIVER_VERSION"
 assert_cmd "$(c driver-root-vdpau)" M test -e "$DR$ML/vdpau/libvdpau_nvidia.so.$DRIVER_VERSION"
-assert_match "$(c driver-root-points-into-host-nvidia)" '^/run/host-nvidia/' "$(M readlink -f "$DR$ML/libcuda.so.$DRIVER_VERSION" 2>&1)"
+assert_eq "$(c driver-root-has-no-symlink)" "" "$(M find "$DR" -type l 2>&1)"
+assert_eq "$(c driver-root-libcuda-is-a-file)" "$DR$ML/libcuda.so.1" "$(M readlink -f "$DR$ML/libcuda.so.1" 2>&1)"
+assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
+assert_match "$(c nvidia-smi-on-path)" "Driver Version: $DRIVER_VERSION" "$(M /bin/sh -c 'command -v nvidia-smi && nvidia-smi' 2>&1)"
+assert_eq "$(c nvidia-smi-link)" "/run/nvidia/driver/usr/bin/nvidia-smi" "$(M readlink /usr/bin/nvidia-smi 2>&1)"
 assert_match "$(c driver-root-nvidia-smi-runs)" "Driver Version: $DRIVER_VERSION" "$(M "$DR/usr/bin/nvidia-smi" 2>&1)"
 assert_cmd "$(c driver-root-firmware)" M test -s "$DR/lib/firmware/nvidia/$DRIVER_VERSION/gsp_ga10x.bin"
 assert_cmd "$(c machine-libcuda-soname-link)" M test -e "$ML/libcuda.so.1"

@@ -35,6 +35,7 @@ assert_cmd "$(c no-driver-root)" M test ! -e /run/nvidia/driver
 assert_cmd "$(c no-dev-char-nvidia-links)" M /bin/sh -c '! ls /dev/char/195:* 2>/dev/null | grep -q .'
 stale=$(M find /usr/lib/x86_64-linux-gnu -maxdepth 2 \( -lname '/run/host-nvidia/*' -o -lname '/run/nvidia/*' \) 2>&1)
 assert_eq "$(c no-stale-library-links)" "" "$stale"
+assert_cmd "$(c no-nvidia-smi-link)" M test ! -e /usr/bin/nvidia-smi
 assert_eq "$(c containerd-active-0-gpus)" active "$(inner_state containerd.service)"
 assert_eq "$(c kubelet-active-0-gpus)" active "$(inner_state kubelet.service)"
 

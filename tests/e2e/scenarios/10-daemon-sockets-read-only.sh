@@ -10,7 +10,7 @@ scenario "daemon socket directory: read-only bind, still connectable" --needs-he
 baseline
 
 SOCKDIR=/run/nvidia-persistenced
-IN=/run/host-nvidia/run/nvidia-persistenced
+IN=/run/nvidia/driver/run/nvidia-persistenced
 ANSWER=persistenced-e2e-answer
 DAEMON=e2e-persistenced.service
 
