@@ -9,8 +9,9 @@ use std::fmt::Write as _;
 /// Driver version of the eight-GPU example; the synthetic libraries carry it too.
 const VERSION: &str = "580.95.05";
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
-/// Driver files the example's `nvidia-libs` line makes (22 in the dir, 1 in `vdpau/`).
-pub const EXAMPLE_DRIVER_FILES: usize = 23;
+/// Driver files the example's `nvidia-libs` line makes (23 in the dir, the EGL platform library
+/// among them, 1 in `vdpau/`).
+pub const EXAMPLE_DRIVER_FILES: usize = 24;
 /// MIG: GPU instances per GPU (an H100 splits into at most 7), each with one compute instance.
 const MIG_INSTANCES: u32 = 7;
 
