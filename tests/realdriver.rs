@@ -208,7 +208,13 @@ fn theirs(root: &Path) -> FileSet {
     let out_dir = tempfile::tempdir().unwrap();
     let spec = out_dir.path().join("ctk.json");
     let mut driver_root = root.display().to_string();
-    let out = Command::new(nvidia_ctk())
+    // In a private mount namespace over an empty /dev: NVIDIA's real libraries, loaded by
+    // nvidia-ctk, create /dev/nvidiactl (195:255, 0666) when it is missing, and this test must
+    // leave the machine it runs on as it found it.
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs tmpfs /dev && exec "$0" "$@""#)
+        .arg(nvidia_ctk())
         .args(["cdi", "generate", "--mode=management", "--format=json"])
         .arg(format!("--driver-root={driver_root}"))
         .arg(format!("--dev-root={driver_root}"))

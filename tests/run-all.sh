@@ -38,11 +38,18 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 step "cargo test"
+nodes_before=$(ls -d /dev/nvidia* 2>/dev/null || true)
 cargo test --locked
 step "cargo clippy --all-targets --features failpoints -- -D warnings"
 cargo clippy --all-targets --locked --features failpoints -- -D warnings
 step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
 cargo test --locked --features failpoints
+# The tests must leave this machine's /dev as they found it (NVIDIA's real libraries create
+# /dev/nvidiactl when they load and it is missing; tests that load them do so in their own /dev).
+nodes_after=$(ls -d /dev/nvidia* 2>/dev/null || true)
+if [ "$nodes_after" != "$nodes_before" ]; then
+    echo "FAIL: the tests changed /dev: before [$nodes_before], after [$nodes_after]" >&2; exit 1
+fi
 
 step "static release build: plain cargo build --release and cargo install --path . (.cargo/config.toml)"
 target=$(rustc -vV | sed -n 's/^host: //p')
