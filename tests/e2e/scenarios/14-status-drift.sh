@@ -54,8 +54,10 @@ spec_before=$(M -m kube1 sh -c "sha256sum $CDI_SPEC; stat -c %Y.%Z $CDI_SPEC; ls
 out=$(status_of kube1); rc=$?
 info "status kube1 (host driver $NEWVER, machine not restarted): exit $rc: $out"
 assert_eq "$(c drift-exit-5)" 5 "$rc"
-assert_match "$(c drift-names-both-versions)" "^kube1: drift: NVIDIA driver changed: host kernel module $NEWVER, machine's CDI spec, driver root and library links $DRIVER_VERSION; " "$out"
-assert_match "$(c drift-names-dangling-links)" "NVIDIA link\\(s\\) in the machine dangle: .*$DRIVER_VERSION" "$out"
+assert_match "$(c drift-names-both-versions)" "^kube1: drift: NVIDIA driver changed: host kernel module $NEWVER, machine's CDI spec, driver root and library links $DRIVER_VERSION " "$out"
+# The driver root is made of binds of the host files: the running machine keeps the old driver's
+# files until its next start, so nothing in it dangles (it did when the tree was links).
+assert_no_match "$(c drift-nothing-dangles)" "dangle" "$out"
 assert_match "$(c drift-suggests-reconcile)" "nspawn-lifecycle reconcile kube1" "$out"
 out=$(status_of --all); rc=$?
 info "status --all: exit $rc: $out"
