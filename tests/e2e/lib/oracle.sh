@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# NVIDIA's own nvidia-ctk as the oracle of a machine's driver root (issue 11), shared by scenarios
+# 17 (stand-in driver) and 18 (real Debian-packaged driver). Sourced by a scenario; uses its
+# helpers (M, H, c, pass, fail, info, mroot, helper).
+#
+# nvidia-ctk comes from ../shared/tools/nvidia-container-toolkit/ (or $E2E_NVIDIA_CTK), copied into
+# the machine's /usr/local/lib/e2e-oracle for the scenario only (oracle_remove takes it out).
+
+ORACLE=/usr/local/lib/e2e-oracle
+ORACLE_DR=/run/nvidia/driver
+
+# oracle_install <machine>: copy nvidia-ctk into the machine; fails the check when it is missing.
+oracle_install() {
+    local src=${E2E_NVIDIA_CTK:-$E2E_SRC/../../../shared/tools/nvidia-container-toolkit/nvidia-ctk}
+    if [ ! -x "$src" ]; then
+        fail "$(c nvidia-ctk-present)" "no nvidia-ctk at $src (set E2E_NVIDIA_CTK)"
+        return 1
+    fi
+    mkdir -p "$(mroot "$1")$ORACLE" && cp "$src" "$(mroot "$1")$ORACLE/nvidia-ctk"
+    pass "$(c nvidia-ctk-present)"
+}
+
+oracle_remove() { rm -rf "$(mroot "$1")$ORACLE"; }
+
+# oracle_want: every driver file our discovery lists on the host, as its standard path.
+oracle_want() {
+    local disc ver fw_files
+    disc=$(helper discover --json 2>/dev/null)
+    ver=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["driver"]["version"])' "$disc" 2>/dev/null)
+    fw_files=$(H sh -c "cd /lib/firmware/nvidia/$ver 2>/dev/null && ls")
+    python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])["driver"]
+for l in d["libDirs"]:
+    for f in l["files"]:
+        print("/usr/lib/%s/%s" % (l["triplet"], f["name"]))
+for b in d["binaries"]:
+    print("/usr/bin/" + b.rsplit("/", 1)[1])
+for f in sys.argv[2].split():
+    print("/lib/firmware/nvidia/%s/%s" % (d["version"], f))
+' "$disc" "$fw_files" 2>&1
+}
+
+# oracle_compare <name> <driver root as nvidia-ctk saw it> <spec json> <want>: every file of
+# <want> is a mount of the spec at its standard path, its hostPath inside the driver root.
+oracle_compare() {
+    local name=$1 root=$2 spec=$3 want=$4 out line
+    out=$(python3 -c '
+import json, sys
+root, want = sys.argv[1], [w for w in sys.argv[3].splitlines() if w]
+try:
+    spec = json.loads(sys.argv[2])
+except ValueError as e:
+    print("BAD spec-json: %s: %r" % (e, sys.argv[2][:300])); sys.exit(0)
+mounts = {}
+edits = [spec.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in spec.get("devices", [])]
+for e in edits:
+    for m in e.get("mounts", []):
+        mounts[m.get("containerPath")] = m.get("hostPath", "")
+libs = [p for p in mounts if "/lib/" in p and ".so" in p]
+print("INFO %d mounts, %d libraries" % (len(mounts), len(libs)))
+missing = [w for w in want if w not in mounts]
+print(("BAD every-driver-file-listed: %d of %d missing: %s" % (len(missing), len(want), " ".join(missing[:12])))
+      if missing else "OK every-driver-file-listed")
+outside = ["%s <- %s" % (w, mounts[w]) for w in want if w in mounts
+           and not (mounts[w] == root + w or mounts[w].startswith(root + "/"))]
+print(("BAD host-paths-inside-the-driver-root: %s" % " ".join(outside[:8])) if outside
+      else "OK host-paths-inside-the-driver-root")
+' "$root" "$spec" "$want" 2>&1)
+    while IFS= read -r line; do
+        case "$line" in
+            "OK "*)   pass "$(c "$name.${line#OK }")";;
+            "BAD "*)  line=${line#BAD }; fail "$(c "$name.${line%%:*}")" "${line#*: }";;
+            "INFO "*) info "$name: ${line#INFO }";;
+            *)        info "$name: $line";;
+        esac
+    done <<< "$out"
+}
+
+# oracle_both_views <want>: nvidia-ctk in the machine (kube1) against the driver root, and from a
+# mount namespace where the driver root is bound at /driver-root, the original path covered and
+# /run/host-nvidia absent (what the device plugin and GPU Operator pods see). Lists are compared,
+# not exit codes: nvidia-ctk found 0 libraries, silently, in the driver root of absolute links the
+# helper built before.
+oracle_both_views() {
+    local want=$1 spec rc
+    spec=$(M "$ORACLE/nvidia-ctk" --debug cdi generate --mode=management --driver-root="$ORACLE_DR" \
+        --dev-root=/ --format=json 2>/tmp/e2e-oracle-ctk.err); rc=$?
+    info "nvidia-ctk in the machine: rc=$rc; $(grep -i 'driver version\|gsp' /tmp/e2e-oracle-ctk.err | cut -c1-200 | tr '\n' ' ')"
+    oracle_compare machine "$ORACLE_DR" "$spec" "$want"
+    # unshare -m in the machine: a private mount namespace of the machine's; /run/nvidia is
+    # covered with an empty tmpfs after the rbind, so nothing can resolve through the original path.
+    spec=$(M unshare -m --propagation private /bin/sh -c '
+        set -e
+        mkdir -p /driver-root
+        mount --rbind /run/nvidia/driver /driver-root
+        mount -t tmpfs e2e-empty /run/nvidia
+        test ! -e /run/host-nvidia
+        test ! -e /run/nvidia/driver
+        '"$ORACLE"'/nvidia-ctk --debug cdi generate --mode=management --driver-root=/driver-root \
+            --dev-root=/ --format=json' 2>/tmp/e2e-oracle-ctk.err); rc=$?
+    info "nvidia-ctk at /driver-root: rc=$rc; $(grep -i 'driver version\|gsp' /tmp/e2e-oracle-ctk.err | cut -c1-200 | tr '\n' ' ')"
+    M rmdir /driver-root 2>/dev/null
+    oracle_compare driver-root /driver-root "$spec" "$want"
+}
