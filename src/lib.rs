@@ -44,6 +44,22 @@ pub struct Ctx {
     pub config: Config,
 }
 
+impl Ctx {
+    /// The host tree `--host-root` names and the configuration loaded from it.
+    fn load(cli: &Cli) -> Result<Ctx> {
+        let host = HostRoot::new(&cli.host_root);
+        // A mistyped --host-root must not become an empty host with verdict "none" and new files.
+        if !host.root().is_dir() {
+            return Err(error::bad_input(format!(
+                "--host-root {}: not a directory",
+                host.root().display()
+            )));
+        }
+        let config = Config::load(&host, cli.config.as_deref())?;
+        Ok(Ctx { host, config })
+    }
+}
+
 /// Run one parsed command line and give the process exit code on success: 0, or for `status`
 /// the machine state's code (5 drift, 6 broken, 7 not running).
 pub fn run_with_code(cli: Cli) -> Result<u8> {
@@ -56,21 +72,12 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
     else {
         return run(cli).map(|()| 0);
     };
-    let host = HostRoot::new(&cli.host_root);
-    if !host.root().is_dir() {
-        return Err(error::bad_input(format!(
-            "--host-root {}: not a directory",
-            host.root().display()
-        )));
-    }
-    let config = Config::load(&host, cli.config.as_deref())?;
-    let ctx = Ctx { host, config };
+    let ctx = Ctx::load(&cli)?;
     status::status(&ctx, machine.as_ref(), *all, *json, machine_root.as_deref())
 }
 
 /// Run one parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
-    let host = HostRoot::new(&cli.host_root);
     if let Command::Demo {
         host: example,
         list,
@@ -103,15 +110,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         return Ok(());
     }
-    // A mistyped --host-root must not become an empty host with verdict "none" and new files.
-    if !host.root().is_dir() {
-        return Err(error::bad_input(format!(
-            "--host-root {}: not a directory",
-            host.root().display()
-        )));
-    }
-    let config = Config::load(&host, cli.config.as_deref())?;
-    let ctx = Ctx { host, config };
+    let ctx = Ctx::load(&cli)?;
     match cli.command {
         Command::NspawnLifecycle(Phase::PreStart { machine }) => {
             prestart::pre_start(&ctx, &machine)
