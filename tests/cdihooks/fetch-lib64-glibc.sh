@@ -16,11 +16,8 @@ PKG=libc6-amd64:i386
 
 die() { echo "fetch-lib64-glibc.sh: $*" >&2; exit 1; }
 
-# Same rule as tests/e2e/harness.sh debian_mirror(): first non-security URI of the machine's sources.
-debian_mirror() {
-    awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i !~ /-security$/) {print u; exit}}' \
-        /etc/apt/sources.list.d/debian.sources
-}
+# shellcheck source=../lib/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/debian-mirror.sh"
 
 if [ -e "$CACHE/root/lib64/ld-linux-x86-64.so.2" ]; then
     echo "$CACHE/root"

@@ -27,19 +27,8 @@ MACHINE=${MACHINE:-kube1}
 MACHINES=${E2E_MACHINES:-kube1 kube2}
 HOSTNAME_=e2ehost
 CG_NAME=nspawn-lifecycle-e2e          # cgroup (in each writable hierarchy) holding the outer nspawn
-# The Debian mirror this machine's own apt uses (deb822 sources, else the one-line format): no
-# registry host is written into the repository.
-debian_mirror() {
-    local m=""
-    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-        m=$(awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i !~ /-security$/) {print u; exit}}' \
-            /etc/apt/sources.list.d/debian.sources)
-    fi
-    if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
-        m=$(awk '$1 == "deb" && $3 !~ /-security$/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
-    fi
-    printf '%s' "$m"
-}
+# shellcheck source=../lib/debian-mirror.sh
+. "$E2E_SRC/../lib/debian-mirror.sh"
 MIRROR=${E2E_MIRROR:-$(debian_mirror)}
 SUITE=bookworm
 # One image for host and machines: containerd is only needed in the machines, but a second

@@ -71,18 +71,8 @@ deb_file() {
     printf '%s/debs/%s_%s_%s.deb' "$CACHE" "$pkg" "${ver//:/%3a}" "$arch"
 }
 
-# Same rule as tests/e2e/harness.sh debian_mirror(): first non-security URI of the machine's sources.
-debian_mirror() {
-    local m=""
-    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-        m=$(awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i !~ /-security$/) {print u; exit}}' \
-            /etc/apt/sources.list.d/debian.sources)
-    fi
-    if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
-        m=$(awk '$1 == "deb" && $3 !~ /-security$/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
-    fi
-    printf '%s' "$m"
-}
+# shellcheck source=../lib/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/debian-mirror.sh"
 
 all_cached() {
     local p
