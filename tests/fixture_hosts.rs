@@ -7,6 +7,8 @@
 // Helpers here are test code too (clippy's allow-unwrap-in-tests covers only #[test] fns).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::{run_helper as run, snapshot};
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
@@ -45,19 +47,6 @@ fn host(name: &str) -> tempfile::TempDir {
     dir
 }
 
-fn run(root: &Path, args: &[&str]) -> Output {
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(root)
-        .args(args)
-        .env_remove("NSPAWN_LIFECYCLE_LOG")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
-    out
-}
-
 fn code(out: &Output) -> i32 {
     out.status.code().expect("exited, not killed")
 }
@@ -89,48 +78,6 @@ fn golden(name: &str, actual: &str) {
             .to_string();
         panic!("{name} differs from its golden file (UPDATE_GOLDEN=1 accepts the change):\n{diff}");
     }
-}
-
-/// Everything about a tree that a write would change: type, mode, owner, size, mtime, inode,
-/// device numbers, link targets and file bytes. Paths under `skip` (relative) are left out.
-fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<PathBuf, String> {
-    fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut BTreeMap<PathBuf, String>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        entries.sort();
-        for p in entries {
-            let rel = p.strip_prefix(root).unwrap().to_path_buf();
-            if skip.iter().any(|s| rel.starts_with(s)) {
-                continue;
-            }
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let mut desc = format!(
-                "mode={:o} uid={} gid={} size={} mtime={}.{} ino={} rdev={}",
-                m.mode(),
-                m.uid(),
-                m.gid(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ino(),
-                m.rdev()
-            );
-            if m.file_type().is_symlink() {
-                desc += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
-            } else if m.is_file() {
-                desc += &format!(" bytes={:?}", std::fs::read(&p).unwrap());
-            }
-            out.insert(rel, desc);
-            if m.is_dir() {
-                walk(root, &p, skip, out);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, skip, &mut out);
-    out
 }
 
 /// Like [`assert_same_tree`], ignoring paths under `skip` on both sides (the machine lock under

@@ -13,6 +13,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::run_helper as run;
 use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{self, Verdict};
 use nspawn_lifecycle::fixture;
@@ -23,7 +25,6 @@ use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
 const VERSION: &str = "550.163.01";
 const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
 
@@ -102,18 +103,6 @@ fn real_host(layout: &str) -> tempfile::TempDir {
         .create(dir.path().join("run/nspawn-lifecycle/locks"))
         .unwrap();
     dir
-}
-
-fn run(root: &Path, args: &[&str]) -> Output {
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(root)
-        .args(args)
-        .env_remove("NSPAWN_LIFECYCLE_LOG")
-        .output()
-        .unwrap();
-    assert!(!text(&out.stderr).contains("panicked"), "{args:?} panicked");
-    out
 }
 
 /// Compare with tests/golden/<name>; UPDATE_GOLDEN=1 rewrites it instead.

@@ -7,9 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::snapshot;
 use nspawn_lifecycle::fixture;
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -44,52 +44,9 @@ fn machine() -> tempfile::TempDir {
     dir
 }
 
-type Snapshot = BTreeMap<String, String>;
-
-/// Everything about every entry under `root`, symlinks not followed.
-fn snapshot(root: &Path) -> Snapshot {
-    fn walk(root: &Path, dir: &Path, out: &mut Snapshot) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let md = std::fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let mut v = format!(
-                "mode={:o} uid={} gid={} size={} mtime={}.{} ctime={}.{} ino={} rdev={}",
-                md.mode(),
-                md.uid(),
-                md.gid(),
-                md.size(),
-                md.mtime(),
-                md.mtime_nsec(),
-                md.ctime(),
-                md.ctime_nsec(),
-                md.ino(),
-                md.rdev()
-            );
-            if md.file_type().is_symlink() {
-                v += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
-            } else if md.is_file() {
-                v += &format!(" bytes={:?}", std::fs::read(&p).unwrap());
-            }
-            out.insert(rel, v);
-            if md.is_dir() {
-                walk(root, &p, out);
-            }
-        }
-    }
-    let mut out = Snapshot::new();
-    let md = std::fs::metadata(root).unwrap();
-    out.insert(
-        ".".into(),
-        format!("mtime={}.{}", md.mtime(), md.mtime_nsec()),
-    );
-    walk(root, root, &mut out);
-    out
-}
-
 /// Run `status ARGS` and check it changed nothing under `host` and `machine`.
 fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
-    let (h, m) = (snapshot(host), snapshot(machine));
+    let (h, m) = (snapshot(host, &[]), snapshot(machine, &[]));
     let out = Command::new(BIN)
         .arg("--host-root")
         .arg(host)
@@ -102,10 +59,14 @@ fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
-    assert_eq!(h, snapshot(host), "status {args:?} changed the host tree");
+    assert_eq!(
+        h,
+        snapshot(host, &[]),
+        "status {args:?} changed the host tree"
+    );
     assert_eq!(
         m,
-        snapshot(machine),
+        snapshot(machine, &[]),
         "status {args:?} changed the machine tree"
     );
     assert!(
@@ -190,7 +151,7 @@ fn privileged_status_all_and_bad_input() {
         "{err}"
     );
     // A fixture host without --machine-root has no running machine to ask: exit 2.
-    let h = snapshot(gpus.path());
+    let h = snapshot(gpus.path(), &[]);
     let out = Command::new(BIN)
         .arg("--host-root")
         .arg(gpus.path())
@@ -199,5 +160,5 @@ fn privileged_status_all_and_bad_input() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --machine-root"));
-    assert_eq!(h, snapshot(gpus.path()));
+    assert_eq!(h, snapshot(gpus.path(), &[]));
 }

@@ -17,3 +17,68 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Run the helper with `--host-root root` and `args` (log filter from the environment removed);
+/// a panic in it fails the test.
+pub fn run_helper(root: &Path, args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"))
+        .arg("--host-root")
+        .arg(root)
+        .args(args)
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    out
+}
+
+/// Everything about a tree that a write would change: type, mode, owner, size, mtime, ctime,
+/// inode, device numbers, link targets and file bytes, for every entry and for `root` itself
+/// (`"."`: its mtime and ctime). Paths under `skip` (relative) are left out.
+pub fn snapshot(
+    root: &Path,
+    skip: &[&str],
+) -> std::collections::BTreeMap<std::path::PathBuf, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    type Tree = std::collections::BTreeMap<std::path::PathBuf, String>;
+    fn describe(m: &std::fs::Metadata) -> String {
+        format!(
+            "mode={:o} uid={} gid={} size={} mtime={}.{} ctime={}.{} ino={} rdev={}",
+            m.mode(),
+            m.uid(),
+            m.gid(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+            m.ino(),
+            m.rdev()
+        )
+    }
+    fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut Tree) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if skip.iter().any(|s| rel.starts_with(s)) {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mut desc = describe(&m);
+            if m.file_type().is_symlink() {
+                desc += &format!(" -> {}", std::fs::read_link(&p).unwrap().display());
+            } else if m.is_file() {
+                desc += &format!(" bytes={:?}", std::fs::read(&p).unwrap());
+            }
+            out.insert(rel, desc);
+            if m.is_dir() {
+                walk(root, &p, skip, out);
+            }
+        }
+    }
+    let mut out = Tree::new();
+    out.insert(".".into(), describe(&std::fs::metadata(root).unwrap()));
+    walk(root, root, skip, &mut out);
+    out
+}
