@@ -18,33 +18,24 @@ die() { echo "fetch-lib64-glibc.sh: $*" >&2; exit 1; }
 
 # shellcheck source=../lib/debian-mirror.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/debian-mirror.sh"
+# shellcheck source=../lib/private-apt.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/private-apt.sh"
 
 if [ -e "$CACHE/root/lib64/ld-linux-x86-64.so.2" ]; then
     echo "$CACHE/root"
     exit 0
 fi
 
-mkdir -p "$CACHE/apt/etc/sources.list.d" "$CACHE/apt/etc/preferences.d" "$CACHE/apt/state/lists/partial" \
-    "$CACHE/apt/cache/archives/partial" "$CACHE/debs"
 mirror=$(debian_mirror) || true
 [ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources"
+rm -f "$CACHE/apt/status"
+private_apt_init "$CACHE/apt" amd64 i386
+mkdir -p "$CACHE/debs"
 # The host's release (bookworm): the glibc of the same version as the gcc that builds the probe.
-cat > "$CACHE/apt/etc/sources.list.d/debian.sources" <<SRC
-Types: deb
-URIs: $mirror
-Suites: bookworm
-Components: main
-Architectures: i386
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-: > "$CACHE/apt/etc/apt.conf"
-: > "$CACHE/apt/status"
-APT=(apt-get -q -o "Dir::Etc=$CACHE/apt/etc" -o "Dir::Etc::sourcelist=/dev/null"
-    -o "Dir::Etc::sourceparts=$CACHE/apt/etc/sources.list.d" -o "Dir::State=$CACHE/apt/state"
-    -o "Dir::State::status=$CACHE/apt/status" -o "Dir::Cache=$CACHE/apt/cache"
-    -o "APT::Architectures::=i386" -o "Debug::NoLocking=1")
-"${APT[@]}" update >&2 || die "apt-get update failed"
-(cd "$CACHE/debs" && "${APT[@]}" download "$PKG" >&2) || die "apt-get download $PKG failed"
+echo "deb [arch=i386 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm main" \
+    >"$CACHE/apt/etc/sources.list"
+private_apt "$CACHE/apt" update >&2 || die "apt-get update failed"
+(cd "$CACHE/debs" && private_apt "$CACHE/apt" download "$PKG" >&2) || die "apt-get download $PKG failed"
 deb=$(ls "$CACHE"/debs/libc6-amd64_*_i386.deb | head -1)
 rm -rf "$CACHE/root.tmp"
 dpkg-deb -x "$deb" "$CACHE/root.tmp"

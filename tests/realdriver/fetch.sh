@@ -73,6 +73,8 @@ deb_file() {
 
 # shellcheck source=../lib/debian-mirror.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/debian-mirror.sh"
+# shellcheck source=../lib/private-apt.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/private-apt.sh"
 
 all_cached() {
     local p
@@ -93,32 +95,14 @@ do_fetch() {
     local mirror=${NVIDIA_DEBS_MIRROR:-$(debian_mirror)}
     [ -n "$mirror" ] || die "no Debian mirror found in /etc/apt/sources.list.d/debian.sources (set NVIDIA_DEBS_MIRROR)"
     local a=$CACHE/apt
-    mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/etc/apt.conf.d" \
-        "$a/etc/preferences.d" "$a/etc/trusted.gpg.d" "$CACHE/debs"
-    : >"$a/status"
+    rm -f "$a/status"
+    private_apt_init "$a" amd64
+    mkdir -p "$CACHE/debs"
     printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main contrib non-free non-free-firmware\n' \
         "$mirror" "$SUITE" >"$a/etc/sources.list"
-    # Every Dir the download touches points into the cache: the machine's sources, lists, status
-    # and archive cache are neither read nor written.
-    cat >"$a/apt.conf" <<EOF
-Dir::Etc "$a/etc";
-Dir::Etc::sourcelist "$a/etc/sources.list";
-Dir::Etc::sourceparts "-";
-Dir::Etc::parts "$a/etc/apt.conf.d";
-Dir::Etc::preferencesparts "$a/etc/preferences.d";
-Dir::Etc::trustedparts "$a/etc/trusted.gpg.d";
-Dir::State "$a";
-Dir::State::lists "$a/lists";
-Dir::State::status "$a/status";
-Dir::Cache "$a/cache";
-APT::Architecture "amd64";
-APT::Architectures { "amd64"; };
-Acquire::Languages "none";
-APT::Sandbox::User "root";
-EOF
     log "downloading ${#PACKAGES[@]} packages of $SUITE from $mirror into $CACHE/debs"
-    APT_CONFIG=$a/apt.conf apt-get -q update >&2 || die "apt-get update of $SUITE failed (private config $a/apt.conf)"
-    (cd "$CACHE/debs" && APT_CONFIG=$a/apt.conf apt-get -q download "${PACKAGES[@]}" >&2) ||
+    private_apt "$a" update >&2 || die "apt-get update of $SUITE failed (private config $a/apt.conf)"
+    (cd "$CACHE/debs" && private_apt "$a" download "${PACKAGES[@]}" >&2) ||
         die "apt-get download failed; is $SUITE's $DEB_VERSION still on the mirror?"
     local p
     for p in "${PACKAGES[@]}"; do

@@ -14,6 +14,9 @@
 # python3-grpcio/protobuf for the CRI client. The closure is computed against the machine image's
 # own dpkg status, so exactly what the image lacks is downloaded.
 
+# shellcheck source=../../lib/private-apt.sh
+. "$E2E_SRC/../lib/private-apt.sh"
+
 ENG_CACHE=${E2E_ENGINES_CACHE:-/var/tmp/nspawn-lifecycle-engines}
 ENG_MACHINE_PKGS="podman crun runc iptables containerd/trixie python3-grpcio python3-protobuf"
 ENG_LIBDIR=usr/lib/x86_64-linux-gnu
@@ -28,7 +31,7 @@ _eng_apt_setup() {
     [ -n "$mirror" ] || { echo "no Debian mirror (set E2E_MIRROR)" >&2; return 1; }
     sec=$(awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i ~ /-security$/) {print u; exit}}' \
         /etc/apt/sources.list.d/debian.sources 2>/dev/null)
-    mkdir -p "$a/etc/apt.conf.d" "$a/etc/preferences.d" "$a/lists/partial" "$a/cache/archives/partial"
+    private_apt_init "$a" amd64 i386
     {
         echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm main"
         echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm-updates main"
@@ -36,26 +39,10 @@ _eng_apt_setup() {
         echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main"
     } > "$a/etc/sources.list"
     printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' > "$a/etc/preferences.d/trixie"
-    cat > "$a/apt.conf" <<EOF
-Dir::Etc "$a/etc";
-Dir::Etc::sourcelist "$a/etc/sources.list";
-Dir::Etc::sourceparts "-";
-Dir::Etc::parts "$a/etc/apt.conf.d";
-Dir::Etc::preferencesparts "$a/etc/preferences.d";
-Dir::State "$a";
-Dir::State::lists "$a/lists";
-Dir::State::status "$a/status";
-Dir::Cache "$a/cache";
-APT::Architecture "amd64";
-APT::Architectures { "amd64"; "i386"; };
-APT::Install-Recommends "false";
-Acquire::Languages "none";
-Debug::NoLocking "true";
-EOF
     # the machine image's packages: the closure is what it lacks
     cp "$ROOTFS/var/lib/dpkg/status" "$a/status"
 }
-_eng_apt() { APT_CONFIG=$ENG_CACHE/apt/apt.conf apt-get -q -o Dpkg::Use-Pty=0 "$@"; }
+_eng_apt() { private_apt "$ENG_CACHE/apt" "$@"; }
 
 # The packages the machine needs, in a dir, and install.sh replaying apt's own plan (Inst = unpack,
 # Conf = configure): `dpkg -i *.deb` in name order breaks on Pre-Depends (pitfall 5).

@@ -1,0 +1,43 @@
+# shellcheck shell=bash
+# A private apt configuration: every directory apt reads or writes lies under one directory of the
+# caller's cache, so the machine's own sources, lists, dpkg status and archive cache are neither
+# read nor written (the rule: use the mirror's other suites, never change the machine's sources).
+# Used by tests/realdriver/fetch.sh, tests/cdihooks/fetch-lib64-glibc.sh and tests/e2e/lib/engines.sh.
+#
+#   private_apt_init DIR ARCH...  make DIR's layout and DIR/apt.conf; the first ARCH is native.
+#                                 The caller then writes DIR/etc/sources.list (one-line format),
+#                                 and may write DIR/etc/preferences.d/* and DIR/status (dpkg
+#                                 status apt plans against; empty unless the caller fills it).
+#   private_apt DIR ARGS...       apt-get under that configuration
+private_apt_init() {
+    local a=$1 native=$2 arch archs=""
+    shift
+    for arch in "$@"; do archs+="\"$arch\"; "; done
+    mkdir -p "$a/etc/apt.conf.d" "$a/etc/preferences.d" "$a/etc/trusted.gpg.d" \
+        "$a/lists/partial" "$a/cache/archives/partial"
+    [ -e "$a/status" ] || : >"$a/status"
+    cat >"$a/apt.conf" <<EOF
+Dir::Etc "$a/etc";
+Dir::Etc::sourcelist "$a/etc/sources.list";
+Dir::Etc::sourceparts "-";
+Dir::Etc::parts "$a/etc/apt.conf.d";
+Dir::Etc::preferencesparts "$a/etc/preferences.d";
+Dir::Etc::trustedparts "$a/etc/trusted.gpg.d";
+Dir::State "$a";
+Dir::State::lists "$a/lists";
+Dir::State::status "$a/status";
+Dir::Cache "$a/cache";
+APT::Architecture "$native";
+APT::Architectures { $archs};
+APT::Install-Recommends "false";
+Acquire::Languages "none";
+APT::Sandbox::User "root";
+Debug::NoLocking "true";
+EOF
+}
+
+private_apt() {
+    local a=$1
+    shift
+    APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 "$@"
+}
