@@ -91,7 +91,11 @@ nfiles=$(M find "$DR/usr/lib" -type f | wc -l)
 nmounts=$(M cat /proc/self/mountinfo | awk -v dr="$DR" '$5 == dr || index($5, dr "/") == 1' | wc -l)
 nsoname=$(M find "$DR" -type l | wc -l)
 info "driver root in kube1: $nfiles library files, $nsoname SONAME links, $nmounts mounts"
-assert_cmd "$(c driver-root-no-mount-per-name)" test "$nsoname" -gt 0 -a "$nmounts" -gt "$nfiles" -a "$nmounts" -lt $((nfiles + nsoname))
+# One mount per driver-root bind line of the .nspawn file (tree, files, tools, firmware,
+# sockets) and none per SONAME: the names are links (per-name binds made them files).
+nbinds=$(grep -c ':/run/nvidia/driver' <<< "$nf")
+assert_eq "$(c driver-root-one-mount-per-bind-line)" "$nbinds" "$nmounts"
+assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0 -a "$nmounts" -gt "$nfiles"
 assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
 assert_match "$(c nvidia-smi-on-path)" "Driver Version: $DRIVER_VERSION" "$(M /bin/sh -c 'command -v nvidia-smi && nvidia-smi' 2>&1)"
 assert_eq "$(c nvidia-smi-link)" "/run/nvidia/driver/usr/bin/nvidia-smi" "$(M readlink /usr/bin/nvidia-smi 2>&1)"
