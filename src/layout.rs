@@ -1,19 +1,23 @@
 //! Where host driver files appear inside the machine: the driver root, laid out as a driver install.
 //!
-//! One mapping shared by the `.nspawn` renderer (which binds every host driver file read-only into
-//! the driver root), post-start's check of that tree, its links into it, and the CDI spec (which
-//! points at the tree's files).
+//! One mapping shared by the `.nspawn` renderer, pre-start's host tree (src/driver_tree.rs),
+//! post-start's check of the driver root, its links into it, and the CDI spec (which points at the
+//! tree's files).
 //!
-//! The driver root `/run/nvidia/driver` is made entirely of read-only bind mounts that
-//! systemd-nspawn sets up before the machine boots: each library at
-//! `usr/lib/<triplet>/<name>` and, bound again from the same host file, at its SONAME (nspawn
-//! cannot make symlinks, and a link out of the tree is what NVIDIA's tools cannot follow), each
-//! binary at `usr/bin/<name>`, the firmware directory at `lib/firmware/nvidia/<version>`, and the
-//! daemons' socket directories at `run/<name>`. Every entry is a real file or directory inside
-//! the tree, so the tree resolves on its own wherever it is seen: at `/run/nvidia/driver` in the
-//! machine, or bound at `/driver-root` in a pod (what the NVIDIA device plugin, GPU Operator and
-//! `nvidia-ctk --driver-root` do). It exists complete from the first instant of the boot and
-//! changes only with the machine, so no service can see it half-built or stale.
+//! The driver root `/run/nvidia/driver` is pre-start's host tree ([`driver_tree`]) bound
+//! read-only ([`tree_bind`]), with one read-only bind per host driver file on the tree's mount
+//! points ([`driver_binds`]): each library at `usr/lib/<triplet>/<name>`, each binary at
+//! `usr/bin/<name>`, the firmware directory at `lib/firmware/nvidia/<version>`, the daemons'
+//! socket directories at `run/<name>`. Each SONAME is a link in the tree to the library file
+//! beside it, as `ldconfig` makes it on a real install. Every name resolves inside the tree, so
+//! the tree works wherever it is seen: at `/run/nvidia/driver` in the machine, or bound at
+//! `/driver-root` in a pod (what the NVIDIA device plugin, GPU Operator and
+//! `nvidia-ctk --driver-root` do). Library files must be real files at their standard names:
+//! `nvidia-ctk` resolves links and mounts a library at its resolved path, so a link to a bound
+//! host directory elsewhere in the tree would move the library in every container (issue 12).
+//! The tree exists complete from the first instant of the boot and changes only with the
+//! machine, so no service can see it half-built or stale. Each mount costs the machine's systemd
+//! a mount unit at boot and an unmount at shutdown, hence no bind per name.
 
 use crate::discovery::UserspaceDriver;
 use crate::paths::{HostPath, MachinePath};
@@ -65,9 +69,92 @@ fn machine_path(what: &str, p: String) -> Result<MachinePath> {
     })
 }
 
-/// The binds that make the driver root, in a stable order: per library directory (discovery
-/// order) its files then their SONAME names, then binaries, firmware, IPC socket directories.
-/// A path of the tree is bound once: of two host directories for one triplet the first wins.
+/// Where pre-start builds each machine's driver tree on the host (`<this>/<machine>`), bound
+/// read-only at [`DRIVER_ROOT`] by the `.nspawn` file. Its own directory, not beside `locks/` or
+/// the unit gate, so no machine name can collide with them.
+pub const TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
+
+/// The host path of `machine`'s driver tree.
+pub fn tree_host_path(machine: &str) -> String {
+    format!("{TREE_HOST_DIR}/{machine}")
+}
+
+/// The read-only bind of `machine`'s host tree at [`DRIVER_ROOT`]. systemd-nspawn sorts its binds
+/// by target, so this one is made before the per-file binds of [`driver_binds`] inside it, whose
+/// mount points the tree holds.
+pub fn tree_bind(machine: &str) -> Result<Bind> {
+    Ok(Bind {
+        source: host_path("driver tree", tree_host_path(machine))?,
+        target: machine_path("driver tree", DRIVER_ROOT.to_owned())?,
+        read_only: true,
+        dir: true,
+    })
+}
+
+/// One node of the driver tree pre-start builds on the host (paths relative to its top).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TreeNode {
+    /// A directory: a parent of other nodes, or the mount point of a directory bind.
+    Dir,
+    /// An empty file: the mount point of a file bind.
+    File,
+    /// A relative symlink to a name in the same directory (a SONAME to its library file).
+    Link(String),
+}
+
+/// The driver tree: every path of [`DRIVER_ROOT`], relative to it, and what it is on the host.
+/// With the per-file binds inside it, it is the driver root the machine sees.
+pub type Tree = std::collections::BTreeMap<String, TreeNode>;
+
+/// The tree for `driver`: mount points for every bind of [`driver_binds`], their parent
+/// directories, and each SONAME as a link to its library file beside it (what `ldconfig`
+/// makes on a real install, and what NVIDIA's tools resolve). A name already taken (two host
+/// directories of one triplet: the first wins) is not linked again.
+pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
+    let mut tree = Tree::new();
+    let rel = |t: &str| -> String {
+        t.strip_prefix(DRIVER_ROOT)
+            .and_then(|r| r.strip_prefix('/'))
+            .expect("driver binds are inside DRIVER_ROOT")
+            .to_owned()
+    };
+    let add_parents = |tree: &mut Tree, p: &str| {
+        let comps: Vec<&str> = p.split('/').collect();
+        for i in 1..comps.len() {
+            tree.insert(comps[..i].join("/"), TreeNode::Dir);
+        }
+    };
+    for b in driver_binds(driver)? {
+        let p = rel(b.target.as_str());
+        add_parents(&mut tree, &p);
+        tree.insert(p, if b.dir { TreeNode::Dir } else { TreeNode::File });
+    }
+    for e in driver_entries(driver) {
+        if e.kind != EntryKind::SonameLink {
+            continue;
+        }
+        let p = rel(&format!("{DRIVER_ROOT}{}", e.path));
+        if tree.contains_key(&p) {
+            continue;
+        }
+        machine_path("driver library SONAME", format!("{DRIVER_ROOT}/{p}"))?;
+        let name = p.rsplit('/').next().unwrap_or(&p);
+        if [".", ".."].contains(&name) || e.path.ends_with('/') {
+            anyhow::bail!(
+                "driver library SONAME {:?} cannot be a name in the tree",
+                e.path
+            );
+        }
+        tree.insert(p, TreeNode::Link(e.source));
+    }
+    Ok(tree)
+}
+
+/// The binds inside the driver tree, in a stable order: per library directory (discovery order)
+/// its files, then binaries, firmware, IPC socket directories. SONAME names are links in the
+/// tree ([`driver_tree`]), not binds: each mount costs the machine's systemd a mount unit at boot
+/// and an unmount at shutdown. A path of the tree is bound once: of two host directories for one
+/// triplet the first wins.
 pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
     let mut binds = Vec::new();
     let mut seen = BTreeSet::new();
@@ -92,18 +179,6 @@ pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
                 format!("{DRIVER_ROOT}/usr/lib/{}/{}", dir.triplet, f.name),
                 false,
             )?;
-        }
-        for f in &dir.files {
-            if let Some(soname) = &f.soname {
-                let (sub, _) = split_dir(&f.name);
-                push(
-                    &mut binds,
-                    "driver library SONAME",
-                    format!("{}/{}", dir.path, f.name),
-                    format!("{DRIVER_ROOT}/usr/lib/{}/{sub}{soname}", dir.triplet),
-                    false,
-                )?;
-            }
         }
     }
     for bin in &driver.binaries {
@@ -278,8 +353,9 @@ mod tests {
         assert!(writable.is_empty(), "writable driver binds: {writable:?}");
     }
 
-    /// Issue 11 item 1: every name in the driver root, SONAMEs included, is a bind of a host
-    /// file inside the tree, never a link out of it.
+    /// Issue 11 item 1: every file of the driver root is a bind of a host file inside the tree,
+    /// never a link out of it. Issue 12: one bind per file, not per name; the SONAMEs are links
+    /// of the tree ([`driver_tree`]).
     #[test]
     fn the_driver_root_is_binds_of_host_files_at_every_name() {
         let binds = driver_binds(&driver()).unwrap();
@@ -298,16 +374,6 @@ mod tests {
                 (
                     "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
                     "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
-                    false
-                ),
-                (
-                    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
-                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-                    false
-                ),
-                (
-                    "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
-                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.1",
                     false
                 ),
                 (
@@ -335,6 +401,58 @@ mod tests {
         );
     }
 
+    /// Issue 12: the tree holds the mount point of every bind, its parents, and each SONAME as
+    /// a link to the file beside it; nothing links out of its own directory.
+    #[test]
+    fn the_tree_has_mount_points_and_soname_links_beside_their_files() {
+        let tree = driver_tree(&driver()).unwrap();
+        let got: Vec<_> = tree.iter().map(|(p, n)| (p.as_str(), n.clone())).collect();
+        let l = |t: &str| TreeNode::Link(t.to_owned());
+        assert_eq!(
+            got,
+            [
+                ("lib", TreeNode::Dir),
+                ("lib/firmware", TreeNode::Dir),
+                ("lib/firmware/nvidia", TreeNode::Dir),
+                ("lib/firmware/nvidia/580.82.07", TreeNode::Dir),
+                ("run", TreeNode::Dir),
+                ("run/nvidia-persistenced", TreeNode::Dir),
+                ("usr", TreeNode::Dir),
+                ("usr/bin", TreeNode::Dir),
+                ("usr/bin/nvidia-smi", TreeNode::File),
+                ("usr/lib", TreeNode::Dir),
+                ("usr/lib/x86_64-linux-gnu", TreeNode::Dir),
+                (
+                    "usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    l("libcuda.so.580.82.07")
+                ),
+                (
+                    "usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
+                    TreeNode::File
+                ),
+                ("usr/lib/x86_64-linux-gnu/vdpau", TreeNode::Dir),
+                (
+                    "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.1",
+                    l("libvdpau_nvidia.so.580.82.07")
+                ),
+                (
+                    "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
+                    TreeNode::File
+                ),
+            ]
+        );
+        let b = tree_bind("kube1").unwrap();
+        assert_eq!(
+            (b.source.as_str(), b.target.as_str(), b.read_only, b.dir),
+            (
+                "/run/nspawn-lifecycle/driver-root/kube1",
+                DRIVER_ROOT,
+                true,
+                true
+            )
+        );
+    }
+
     #[test]
     fn every_entry_source_is_in_the_driver_root_where_a_bind_puts_it() {
         let d = driver();
@@ -353,8 +471,10 @@ mod tests {
                             .any(|l| l.kind == EntryKind::Library && l.path == lib),
                         "{e:?}"
                     );
-                    assert!(
-                        targets.contains(&format!("{DRIVER_ROOT}{}", e.path)),
+                    let tree = driver_tree(&d).unwrap();
+                    assert_eq!(
+                        tree.get(e.path.trim_start_matches('/')),
+                        Some(&TreeNode::Link(e.source.clone())),
                         "{e:?}"
                     );
                 }
@@ -381,7 +501,7 @@ mod tests {
         let binds = driver_binds(&d).unwrap();
         let cuda: Vec<_> = binds
             .iter()
-            .filter(|b| b.target.ends_with("/libcuda.so.1"))
+            .filter(|b| b.target.ends_with("/libcuda.so.580.82.07"))
             .map(|b| b.source.as_str())
             .collect();
         assert_eq!(cuda, ["/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07"]);

@@ -394,6 +394,13 @@ impl MachineDir {
         Ok((st.st_dev, st.st_ino))
     }
 
+    /// Whether this directory is on a read-only mount.
+    pub fn read_only(&self) -> Result<bool> {
+        let st = nix::sys::statvfs::fstatvfs(&self.fd)
+            .with_context(|| format!("statvfs {} in the machine", self.path))?;
+        Ok(st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+    }
+
     /// `lstat` of `name`; `None` when missing.
     pub fn stat(&self, name: &str) -> Result<Option<FileStat>> {
         check_name(name)?;

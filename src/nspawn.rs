@@ -139,8 +139,11 @@ impl NspawnFile {
                 for dev in &inv.devices {
                     binds.push(same(&dev.path, false));
                 }
-                // The driver root, one read-only bind per file and per name (src/layout.rs).
-                for b in layout::driver_binds(driver)? {
+                // The driver root: pre-start's host tree, read-only, with the per-file binds
+                // on its mount points (src/layout.rs, src/driver_tree.rs).
+                for b in std::iter::once(layout::tree_bind(machine.as_str())?)
+                    .chain(layout::driver_binds(driver)?)
+                {
                     binds.push(BindLine {
                         source: b.source,
                         target: b.target,

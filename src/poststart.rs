@@ -302,6 +302,22 @@ fn bind_driver_root(
         )
         .with_context(|| format!("rewire-root: read-only {}", b.target))?;
     }
+    // The SONAME links of pre-start's host tree, then the tree read-only, as nspawn binds it.
+    for (rel, node) in crate::layout::driver_tree(driver)? {
+        if let crate::layout::TreeNode::Link(to) = node {
+            let at = format!("{base}/{rel}");
+            std::os::unix::fs::symlink(&to, &at)
+                .with_context(|| format!("rewire-root: link {rel} -> {to}"))?;
+        }
+    }
+    mount(
+        None::<&str>,
+        base.as_str(),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .with_context(|| format!("rewire-root: read-only {}", crate::layout::DRIVER_ROOT))?;
     Ok(())
 }
 

@@ -22,6 +22,8 @@ pub struct Rendered {
     pub new: String,
     /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
     pub gate: bool,
+    /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
+    pub tree: Option<crate::layout::Tree>,
 }
 
 /// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
@@ -32,6 +34,10 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
     let file = NspawnFile::render(machine, &inv, mc, has_lib_modules, ctx.config.helper_path())?;
     let (new, gate) = (file.to_string(), file.binds_gate());
+    let tree = inv
+        .complete_driver()
+        .map(crate::layout::driver_tree)
+        .transpose()?;
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -43,6 +49,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         old,
         new,
         gate,
+        tree,
     })
 }
 
@@ -86,6 +93,12 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     // The bind's source first: nspawn refuses to start when it is missing.
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
+    }
+    if let Some(tree) = &r.tree
+        && crate::driver_tree::ensure(&ctx.host, machine.as_str(), tree)?
+    {
+        let dir = crate::layout::tree_host_path(machine.as_str());
+        tracing::info!(%machine, %dir, entries = tree.len(), "driver tree built");
     }
     if write_if_changed(
         &r.host_path,

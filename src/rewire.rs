@@ -4,9 +4,10 @@
 //! Everything goes through a [`MachineRoot`], so a hostile rootfs cannot redirect a write, a
 //! replace or a delete to the host. Each step returns a [`Report`] the caller logs as one line.
 //!
-//! The driver root `/run/nvidia/driver` is not built here: systemd-nspawn makes it at boot from
-//! the read-only binds pre-start renders (src/layout.rs), so it exists whole before any service
-//! of the machine starts and changes only with the machine. Post-start checks it against the
+//! The driver root `/run/nvidia/driver` is not built here: it is pre-start's host tree with the
+//! per-file binds on it, which systemd-nspawn mounts at boot (src/layout.rs,
+//! src/driver_tree.rs), so it exists whole before any service of the machine starts and changes
+//! only with the machine. Post-start checks it against the
 //! host ([`verify_driver_root`]) before anything points into it.
 //!
 //! Link targets:
@@ -129,9 +130,10 @@ struct Wanted {
 const MAX_NAMED: usize = 10;
 
 /// Check the driver root that systemd-nspawn made at this boot from the `.nspawn` file's binds
-/// (src/layout.rs) against the host's driver as discovered now: every bind is at its path and
-/// is the very host file or directory discovery names (same device and inode: a bind mount
-/// shows the inode of its source), and the tree holds nothing else. Reads only. An error names
+/// (src/layout.rs) against the host's driver as discovered now: it is read-only, every bind is
+/// at its path and is the very host file or directory discovery names (same device and inode: a
+/// bind mount shows the inode of its source), every SONAME is the link to the file beside it,
+/// and the tree holds nothing else. Reads only. An error names
 /// what is missing, different or extra: the machine then runs with binds rendered for another
 /// host state (the driver changed after pre-start, or the machine was started without our
 /// pre-start), and only a new start (which renders the binds again) can fix that. Returns the
@@ -143,6 +145,20 @@ pub fn verify_driver_root(
 ) -> Result<usize> {
     let mut wanted: BTreeMap<String, Wanted> = BTreeMap::new();
     let mut parents: BTreeSet<String> = BTreeSet::new();
+    // SONAME names: links in the tree to the library file beside them (src/layout.rs).
+    let links: BTreeMap<String, String> = crate::layout::driver_tree(driver)?
+        .into_iter()
+        .filter_map(|(p, n)| match n {
+            crate::layout::TreeNode::Link(t) => Some((p, t)),
+            _ => None,
+        })
+        .collect();
+    for p in links.keys() {
+        let comps: Vec<&str> = p.split('/').collect();
+        for i in 1..comps.len() {
+            parents.insert(comps[..i].join("/"));
+        }
+    }
     for b in driver_binds(driver)? {
         let rel = b
             .target
@@ -189,6 +205,13 @@ pub fn verify_driver_root(
         Lookup::NotDir => bail!("{parent} in the machine is not a directory"),
     };
 
+    if !top.read_only()? {
+        bail!(
+            "the driver root {DRIVER_ROOT} in the machine is writable: it must be pre-start's \
+             host tree bound read-only by the .nspawn file, so this machine was started without \
+             it; restart it through its systemd-nspawn@.service unit"
+        );
+    }
     let mut seen = BTreeSet::new();
     let (mut different, mut extra) = (Vec::new(), Vec::new());
     let mut stack = vec![(String::new(), top)];
@@ -207,7 +230,16 @@ pub fn verify_driver_root(
                 continue;
             };
             let kind = FileKind::from_stat(&st);
-            if let Some(w) = wanted.get(&rel) {
+            if let Some(target) = links.get(&rel) {
+                seen.insert(rel.clone());
+                // The link's name resolves to its library only through a link to it; that the
+                // library is the host's is checked at the library's own name.
+                let got = dir.read_link(entry)?;
+                if kind != FileKind::Symlink || got.as_deref() != Some(std::ffi::OsStr::new(target))
+                {
+                    different.push(dir.child(entry));
+                }
+            } else if let Some(w) = wanted.get(&rel) {
                 seen.insert(rel.clone());
                 let right_kind = if w.dir {
                     kind == FileKind::Dir
@@ -232,11 +264,12 @@ pub fn verify_driver_root(
     }
     let missing: Vec<String> = wanted
         .keys()
+        .chain(links.keys())
         .filter(|k| !seen.contains(*k))
         .map(|k| format!("{DRIVER_ROOT}/{k}"))
         .collect();
     if missing.is_empty() && different.is_empty() && extra.is_empty() {
-        return Ok(wanted.len());
+        return Ok(wanted.len() + links.len());
     }
     let mut why = Vec::new();
     for (label, list) in [

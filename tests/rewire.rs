@@ -221,13 +221,24 @@ fn privileged_driver_root_of_binds_matches_the_host() {
     let n = rewire::verify_driver_root(&root, &hr, driver).unwrap();
     // 4 x86_64 files + 3 SONAMEs, 1 i386 file + 1 SONAME, 2 tools, firmware, 1 socket dir.
     assert_eq!(n, 13);
-    // Every entry is a file or directory inside the tree, none a link out of it.
+    // Every entry is a file or directory inside the tree, or a SONAME link to the file beside
+    // it (issue 12: links of the host tree, not binds), none a link out of its directory.
+    let mut links = 0;
     for line in listing(&dir.path().join("run/nvidia/driver")).lines() {
-        assert!(
-            !line.contains(" l -> "),
-            "a link in the driver root: {line}"
-        );
+        if let Some((_, t)) = line.split_once(" l -> ") {
+            links += 1;
+            assert!(!t.contains('/'), "a link out of its directory: {line}");
+        }
     }
+    assert_eq!(links, 4);
+    // Read-only in the machine: its root cannot plant or replace anything there.
+    let e = std::fs::write(
+        dir.path()
+            .join("run/nvidia/driver/usr/lib/x86_64-linux-gnu/planted"),
+        "x",
+    )
+    .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     let so1 = dir
         .path()
         .join("run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1");
@@ -274,14 +285,13 @@ fn privileged_a_driver_root_of_another_version_is_refused_by_name() {
 fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
-    let (_binds, host, dir, root) = machine_with_driver_root(&inv);
+    let (_binds, host, _dir, root) = machine_with_driver_root(&inv);
     let hr = nspawn_lifecycle::host::HostRoot::new(host.path());
-    std::fs::write(
-        dir.path()
-            .join("run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so"),
-        "planted",
-    )
-    .unwrap();
+    // The tree is read-only in the machine; planted on the host side, it shows there.
+    let tree = host
+        .path()
+        .join("run/nspawn-lifecycle/driver-root/kube1/usr/lib/x86_64-linux-gnu/libcuda.so");
+    std::fs::write(&tree, "planted").unwrap();
     let e = format!(
         "{:#}",
         rewire::verify_driver_root(&root, &hr, driver).unwrap_err()
@@ -292,11 +302,7 @@ fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
         ),
         "{e}"
     );
-    std::fs::remove_file(
-        dir.path()
-            .join("run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so"),
-    )
-    .unwrap();
+    std::fs::remove_file(&tree).unwrap();
     let smi = host.path().join("usr/bin/nvidia-smi");
     std::fs::remove_file(&smi).unwrap();
     std::fs::write(&smi, "reinstalled").unwrap();
@@ -331,6 +337,18 @@ fn a_missing_or_planted_driver_root_is_refused_not_followed() {
         rewire::verify_driver_root(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
     );
     assert!(e.contains("is a symlink, not the driver root"), "{e}");
+    // A writable directory there (a machine started without pre-start's tree bind): refused
+    // before anything in it is trusted.
+    std::fs::remove_file(dir.path().join("run/nvidia/driver")).unwrap();
+    std::fs::create_dir_all(dir.path().join("run/nvidia/driver")).unwrap();
+    let e = format!(
+        "{:#}",
+        rewire::verify_driver_root(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
+    );
+    assert!(
+        e.contains("/run/nvidia/driver in the machine is writable"),
+        "{e}"
+    );
 }
 
 #[test]

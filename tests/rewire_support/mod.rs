@@ -315,14 +315,20 @@ pub struct DriverRootBinds {
 impl DriverRootBinds {
     pub fn mount(machine: &Path, host: &Path, driver: &UserspaceDriver) -> DriverRootBinds {
         use nix::mount::{MsFlags, mount};
+        use nspawn_lifecycle::layout;
         let mut out = DriverRootBinds { mounts: Vec::new() };
-        for b in nspawn_lifecycle::layout::driver_binds(driver).unwrap() {
+        // As pre-start and nspawn do: the host tree, then its bind and the per-file binds on
+        // its mount points, in nspawn's order (by target).
+        let tree = layout::driver_tree(driver).unwrap();
+        let hr = nspawn_lifecycle::host::HostRoot::new(host);
+        nspawn_lifecycle::driver_tree::ensure(&hr, "kube1", &tree).unwrap();
+        let mut binds = vec![layout::tree_bind("kube1").unwrap()];
+        binds.extend(layout::driver_binds(driver).unwrap());
+        binds.sort_by(|a, b| a.target.as_str().cmp(b.target.as_str()));
+        for b in binds {
             let target = machine.join(b.target.trim_start_matches('/'));
-            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-            if b.dir {
+            if !target.exists() {
                 std::fs::create_dir_all(&target).unwrap();
-            } else {
-                std::fs::write(&target, "").unwrap();
             }
             let source = host.join(b.source.trim_start_matches('/'));
             mount(

@@ -58,7 +58,9 @@ done
 # The driver root is read-only binds of the host's files, one per file and per SONAME (issue 11);
 # no whole host library directory is bound any more.
 assert_match "$(c nspawn-libcuda-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
-assert_match "$(c nspawn-libcuda-soname-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
+# Issue 12: the SONAME is a link of the host tree, not a bind; the tree is bound read-only.
+assert_no_match "$(c nspawn-no-soname-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
+assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/run/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
 assert_no_match "$(c nspawn-no-whole-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu(:|$)' "$nf"
 assert_no_match "$(c nspawn-no-host-nvidia)" '/run/host-nvidia' "$nf"
 assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia/$DRIVER_VERSION:/run/nvidia/driver/lib/firmware/nvidia/$DRIVER_VERSION\$" "$nf"
@@ -78,8 +80,22 @@ assert_cmd "$(c driver-root-libcuda)" M test -e "$DR$ML/libcuda.so.$DRIVER_VERSI
 assert_cmd "$(c driver-root-libcuda-soname)" M test -e "$DR$ML/libcuda.so.1"
 assert_cmd "$(c driver-root-libnvidia-ml)" M test -e "$DR$ML/libnvidia-ml.so.$DRIVER_VERSION"
 assert_cmd "$(c driver-root-vdpau)" M test -e "$DR$ML/vdpau/libvdpau_nvidia.so.$DRIVER_VERSION"
-assert_eq "$(c driver-root-has-no-symlink)" "" "$(M find "$DR" -type l 2>&1)"
-assert_eq "$(c driver-root-libcuda-is-a-file)" "$DR$ML/libcuda.so.1" "$(M readlink -f "$DR$ML/libcuda.so.1" 2>&1)"
+# Issue 12: SONAMEs are links of pre-start's host tree to the file beside them, not binds; no
+# link leaves its directory. Files are binds: one mount per file, none per name.
+assert_eq "$(c driver-root-links-stay-in-their-directory)" "" "$(M find "$DR" -type l -lname '*/*' 2>&1)"
+assert_eq "$(c driver-root-libcuda-soname-link)" "libcuda.so.$DRIVER_VERSION" "$(M readlink "$DR$ML/libcuda.so.1" 2>&1)"
+assert_eq "$(c driver-root-libcuda-is-a-file)" "$DR$ML/libcuda.so.$DRIVER_VERSION" "$(M readlink -f "$DR$ML/libcuda.so.1" 2>&1)"
+assert_cmd "$(c driver-root-read-only)" M sh -c "! touch $DR/planted 2>/dev/null"
+nfiles=$(M find "$DR/usr/lib" -type f | wc -l)
+# (awk on this side: systemd-run would expand the program's $5.)
+nmounts=$(M cat /proc/self/mountinfo | awk -v dr="$DR" '$5 == dr || index($5, dr "/") == 1' | wc -l)
+nsoname=$(M find "$DR" -type l | wc -l)
+info "driver root in kube1: $nfiles library files, $nsoname SONAME links, $nmounts mounts"
+# One mount per driver-root bind line of the .nspawn file (tree, files, tools, firmware,
+# sockets) and none per SONAME: the names are links (per-name binds made them files).
+nbinds=$(grep -c ':/run/nvidia/driver' <<< "$nf")
+assert_eq "$(c driver-root-one-mount-per-bind-line)" "$nbinds" "$nmounts"
+assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0 -a "$nmounts" -gt "$nfiles"
 assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
 assert_match "$(c nvidia-smi-on-path)" "Driver Version: $DRIVER_VERSION" "$(M /bin/sh -c 'command -v nvidia-smi && nvidia-smi' 2>&1)"
 assert_eq "$(c nvidia-smi-link)" "/run/nvidia/driver/usr/bin/nvidia-smi" "$(M readlink /usr/bin/nvidia-smi 2>&1)"

@@ -79,7 +79,9 @@ assert_eq "$(c restart-on-failure)" on-failure "$(uprop Restart kube1)"
 assert_eq "$(c start-limit-off)" 0 "$(uprop StartLimitIntervalUSec kube1)"
 nf=$(nspawn_file kube1)
 assert_no_match "$(c nspawn-old-style-binds-gone)" ':/run/host-nvidia/[0-9]+$' "$nf"
-assert_match "$(c nspawn-new-style-driver-root)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1$" "$nf"
+# Issue 12: the host driver tree bound at the driver root, one bind per driver file on it.
+assert_match "$(c nspawn-new-style-driver-root)" "^BindReadOnly=/run/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver$" "$nf"
+assert_match "$(c nspawn-new-style-driver-root-libcuda)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION$" "$nf"
 
 # ---- a second install writes nothing --------------------------------------------------------------
 files=$(H sh -c "ls -d $d/* /etc/systemd/nspawn/kube1.nspawn $HP" | tr '\n' ' ')
