@@ -117,6 +117,7 @@ fn inventory(h: Host) -> Inventory {
             model: "NVIDIA H100 80GB HBM3".into(),
             device: Some(path),
             dri,
+            mig_caps: Vec::new(),
         });
     }
     if h.caps_imex {
