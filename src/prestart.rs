@@ -102,6 +102,12 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     // Before the lock: a mistyped name or a shifted rootfs writes nothing, not even the lock file.
     image::require(&ctx.host, machine, &mc)?;
+    // Two machines given one GPU is bad config, refused before the lock is made too; render
+    // checks again under the lock, against the host as it is then.
+    assign::check_overlap(
+        &discovery::discover(&ctx.host)?,
+        &ctx.config.gpu_assignments(machine)?,
+    )?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     if r.assignment.setting != Gpus::All {
