@@ -108,12 +108,11 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         &discovery::discover(&ctx.host)?,
         &ctx.config.gpu_assignments(machine)?,
     )?;
+    check_installed_dropin(ctx, machine, &mc.gpus)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
-    if r.assignment.setting != Gpus::All {
-        set_device_cgroup(ctx, machine, &r.assignment)
-            .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
-    }
+    set_device_cgroup(ctx, machine, &r.assignment)
+        .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     // The bind's source first: nspawn refuses to start when it is missing.
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
@@ -136,17 +135,22 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     Ok(())
 }
 
-/// The unit's `DeviceAllow=` for a machine without every GPU: its own nodes, by number, at
-/// every start (src/device_cgroup.rs). Only on the real host: a `--host-root` tree has no
+/// The installed drop-in must be the one for the machine's `gpus` (exit 2 until `install`).
+/// For a machine without every GPU, the unit's `DeviceAllow=`: its own nodes, by number,
+/// at every start (src/device_cgroup.rs). Only on the real host: a `--host-root` tree has no
 /// systemd of its own to ask.
-fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result<()> {
+fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
     let dropin = crate::install::dropin_path(machine);
     match std::fs::read_to_string(ctx.host.path(&dropin)) {
-        Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, &a.setting)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {dropin}")),
+        Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("reading {dropin}")),
     }
-    if !ctx.host.is_real_root() {
+}
+
+fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result<()> {
+    // `all`: the drop-in's device groups, as always.
+    if a.setting == Gpus::All || !ctx.host.is_real_root() {
         return Ok(());
     }
     let unit = crate::install::unit_name(machine);

@@ -1239,3 +1239,40 @@ fn privileged_none_is_never_held_back_and_require_decides_for_absent_gpus() {
     );
     assert_same_tree_except(&before, root, &[LOCKS], "a held-back start");
 }
+
+/// Issue 14: a drop-in installed for another `gpus` than the config's now is exit 2 naming the
+/// fix, and nothing is written: an `all` drop-in would let a share open every GPU, a share's
+/// drop-in would leave an `all` machine without any.
+#[test]
+fn privileged_a_dropin_installed_for_other_gpus_is_refused_until_install() {
+    let dir = eight_gpus_host(false);
+    let root = dir.path();
+    let dropin =
+        root.join("etc/systemd/system/systemd-nspawn@kube1.service.d/50-nspawn-lifecycle.conf");
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    for (config, installed, says) in [
+        (
+            r#"{"machines": {"kube1": {"gpus": [0]}}}"#,
+            "[Service]\nDeviceAllow=char-nvidia* rwm\nDeviceAllow=/dev/kvm rwm\n",
+            "was installed for gpus \"all\" but the config's gpus for kube1 is [index 0]",
+        ),
+        (
+            r#"{"machines": {"kube1": {"gpus": "all"}}}"#,
+            "[Service]\nDeviceAllow=/dev/kvm rwm\n",
+            "was installed for a machine without every GPU but the config's gpus for kube1 is all",
+        ),
+    ] {
+        write_config(root, config);
+        std::fs::write(&dropin, installed).unwrap();
+        let before = snapshot(root, &[LOCKS]);
+        let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+        assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("run `nspawn-lifecycle-helper install kube1`"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_same_tree_except(&before, root, &[LOCKS], "a refused pre-start");
+    }
+}
