@@ -270,3 +270,132 @@ pub fn for_machine(
     a.check_required(mc.require)?;
     Ok(a)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::DeviceNode;
+
+    fn node(path: &str, major: u32, minor: u32, role: DeviceRole) -> DeviceNode {
+        DeviceNode {
+            path: path.parse().unwrap(),
+            major,
+            minor,
+            role,
+        }
+    }
+
+    /// Two GPUs (minor 1 at bus 06, minor 0 at bus 07), a MIG instance on minor 1, global MIG
+    /// capabilities, control nodes; the driver incomplete.
+    fn host() -> Inventory {
+        let gpu = |index, minor, bus: &str, mig: Vec<u32>| Gpu {
+            index,
+            minor,
+            uuid: format!("GPU-0000000{minor}-0000-4000-8000-000000000000"),
+            bus_id: bus.into(),
+            model: "m".into(),
+            device: Some(format!("/dev/nvidia{minor}")),
+            dri: vec![format!("/dev/dri/renderD{}", 128 + minor)],
+            mig_caps: mig,
+        };
+        Inventory {
+            devices: vec![
+                node("/dev/dri/renderD128", 226, 128, DeviceRole::Dri),
+                node("/dev/dri/renderD129", 226, 129, DeviceRole::Dri),
+                node("/dev/nvidia-caps/nvidia-cap1", 509, 1, DeviceRole::Cap),
+                node("/dev/nvidia-caps/nvidia-cap21", 509, 21, DeviceRole::Cap),
+                node("/dev/nvidia0", 195, 0, DeviceRole::Gpu),
+                node("/dev/nvidia1", 195, 1, DeviceRole::Gpu),
+                node("/dev/nvidia-uvm", 508, 0, DeviceRole::Uvm),
+                node("/dev/nvidiactl", 195, 255, DeviceRole::Control),
+            ],
+            kvm: None,
+            gpus: vec![
+                gpu(0, 1, "0000:06:00.0", vec![21]),
+                gpu(1, 0, "0000:07:00.0", vec![]),
+            ],
+            kernel_module: Some("1.0".into()),
+            driver: None,
+            verdict: Verdict::Incomplete {
+                reasons: vec!["no libcuda".into()],
+            },
+        }
+    }
+
+    fn paths(inv: &Inventory) -> Vec<&str> {
+        inv.devices.iter().map(|d| d.path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_list_keeps_its_gpus_nodes_controls_and_own_mig_caps_reindexed() {
+        let inv = host();
+        // The second GPU by bus id and again by UUID: one GPU, index 0 in the machine.
+        let a = assign(
+            &inv,
+            &Gpus::List(vec![
+                GpuSelector::BusId("0000:07:00.0".into()),
+                GpuSelector::Uuid("GPU-00000000-0000-4000-8000-000000000000".into()),
+            ]),
+        );
+        assert!(a.missing.is_empty() && a.unstable.is_empty());
+        assert_eq!(a.view.gpus.len(), 1);
+        assert_eq!((a.view.gpus[0].index, a.view.gpus[0].minor), (0, 0));
+        assert_eq!(a.gpus[0].host_index, 1);
+        assert_eq!(
+            paths(&a.view),
+            [
+                "/dev/dri/renderD128",
+                "/dev/nvidia0",
+                "/dev/nvidia-uvm",
+                "/dev/nvidiactl"
+            ]
+        );
+        // An incomplete driver still holds a share back.
+        assert_eq!(a.view.verdict, inv.verdict);
+        // The first GPU by index: its MIG instance's capability, never the global one.
+        let a = assign(&inv, &Gpus::List(vec![GpuSelector::Index(0)]));
+        assert_eq!(a.unstable, [0]);
+        assert!(paths(&a.view).contains(&"/dev/nvidia-caps/nvidia-cap21"));
+        assert!(!paths(&a.view).contains(&"/dev/nvidia-caps/nvidia-cap1"));
+        assert!(!paths(&a.view).contains(&"/dev/nvidia0"));
+    }
+
+    #[test]
+    fn none_and_absent_gpus_are_a_host_without_gpus_and_require_holds_back() {
+        let inv = host();
+        let none = assign(&inv, &Gpus::None);
+        assert_eq!(none.view.verdict, Verdict::None);
+        assert!(none.view.devices.is_empty() && none.view.gpus.is_empty());
+        assert!(none.view.driver.is_none() && none.view.kernel_module.is_none());
+        let absent = GpuSelector::Uuid("GPU-99999999-0000-4000-8000-000000000000".into());
+        let a = assign(&inv, &Gpus::List(vec![absent.clone()]));
+        assert_eq!(a.missing, [absent]);
+        assert_eq!(a.view, none.view);
+        assert!(a.check_required(false).is_ok());
+        let err = a.check_required(true).unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 3);
+        let all = assign(&inv, &Gpus::All);
+        assert_eq!(all.view, inv);
+        assert_eq!(all.gpus.len(), 2);
+    }
+
+    #[test]
+    fn overlap_is_found_however_each_machine_names_the_gpu() {
+        let inv = host();
+        let lists = [
+            (
+                "kube1".to_owned(),
+                Gpus::List(vec![GpuSelector::BusId("0000:06:00.0".into())]),
+            ),
+            ("kube2".to_owned(), Gpus::List(vec![GpuSelector::Index(0)])),
+            ("kube3".to_owned(), Gpus::All),
+        ];
+        let err = check_overlap(&inv, &lists).unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2);
+        assert!(
+            format!("{err:#}").contains("GPU GPU-00000001-0000-4000-8000-000000000000 is assigned to both machines kube1 and kube2 (kube1: 0000:06:00.0, kube2: index 0)"),
+            "{err:#}"
+        );
+        assert!(check_overlap(&inv, &lists[1..]).is_ok());
+    }
+}
