@@ -70,7 +70,7 @@ open_errno() {
 # EPERM when the machine's device cgroup refuses it, ENXIO when it allows it (no driver behind)
 mknod_open() {
     local out
-    out=$(M -m "$1" /bin/sh -c "rm -f /tmp/e2e-mknod; mknod /tmp/e2e-mknod c $2 $3 2>&1 && exec 3</tmp/e2e-mknod && echo opened" 2>&1)
+    out=$(M -m "$1" /bin/sh -c "rm -f /dev/e2e-mknod; mknod /dev/e2e-mknod c $2 $3 2>&1 && exec 3</dev/e2e-mknod && echo opened; rm -f /dev/e2e-mknod" 2>&1)
     case "$out" in
         *opened*) echo opened;;
         *"No such device or address"*) echo ENXIO;;
