@@ -3,6 +3,7 @@
 //! Everything has a default, so no file is needed. Unknown keys are errors (exit 2), so a typo
 //! never silently falls back to a default.
 
+use crate::discovery::parse::PciAddress;
 use crate::error::bad_input;
 use crate::host::HostRoot;
 use crate::machine_name::MachineName;
@@ -10,6 +11,7 @@ use crate::paths::{HostPath, MachinePath, UnitName};
 use anyhow::{Context as _, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -49,6 +51,164 @@ struct Settings {
     import_max_images: Option<u64>,
     import_budget_seconds: Option<u64>,
     drop_capabilities: Option<Vec<String>>,
+    /// Checked by hand, so that a wrong type is named by its key (serde's untagged enums say
+    /// only "did not match any variant").
+    gpus: Option<serde_json::Value>,
+    require: Option<bool>,
+}
+
+/// Which of the host's GPUs a machine gets (`gpus`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Gpus {
+    /// Every GPU the host has (the default; what every machine got before the setting).
+    #[default]
+    All,
+    /// No GPU and no NVIDIA state at all: a CPU machine on a GPU host.
+    None,
+    /// Exactly these GPUs, in the config's order; never empty, no entry twice.
+    List(Vec<GpuSelector>),
+}
+
+/// One entry of a `gpus` list.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpuSelector {
+    /// `GPU-<uuid>`, lower case (stable across reboots and renumbering).
+    Uuid(String),
+    /// PCI bus id in the kernel's form `0000:06:00.0` (stable while the card stays in its slot).
+    BusId(String),
+    /// Host index in PCI bus order (not stable: allowed with a warning).
+    Index(u32),
+}
+
+impl fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuSelector::Uuid(u) => f.write_str(u),
+            GpuSelector::BusId(b) => f.write_str(b),
+            GpuSelector::Index(i) => write!(f, "index {i}"),
+        }
+    }
+}
+
+impl fmt::Display for Gpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gpus::All => f.write_str("all"),
+            Gpus::None => f.write_str("none"),
+            Gpus::List(l) => {
+                let names: Vec<String> = l.iter().map(ToString::to_string).collect();
+                write!(f, "[{}]", names.join(", "))
+            }
+        }
+    }
+}
+
+/// `GPU-` and a UUID `8-4-4-4-12` hex digits, as `/proc/driver/nvidia/gpus/*/information` and
+/// `nvidia-smi -L` print it; returned in lower case.
+fn gpu_uuid(s: &str) -> Option<String> {
+    let rest = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("gpu-"))?;
+    let groups: Vec<&str> = rest.split('-').collect();
+    let ok = groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+    ok.then(|| format!("GPU-{}", rest.to_ascii_lowercase()))
+}
+
+fn check_gpus(key: &str, setting: Option<&serde_json::Value>) -> Result<Gpus> {
+    use serde_json::Value;
+    let list = match setting {
+        None => return Ok(Gpus::All),
+        Some(Value::String(w)) if w == "all" => return Ok(Gpus::All),
+        Some(Value::String(w)) if w == "none" => return Ok(Gpus::None),
+        Some(Value::String(w)) => {
+            return Err(bad_input(format!(
+                "{key}.gpus: \"{}\" is neither \"all\", \"none\" nor a list of GPUs",
+                w.escape_debug()
+            )));
+        }
+        Some(Value::Array(l)) => l,
+        Some(other) => {
+            return Err(bad_input(format!(
+                "{key}.gpus: {other} is neither \"all\", \"none\" nor a list of GPUs"
+            )));
+        }
+    };
+    if list.is_empty() {
+        return Err(bad_input(format!(
+            "{key}.gpus: an empty list; a machine without GPUs says \"none\""
+        )));
+    }
+    let mut out: Vec<GpuSelector> = Vec::new();
+    for (i, e) in list.iter().enumerate() {
+        let sel = match e {
+            Value::Number(n) => GpuSelector::Index(
+                n.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| bad_input(format!("{key}.gpus[{i}]: {n} is not a GPU index")))?,
+            ),
+            Value::String(s) => {
+                if let Some(u) = gpu_uuid(s) {
+                    GpuSelector::Uuid(u)
+                } else if let Some(a) =
+                    // lspci leaves the domain out: `06:00.0` is domain 0.
+                    PciAddress::parse(s)
+                        .or_else(|| PciAddress::parse(&format!("0:{s}")))
+                {
+                    GpuSelector::BusId(a.to_string())
+                } else {
+                    return Err(bad_input(format!(
+                        "{key}.gpus[{i}]: \"{}\" is neither a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) \
+                         nor a PCI bus id (0000:06:00.0); an index is a number",
+                        s.escape_debug()
+                    )));
+                }
+            }
+            other => {
+                return Err(bad_input(format!(
+                    "{key}.gpus[{i}]: {other} is neither a GPU UUID, a PCI bus id nor an index"
+                )));
+            }
+        };
+        if out.contains(&sel) {
+            return Err(bad_input(format!("{key}.gpus[{i}]: {sel} is listed twice")));
+        }
+        out.push(sel);
+    }
+    Ok(Gpus::List(out))
+}
+
+/// Two machines' `gpus` lists must not name the same GPU (exit 2, naming both machines and the
+/// GPU). `key` maps a machine's entry to what identifies the GPU (the entry itself here; the
+/// host GPU's UUID once resolved against discovery), `None` when it names no GPU. `all` and
+/// `none` overlap nothing: `all` is the config saying, explicitly, that the machine shares.
+pub fn check_lists_disjoint<K: Ord + Clone + fmt::Display>(
+    machines: &[(String, Gpus)],
+    key: impl Fn(&str, &GpuSelector) -> Option<K>,
+) -> Result<()> {
+    let mut seen: BTreeMap<K, (&str, &GpuSelector)> = BTreeMap::new();
+    for (machine, gpus) in machines {
+        let Gpus::List(list) = gpus else { continue };
+        for sel in list {
+            let Some(k) = key(machine, sel) else { continue };
+            if let Some((other, other_sel)) = seen.get(&k)
+                && *other != machine.as_str()
+            {
+                let same = if *other_sel == sel && k.to_string() == sel.to_string() {
+                    String::new()
+                } else {
+                    format!(" ({other}: {other_sel}, {machine}: {sel})")
+                };
+                return Err(bad_input(format!(
+                    "GPU {k} is assigned to both machines {other} and {machine}{same}: two machines \
+                     never share a GPU; give it to one of them in \"gpus\" (or give a machine \"all\")"
+                )));
+            }
+            seen.entry(k).or_insert((machine.as_str(), sel));
+        }
+    }
+    Ok(())
 }
 
 /// An extra host directory or file bound into the machine.
@@ -110,6 +270,11 @@ pub struct MachineConfig {
     /// Capabilities the machine's bounding set loses (`.nspawn` `DropCapability=`), in the
     /// config's order; empty by default (`Capability=all`).
     pub drop_capabilities: Vec<String>,
+    /// Which GPUs the machine gets (`gpus`, default all).
+    pub gpus: Gpus,
+    /// `require`: a listed GPU missing on the host holds the start back (exit 3) instead of a
+    /// start with the GPUs that are there.
+    pub require: bool,
 }
 
 /// The whole loaded configuration.
@@ -167,11 +332,43 @@ impl Config {
         };
         // Resolve every machine once so errors surface at load time, naming the key.
         cfg.settings_checked("defaults", &cfg.defaults)?;
+        let mut lists = Vec::new();
         for (name, s) in &cfg.machines {
             let merged = cfg.defaults.clone().overlay(s.clone());
-            cfg.settings_checked(&format!("machines.{name}"), &merged)?;
+            let mc = cfg.settings_checked(&format!("machines.{name}"), &merged)?;
+            lists.push((name.clone(), mc.gpus));
         }
+        check_lists_disjoint(&lists, |_, sel| Some(sel.clone()))?;
         Ok(cfg)
+    }
+
+    /// `gpus` and `require` of every machine the config names, in name order.
+    pub fn gpu_settings(&self) -> Result<Vec<(String, Gpus, bool)>> {
+        let mut out = Vec::new();
+        for (name, s) in &self.machines {
+            let merged = self.defaults.clone().overlay(s.clone());
+            let mc = self.settings_checked(&format!("machines.{name}"), &merged)?;
+            out.push((name.clone(), mc.gpus, mc.require));
+        }
+        Ok(out)
+    }
+
+    /// The `gpus` of every machine the config names, and of `machine` (from `defaults`) when it
+    /// names it not: what overlap checks compare `machine` against.
+    pub fn gpu_assignments(&self, machine: &MachineName) -> Result<Vec<(String, Gpus)>> {
+        let mut out = Vec::new();
+        for (name, s) in &self.machines {
+            let merged = self.defaults.clone().overlay(s.clone());
+            let mc = self.settings_checked(&format!("machines.{name}"), &merged)?;
+            out.push((name.clone(), mc.gpus));
+        }
+        if !self.machines.contains_key(machine.as_str()) {
+            out.push((
+                machine.to_string(),
+                self.settings_checked("defaults", &self.defaults)?.gpus,
+            ));
+        }
+        Ok(out)
     }
 
     /// Stable path of the installed helper.
@@ -290,6 +487,8 @@ impl Config {
                 .unwrap_or(usize::MAX),
             import_budget: secs(s.import_budget_seconds, "importBudgetSeconds", 600)?,
             drop_capabilities: check_capabilities(key, s.drop_capabilities.as_deref())?,
+            gpus: check_gpus(key, s.gpus.as_ref())?,
+            require: s.require.unwrap_or(false),
         })
     }
 }
@@ -340,6 +539,8 @@ impl Settings {
             import_max_images: other.import_max_images.or(self.import_max_images),
             import_budget_seconds: other.import_budget_seconds.or(self.import_budget_seconds),
             drop_capabilities: other.drop_capabilities.or(self.drop_capabilities),
+            gpus: other.gpus.or(self.gpus),
+            require: other.require.or(self.require),
         }
     }
 }
@@ -515,6 +716,102 @@ mod tests {
             assert_eq!(exit_code(&err), 2, "{bad}");
             assert!(format!("{err:#}").contains(culprit), "{bad}: {err:#}");
         }
+    }
+
+    /// Issue 14: `gpus` is "all" by default, "none", or a list of UUIDs, bus ids and indices;
+    /// anything else, an empty list or an entry twice is exit 2 naming the key.
+    #[test]
+    fn gpus_setting_parses_and_bad_values_name_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let cfg = Config::parse(
+            br#"{"defaults": {"gpus": "none"},
+                 "machines": {"kube1": {"gpus": ["GPU-0D1C5E2A-7b41-4c6f-9e83-5a2f1b7c9d01",
+                                                   "00000000:2A:00.0", 3], "require": true},
+                              "kube2": {"gpus": "all"}}}"#,
+        )
+        .unwrap();
+        let mc = cfg.machine(&host, &name("kube1")).unwrap();
+        assert_eq!(
+            mc.gpus,
+            Gpus::List(vec![
+                GpuSelector::Uuid("GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01".into()),
+                GpuSelector::BusId("0000:2a:00.0".into()),
+                GpuSelector::Index(3),
+            ])
+        );
+        assert!(mc.require);
+        assert_eq!(cfg.machine(&host, &name("kube2")).unwrap().gpus, Gpus::All);
+        assert_eq!(cfg.machine(&host, &name("kube3")).unwrap().gpus, Gpus::None);
+        assert!(!cfg.machine(&host, &name("kube3")).unwrap().require);
+        let d = Config::default().machine(&host, &name("kube1")).unwrap();
+        assert_eq!((d.gpus, d.require), (Gpus::All, false));
+        for (bad, needle) in [
+            (
+                r#"{"defaults": {"gpus": "some"}}"#,
+                "defaults.gpus: \"some\" is neither",
+            ),
+            (
+                r#"{"machines": {"k": {"gpus": []}}}"#,
+                "machines.k.gpus: an empty list",
+            ),
+            (
+                r#"{"machines": {"k": {"gpus": ["GPU-1234"]}}}"#,
+                "machines.k.gpus[0]: \"GPU-1234\" is neither a GPU UUID",
+            ),
+            (
+                r#"{"machines": {"k": {"gpus": ["0000:06:00.0", "06:00.0"]}}}"#,
+                "machines.k.gpus[1]: 0000:06:00.0 is listed twice",
+            ),
+            (
+                r#"{"machines": {"k": {"gpus": [-1]}}}"#,
+                "machines.k.gpus[0]: -1 is not a GPU index",
+            ),
+            (
+                r#"{"machines": {"k": {"gpus": true}}}"#,
+                "machines.k.gpus: true is neither",
+            ),
+            (
+                r#"{"machines": {"k": {"require": "yes"}}}"#,
+                "expected a boolean",
+            ),
+        ] {
+            let err = Config::parse(bad.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{bad}");
+            assert!(format!("{err:#}").contains(needle), "{bad}: {err:#}");
+        }
+    }
+
+    /// Issue 14: two machines' lists naming the same GPU are exit 2 naming both machines;
+    /// `all` shares explicitly and overlaps nothing.
+    #[test]
+    fn overlapping_gpu_lists_name_both_machines() {
+        let err = Config::parse(
+            br#"{"machines": {"kube1": {"gpus": ["GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01"]},
+                              "kube2": {"gpus": ["GPU-0D1C5E2A-7B41-4C6F-9E83-5A2F1B7C9D01"]}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("GPU GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01 is assigned to both machines kube1 and kube2"),
+            "{msg}"
+        );
+        // A list in `defaults` is every machine's: two machines inherit it, they overlap.
+        let err = Config::parse(br#"{"defaults": {"gpus": [0]}, "machines": {"a": {}, "b": {}}}"#)
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("both machines a and b"),
+            "{err:#}"
+        );
+        // A machine the config does not name gets the defaults, and is compared too.
+        let cfg = Config::parse(br#"{"defaults": {"gpus": [0]}, "machines": {"a": {}}}"#).unwrap();
+        let lists = cfg.gpu_assignments(&name("z")).unwrap();
+        assert!(check_lists_disjoint(&lists, |_, s| Some(s.clone())).is_err());
+        Config::parse(
+            br#"{"machines": {"a": {"gpus": [0, 1]}, "b": {"gpus": [2]}, "c": {"gpus": "all"}}}"#,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -31,6 +31,7 @@
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
+use crate::config::Gpus;
 use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
 use crate::lock;
@@ -110,6 +111,9 @@ pub struct Dropin {
     /// Absolute path of the installed helper, as the hooks call it (checked by the config for
     /// what an Exec line can carry; `%` and `$` are escaped when rendered).
     pub helper_path: HostPath,
+    /// The config's `gpus` is `all`: the device cgroup allows every NVIDIA and DRM group.
+    /// Otherwise pre-start sets the machine's own nodes at every start (src/device_cgroup.rs).
+    pub all_gpus: bool,
 }
 
 impl Dropin {
@@ -117,6 +121,15 @@ impl Dropin {
         Dropin {
             machine: machine.to_string(),
             helper_path: helper_path.clone(),
+            all_gpus: true,
+        }
+    }
+
+    /// The drop-in for a machine with the config's `gpus`.
+    pub fn for_gpus(machine: &MachineName, helper_path: &HostPath, gpus: &Gpus) -> Dropin {
+        Dropin {
+            all_gpus: *gpus == Gpus::All,
+            ..Dropin::new(machine, helper_path)
         }
     }
 
@@ -183,6 +196,19 @@ impl Dropin {
             format!("{helper} nspawn-lifecycle post-start %i"),
             None,
         ));
+        if !self.all_gpus {
+            out.push(s(
+                "Service",
+                "DeviceAllow",
+                "/dev/kvm rwm".into(),
+                Some(
+                    "Not every GPU is this machine's (the config's gpus): pre-start sets its own NVIDIA\n\
+                     and DRM nodes at every start as runtime DeviceAllow=/dev/char/<major>:<minor>\n\
+                     entries, so no device group here may allow them all.",
+                ),
+            ));
+            return out;
+        }
         out.push(s(
             "Service",
             "DeviceAllow",
@@ -968,7 +994,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     }
 
     // 3. Our drop-in.
-    let dropin = Dropin::new(machine, helper).to_string();
+    let dropin = Dropin::for_gpus(machine, helper, &mc.gpus).to_string();
     files.push(write_line(
         host,
         &dropin_path(machine),

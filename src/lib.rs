@@ -6,6 +6,7 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod cli;
 pub mod config;
+pub mod device_cgroup;
 pub mod discovery;
 pub mod driver_tree;
 pub mod error;

@@ -15,7 +15,7 @@
 use crate::Ctx;
 use crate::cdi;
 use crate::config::MachineConfig;
-use crate::discovery::{self, Inventory};
+use crate::discovery::{self, Inventory, assign};
 use crate::failpoint::{self, Point};
 use crate::gate;
 use crate::host::HostRoot;
@@ -119,7 +119,11 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let _lock = timed(machine, "lock", || {
         lock::lock(&ctx.host, machine, mc.lock_timeout)
     })?;
-    let inv = timed(machine, "discover", || discovery::discover(&ctx.host))?;
+    let host_inv = timed(machine, "discover", || discovery::discover(&ctx.host))?;
+    // The machine's share of the host (the config's `gpus`): all it is wired for.
+    let inv = assign::for_machine(&ctx.config, machine, &mc, &host_inv)
+        .with_context(|| format!("post-start of {machine}"))?
+        .view;
     check_complete(&inv).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
@@ -191,7 +195,8 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let inv = discovery::discover(&ctx.host)?;
+    let inv =
+        assign::for_machine(&ctx.config, machine, &mc, &discovery::discover(&ctx.host)?)?.view;
     check_complete(&inv)?;
     // Before the machine root is opened: a descriptor opened in the old mount namespace would
     // not see (nor accept) the mounts made in the new one.

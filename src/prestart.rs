@@ -2,7 +2,10 @@
 
 use crate::Ctx;
 use crate::atomic::write_if_changed;
+use crate::config::Gpus;
 use crate::config::MachineConfig;
+use crate::device_cgroup;
+use crate::discovery::assign::{self, Assignment};
 use crate::discovery::{self, Inventory, Verdict};
 use crate::error::{Kind, classified};
 use crate::failpoint::Point;
@@ -24,17 +27,35 @@ pub struct Rendered {
     pub gate: bool,
     /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
     pub tree: Option<crate::layout::Tree>,
+    /// The machine's share of the host's GPUs (the config's `gpus`).
+    pub assignment: Assignment,
 }
 
 /// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
 /// with exit code 3 that names every missing or mismatched piece.
 pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Rendered> {
     let inv = discovery::discover(&ctx.host)?;
-    check_complete(&inv)?;
+    let assignment = assign::for_machine(&ctx.config, machine, mc, &inv)?;
+    check_complete(&assignment.view)?;
     let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
-    let file = NspawnFile::render(machine, &inv, mc, has_lib_modules, ctx.config.helper_path())?;
+    let mut file = NspawnFile::render(
+        machine,
+        &assignment.view,
+        mc,
+        has_lib_modules,
+        ctx.config.helper_path(),
+    )?;
+    if assignment.setting != Gpus::All {
+        file.summary = format!(
+            "{} ({} of the host's {} by the config's gpus)",
+            file.summary,
+            assignment.gpus.len(),
+            inv.gpus.len()
+        );
+    }
     let (new, gate) = (file.to_string(), file.binds_gate());
-    let tree = inv
+    let tree = assignment
+        .view
         .complete_driver()
         .map(crate::layout::driver_tree)
         .transpose()?;
@@ -50,6 +71,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         new,
         gate,
         tree,
+        assignment,
     })
 }
 
@@ -88,8 +110,17 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     // Before the lock: a mistyped name or a shifted rootfs writes nothing, not even the lock file.
     image::require(&ctx.host, machine, &mc)?;
+    // Two machines given one GPU is bad config, refused before the lock is made too; render
+    // checks again under the lock, against the host as it is then.
+    assign::check_overlap(
+        &discovery::discover(&ctx.host)?,
+        &ctx.config.gpu_assignments(machine)?,
+    )?;
+    check_installed_dropin(ctx, machine, &mc.gpus)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    set_device_cgroup(ctx, machine, &r.assignment)
+        .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     // The bind's source first: nspawn refuses to start when it is missing.
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
@@ -118,6 +149,48 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     Ok(())
 }
 
+/// The installed drop-in must be the one for the machine's `gpus` (exit 2 until `install`).
+/// For a machine without every GPU, the unit's `DeviceAllow=`: its own nodes, by number,
+/// at every start (src/device_cgroup.rs). Only on the real host: a `--host-root` tree has no
+/// systemd of its own to ask.
+fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
+    let dropin = crate::install::dropin_path(machine);
+    match std::fs::read_to_string(ctx.host.path(&dropin)) {
+        Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("reading {dropin}")),
+    }
+}
+
+fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result<()> {
+    // `all`: the drop-in's device groups, as always.
+    if a.setting == Gpus::All || !ctx.host.is_real_root() {
+        return Ok(());
+    }
+    let unit = crate::install::unit_name(machine);
+    let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
+    let sd = crate::systemd::Systemd::host(deadline)?;
+    let current = sd.device_allow(&unit, deadline)?;
+    let ours = device_cgroup::machine_entries(&a.view);
+    let new = device_cgroup::merge(&current, &ours);
+    if new == current {
+        tracing::info!(%machine, %unit, "device cgroup unchanged: {} NVIDIA/DRM node(s)", ours.len());
+        return Ok(());
+    }
+    sd.set_device_allow(&unit, &new, deadline)?;
+    tracing::info!(
+        %machine,
+        %unit,
+        "device cgroup set: {} NVIDIA/DRM node(s) of its own: {}",
+        ours.len(),
+        ours.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>().join(" ")
+    );
+    Ok(())
+}
+
+/// How long pre-start waits for the host's systemd to answer.
+const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `plan`: print what pre-start would write and a unified diff against the file on disk.
 pub fn plan(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
@@ -128,7 +201,23 @@ pub fn plan(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 
 fn plan_text(r: &Rendered) -> String {
     let shown = r.host_path.display().to_string();
-    let mut out = format!("# {shown} as pre-start would write it:\n{}\n", r.new);
+    // `all` (the default) shows nothing new: every GPU, as before the setting existed.
+    let mut out = match r.assignment.setting {
+        Gpus::All => String::new(),
+        _ => format!(
+            "# GPUs (the config's gpus): {}\n# Device cgroup (runtime DeviceAllow=, set by pre-start): {}\n",
+            r.assignment.summary(),
+            match device_cgroup::machine_entries(&r.assignment.view) {
+                e if e.is_empty() => "no NVIDIA or DRM node".to_owned(),
+                e => e
+                    .iter()
+                    .map(|(p, a)| format!("{p} {a}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        ),
+    };
+    let _ = write!(out, "# {shown} as pre-start would write it:\n{}\n", r.new);
     match &r.old {
         Some(old) if *old == r.new => out.push_str(&format!("# {shown} is up to date.\n")),
         old => {
@@ -153,11 +242,31 @@ fn plan_text(r: &Rendered) -> String {
 /// `discover`: print what discovery sees.
 pub fn discover(ctx: &Ctx, json: bool) -> Result<()> {
     let inv = discovery::discover(&ctx.host)?;
+    let settings = ctx.config.gpu_settings()?;
+    let lists: Vec<(String, Gpus)> = settings
+        .iter()
+        .map(|(m, g, _)| (m.clone(), g.clone()))
+        .collect();
+    assign::check_overlap(&inv, &lists)?;
+    // `all` machines get the whole inventory above; the others are shown one by one.
+    let assignments: Vec<_> = settings
+        .iter()
+        .filter(|(_, g, _)| *g != Gpus::All)
+        .map(|(m, g, require)| (m, assign::assign(&inv, g), *require))
+        .collect();
     if json {
-        let report = discovery::Report::new(&ctx.host, &inv);
+        let mut report = discovery::Report::new(&ctx.host, &inv);
+        report.assignments = assignments
+            .iter()
+            .map(|(m, a, require)| a.report(m, *require))
+            .collect();
         print_all(&format!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
-        print_all(&discovery_text(&inv))
+        let mut text = discovery_text(&inv);
+        for (m, a, _) in &assignments {
+            let _ = writeln!(text, "machine {m}: gpus {}", a.summary());
+        }
+        print_all(&text)
     }
 }
 

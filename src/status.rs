@@ -18,7 +18,7 @@
 use crate::Ctx;
 use crate::cdi;
 use crate::config::MachineConfig;
-use crate::discovery::{self, Inventory, Verdict, parse::is_version};
+use crate::discovery::{self, Inventory, Verdict, assign, parse::is_version};
 use crate::gate;
 use crate::install;
 use crate::layout::DRIVER_ROOT;
@@ -197,6 +197,9 @@ pub struct Status {
     /// containerd and kubelet in the machine; `None` when not running or not asked.
     pub services: Option<Vec<ServiceFacts>>,
     pub findings: Vec<Finding>,
+    /// The machine's GPUs when the config's `gpus` is not `all`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<crate::discovery::assign::AssignmentReport>,
 }
 
 /// `status --all --json`.
@@ -216,6 +219,8 @@ pub struct Observed {
     /// `None` when the machine is not running.
     pub machine: Option<MachineFacts>,
     pub services: Option<Vec<ServiceFacts>>,
+    /// GPUs the config's `gpus` names that the host does not have now.
+    pub missing_gpus: Vec<String>,
 }
 
 /// The version in a driver library file name `libcuda.so.<version>`.
@@ -487,6 +492,22 @@ pub fn evaluate(
         }
     }
 
+    if !observed.missing_gpus.is_empty() {
+        add(
+            State::Broken,
+            "gpus",
+            format!(
+                "the config's gpus names GPU(s) the host does not have: {}{}",
+                observed.missing_gpus.join(", "),
+                if mc.require {
+                    "; with \"require\" the next start is held back until they appear"
+                } else {
+                    "; the machine runs with the others"
+                }
+            ),
+        );
+    }
+
     let worst = findings.iter().map(|f| f.state).max();
     let state = match (worst, &not_running) {
         (Some(w), _) if w >= State::Drift => w,
@@ -555,6 +576,7 @@ pub fn evaluate(
         machine_facts: observed.machine,
         services: observed.services,
         findings,
+        assignment: None,
     }
 }
 
@@ -808,6 +830,7 @@ fn observe(
             unit: None,
             machine: Some(inspect_machine(&root, mc, expected_spec)?),
             services: None,
+            missing_gpus: Vec::new(),
         });
     }
     if !ctx.host.is_real_root() {
@@ -837,6 +860,7 @@ fn observe(
             unit: Some(unit),
             machine: None,
             services: None,
+            missing_gpus: Vec::new(),
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
@@ -857,6 +881,7 @@ fn observe(
         unit: Some(unit),
         machine: Some(facts),
         services: Some(services),
+        missing_gpus: Vec::new(),
     })
 }
 
@@ -902,10 +927,19 @@ pub fn machine_status(
     machine_root: Option<&Path>,
 ) -> Result<Status> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
+    // The machine's share of the host: what it should have is judged against that alone.
+    assign::check_overlap(inv, &ctx.config.gpu_assignments(machine)?)?;
+    let a = assign::assign(inv, &mc.gpus);
+    let inv = &a.view;
     let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
-    let observed = observe(ctx, machine, &mc, expected.as_deref(), machine_root)
+    let mut observed = observe(ctx, machine, &mc, expected.as_deref(), machine_root)
         .with_context(|| format!("status of {machine}"))?;
-    Ok(evaluate(machine, &mc, inv, observed))
+    observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
+    let mut status = evaluate(machine, &mc, inv, observed);
+    if a.setting != crate::config::Gpus::All {
+        status.assignment = Some(a.report(machine.as_str(), mc.require));
+    }
+    Ok(status)
 }
 
 /// `status`: print and return the exit code (0, 5, 6 or 7).
@@ -1144,6 +1178,7 @@ mod tests {
                 unit: Some(running_unit()),
                 machine: Some(facts),
                 services: Some(services("active", "active")),
+                missing_gpus: Vec::new(),
             },
         )
     }
@@ -1401,6 +1436,7 @@ mod tests {
             unit: Some(running_unit()),
             machine: Some(facts.clone()),
             services: Some(services(containerd, kubelet)),
+            missing_gpus: Vec::new(),
         };
         assert_eq!(
             evaluate(&kube1, &mc, &inv, running("active", "active")).state,
@@ -1432,6 +1468,7 @@ mod tests {
             unit: Some(unit.clone()),
             machine: None,
             services: None,
+            missing_gpus: Vec::new(),
         };
         let s = evaluate(&kube1, &mc, &inv, stopped);
         assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
@@ -1456,6 +1493,7 @@ mod tests {
                 unit: Some(unit),
                 machine: None,
                 services: None,
+                missing_gpus: Vec::new(),
             },
         );
         assert_eq!(s.state, State::Broken, "{s:#?}");

@@ -117,6 +117,7 @@ fn inventory(h: Host) -> Inventory {
             model: "NVIDIA H100 80GB HBM3".into(),
             device: Some(path),
             dri,
+            mig_caps: Vec::new(),
         });
     }
     if h.caps_imex {
@@ -1163,5 +1164,94 @@ fn status_check_accepts_what_we_write_and_rejects_what_the_loader_rejects() {
             cdi::check(KIND, bad.as_bytes()).is_err(),
             "{what}: check accepts it"
         );
+    }
+}
+
+/// Issue 14: a machine given four of the host's eight GPUs by UUID gets a spec of exactly them
+/// (indices 0-3 as the machine sees them, in PCI bus order; their UUIDs; `all` = exactly their
+/// nodes, plus the shared control nodes); after the host renumbers them (same UUIDs, other
+/// minors), the same UUIDs with their new nodes. Both pass the schema and the strict loader,
+/// and the bytes are pinned.
+#[test]
+fn a_share_of_the_gpus_lists_exactly_them_and_follows_renumbering() {
+    use nspawn_lifecycle::config::{GpuSelector, Gpus};
+    use nspawn_lifecycle::discovery::assign::assign;
+    let host = || {
+        inventory(Host {
+            gpus: 8,
+            drm: true,
+            caps_imex: true,
+            lib_dirs: vec![lib_dir("x86_64-linux-gnu", native_files())],
+            binaries: &["/usr/bin/nvidia-smi"],
+            sockets: &["/run/nvidia-persistenced"],
+        })
+    };
+    let mine: Vec<u32> = vec![4, 5, 6, 7];
+    let gpus = Gpus::List(mine.iter().map(|i| GpuSelector::Uuid(uuid(*i))).collect());
+    let head = schema(".");
+    // As discovered, then renumbered: the GPU with UUID k now has minor 7-k and its nodes.
+    let mut renumbered = host();
+    for g in &mut renumbered.gpus {
+        let k = u32::from_str_radix(&g.uuid[4..12], 16).unwrap();
+        let other = host().gpus[7 - k as usize].clone();
+        g.minor = other.minor;
+        g.device = other.device;
+        g.dri = other.dri;
+        g.bus_id = other.bus_id;
+    }
+    renumbered.gpus.sort_by_key(|g| g.bus_id.clone());
+    for (i, g) in renumbered.gpus.iter_mut().enumerate() {
+        g.index = i as u32;
+    }
+    for (case, inv, minors) in [
+        ("8gpu-share-4-7", host(), [4u32, 5, 6, 7]),
+        ("8gpu-share-4-7-renumbered", renumbered, [3, 2, 1, 0]),
+    ] {
+        let a = assign(&inv, &gpus);
+        assert!(a.missing.is_empty(), "{case}");
+        let (_, text, doc) = generated(&a.view);
+        assert_eq!(schema_errors(&head, &doc), Vec::<String>::new(), "{case}");
+        let loaded = strict_load(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let mut want: BTreeSet<String> = (0..4).map(|i: u32| i.to_string()).collect();
+        want.extend(mine.iter().map(|i| uuid(*i)));
+        want.insert("all".into());
+        assert_eq!(
+            loaded.devices.keys().cloned().collect::<BTreeSet<_>>(),
+            want,
+            "{case}"
+        );
+        // Each UUID's device is its GPU's node now; nothing of the other four GPUs anywhere.
+        for (k, minor) in mine.iter().zip(minors) {
+            let dev = doc["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["name"] == uuid(*k))
+                .unwrap();
+            assert_eq!(
+                dev["containerEdits"]["deviceNodes"][0]["path"],
+                format!("/dev/nvidia{minor}"),
+                "{case}"
+            );
+        }
+        let all = doc["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "all")
+            .unwrap();
+        let gpu_nodes: BTreeSet<String> = all["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["path"].as_str().unwrap().to_owned())
+            .filter(|p| p.starts_with("/dev/nvidia"))
+            .collect();
+        let want_nodes: BTreeSet<String> =
+            minors.iter().map(|m| format!("/dev/nvidia{m}")).collect();
+        assert_eq!(gpu_nodes, want_nodes, "{case}: all");
+        let (after, before) = inject(&text, &[format!("{KIND}=all")]).unwrap();
+        check_injection(case, &a.view, &after, &before, &[0, 1, 2, 3]);
+        check_golden(case, &text);
     }
 }

@@ -141,6 +141,7 @@ fn inventory() -> Inventory {
             model: "NVIDIA H100 80GB HBM3".into(),
             device: Some("/dev/nvidia0".into()),
             dri: Vec::new(),
+            mig_caps: Vec::new(),
         }],
         kernel_module: Some(VER.into()),
         driver: Some(UserspaceDriver {

@@ -1000,3 +1000,279 @@ fn privileged_a_control_character_in_a_device_name_is_refused_by_name() {
         assert_same_tree_except(&before, root, &[LOCKS], name);
     }
 }
+
+/// Issue 14: the eight-GPU host with MIG instances on GPUs of minor 0 and 4, and a second image.
+const MIG: &str = "
+dir /var/lib/machines/kube2
+file /proc/driver/nvidia/capabilities/gpu0/mig/gi1/access DeviceFileMinor: 21\\nDeviceFileMode: 256\\n
+file /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access DeviceFileMinor: 22\\nDeviceFileMode: 256\\n
+file /proc/driver/nvidia/capabilities/gpu4/mig/gi1/access DeviceFileMinor: 57\\nDeviceFileMode: 256\\n
+chr /dev/nvidia-caps/nvidia-cap21 509:21 0400
+chr /dev/nvidia-caps/nvidia-cap22 509:22 0400
+chr /dev/nvidia-caps/nvidia-cap57 509:57 0400
+";
+
+/// The eight-GPU host's text with MIG, optionally renumbered: the same UUIDs in the other
+/// slots (the `nvidia-gpu` lines keep their bus id and minor, their UUIDs are reversed).
+fn eight_gpus_text(renumbered: bool) -> String {
+    let base = fixture::example("eight-gpus").unwrap();
+    let mut text = String::new();
+    let uuids: Vec<&str> = base
+        .lines()
+        .filter(|l| l.starts_with("nvidia-gpu "))
+        .map(|l| l.split_whitespace().nth(3).unwrap())
+        .collect();
+    let mut n = 0;
+    for line in base.lines() {
+        if renumbered && line.starts_with("nvidia-gpu ") {
+            let own = line.split_whitespace().nth(3).unwrap();
+            text.push_str(&line.replace(own, uuids[uuids.len() - 1 - n]));
+            n += 1;
+        } else {
+            text.push_str(line);
+        }
+        text.push('\n');
+    }
+    text + MIG
+}
+
+fn eight_gpus_host(renumbered: bool) -> tempfile::TempDir {
+    require_root();
+    let dir = tempfile::Builder::new()
+        .prefix("fixture-host.")
+        .tempdir()
+        .unwrap();
+    fixture::materialize(&eight_gpus_text(renumbered), dir.path()).unwrap();
+    dir
+}
+
+fn write_config(root: &Path, json: &str) {
+    let cfg = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(cfg, json).unwrap();
+}
+
+/// Issue 14: 8 GPUs split 4/4 by UUID. Each machine's `.nspawn` binds its GPUs' nodes, the
+/// shared control nodes and its own MIG capabilities; `plan` shows its share and the device
+/// cgroup pre-start sets; `discover --json` shows both assignments. Renumbered (same UUIDs,
+/// other minors and bus ids), each machine follows its UUIDs. The files are pinned.
+#[test]
+fn privileged_gpus_split_by_uuid_follow_their_uuids_across_renumbering() {
+    let kube1 = r#"["GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01", "GPU-1e2d6f3b-8c52-4d70-af94-6b3a2c8d0e12",
+                   "GPU-2f3e7a4c-9d63-4e81-b0a5-7c4b3d9e1f23", "GPU-3a4f8b5d-ae74-4f92-81b6-8d5c4eaf2a34"]"#;
+    let kube2 = r#"["GPU-4b5a9c6e-bf85-4aa3-92c7-9e6d5fb03b45", "GPU-5c6bad7f-c096-4bb4-a3d8-af7e6ac14c56",
+                   "GPU-6d7cbe80-d1a7-4cc5-b4e9-b08f7bd25d67", "GPU-7e8dcf91-e2b8-4dd6-85fa-c19a8ce36e78"]"#;
+    let config = format!(
+        r#"{{"machines": {{"kube1": {{"gpus": {kube1}}}, "kube2": {{"gpus": {kube2}}}}}}}"#
+    );
+    for (renumbered, suffix) in [(false, ""), (true, "-renumbered")] {
+        let dir = eight_gpus_host(renumbered);
+        let root = dir.path();
+        write_config(root, &config);
+        for m in ["kube1", "kube2"] {
+            let out = run(root, &["nspawn-lifecycle", "pre-start", m]);
+            assert_eq!(code(&out), 0, "{m}: {}", text(&out.stderr));
+            let file = std::fs::read_to_string(root.join(format!("etc/systemd/nspawn/{m}.nspawn")))
+                .unwrap();
+            golden(&format!("eight-gpus.split-{m}{suffix}.nspawn"), &file);
+            let gpu_binds: Vec<&str> = file
+                .lines()
+                .filter(|l| {
+                    l.starts_with("Bind=/dev/nvidia")
+                        && l[16..].starts_with(|c: char| c.is_ascii_digit())
+                })
+                .collect();
+            // kube1's UUIDs sit at minors 0-3, renumbered at 7-4 (the eight-gpus host's minor
+            // order is not its bus order: index 2 is minor 3).
+            let want: Vec<String> = match (m, renumbered) {
+                ("kube1", false) | ("kube2", true) => 0..4,
+                _ => 4..8,
+            }
+            .map(|i| format!("Bind=/dev/nvidia{i}"))
+            .collect();
+            assert_eq!(gpu_binds, want, "{m}{suffix}");
+            assert!(file.contains("\nBind=/dev/nvidiactl\n"), "{file}");
+            assert!(file.contains("\nBind=/dev/nvidia-uvm\n"), "{file}");
+            // The global MIG config/monitor capabilities span every GPU: a share gets neither.
+            assert!(
+                !file.contains("nvidia-cap1\n") && !file.contains("nvidia-cap2\n"),
+                "{file}"
+            );
+            let plan = text(&run(root, &["plan", m]).stdout);
+            assert!(
+                plan.contains("# GPUs (the config's gpus): 4 of the host's GPUs: "),
+                "{plan}"
+            );
+            assert!(
+                plan.contains(
+                    "# Device cgroup (runtime DeviceAllow=, set by pre-start): /dev/char/195:"
+                ),
+                "{plan}"
+            );
+            assert!(plan.contains("/dev/char/195:255 rwm"), "{plan}");
+        }
+        let (json, _) = discover_json(root);
+        let a = json["assignments"].as_array().unwrap();
+        assert_eq!(a.len(), 2, "{json}");
+        assert_eq!(a[0]["machine"], "kube1");
+        assert_eq!(a[0]["assigned"].as_array().unwrap().len(), 4);
+        let got: std::collections::BTreeSet<String> = a[0]["assigned"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["uuid"].as_str().unwrap().to_owned())
+            .collect();
+        let want: std::collections::BTreeSet<String> = serde_json::from_str(kube1).unwrap();
+        assert_eq!(got, want, "{json}");
+        assert_eq!(a[1]["machine"], "kube2");
+    }
+    // The MIG instances of minor 0 (kube1's before renumbering) and 4 (kube2's).
+    let dir = eight_gpus_host(false);
+    write_config(dir.path(), &config);
+    let plan1 = text(&run(dir.path(), &["plan", "kube1"]).stdout);
+    let plan2 = text(&run(dir.path(), &["plan", "kube2"]).stdout);
+    assert!(
+        plan1.contains("Bind=/dev/nvidia-caps/nvidia-cap21\n")
+            && plan1.contains("Bind=/dev/nvidia-caps/nvidia-cap22\n"),
+        "{plan1}"
+    );
+    assert!(!plan1.contains("nvidia-cap57"), "{plan1}");
+    assert!(
+        plan2.contains("Bind=/dev/nvidia-caps/nvidia-cap57\n") && !plan2.contains("nvidia-cap21"),
+        "{plan2}"
+    );
+    assert!(
+        plan2.contains("/dev/char/509:57 rwm") && !plan2.contains("/dev/char/509:21 "),
+        "{plan2}"
+    );
+}
+
+/// Issue 14: lists that name one GPU twice, by UUID in one machine and by bus id in another,
+/// are exit 2 naming both machines for install, plan and pre-start, and nothing is written.
+#[test]
+fn privileged_overlapping_gpu_lists_are_refused_naming_both_machines() {
+    let dir = eight_gpus_host(false);
+    let root = dir.path();
+    write_config(
+        root,
+        r#"{"machines": {"kube1": {"gpus": ["GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01"]},
+                         "kube2": {"gpus": ["0000:18:00.0"]}}}"#,
+    );
+    let before = snapshot(root, &[]);
+    for args in [
+        &["plan", "kube2"][..],
+        &["nspawn-lifecycle", "pre-start", "kube2"],
+        &["install", "--dry-run", "kube2"],
+    ] {
+        let out = run(root, args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(
+                "GPU GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01 is assigned to both machines kube1 and kube2 (kube1: GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01, kube2: 0000:18:00.0)"
+            ),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_same_tree(&before, &snapshot(root, &[]), "refused overlap");
+}
+
+/// Issue 14: `none` on a host whose driver is incomplete renders the file of a host without
+/// GPUs and exits 0; a machine with every GPU is held back (3). A listed GPU that is absent
+/// holds the start back only with `require`; without it the machine starts with the others
+/// and the missing one is logged.
+#[test]
+fn privileged_none_is_never_held_back_and_require_decides_for_absent_gpus() {
+    let dir = host("version-mismatch");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("var/lib/machines/kube2")).unwrap();
+    write_config(root, r#"{"machines": {"kube2": {"gpus": "none"}}}"#);
+    assert_eq!(
+        code(&run(root, &["nspawn-lifecycle", "pre-start", "kube1"])),
+        3
+    );
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube2"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let file = std::fs::read_to_string(root.join("etc/systemd/nspawn/kube2.nspawn")).unwrap();
+    golden("version-mismatch.none-kube2.nspawn", &file);
+    assert!(!file.contains("nvidia"), "{file}");
+
+    let dir = eight_gpus_host(false);
+    let root = dir.path();
+    let absent = "GPU-99999999-0000-4000-8000-000000000000";
+    write_config(
+        root,
+        &format!(
+            r#"{{"machines": {{"kube1": {{"gpus": ["GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01", "{absent}"]}}}}}}"#
+        ),
+    );
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!("configured GPU(s) not on the host: {absent}")),
+        "{}",
+        text(&out.stderr)
+    );
+    let plan = text(&run(root, &["plan", "kube1"]).stdout);
+    assert!(
+        plan.contains(&format!("not on the host: {absent}")),
+        "{plan}"
+    );
+    write_config(
+        root,
+        &format!(r#"{{"machines": {{"kube1": {{"require": true, "gpus": [1, "{absent}"]}}}}}}"#),
+    );
+    let before = snapshot(root, &[LOCKS]);
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "\"require\" is true, refusing to start until they are: {absent}"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("an index names another GPU once the host renumbers them"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_same_tree_except(&before, root, &[LOCKS], "a held-back start");
+}
+
+/// Issue 14: a drop-in installed for another `gpus` than the config's now is exit 2 naming the
+/// fix, and nothing is written: an `all` drop-in would let a share open every GPU, a share's
+/// drop-in would leave an `all` machine without any.
+#[test]
+fn privileged_a_dropin_installed_for_other_gpus_is_refused_until_install() {
+    let dir = eight_gpus_host(false);
+    let root = dir.path();
+    let dropin =
+        root.join("etc/systemd/system/systemd-nspawn@kube1.service.d/50-nspawn-lifecycle.conf");
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    for (config, installed, says) in [
+        (
+            r#"{"machines": {"kube1": {"gpus": [0]}}}"#,
+            "[Service]\nDeviceAllow=char-nvidia* rwm\nDeviceAllow=/dev/kvm rwm\n",
+            "was installed for gpus \"all\" but the config's gpus for kube1 is [index 0]",
+        ),
+        (
+            r#"{"machines": {"kube1": {"gpus": "all"}}}"#,
+            "[Service]\nDeviceAllow=/dev/kvm rwm\n",
+            "was installed for a machine without every GPU but the config's gpus for kube1 is all",
+        ),
+    ] {
+        write_config(root, config);
+        std::fs::write(&dropin, installed).unwrap();
+        let before = snapshot(root, &[LOCKS]);
+        let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+        assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("run `nspawn-lifecycle-helper install kube1`"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_same_tree_except(&before, root, &[LOCKS], "a refused pre-start");
+    }
+}

@@ -279,6 +279,55 @@ fn dropin_matches_golden() {
     assert!(unit_section.contains("[Unit]\n") && unit_section.contains("StartLimitIntervalSec=0"));
 }
 
+/// Issue 14: a machine whose config's `gpus` is not `all` gets a drop-in that allows no NVIDIA
+/// or DRM group (pre-start sets its own nodes by number at every start); `install` writes it
+/// from the config, and the `all` machine beside it keeps today's bytes.
+#[test]
+fn a_machine_without_every_gpu_gets_a_dropin_without_nvidia_groups() {
+    let t = host();
+    let root = t.path();
+    std::fs::create_dir_all(root.join("var/lib/machines/kube2")).unwrap();
+    std::fs::create_dir_all(root.join("etc/nspawn-lifecycle")).unwrap();
+    std::fs::write(
+        root.join("etc/nspawn-lifecycle/config.json"),
+        r#"{"machines": {"kube1": {"gpus": "none"}, "kube2": {"gpus": "all"}}}"#,
+    )
+    .unwrap();
+    ok(root, &["install", "kube1"]);
+    ok(root, &["install", "kube2"]);
+    let text = read(root, DROPIN);
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/dropin-kube1-not-all-gpus.conf");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    assert_eq!(
+        text,
+        std::fs::read_to_string(&path).unwrap(),
+        "UPDATE_GOLDEN=1 rewrites it"
+    );
+    assert!(
+        !text.contains("char-nvidia") && !text.contains("char-drm"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| *l == "DeviceAllow=/dev/kvm rwm")
+            .count(),
+        1
+    );
+    let all = read(
+        root,
+        "etc/systemd/system/systemd-nspawn@kube2.service.d/50-nspawn-lifecycle.conf",
+    );
+    assert_eq!(
+        all,
+        std::fs::read_to_string(golden_path())
+            .unwrap()
+            .replace("kube1", "kube2")
+    );
+}
+
 #[test]
 fn fresh_install_writes_helper_dropin_and_nspawn() {
     let h = host();

@@ -3,6 +3,7 @@
 //! Pre-start and post-start share this. Parsers live in [`parse`] and take bytes; only
 //! [`discover`] touches the filesystem, always through a [`HostRoot`].
 
+pub mod assign;
 pub mod parse;
 mod scan;
 
@@ -85,6 +86,10 @@ pub struct Gpu {
     pub device: Option<String>,
     /// The GPU's `/dev/dri/{card,renderD}*` nodes, sorted.
     pub dri: Vec<String>,
+    /// Minors of its MIG instances' `/dev/nvidia-caps/nvidia-cap<N>` nodes, sorted (from
+    /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig`; empty without MIG).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mig_caps: Vec<u32>,
 }
 
 /// The userspace driver install found on the host.
@@ -158,6 +163,9 @@ pub struct Report<'a> {
     pub host_root: String,
     #[serde(flatten)]
     pub inventory: &'a Inventory,
+    /// Each machine the config names that does not get every GPU: which it gets now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assignments: Vec<assign::AssignmentReport>,
 }
 
 impl<'a> Report<'a> {
@@ -167,6 +175,7 @@ impl<'a> Report<'a> {
             kind: "HostDiscovery",
             host_root: host.root().display().to_string(),
             inventory,
+            assignments: Vec::new(),
         }
     }
 }

@@ -186,6 +186,18 @@ pub fn gpu_information(bytes: &[u8]) -> Result<GpuInformation> {
     })
 }
 
+/// The `DeviceFileMinor: N` line of a `/proc/driver/nvidia/capabilities/…/access` file: the
+/// minor of the `/dev/nvidia-caps/nvidia-cap<N>` node that grants the capability.
+pub fn device_file_minor(bytes: &[u8]) -> Result<u32> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("DeviceFileMinor:"))
+        .ok_or_else(|| ParseError::new("no DeviceFileMinor line"))?
+        .trim()
+        .parse()
+        .map_err(|_| ParseError::new("DeviceFileMinor is not a number"))
+}
+
 /// A PCI address `domain:bus:device.function`, ordered like the PCI bus enumerates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PciAddress {

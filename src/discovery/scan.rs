@@ -34,6 +34,8 @@ pub const MAX_LD_CACHE: u64 = 16 << 20;
 
 const VERSION_FILE: &str = "/proc/driver/nvidia/version";
 const GPUS_DIR: &str = "/proc/driver/nvidia/gpus";
+/// Per-GPU MIG capabilities (`gpu<minor>/mig/gi<N>/access`, `…/ci<M>/access`).
+const CAPS_DIR: &str = "/proc/driver/nvidia/capabilities";
 const PCI_DIR: &str = "/sys/bus/pci/devices";
 const LD_CACHE: &str = "/etc/ld.so.cache";
 
@@ -286,6 +288,7 @@ impl Scan<'_> {
                     info.device_minor
                 ));
             }
+            let mig_caps = self.mig_caps(info.device_minor)?;
             gpus.push(Gpu {
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 minor: info.device_minor,
@@ -294,9 +297,42 @@ impl Scan<'_> {
                 model: info.model,
                 device: None,
                 dri: Vec::new(),
+                mig_caps,
             });
         }
         Ok(gpus)
+    }
+
+    /// Minors of the `/dev/nvidia-caps/nvidia-cap<N>` nodes of one GPU's MIG instances: the
+    /// `DeviceFileMinor` of each `gi*/access` and `gi*/ci*/access` under
+    /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig`, sorted.
+    fn mig_caps(&mut self, gpu_minor: u32) -> Result<Vec<u32>> {
+        let base = format!("{CAPS_DIR}/gpu{gpu_minor}/mig");
+        let mut files = Vec::new();
+        for gi in self.list(&base)?.unwrap_or_default() {
+            if !gi.starts_with("gi") {
+                continue;
+            }
+            files.push(format!("{base}/{gi}/access"));
+            for ci in self.list(&format!("{base}/{gi}"))?.unwrap_or_default() {
+                if ci.starts_with("ci") {
+                    files.push(format!("{base}/{gi}/{ci}/access"));
+                }
+            }
+        }
+        let mut minors = Vec::new();
+        for f in files {
+            let Some(bytes) = self.read(&f, MAX_PROC_FILE)? else {
+                continue;
+            };
+            match parse::device_file_minor(&bytes) {
+                Ok(m) => minors.push(m),
+                Err(e) => self.reason(format!("{f}: {e}")),
+            }
+        }
+        minors.sort_unstable();
+        minors.dedup();
+        Ok(minors)
     }
 
     /// The NVIDIA character devices under /dev (without DRI nodes), sorted by path, and whether

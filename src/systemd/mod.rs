@@ -28,7 +28,7 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 use zbus::proxy::CacheProperties;
-use zbus::{Connection, OwnedObjectPath};
+use zbus::{Connection, OwnedObjectPath, Variant};
 
 /// Backstop for one method call that never answers (the D-Bus reference timeout); every call is
 /// also bounded by the caller's deadline, whichever is earlier.
@@ -410,6 +410,48 @@ impl Systemd {
         zbus::block_on(async {
             let mgr = self.manager().await?;
             self.call("Reload", deadline, mgr.reload()).await
+        })
+    }
+
+    /// `unit`'s `DeviceAllow=` list as systemd holds it now (unit file, drop-ins and runtime
+    /// settings together), in order.
+    pub fn device_allow(&self, unit: &str, deadline: Instant) -> Result<Vec<(String, String)>> {
+        zbus::block_on(async {
+            let path = self.load_unit(unit, deadline).await?;
+            let s = self.service_proxy(&path).await?;
+            self.call(
+                &format!("reading DeviceAllow of {unit}"),
+                deadline,
+                s.device_allow(),
+            )
+            .await
+        })
+    }
+
+    /// Replace `unit`'s whole `DeviceAllow=` list with `entries` as a runtime setting
+    /// (`SetUnitProperties`, runtime: an empty list first, which resets it, then the list, in
+    /// one call). systemd writes it to `/run/systemd/system.control/<unit>.d/50-DeviceAllow.conf`
+    /// and applies it to the unit's cgroup before it next forks a process for the unit; it is
+    /// gone at reboot.
+    pub fn set_device_allow(
+        &self,
+        unit: &str,
+        entries: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<()> {
+        zbus::block_on(async {
+            let mgr = self.manager().await?;
+            let reset: Vec<(String, String)> = Vec::new();
+            let props = [
+                ("DeviceAllow", Variant::from(reset)),
+                ("DeviceAllow", Variant::from(entries.to_vec())),
+            ];
+            self.call(
+                &format!("SetUnitProperties({unit}, DeviceAllow)"),
+                deadline,
+                mgr.set_unit_properties(unit, true, &props),
+            )
+            .await
         })
     }
 

@@ -27,6 +27,12 @@ pub trait Manager {
     fn subscribe(&self) -> zbus::Result<()>;
     fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn set_unit_properties(
+        &self,
+        name: &str,
+        runtime: bool,
+        properties: &[(&str, Variant<'_>)],
+    ) -> zbus::Result<()>;
 
     #[zbus(property)]
     fn system_state(&self) -> zbus::Result<String>;
@@ -78,6 +84,9 @@ pub trait Service {
     fn timeout_start_usec(&self) -> zbus::Result<u64>;
     #[zbus(property, name = "TimeoutStopUSec")]
     fn timeout_stop_usec(&self) -> zbus::Result<u64>;
+    /// The device cgroup's allow list: (path or `char-<group>`, access `rwm`).
+    #[zbus(property)]
+    fn device_allow(&self) -> zbus::Result<Vec<(String, String)>>;
     /// Each `ExecStartPost=` command with its last run: (path, argv, ignore failure, start
     /// realtime µs, start monotonic µs, exit realtime µs, exit monotonic µs, PID, `si_code`,
     /// status), as systemd 252 keeps it until the unit starts again.

@@ -48,6 +48,7 @@ pub fn inventory(version: &str) -> Inventory {
             model: "NVIDIA A10".into(),
             device: Some("/dev/nvidia0".into()),
             dri: vec!["/dev/dri/card1".into(), "/dev/dri/renderD128".into()],
+            mig_caps: Vec::new(),
         }],
         kernel_module: Some(version.into()),
         driver: Some(UserspaceDriver {

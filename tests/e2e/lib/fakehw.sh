@@ -17,6 +17,9 @@
 #        fakehw remove-libs      userspace driver files gone (an incomplete driver install)
 #        fakehw restore-libs
 #        fakehw version KVER [UVER]  kernel module version and userspace (library) version
+#        fakehw renumber 0|1     1: the same GPUs (UUIDs) in the other slots, as after a reboot that
+#                                renumbers them: the GPU with UUID k sits in slot N-1-k (its minor
+#                                and bus id); 0: UUID k in slot k again
 #        fakehw status
 set -euo pipefail
 CONF=/etc/e2e/fakehw.env
@@ -24,16 +27,21 @@ STATE=/run/e2e
 STAGE=/opt/e2e-fake-driver           # pristine stub libraries, one dir per driver version
 LIBDIR=/usr/lib/x86_64-linux-gnu
 # defaults, overridden by $CONF
-GPUS=2; KVER=580.82.07; UVER=580.82.07; LIBS=present; UVM_MAJOR=509
+GPUS=2; KVER=580.82.07; UVER=580.82.07; LIBS=present; UVM_MAJOR=509; RENUMBER=0
 # shellcheck disable=SC1090
 [ -r "$CONF" ] && . "$CONF"
 
 save_conf() {
     mkdir -p "$(dirname "$CONF")"
-    printf 'GPUS=%s\nKVER=%s\nUVER=%s\nLIBS=%s\nUVM_MAJOR=%s\n' "$GPUS" "$KVER" "$UVER" "$LIBS" "$UVM_MAJOR" > "$CONF"
+    printf 'GPUS=%s\nKVER=%s\nUVER=%s\nLIBS=%s\nUVM_MAJOR=%s\nRENUMBER=%s\n' "$GPUS" "$KVER" "$UVER" "$LIBS" "$UVM_MAJOR" "$RENUMBER" > "$CONF"
 }
 bus_of()  { printf '0000:%02x:00.0' $((6 + $1)); }
-uuid_of() { printf 'GPU-e2e00000-0000-4000-8000-%012d' "$1"; }
+# uuid_of <slot>: the UUID of the GPU in that slot (minor and bus id), see `renumber`
+uuid_of() {
+    local k=$1
+    [ "$RENUMBER" = 1 ] && k=$((GPUS - 1 - $1))
+    printf 'GPU-e2e00000-0000-4000-8000-%012d' "$k"
+}
 is_mounted() { findmnt -rn --mountpoint "$1" >/dev/null 2>&1; }
 
 setup() {
@@ -314,7 +322,7 @@ apply() {
 }
 
 status() {
-    echo "config: GPUS=$GPUS KVER=$KVER UVER=$UVER LIBS=$LIBS UVM_MAJOR=$UVM_MAJOR"
+    echo "config: GPUS=$GPUS KVER=$KVER UVER=$UVER LIBS=$LIBS UVM_MAJOR=$UVM_MAJOR RENUMBER=$RENUMBER"
     ls -l /dev/nvidia* /dev/dri 2>/dev/null || true
     grep -E 'nvidia|drm' /proc/devices || true
     ls /proc/driver/nvidia/gpus 2>/dev/null || true
@@ -329,6 +337,7 @@ case "$cmd" in
     remove-libs) LIBS=absent; apply;;
     restore-libs) LIBS=present; apply;;
     version) KVER=${1:?kernel version}; UVER=${2:-$1}; apply;;
+    renumber) RENUMBER=${1:?0 or 1}; apply;;
     status) status;;
     *) echo "fakehw: unknown command $cmd" >&2; exit 2;;
 esac

@@ -26,6 +26,7 @@ remove_libs()         { H /usr/local/lib/e2e/fakehw remove-libs >/dev/null; }
 restore_libs()        { H /usr/local/lib/e2e/fakehw restore-libs >/dev/null; }
 fake_driver_version() { H /usr/local/lib/e2e/fakehw version "$@" >/dev/null; }   # KVER [UVER]
 fake_status()         { H /usr/local/lib/e2e/fakehw status; }
+fake_renumber()       { H /usr/local/lib/e2e/fakehw renumber "$1" >/dev/null; }   # 0|1
 
 # ---- machine flags (files on the machine's rootfs, read by units baked into the image) -------
 mflag_set()   { mkdir -p "$(mroot "$1")/etc/e2e"; printf '%s\n' "${3:-1}" > "$(mroot "$1")/etc/e2e/$2"; }   # <m> <flag> [content]
@@ -65,6 +66,18 @@ open_errno() {
         *) echo "other: $out";;
     esac
 }
+# mknod_open <m> <major> <minor>: root in the machine makes a node of that number and opens it:
+# EPERM when the machine's device cgroup refuses it, ENXIO when it allows it (no driver behind)
+mknod_open() {
+    local out
+    out=$(M -m "$1" /bin/sh -c "rm -f /dev/e2e-mknod; mknod /dev/e2e-mknod c $2 $3 2>&1 && exec 3</dev/e2e-mknod && echo opened; rm -f /dev/e2e-mknod" 2>&1)
+    case "$out" in
+        *opened*) echo opened;;
+        *"No such device or address"*) echo ENXIO;;
+        *"Operation not permitted"*) echo EPERM;;
+        *) echo "other: $out";;
+    esac
+}
 # journal of the unit under test since a point in time ("@epoch")
 unit_journal_since() { # <m> <since>
     H journalctl --no-pager -o cat -u "$(unit_of "$1")" --since "$2" 2>/dev/null
@@ -96,7 +109,7 @@ hook_journal_this_start() { # <m> <since>
 baseline() {
     local m
     H /usr/local/lib/e2e/fakehw version "$DRIVER_VERSION" >/dev/null
-    fake_gpus "$E2E_GPUS"; restore_libs
+    fake_gpus "$E2E_GPUS"; restore_libs; fake_renumber 0
     for m in kube1 kube2; do
         mflag_clear "$m" fail-containerd; mflag_clear "$m" slow-stop
     done

@@ -1,0 +1,143 @@
+//! The device cgroup of a machine whose config's `gpus` is not `all`: exactly its own NVIDIA
+//! and DRM nodes, by number, set at every start.
+//!
+//! `DeviceAllow=char-nvidia*` (the drop-in of an `all` machine) allows every minor of every
+//! NVIDIA major, so root in the machine with `CAP_MKNOD` could open any GPU of the host after a
+//! `mknod`. For a machine with a share of the GPUs the drop-in allows no NVIDIA or DRM group;
+//! pre-start, run as `ExecStartPre=` of the very unit, sets the unit's `DeviceAllow=` over D-Bus
+//! (`SetUnitProperties`, runtime) to what the unit allows without NVIDIA plus one
+//! `/dev/char/<major>:<minor>` entry per node of the machine's view. systemd parses
+//! `/dev/char/M:m` without a node there (no `stat()` at apply time), applies the list to the
+//! unit's cgroup before it forks `ExecStart=` (nspawn, whose payload's cgroup is below the
+//! unit's, and BPF device programs of a parent cgroup apply to all below it), and keeps it in
+//! `/run/systemd/system.control/<unit>.d/50-DeviceAllow.conf`. That file sorts before our
+//! `50-nspawn-lifecycle.conf`, so a `daemon-reload` re-applies it after the unit file (its
+//! leading empty `DeviceAllow=` resets the stock entries, which the file carries again) and
+//! before our drop-in, which must therefore never name an NVIDIA group for such a machine
+//! (pre-start refuses a drop-in that does: [`check_dropin`]).
+
+use crate::config::Gpus;
+use crate::discovery::{DeviceRole, Inventory};
+use crate::error::bad_input;
+use anyhow::Result;
+
+/// Access for every entry we add (read, write, mknod), as the `all` drop-in grants.
+pub const ACCESS: &str = "rwm";
+
+/// The drop-in line that allows every NVIDIA node: only an `all` machine's drop-in has it.
+pub const ALL_GPUS_LINE: &str = "DeviceAllow=char-nvidia* rwm";
+
+/// One `/dev/char/M:m` entry per NVIDIA or DRM node of the machine's view, sorted, each once.
+pub fn machine_entries(view: &Inventory) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = view
+        .devices
+        .iter()
+        .filter(|d| d.role != DeviceRole::Kvm)
+        .map(|d| {
+            (
+                format!("/dev/char/{}:{}", d.major, d.minor),
+                ACCESS.to_owned(),
+            )
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether an entry of the unit's list is one pre-start owns (and so replaces at every start):
+/// every `/dev/char/…` entry, and any NVIDIA or DRM group an older drop-in or a runtime setting
+/// left. Entries by path (`/dev/net/tun`) and other groups (`char-pts`, `block-loop`) are kept.
+fn owned(path: &str) -> bool {
+    path.starts_with("/dev/char/") || path.starts_with("char-nvidia") || path == "char-drm"
+}
+
+/// The unit's new list: what it allows now minus what pre-start owns, then `ours`.
+pub fn merge(current: &[(String, String)], ours: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for e in current.iter().filter(|(p, _)| !owned(p)).chain(ours) {
+        if !out.contains(e) {
+            out.push(e.clone());
+        }
+    }
+    out
+}
+
+/// The installed drop-in (`text`) must match the machine's `gpus`: an `all` machine's allows
+/// every NVIDIA group, any other's none (a `daemon-reload` would add it back after the
+/// runtime list). A mismatch is bad input until `install` is run again.
+pub fn check_dropin(machine: &str, dropin_path: &str, text: &str, gpus: &Gpus) -> Result<()> {
+    let has_all = text.lines().any(|l| l.trim() == ALL_GPUS_LINE);
+    let want_all = *gpus == Gpus::All;
+    if has_all == want_all {
+        return Ok(());
+    }
+    Err(bad_input(format!(
+        "{dropin_path} was installed for {} but the config's gpus for {machine} is {gpus}: run \
+         `nspawn-lifecycle-helper install {machine}` so its device cgroup {}",
+        if has_all {
+            "gpus \"all\""
+        } else {
+            "a machine without every GPU"
+        },
+        if want_all {
+            "allows every GPU"
+        } else {
+            "allows only its own GPUs"
+        }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(p: &str, a: &str) -> (String, String) {
+        (p.to_owned(), a.to_owned())
+    }
+
+    #[test]
+    fn merge_keeps_the_stock_entries_and_replaces_ours() {
+        let current = [
+            e("/dev/net/tun", "rwm"),
+            e("char-pts", "rw"),
+            e("block-loop", "rw"),
+            e("/dev/kvm", "rwm"),
+            e("char-nvidia*", "rwm"),
+            e("char-drm", "rwm"),
+            e("/dev/char/195:3", "rwm"),
+            e("/dev/char/509:0", "rwm"),
+        ];
+        let ours = [e("/dev/char/195:0", "rwm"), e("/dev/char/195:255", "rwm")];
+        assert_eq!(
+            merge(&current, &ours),
+            [
+                e("/dev/net/tun", "rwm"),
+                e("char-pts", "rw"),
+                e("block-loop", "rw"),
+                e("/dev/kvm", "rwm"),
+                e("/dev/char/195:0", "rwm"),
+                e("/dev/char/195:255", "rwm"),
+            ]
+        );
+        // Idempotent: merging again changes nothing.
+        assert_eq!(
+            merge(&merge(&current, &ours), &ours),
+            merge(&current, &ours)
+        );
+        // `none`: nothing of NVIDIA stays.
+        assert_eq!(merge(&current, &[]).len(), 4);
+    }
+
+    #[test]
+    fn the_dropin_must_match_the_setting() {
+        let all = format!("[Service]\n{ALL_GPUS_LINE}\nDeviceAllow=/dev/kvm rwm\n");
+        let some = "[Service]\nDeviceAllow=/dev/kvm rwm\n";
+        assert!(check_dropin("kube1", "/d", &all, &Gpus::All).is_ok());
+        assert!(check_dropin("kube1", "/d", some, &Gpus::None).is_ok());
+        let err = check_dropin("kube1", "/d", &all, &Gpus::None).unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("install kube1"), "{err:#}");
+        assert!(check_dropin("kube1", "/d", some, &Gpus::All).is_err());
+    }
+}
