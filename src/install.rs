@@ -1316,6 +1316,13 @@ pub fn install(
     .with_context(|| format!("install of {machine}"))
 }
 
+/// `install <MACHINE> --print-dropin`: the drop-in [`install`] writes, on stdout, so tests and
+/// tools take it from the binary instead of keeping a copy that drifts.
+pub fn print_dropin(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    print!("{}", Dropin::new(machine, ctx.config.helper_path()));
+    Ok(())
+}
+
 /// `uninstall <MACHINE>`: remove what install added, leaving a `.nspawn` file without GPU binds;
 /// leaves the rootfs and a running machine alone.
 pub fn uninstall(

@@ -123,9 +123,14 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
-        Command::Install { machine, dry_run } => {
-            install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD)
-        }
+        Command::Install {
+            machine,
+            print_dropin: true,
+            ..
+        } => install::print_dropin(&ctx, &machine),
+        Command::Install {
+            machine, dry_run, ..
+        } => install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD),
         Command::Uninstall { machine, dry_run } => {
             install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }

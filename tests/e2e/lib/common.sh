@@ -136,5 +136,8 @@ HP=/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper
 # The failpoints build (HELPER_FAILPOINTS), bind-mounted here when given; scenario 8 mounts it
 # over $HP for its duration so the hooks systemd runs are that build.
 HP_FAILPOINTS=/usr/local/lib/e2e/nspawn-lifecycle-helper-failpoints
+# The product's drop-in for kube1 (tests/golden/dropin-kube1.conf), staged in the host for the
+# shell doubles, which cannot print it as the binary does (`install <m> --print-dropin`).
+E2E_DROPIN_TEMPLATE=/usr/local/lib/e2e/dropin-kube1.conf
 helper() { H "$HP" "$@"; }
 have_real_helper() { [ -n "${HELPER:-}" ]; }
