@@ -6,11 +6,11 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod discovery;
 pub mod error;
 pub mod failpoint;
 pub mod fixture;
-pub mod fuzzing;
 pub mod gate;
 pub mod host;
 pub mod host_dir;
@@ -83,7 +83,7 @@ pub fn run(cli: Cli) -> Result<()> {
         list,
     } = &cli.command
     {
-        return prestart::demo(example, *list);
+        return demo::demo(example, *list);
     }
     // Generated from the command line alone: no host, no configuration, no root (packaging).
     match &cli.command {
