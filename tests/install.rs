@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::copy_tree;
+use common::{copy_tree, run_helper};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -62,13 +62,7 @@ struct Out {
 }
 
 fn run(root: &Path, args: &[&str]) -> Out {
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(root)
-        .args(args)
-        .env_remove("NSPAWN_LIFECYCLE_LOG")
-        .output()
-        .unwrap();
+    let out = run_helper(root, args);
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
