@@ -737,6 +737,8 @@ impl JobKind {
 /// (again) as often as needed: right after a start the machine's bus may not exist yet. Returns
 /// the connection. Fails at once for a machine in its own user namespace, when the manager
 /// reports `stopping`/`maintenance` (which do not end by waiting), or when the leader exits.
+// Over 80 lines because it is one poll loop: connecting, reading the state and deciding whether
+// waiting can still help share the `last`/`polls` bookkeeping that makes its one debug line.
 pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
     machine.check_user_namespace()?;
     let started = Instant::now();
