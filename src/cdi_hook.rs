@@ -15,6 +15,9 @@
 //!   written by [`crate::ldcache`] (see there for why), and image files are only read when they
 //!   are regular files (`/etc/ld.so.cache`), never opened if they are FIFOs or devices.
 //!
+//! The root is a [`MachineRoot`] opened as a [`crate::machine_root::RootKind::Container`]: the
+//! same descriptor walk the machine side uses, with `RESOLVE_NO_XDEV` on every directory.
+//!
 //! Hooks (CLI shape is stable; the CDI spec in [`crate::cdi`] writes these arguments):
 //! - `create-symlinks --link TARGET::LINK …`: make LINK (a path in the container) a symlink to
 //!   TARGET, replacing a stale symlink or file there; a directory there is an error.
@@ -28,12 +31,11 @@
 //!   `CAP_MKNOD` (containerd grants it).
 
 use crate::ldcache;
+use crate::machine_root::{Lookup, MachineRoot, split_parent};
 use anyhow::{Context as _, Result, bail};
-use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{FileStat, Mode, SFlag};
-use std::io::{Read as _, Write as _};
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use nix::sys::stat::SFlag;
+use std::io::Read as _;
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 
 /// The host's driver parameters, which the driver reads `ModifyDeviceFiles` from.
@@ -45,13 +47,6 @@ const LD_CONF: &str = "/etc/ld.so.conf.d/000-nspawn-lifecycle-nvidia.conf";
 const LD_CACHE: &str = "/etc/ld.so.cache";
 /// The most of the OCI state and `config.json` we read (a real config is a few kilobytes).
 const MAX_JSON: u64 = 4 << 20;
-
-/// The container's root directory, opened once, as the runtime set it up.
-#[derive(Debug)]
-pub struct ContainerRoot {
-    fd: OwnedFd,
-    path: PathBuf,
-}
 
 /// The OCI state a runtime passes a hook on stdin (only what we use).
 #[derive(Debug, serde::Deserialize)]
@@ -102,291 +97,6 @@ pub fn root_from_state(state: impl std::io::Read) -> Result<PathBuf> {
     Ok(root)
 }
 
-fn in_root() -> ResolveFlag {
-    ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
-}
-
-/// Resolution for directories we write in: inside the root, and never onto another mount.
-fn in_root_same_fs() -> ResolveFlag {
-    in_root() | ResolveFlag::RESOLVE_NO_XDEV
-}
-
-fn beneath_no_symlinks() -> ResolveFlag {
-    ResolveFlag::RESOLVE_BENEATH
-        | ResolveFlag::RESOLVE_NO_SYMLINKS
-        | ResolveFlag::RESOLVE_NO_MAGICLINKS
-}
-
-/// `openat2`, retried on `EAGAIN` (a rename or mount elsewhere raced with resolving `..`).
-fn openat2(dirfd: &OwnedFd, path: &str, how: OpenHow) -> nix::Result<OwnedFd> {
-    let mut tries = 0;
-    loop {
-        match nix::fcntl::openat2(dirfd, path, how) {
-            Err(Errno::EAGAIN) if tries < 64 => tries += 1,
-            r => return r,
-        }
-    }
-}
-
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
-}
-
-/// The components of an absolute container path; `.`, `..` and empty names are refused (our
-/// own arguments never need them).
-fn components(path: &str) -> Result<Vec<&str>> {
-    let Some(rest) = path.strip_prefix('/') else {
-        bail!("{path:?} is not an absolute path in the container");
-    };
-    let comps: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
-    if comps.is_empty() {
-        bail!("{path:?} is the container root, not a file in it");
-    }
-    for c in &comps {
-        if *c == "." || *c == ".." || c.contains('\0') {
-            bail!("{path:?}: {c:?} is not a plain file name");
-        }
-    }
-    Ok(comps)
-}
-
-/// A directory inside the container, held open.
-struct Dir {
-    fd: OwnedFd,
-    path: String,
-}
-
-impl Dir {
-    fn child(&self, name: &str) -> String {
-        if self.path == "/" {
-            format!("/{name}")
-        } else {
-            format!("{}/{name}", self.path)
-        }
-    }
-
-    fn lstat(&self, name: &str) -> Result<Option<FileStat>> {
-        match nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(st)),
-            Err(Errno::ENOENT) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("stat {} in the container", self.child(name))),
-        }
-    }
-
-    /// Replace `name` with what `create` makes under the temporary name, atomically.
-    fn replace(&self, name: &str, create: impl FnOnce(&str) -> Result<()>) -> Result<()> {
-        let tmp = format!(".{name}.nspawn-lifecycle.tmp");
-        let _ = nix::unistd::unlinkat(
-            &self.fd,
-            tmp.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        );
-        create(&tmp)?;
-        if let Err(e) = nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name) {
-            let _ = nix::unistd::unlinkat(
-                &self.fd,
-                tmp.as_str(),
-                nix::unistd::UnlinkatFlags::NoRemoveDir,
-            );
-            return Err(e)
-                .with_context(|| format!("replacing {} in the container", self.child(name)));
-        }
-        Ok(())
-    }
-}
-
-fn is_dir(st: &FileStat) -> bool {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR
-}
-
-/// What [`ContainerRoot::symlink`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Linked {
-    Unchanged,
-    Created,
-    /// A stale symlink or a file of the image was atomically replaced.
-    Replaced,
-}
-
-impl ContainerRoot {
-    /// Open the container root at `path` (from the runtime, trusted; may itself be a symlink).
-    pub fn open(path: &Path) -> Result<ContainerRoot> {
-        let fd = nix::fcntl::open(path, dir_flags(), Mode::empty())
-            .with_context(|| format!("opening container root {}", path.display()))?;
-        let ours = nix::sys::stat::fstat(&fd).context("stat container root")?;
-        let slash = nix::sys::stat::stat("/").context("stat /")?;
-        if (ours.st_dev, ours.st_ino) == (slash.st_dev, slash.st_ino) {
-            bail!(
-                "container root {} is the runtime's own root directory; refusing to write there",
-                path.display()
-            );
-        }
-        Ok(ContainerRoot {
-            fd,
-            path: path.to_path_buf(),
-        })
-    }
-
-    fn root_dir(&self) -> Result<Dir> {
-        Ok(Dir {
-            fd: nix::unistd::dup(&self.fd).context("duplicating the container root fd")?,
-            path: "/".into(),
-        })
-    }
-
-    /// The parent directory of `path` and its last name, creating missing directories (0755),
-    /// resolving existing ones inside the root and on the root's filesystem only.
-    fn parent_of<'p>(&self, path: &'p str) -> Result<(Dir, &'p str)> {
-        let comps = components(path)?;
-        let (name, parents) = comps.split_last().expect("components are never empty");
-        let mut cur = self.root_dir()?;
-        for (i, c) in parents.iter().enumerate() {
-            let prefix = format!("/{}", parents[..=i].join("/"));
-            let how = OpenHow::new().flags(dir_flags()).resolve(in_root_same_fs());
-            cur = match openat2(&self.fd, &prefix, how) {
-                Ok(fd) => Dir { fd, path: prefix },
-                Err(Errno::ENOENT) => {
-                    if cur.lstat(c)?.is_some() {
-                        bail!("{prefix} in the container is a dangling symlink or not a directory");
-                    }
-                    match nix::sys::stat::mkdirat(&cur.fd, *c, Mode::from_bits_truncate(0o755)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(e) => {
-                            return Err(e)
-                                .with_context(|| format!("creating {prefix} in the container"));
-                        }
-                    }
-                    let how = OpenHow::new()
-                        .flags(dir_flags() | OFlag::O_NOFOLLOW)
-                        .resolve(beneath_no_symlinks() | ResolveFlag::RESOLVE_NO_XDEV);
-                    let fd = openat2(&cur.fd, c, how)
-                        .with_context(|| format!("opening {prefix} in the container"))?;
-                    Dir { fd, path: prefix }
-                }
-                Err(Errno::EXDEV) => bail!(
-                    "{prefix} in the container is on another filesystem than the container \
-                     root (a mount, or an image symlink into one); refusing to write there"
-                ),
-                Err(Errno::ENOTDIR) => {
-                    bail!("{prefix} in the container is not a directory")
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("opening {prefix} in the container"));
-                }
-            };
-        }
-        Ok((cur, name))
-    }
-
-    /// Make `link` a symlink to `target`; see the module doc for what is replaced.
-    pub fn symlink(&self, target: &str, link: &str) -> Result<Linked> {
-        if target.is_empty() || target.contains('\0') {
-            bail!("symlink target {target:?} for {link} is empty or holds NUL");
-        }
-        let (dir, name) = self.parent_of(link)?;
-        let outcome = match dir.lstat(name)? {
-            None => Linked::Created,
-            Some(st) if is_dir(&st) => bail!(
-                "{link} in the container is a directory; not replacing it with a symlink to {target}"
-            ),
-            Some(st) => {
-                let is_link =
-                    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFLNK;
-                if is_link
-                    && nix::fcntl::readlinkat(&dir.fd, name)
-                        .is_ok_and(|t| t.as_encoded_bytes() == target.as_bytes())
-                {
-                    return Ok(Linked::Unchanged);
-                }
-                Linked::Replaced
-            }
-        };
-        if outcome == Linked::Created {
-            match nix::unistd::symlinkat(target, &dir.fd, name) {
-                Ok(()) => return Ok(outcome),
-                Err(Errno::EEXIST) => {}
-                Err(e) => {
-                    return Err(e)
-                        .with_context(|| format!("creating symlink {link} in the container"));
-                }
-            }
-        }
-        dir.replace(name, |tmp| {
-            nix::unistd::symlinkat(target, &dir.fd, tmp)
-                .with_context(|| format!("creating symlink {} in the container", dir.child(tmp)))
-        })?;
-        Ok(Linked::Replaced)
-    }
-
-    /// Atomically make `path` a regular file with `bytes` and `mode` (temp file + rename).
-    pub fn write_file(&self, path: &str, bytes: &[u8], mode: u32) -> Result<()> {
-        let (dir, name) = self.parent_of(path)?;
-        if let Some(st) = dir.lstat(name)?
-            && is_dir(&st)
-        {
-            bail!("{path} in the container is a directory where a file is expected");
-        }
-        dir.replace(name, |tmp| {
-            let how = OpenHow::new()
-                .flags(
-                    OFlag::O_WRONLY
-                        | OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_CLOEXEC,
-                )
-                .mode(Mode::from_bits_truncate(0o600))
-                .resolve(beneath_no_symlinks());
-            let fd = openat2(&dir.fd, tmp, how)
-                .with_context(|| format!("creating {} in the container", dir.child(tmp)))?;
-            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).context("fchmod")?;
-            let mut f = std::fs::File::from(fd);
-            f.write_all(bytes)
-                .and_then(|()| f.sync_all())
-                .with_context(|| format!("writing {path} in the container"))
-        })
-    }
-
-    /// The bytes of the regular file at `path` (symlinks followed inside the root), at most
-    /// `max`; `None` when missing or not a regular file. A FIFO or device is never opened: an
-    /// `O_PATH` descriptor is checked first and only that inode is reopened.
-    pub fn read_regular(&self, path: &str, max: usize) -> Result<Option<Vec<u8>>> {
-        components(path)?;
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(in_root());
-        let pinned = match openat2(&self.fd, path, how) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("opening {path} in the container")),
-        };
-        let st = nix::sys::stat::fstat(&pinned).with_context(|| format!("stat {path}"))?;
-        if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
-            return Ok(None);
-        }
-        let fd = nix::fcntl::open(
-            format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
-            OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("reopening {path} in the container for reading"))?;
-        let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1))
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("reading {path} in the container"))?;
-        if bytes.len() > max {
-            bail!("{path} in the container is larger than {max} bytes");
-        }
-        Ok(Some(bytes))
-    }
-
-    /// The host path of the root, for messages.
-    pub fn origin(&self) -> &Path {
-        &self.path
-    }
-}
-
 /// `TARGET::LINK` or `SONAME::PATH`, split at the first `::`.
 pub fn split_pair(arg: &str) -> Result<(&str, &str)> {
     match arg.split_once("::") {
@@ -397,20 +107,43 @@ pub fn split_pair(arg: &str) -> Result<(&str, &str)> {
     }
 }
 
-/// `create-symlinks`: every `(target, link)`, in order; stops at the first error.
-pub fn create_symlinks(root: &ContainerRoot, links: &[(&str, &str)]) -> Result<()> {
+/// `create-symlinks`: every `(target, link)`, in order; stops at the first error. Missing
+/// parent directories are made (0755); a stale link or a file of the image at `link` is
+/// replaced atomically, a directory there is an error.
+pub fn create_symlinks(root: &MachineRoot, links: &[(&str, &str)]) -> Result<()> {
     for (target, link) in links {
-        let outcome = root
-            .symlink(target, link)
+        let outcome = symlink(root, target, link)
             .with_context(|| format!("container {}", root.origin().display()))?;
         tracing::debug!(link, target, ?outcome, "cdi-hook create-symlinks");
     }
     Ok(())
 }
 
+fn symlink(
+    root: &MachineRoot,
+    target: &str,
+    link: &str,
+) -> Result<crate::machine_root::LinkOutcome> {
+    if target.is_empty() || target.contains('\0') {
+        bail!("symlink target {target:?} for {link} is empty or holds NUL");
+    }
+    let (parent, name) = split_parent(link)?;
+    root.create_dir_all(&parent, 0o755)?
+        .symlink_over_file(name, target)
+}
+
+/// Atomically make `path` in the container a regular file with `bytes` and `mode`, making
+/// missing parent directories (0755).
+fn write_file(root: &MachineRoot, path: &str, bytes: &[u8], mode: u32) -> Result<()> {
+    let (parent, name) = split_parent(path)?;
+    root.create_dir_all(&parent, 0o755)?
+        .write_file_unnamed(name, bytes, mode)?;
+    Ok(())
+}
+
 /// `update-ldcache`: the image's cache plus `libs` (`(soname, path)`), written back; the conf
 /// entry when the image has `/etc/ld.so.conf.d`.
-pub fn update_ldcache(root: &ContainerRoot, libs: &[(&str, &str)]) -> Result<()> {
+pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
     for (soname, path) in libs {
         if soname.contains('/') || !path.starts_with('/') {
             return Err(crate::error::bad_input(format!(
@@ -422,7 +155,7 @@ pub fn update_ldcache(root: &ContainerRoot, libs: &[(&str, &str)]) -> Result<()>
         .iter()
         .map(|(s, p)| ldcache::Entry::new(ldcache::flags_for(p), s, p))
         .collect();
-    let existing = match root.read_regular(LD_CACHE, ldcache::MAX_CACHE)? {
+    let existing = match root.read_resolved(LD_CACHE, ldcache::MAX_CACHE)? {
         Some(bytes) => match ldcache::parse(&bytes) {
             Ok(e) => e,
             Err(e) => {
@@ -437,7 +170,7 @@ pub fn update_ldcache(root: &ContainerRoot, libs: &[(&str, &str)]) -> Result<()>
         None => Vec::new(),
     };
     let merged = ldcache::merge(existing, &ours);
-    root.write_file(LD_CACHE, &ldcache::render(&merged), 0o644)
+    write_file(root, LD_CACHE, &ldcache::render(&merged), 0o644)
         .with_context(|| format!("container {}", root.origin().display()))?;
     // Directories of our libraries, for an `ldconfig` the container may run later.
     let mut dirs: Vec<&str> = Vec::new();
@@ -447,9 +180,10 @@ pub fn update_ldcache(root: &ContainerRoot, libs: &[(&str, &str)]) -> Result<()>
             dirs.push(d);
         }
     }
-    let conf_dir = LD_CONF.rsplit_once('/').map_or("/", |(d, _)| d);
-    let how = OpenHow::new().flags(dir_flags()).resolve(in_root_same_fs());
-    if openat2(&root.fd, conf_dir, how).is_ok() {
+    // Only into a directory the image has, on the root's own filesystem (a lookup error is
+    // "not there" here: the conf entry is a courtesy to a later ldconfig, not needed to load).
+    let (conf_dir, conf_name) = split_parent(LD_CONF)?;
+    if let Ok(Lookup::Dir(dir)) = root.lookup_dir(&conf_dir) {
         let mut text = String::from(
             "# Written by nspawn-lifecycle-helper cdi-hook update-ldcache: the host's NVIDIA driver.\n",
         );
@@ -457,7 +191,7 @@ pub fn update_ldcache(root: &ContainerRoot, libs: &[(&str, &str)]) -> Result<()>
             text.push_str(d);
             text.push('\n');
         }
-        root.write_file(LD_CONF, text.as_bytes(), 0o644)?;
+        dir.write_file_unnamed(conf_name, text.as_bytes(), 0o644)?;
     }
     Ok(())
 }
@@ -478,7 +212,7 @@ pub fn params_without_device_modification(params: &str) -> String {
 
 /// `disable-device-node-modification`: see the module doc. Nothing to do when the host file is
 /// missing (no NVIDIA kernel driver) or the container has no such file to cover.
-pub fn disable_device_node_modification(root: &ContainerRoot, host_params: &Path) -> Result<()> {
+pub fn disable_device_node_modification(root: &MachineRoot, host_params: &Path) -> Result<()> {
     let params = match std::fs::read_to_string(host_params) {
         Ok(p) => p,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -487,18 +221,9 @@ pub fn disable_device_node_modification(root: &ContainerRoot, host_params: &Path
     let modified = params_without_device_modification(&params);
     // The target: resolved inside the root with no symlink anywhere (a real /proc has none),
     // pinned by an O_PATH descriptor that the bind goes onto.
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-        .resolve(in_root() | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let target = match openat2(&root.fd, CONTAINER_PARAMS, how) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT) => {
-            tracing::info!("{CONTAINER_PARAMS} does not exist in the container; nothing to cover");
-            return Ok(());
-        }
-        Err(e) => {
-            return Err(e).with_context(|| format!("opening {CONTAINER_PARAMS} in the container"));
-        }
+    let Some(target) = root.pin_no_symlinks(CONTAINER_PARAMS)? else {
+        tracing::info!("{CONTAINER_PARAMS} does not exist in the container; nothing to cover");
+        return Ok(());
     };
     let st = nix::sys::stat::fstat(&target).context("stat the container's params")?;
     if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
@@ -567,7 +292,7 @@ pub fn run(hook: &crate::cli::CdiHook, state: impl std::io::Read) -> Result<()> 
         CdiHook::DisableDeviceNodeModification { .. } => Vec::new(),
     };
     let args: Vec<(&str, &str)> = args.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    let root = ContainerRoot::open(&root_from_state(state)?)?;
+    let root = MachineRoot::open_container(&root_from_state(state)?)?;
     match hook {
         CdiHook::CreateSymlinks { .. } => create_symlinks(&root, &args),
         CdiHook::UpdateLdcache { .. } => update_ldcache(&root, &args),

@@ -75,6 +75,10 @@ pub enum Command {
         /// Report what would change without writing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Print the unit drop-in install writes for MACHINE on stdout and exit: reads the
+        /// configuration (for the helper's path), writes and checks nothing else.
+        #[arg(long, conflicts_with = "dry_run")]
+        print_dropin: bool,
     },
 
     /// Remove what install added for MACHINE (drop-in, rendered .nspawn file, and the helper copy

@@ -303,6 +303,8 @@ fn parse(text: &str) -> Result<Vec<(usize, Op)>> {
     Ok(ops)
 }
 
+// Long on purpose: one match arm per directive of the format in the module doc, in its order, so
+// the parser reads against that table; splitting it would scatter one grammar over many places.
 fn parse_line<'a>(line: &str, more: &mut impl Iterator<Item = (usize, &'a str)>) -> Result<Op> {
     let (verb, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
     let rest = rest.trim_start();
@@ -521,6 +523,8 @@ struct Builder {
 }
 
 impl Builder {
+    // Long on purpose: one arm per directive, like `parse_line`; the arms that build a driver
+    // (`nvidia-libs`, `ldcache`) are the format's own semantics, kept beside the others.
     fn apply(&mut self, op: Op) -> Result<()> {
         match op {
             Op::Dir(p) => self.dir(&p),

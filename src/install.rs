@@ -36,7 +36,7 @@ use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
-use crate::nspawn::{NSPAWN_DIR, NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
+use crate::nspawn::{NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
 use crate::paths::HostPath;
 use crate::prestart;
 use anyhow::{Context as _, Result};
@@ -107,7 +107,7 @@ pub struct Setting {
 /// Our drop-in for `systemd-nspawn@<machine>.service` (DESIGN §4); `Display` renders the bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropin {
-    pub machine: String,
+    pub machine: MachineName,
     /// Absolute path of the installed helper, as the hooks call it (checked by the config for
     /// what an Exec line can carry; `%` and `$` are escaped when rendered).
     pub helper_path: HostPath,
@@ -119,7 +119,7 @@ pub struct Dropin {
 impl Dropin {
     pub fn new(machine: &MachineName, helper_path: &HostPath) -> Dropin {
         Dropin {
-            machine: machine.to_string(),
+            machine: machine.clone(),
             helper_path: helper_path.clone(),
             all_gpus: true,
         }
@@ -238,7 +238,7 @@ impl fmt::Display for Dropin {
         writeln!(
             f,
             "# Per-start host state is not here: pre-start renders {} at every start.",
-            nspawn_path_str(&self.machine)
+            nspawn_path(&self.machine)
         )?;
         let mut section = "";
         for s in self.settings() {
@@ -255,10 +255,6 @@ impl fmt::Display for Dropin {
         }
         Ok(())
     }
-}
-
-fn nspawn_path_str(machine: &str) -> String {
-    format!("{NSPAWN_DIR}/{machine}.nspawn")
 }
 
 /// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.
@@ -1340,6 +1336,13 @@ pub fn install(
         plan_install(ctx, machine, &exe)
     })
     .with_context(|| format!("install of {machine}"))
+}
+
+/// `install <MACHINE> --print-dropin`: the drop-in [`install`] writes, on stdout, so tests and
+/// tools take it from the binary instead of keeping a copy that drifts.
+pub fn print_dropin(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    print!("{}", Dropin::new(machine, ctx.config.helper_path()));
+    Ok(())
 }
 
 /// `uninstall <MACHINE>`: remove what install added, leaving a `.nspawn` file without GPU binds;

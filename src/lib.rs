@@ -6,13 +6,13 @@ pub mod cdi;
 pub mod cdi_hook;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod device_cgroup;
 pub mod discovery;
 pub mod driver_tree;
 pub mod error;
 pub mod failpoint;
 pub mod fixture;
-pub mod fuzzing;
 pub mod gate;
 pub mod host;
 pub mod host_dir;
@@ -85,7 +85,7 @@ pub fn run(cli: Cli) -> Result<()> {
         list,
     } = &cli.command
     {
-        return prestart::demo(example, *list);
+        return demo::demo(example, *list);
     }
     // Generated from the command line alone: no host, no configuration, no root (packaging).
     match &cli.command {
@@ -125,9 +125,14 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json } => prestart::discover(&ctx, json),
         Command::Plan { machine } => prestart::plan(&ctx, &machine),
-        Command::Install { machine, dry_run } => {
-            install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD)
-        }
+        Command::Install {
+            machine,
+            print_dropin: true,
+            ..
+        } => install::print_dropin(&ctx, &machine),
+        Command::Install {
+            machine, dry_run, ..
+        } => install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD),
         Command::Uninstall { machine, dry_run } => {
             install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
         }

@@ -15,6 +15,12 @@
 //!   checked with `fstat`, and only then reopened for reading ([`MachineDir::open_regular`]), so
 //!   a FIFO or device node swapped in at any moment is never opened.
 //!
+//! The same type holds a container's root for the CDI hooks ([`RootKind::Container`], opened by
+//! [`MachineRoot::open_container`]): the rules are the same, the messages say "container", and
+//! every directory walked to (and so written in) must also be on the root's own filesystem
+//! (`RESOLVE_NO_XDEV`), so an image symlink cannot steer a write into `/proc`, `/sys`, `/dev` or
+//! a volume the runtime mounted.
+//!
 //! Ownership: the helper runs as host root and our `.nspawn` sets `PrivateUsers=no`, so host uid 0
 //! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
 //! user-namespaced machine (`PrivateUsers=pick`) would need `fchownat` to the machine's base uid.
@@ -121,11 +127,51 @@ pub enum Subdir {
     Other(FileKind),
 }
 
-/// The machine's root directory, opened once.
+/// Which untrusted tree a [`MachineRoot`] is: how strictly directories are walked and what the
+/// messages call it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootKind {
+    /// A machine's rootfs (post-start, status): directories resolve anywhere inside the root,
+    /// across the machine's own mounts (`/run`, `/var/run → ../run`).
+    Machine,
+    /// A container's root as its runtime set it up (the CDI hooks): directories must also be on
+    /// the root's own filesystem (`RESOLVE_NO_XDEV`).
+    Container,
+}
+
+impl RootKind {
+    /// What messages call the tree: "… in the machine", "… in the container".
+    pub fn noun(self) -> &'static str {
+        match self {
+            RootKind::Machine => "machine",
+            RootKind::Container => "container",
+        }
+    }
+
+    /// Resolution flags added to every directory walk.
+    fn walk(self) -> ResolveFlag {
+        match self {
+            RootKind::Machine => ResolveFlag::empty(),
+            RootKind::Container => ResolveFlag::RESOLVE_NO_XDEV,
+        }
+    }
+
+    /// The temporary name a file or link is made under before the rename: ours alone in a
+    /// container image, where `.<name>.tmp` may be the image's own file.
+    fn tmp_name(self, name: &str) -> String {
+        match self {
+            RootKind::Machine => format!(".{name}.tmp"),
+            RootKind::Container => format!(".{name}.nspawn-lifecycle.tmp"),
+        }
+    }
+}
+
+/// The machine's (or a container's, see [`RootKind`]) root directory, opened once.
 #[derive(Debug)]
 pub struct MachineRoot {
     fd: OwnedFd,
     origin: PathBuf,
+    tree: RootKind,
 }
 
 /// A directory inside the machine, held open; `path` is its machine path, for messages.
@@ -133,6 +179,7 @@ pub struct MachineRoot {
 pub struct MachineDir {
     fd: OwnedFd,
     path: String,
+    tree: RootKind,
 }
 
 fn in_root() -> ResolveFlag {
@@ -204,6 +251,44 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
+/// The regular file an `O_PATH` descriptor pins, reopened for reading; `None` when it is not a
+/// regular file (a FIFO or device node is never opened). `path` and `noun` are for messages.
+fn reopen_regular(
+    pinned: &OwnedFd,
+    path: &str,
+    noun: &str,
+) -> Result<Option<(std::fs::File, FileStat)>> {
+    use std::os::fd::AsRawFd as _;
+    let st = nix::sys::stat::fstat(pinned).with_context(|| format!("stat {path}"))?;
+    if FileKind::from_stat(&st) != FileKind::File {
+        return Ok(None);
+    }
+    let fd = nix::fcntl::open(
+        format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
+        OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("reopening {path} in the {noun} for reading"))?;
+    let again = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+        bail!("{path} in the {noun} changed while it was being opened");
+    }
+    Ok(Some((std::fs::File::from(fd), again)))
+}
+
+/// All of `file`, at most `max` bytes; more is an error naming `path`.
+fn read_bounded(file: std::fs::File, max: usize, path: &str, noun: &str) -> Result<Vec<u8>> {
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let mut bytes = Vec::new();
+    file.take(limit)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {path} in the {noun}"))?;
+    if bytes.len() > max {
+        bail!("{path} in the {noun} is larger than {max} bytes");
+    }
+    Ok(bytes)
+}
+
 impl std::os::fd::AsFd for MachineRoot {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
@@ -219,6 +304,28 @@ impl MachineRoot {
         Ok(MachineRoot {
             fd,
             origin: path.to_path_buf(),
+            tree: RootKind::Machine,
+        })
+    }
+
+    /// Open a container's root at `path` (from its runtime's OCI state, trusted; may itself be a
+    /// symlink) as a [`RootKind::Container`]. A root that is the runtime's own `/` is refused:
+    /// every write would land outside any container.
+    pub fn open_container(path: &Path) -> Result<MachineRoot> {
+        let fd = nix::fcntl::open(path, dir_flags(), Mode::empty())
+            .with_context(|| format!("opening container root {}", path.display()))?;
+        let ours = nix::sys::stat::fstat(&fd).context("stat container root")?;
+        let slash = nix::sys::stat::stat("/").context("stat /")?;
+        if (ours.st_dev, ours.st_ino) == (slash.st_dev, slash.st_ino) {
+            bail!(
+                "container root {} is the runtime's own root directory; refusing to write there",
+                path.display()
+            );
+        }
+        Ok(MachineRoot {
+            fd,
+            origin: path.to_path_buf(),
+            tree: RootKind::Container,
         })
     }
 
@@ -247,6 +354,7 @@ impl MachineRoot {
         let root = MachineRoot {
             fd,
             origin: PathBuf::from(format!("{proc_path}/root")),
+            tree: RootKind::Machine,
         };
         root.refuse_host_root(Path::new("/"))?;
         Ok(root)
@@ -274,21 +382,23 @@ impl MachineRoot {
 
     /// The root directory itself.
     pub fn root_dir(&self) -> Result<MachineDir> {
-        let fd = nix::unistd::dup(&self.fd).context("duplicating the machine root fd")?;
+        let fd = nix::unistd::dup(&self.fd).context("duplicating the root fd")?;
         Ok(MachineDir {
             fd,
             path: "/".into(),
+            tree: self.tree,
         })
     }
 
     /// Open an existing directory, following symlinks inside the machine only.
     /// `None` when it (or a parent) does not exist; an error when it is not a directory.
     pub fn open_dir(&self, path: &str) -> Result<Option<MachineDir>> {
+        let noun = self.tree.noun();
         match self.lookup_dir(path)? {
             Lookup::Dir(d) => Ok(Some(d)),
             Lookup::Missing => Ok(None),
             Lookup::NotDir => {
-                bail!("{path} in the machine is not a directory (or one of its parents is not)")
+                bail!("{path} in the {noun} is not a directory (or one of its parents is not)")
             }
         }
     }
@@ -296,16 +406,24 @@ impl MachineRoot {
     /// Like [`MachineRoot::open_dir`], telling "missing" and "not a directory" apart for callers
     /// that have nothing to do in either case.
     pub fn lookup_dir(&self, path: &str) -> Result<Lookup> {
+        let noun = self.tree.noun();
         components(path)?;
-        let how = OpenHow::new().flags(dir_flags()).resolve(in_root());
+        let how = OpenHow::new()
+            .flags(dir_flags())
+            .resolve(in_root() | self.tree.walk());
         match openat2(&self.fd, path, how) {
             Ok(fd) => Ok(Lookup::Dir(MachineDir {
                 fd,
                 path: path.to_owned(),
+                tree: self.tree,
             })),
             Err(Errno::ENOENT) => Ok(Lookup::Missing),
             Err(Errno::ENOTDIR) => Ok(Lookup::NotDir),
-            Err(e) => Err(e).with_context(|| format!("opening {path} in the machine")),
+            Err(Errno::EXDEV) => bail!(
+                "{path} in the {noun} is on another filesystem than the {noun} root (a mount, or \
+                 a symlink into one); refusing to write there"
+            ),
+            Err(e) => Err(e).with_context(|| format!("opening {path} in the {noun}")),
         }
     }
 
@@ -313,6 +431,7 @@ impl MachineRoot {
     /// machine may legitimately have `/var/run → ../run`); components created here get `mode`
     /// and are opened without following symlinks.
     pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<MachineDir> {
+        let noun = self.tree.noun();
         let comps = components(path)?;
         let mut cur = self.root_dir()?;
         for (i, name) in comps.iter().enumerate() {
@@ -322,8 +441,8 @@ impl MachineRoot {
                 None => {
                     if let Some(target) = cur.read_link(name)? {
                         bail!(
-                            "{prefix} in the machine is a symlink to {} that does not resolve \
-                             to a directory inside the machine",
+                            "{prefix} in the {noun} is a symlink to {} that does not resolve \
+                             to a directory inside the {noun}",
                             target.to_string_lossy()
                         );
                     }
@@ -358,6 +477,7 @@ impl MachineRoot {
     /// too) inside the machine only: false for a dangling link, a loop or a missing parent. Opens
     /// an `O_PATH` descriptor, which runs no driver's open and reads nothing.
     pub fn resolves(&self, path: &str) -> Result<bool> {
+        let noun = self.tree.noun();
         components(path)?;
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
@@ -365,7 +485,42 @@ impl MachineRoot {
         match openat2(&self.fd, path, how) {
             Ok(_) => Ok(true),
             Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => Ok(false),
-            Err(e) => Err(e).with_context(|| format!("resolving {path} in the machine")),
+            Err(e) => Err(e).with_context(|| format!("resolving {path} in the {noun}")),
+        }
+    }
+
+    /// The bytes of the regular file `path` resolves to, following every symlink (the last
+    /// component too) inside the root only, at most `max`; `None` when missing, dangling or not
+    /// a regular file (a FIFO or device is never opened: see [`MachineDir::open_regular`]).
+    pub fn read_resolved(&self, path: &str, max: usize) -> Result<Option<Vec<u8>>> {
+        let noun = self.tree.noun();
+        components(path)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(in_root());
+        let pinned = match openat2(&self.fd, path, how) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("opening {path} in the {noun}")),
+        };
+        match reopen_regular(&pinned, path, noun)? {
+            Some((file, _)) => Ok(Some(read_bounded(file, max, path, noun)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An `O_PATH` descriptor of `path`, resolved inside the root with no symlink anywhere on
+    /// the way (a mount target must be the very file named); `None` when missing.
+    pub fn pin_no_symlinks(&self, path: &str) -> Result<Option<OwnedFd>> {
+        let noun = self.tree.noun();
+        components(path)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(in_root() | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        match openat2(&self.fd, path, how) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("opening {path} in the {noun}")),
         }
     }
 }
@@ -389,8 +544,9 @@ impl MachineDir {
 
     /// `(st_dev, st_ino)`: tells two paths that resolve to one directory apart from two directories.
     pub fn identity(&self) -> Result<(u64, u64)> {
+        let noun = self.tree.noun();
         let st = nix::sys::stat::fstat(&self.fd)
-            .with_context(|| format!("stat {} in the machine", self.path))?;
+            .with_context(|| format!("stat {} in the {noun}", self.path))?;
         Ok((st.st_dev, st.st_ino))
     }
 
@@ -403,11 +559,12 @@ impl MachineDir {
 
     /// `lstat` of `name`; `None` when missing.
     pub fn stat(&self, name: &str) -> Result<Option<FileStat>> {
+        let noun = self.tree.noun();
         check_name(name)?;
         match nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => Ok(Some(st)),
             Err(Errno::ENOENT) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("stat {} in the machine", self.child(name))),
+            Err(e) => Err(e).with_context(|| format!("stat {} in the {noun}", self.child(name))),
         }
     }
 
@@ -418,6 +575,7 @@ impl MachineDir {
 
     /// Open the directory `name` without following a symlink there.
     pub fn open_subdir(&self, name: &str) -> Result<Subdir> {
+        let noun = self.tree.noun();
         match self.kind(name)? {
             None => return Ok(Subdir::Missing),
             Some(FileKind::Dir) => {}
@@ -425,16 +583,17 @@ impl MachineDir {
         }
         let how = OpenHow::new()
             .flags(dir_flags() | OFlag::O_NOFOLLOW)
-            .resolve(beneath_no_symlinks());
+            .resolve(beneath_no_symlinks() | self.tree.walk());
         match openat2(&self.fd, name, how) {
             Ok(fd) => Ok(Subdir::Dir(MachineDir {
                 fd,
                 path: self.child(name),
+                tree: self.tree,
             })),
             Err(Errno::ENOENT) => Ok(Subdir::Missing),
             Err(e) => Err(e).with_context(|| {
                 format!(
-                    "opening {} in the machine (changed underneath us?)",
+                    "opening {} in the {noun} (changed underneath us?)",
                     self.child(name)
                 )
             }),
@@ -444,12 +603,13 @@ impl MachineDir {
     /// Open the directory `name`, creating it with `mode` when missing. Anything else there —
     /// a symlink included — is an error: this is for directories the helper owns.
     pub fn create_subdir(&self, name: &str, mode: u32) -> Result<MachineDir> {
+        let noun = self.tree.noun();
         let path = self.child(name);
         match self.open_subdir(name)? {
             Subdir::Dir(d) => return Ok(d),
             Subdir::Other(k) => {
                 bail!(
-                    "{path} in the machine is a {} where a directory is expected",
+                    "{path} in the {noun} is a {} where a directory is expected",
                     k.as_str()
                 )
             }
@@ -459,40 +619,41 @@ impl MachineDir {
         // the umask never decides the mode, and a swap after mkdirat is refused.
         match nix::sys::stat::mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
             Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(e).with_context(|| format!("creating {path} in the machine")),
+            Err(e) => return Err(e).with_context(|| format!("creating {path} in the {noun}")),
         }
         match self.open_subdir(name)? {
             Subdir::Dir(d) => {
                 nix::sys::stat::fchmod(&d.fd, Mode::from_bits_truncate(mode))
-                    .with_context(|| format!("chmod {path} in the machine"))?;
+                    .with_context(|| format!("chmod {path} in the {noun}"))?;
                 Ok(d)
             }
             Subdir::Other(k) => {
                 bail!(
-                    "{path} in the machine is a {} where a directory is expected",
+                    "{path} in the {noun} is a {} where a directory is expected",
                     k.as_str()
                 )
             }
-            Subdir::Missing => bail!("{path} in the machine vanished right after mkdir"),
+            Subdir::Missing => bail!("{path} in the {noun} vanished right after mkdir"),
         }
     }
 
     /// Every entry except `.` and `..`, with its type when the filesystem reports it cheaply
     /// (use [`MachineDir::kind`] when `None`).
     pub fn entries(&self) -> Result<Vec<(OsString, Option<FileKind>)>> {
+        let noun = self.tree.noun();
         // A fresh open file description: a dup would share (and exhaust) the read offset.
         let mut dir = nix::dir::Dir::openat(&self.fd, ".", dir_flags(), Mode::empty())
-            .with_context(|| format!("listing {} in the machine", self.path))?;
+            .with_context(|| format!("listing {} in the {noun}", self.path))?;
         let mut out = Vec::new();
         for entry in dir.iter() {
-            let entry = entry.with_context(|| format!("listing {} in the machine", self.path))?;
+            let entry = entry.with_context(|| format!("listing {} in the {noun}", self.path))?;
             let name = entry.file_name().to_bytes();
             if name == b"." || name == b".." {
                 continue;
             }
             if out.len() >= MAX_ENTRIES {
                 bail!(
-                    "{} in the machine has more than {MAX_ENTRIES} entries",
+                    "{} in the {noun} has more than {MAX_ENTRIES} entries",
                     self.path
                 );
             }
@@ -507,12 +668,13 @@ impl MachineDir {
 
     /// The target of the symlink `name`; `None` when missing or not a symlink.
     pub fn read_link(&self, name: &str) -> Result<Option<OsString>> {
+        let noun = self.tree.noun();
         check_name(name)?;
         match nix::fcntl::readlinkat(&self.fd, name) {
             Ok(t) => Ok(Some(t)),
             Err(Errno::ENOENT | Errno::EINVAL) => Ok(None),
             Err(e) => {
-                Err(e).with_context(|| format!("readlink {} in the machine", self.child(name)))
+                Err(e).with_context(|| format!("readlink {} in the {noun}", self.child(name)))
             }
         }
     }
@@ -525,7 +687,7 @@ impl MachineDir {
     /// on it must say "regular file", and only that inode is then reopened for reading through
     /// `/proc/self/fd`. What the caller reads is the file that was checked.
     pub fn open_regular(&self, name: &str) -> Result<Option<(std::fs::File, FileStat)>> {
-        use std::os::fd::AsRawFd as _;
+        let noun = self.tree.noun();
         check_name(name)?;
         let path = self.child(name);
         let how = OpenHow::new()
@@ -534,23 +696,9 @@ impl MachineDir {
         let pinned = match openat2(&self.fd, name, how) {
             Ok(fd) => fd,
             Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("opening {path} in the machine")),
+            Err(e) => return Err(e).with_context(|| format!("opening {path} in the {noun}")),
         };
-        let st = nix::sys::stat::fstat(&pinned).with_context(|| format!("stat {path}"))?;
-        if FileKind::from_stat(&st) != FileKind::File {
-            return Ok(None);
-        }
-        let fd = nix::fcntl::open(
-            format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
-            OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("reopening {path} in the machine for reading"))?;
-        let again = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
-        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-            bail!("{path} in the machine changed while it was being opened");
-        }
-        Ok(Some((std::fs::File::from(fd), again)))
+        reopen_regular(&pinned, &path, noun)
     }
 
     /// The bytes of the regular file `name` (at most `max`); `None` when missing or not a
@@ -560,19 +708,12 @@ impl MachineDir {
     }
 
     fn read_regular_stat(&self, name: &str, max: usize) -> Result<Option<(Vec<u8>, FileStat)>> {
+        let noun = self.tree.noun();
         let path = self.child(name);
         let Some((file, st)) = self.open_regular(name)? else {
             return Ok(None);
         };
-        let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-        let mut bytes = Vec::new();
-        file.take(limit)
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("reading {path} in the machine"))?;
-        if bytes.len() > max {
-            bail!("{path} in the machine is larger than {max} bytes");
-        }
-        Ok(Some((bytes, st)))
+        Ok(Some((read_bounded(file, max, &path, noun)?, st)))
     }
 
     /// Atomically make `name` a regular file holding `contents` with `mode`: temp file in this
@@ -580,11 +721,27 @@ impl MachineDir {
     /// when the bytes and mode are already there. `point` names the moment between the temp
     /// file's fsync and the rename for crash tests. Returns whether the file was written.
     pub fn write_file(&self, name: &str, contents: &[u8], mode: u32, point: Point) -> Result<bool> {
+        self.write_file_at(name, contents, mode, Some(point))
+    }
+
+    /// [`MachineDir::write_file`] where no crash test names the moment (the CDI hooks).
+    pub fn write_file_unnamed(&self, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
+        self.write_file_at(name, contents, mode, None)
+    }
+
+    fn write_file_at(
+        &self,
+        name: &str,
+        contents: &[u8],
+        mode: u32,
+        point: Option<Point>,
+    ) -> Result<bool> {
+        let noun = self.tree.noun();
         let path = self.child(name);
         // A fixed temp name, so a killed run's leftover is cleared by the next run, even one that
         // finds the bytes already in place; a leading dot and a `.tmp` suffix keep it invisible
         // to readers that scan the directory (the CDI cache). Callers hold the machine lock.
-        let tmp = format!(".{name}.tmp");
+        let tmp = self.tree.tmp_name(name);
         check_name(&tmp)?;
         if self.remove_tree(&tmp)? {
             self.sync()?;
@@ -596,7 +753,7 @@ impl MachineDir {
             .is_some_and(|st| u64::try_from(st.st_size).ok() == Some(contents.len() as u64));
         match kind {
             Some(FileKind::Dir) => {
-                bail!("{path} in the machine is a directory where a file is expected")
+                bail!("{path} in the {noun} is a directory where a file is expected")
             }
             Some(FileKind::File) if same_size => {
                 if let Some((old, st)) = self.read_regular_stat(name, contents.len())?
@@ -620,19 +777,21 @@ impl MachineDir {
             .mode(Mode::from_bits_truncate(0o600))
             .resolve(beneath_no_symlinks());
         let fd = openat2(&self.fd, tmp.as_str(), how)
-            .with_context(|| format!("creating {} in the machine", self.child(&tmp)))?;
+            .with_context(|| format!("creating {} in the {noun}", self.child(&tmp)))?;
         let written = (|| -> Result<()> {
             nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).context("fchmod")?;
             let mut file = std::fs::File::from(fd);
             file.write_all(contents).context("write")?;
             file.sync_all().context("fsync")?;
-            failpoint::hit(point);
+            if let Some(point) = point {
+                failpoint::hit(point);
+            }
             nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name).context("rename")?;
             Ok(())
         })();
         if let Err(e) = written {
             let _ = nix::unistd::unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e).with_context(|| format!("writing {path} in the machine"));
+            return Err(e).with_context(|| format!("writing {path} in the {noun}"));
         }
         self.sync()?;
         Ok(true)
@@ -641,6 +800,17 @@ impl MachineDir {
     /// Make `name` a symlink to `target`, replacing another symlink atomically (temp link +
     /// rename). Anything that is not a symlink is left alone and reported.
     pub fn symlink(&self, name: &str, target: &str) -> Result<LinkOutcome> {
+        self.link(name, target, false)
+    }
+
+    /// Like [`MachineDir::symlink`], but a file of any kind there is replaced too (a container
+    /// image's stale copy at a path we link); a directory is an error.
+    pub fn symlink_over_file(&self, name: &str, target: &str) -> Result<LinkOutcome> {
+        self.link(name, target, true)
+    }
+
+    fn link(&self, name: &str, target: &str, over_files: bool) -> Result<LinkOutcome> {
+        let noun = self.tree.noun();
         let path = self.child(name);
         let outcome = match self.kind(name)? {
             None => LinkOutcome::Created,
@@ -650,6 +820,10 @@ impl MachineDir {
                 }
                 LinkOutcome::Replaced
             }
+            Some(FileKind::Dir) if over_files => bail!(
+                "{path} in the {noun} is a directory; not replacing it with a symlink to {target}"
+            ),
+            Some(_) if over_files => LinkOutcome::Replaced,
             Some(k) => return Ok(LinkOutcome::Blocked(k)),
         };
         if outcome == LinkOutcome::Created {
@@ -659,28 +833,29 @@ impl MachineDir {
                 Err(Errno::EEXIST) => {}
                 Err(e) => {
                     return Err(e)
-                        .with_context(|| format!("creating symlink {path} in the machine"));
+                        .with_context(|| format!("creating symlink {path} in the {noun}"));
                 }
             }
         }
-        let tmp = format!(".{name}.tmp");
+        let tmp = self.tree.tmp_name(name);
         self.remove_tree(&tmp)?;
         nix::unistd::symlinkat(target, &self.fd, tmp.as_str())
-            .with_context(|| format!("creating symlink {} in the machine", self.child(&tmp)))?;
+            .with_context(|| format!("creating symlink {} in the {noun}", self.child(&tmp)))?;
         if let Err(e) = nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name) {
             let _ = nix::unistd::unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e).with_context(|| format!("replacing {path} in the machine"));
+            return Err(e).with_context(|| format!("replacing {path} in the {noun}"));
         }
         Ok(LinkOutcome::Replaced)
     }
 
     /// Remove `name` if it is not a directory. Returns whether something was removed.
     pub fn remove_file(&self, name: &str) -> Result<bool> {
+        let noun = self.tree.noun();
         match self.kind(name)? {
             None => Ok(false),
             Some(FileKind::Dir) => {
                 bail!(
-                    "{} in the machine is a directory; not removing it",
+                    "{} in the {noun} is a directory; not removing it",
                     self.child(name)
                 )
             }
@@ -688,7 +863,7 @@ impl MachineDir {
                 Ok(()) => Ok(true),
                 Err(Errno::ENOENT) => Ok(false),
                 Err(e) => {
-                    Err(e).with_context(|| format!("removing {} in the machine", self.child(name)))
+                    Err(e).with_context(|| format!("removing {} in the {noun}", self.child(name)))
                 }
             },
         }
@@ -702,6 +877,7 @@ impl MachineDir {
     }
 
     fn remove_tree_at(&self, name: &str, depth: usize) -> Result<bool> {
+        let noun = self.tree.noun();
         let path = self.child(name);
         let Some(st) = self.stat(name)? else {
             return Ok(false);
@@ -710,27 +886,29 @@ impl MachineDir {
             return self.remove_file(name);
         }
         if depth >= MAX_DEPTH {
-            bail!(
-                "{path} in the machine is nested deeper than {MAX_DEPTH} levels; not removing it"
-            );
+            bail!("{path} in the {noun} is nested deeper than {MAX_DEPTH} levels; not removing it");
         }
         let how = OpenHow::new()
             .flags(dir_flags() | OFlag::O_NOFOLLOW)
             .resolve(beneath_no_symlinks() | ResolveFlag::RESOLVE_NO_XDEV);
         let fd = openat2(&self.fd, name, how)
-            .with_context(|| format!("opening {path} in the machine for removal"))?;
-        let sub = MachineDir { fd, path };
+            .with_context(|| format!("opening {path} in the {noun} for removal"))?;
+        let sub = MachineDir {
+            fd,
+            path,
+            tree: self.tree,
+        };
         let (dev, _) = self.identity()?;
         if sub.identity()?.0 != dev {
             bail!(
-                "{} in the machine is another mount; not removing it",
+                "{} in the {noun} is another mount; not removing it",
                 sub.path
             );
         }
         for (child, _) in sub.entries()? {
             let Some(child) = child.to_str() else {
                 bail!(
-                    "{} in the machine holds a non-UTF-8 name; not removing it",
+                    "{} in the {noun} holds a non-UTF-8 name; not removing it",
                     sub.path
                 );
             };
@@ -738,18 +916,19 @@ impl MachineDir {
         }
         match nix::unistd::unlinkat(&self.fd, name, UnlinkatFlags::RemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => Ok(true),
-            Err(e) => Err(e).with_context(|| format!("removing {} in the machine", sub.path)),
+            Err(e) => Err(e).with_context(|| format!("removing {} in the {noun}", sub.path)),
         }
     }
 
     /// Atomically exchange two entries of this directory (`renameat2(RENAME_EXCHANGE)`).
     pub fn exchange(&self, a: &str, b: &str) -> Result<()> {
+        let noun = self.tree.noun();
         check_name(a)?;
         check_name(b)?;
         nix::fcntl::renameat2(&self.fd, a, &self.fd, b, RenameFlags::RENAME_EXCHANGE).with_context(
             || {
                 format!(
-                    "exchanging {} and {} in the machine",
+                    "exchanging {} and {} in the {noun}",
                     self.child(a),
                     self.child(b)
                 )
@@ -759,12 +938,13 @@ impl MachineDir {
 
     /// Rename `from` to `to` in this directory, failing if `to` exists.
     pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        let noun = self.tree.noun();
         check_name(from)?;
         check_name(to)?;
         nix::fcntl::renameat2(&self.fd, from, &self.fd, to, RenameFlags::RENAME_NOREPLACE)
             .with_context(|| {
                 format!(
-                    "renaming {} to {} in the machine",
+                    "renaming {} to {} in the {noun}",
                     self.child(from),
                     self.child(to)
                 )
@@ -774,12 +954,13 @@ impl MachineDir {
     /// Move `name` from this directory to `to` in `dest` (same filesystem), failing if `to`
     /// exists there: nothing is ever overwritten.
     pub fn move_noreplace(&self, name: &str, dest: &MachineDir, to: &str) -> Result<()> {
+        let noun = self.tree.noun();
         check_name(name)?;
         check_name(to)?;
         nix::fcntl::renameat2(&self.fd, name, &dest.fd, to, RenameFlags::RENAME_NOREPLACE)
             .with_context(|| {
                 format!(
-                    "moving {} to {} in the machine",
+                    "moving {} to {} in the {noun}",
                     self.child(name),
                     dest.child(to)
                 )
@@ -788,8 +969,9 @@ impl MachineDir {
 
     /// fsync this directory, making renames and removals in it durable.
     pub fn sync(&self) -> Result<()> {
+        let noun = self.tree.noun();
         nix::unistd::fsync(&self.fd)
-            .with_context(|| format!("fsync directory {} in the machine", self.path))
+            .with_context(|| format!("fsync directory {} in the {noun}", self.path))
     }
 
     /// Every entry below this directory (never following a symlink, at most [`MAX_DEPTH`] deep,
@@ -811,9 +993,10 @@ impl MachineDir {
         max: usize,
         out: &mut Vec<WalkEntry>,
     ) -> Result<bool> {
+        let noun = self.tree.noun();
         if depth >= MAX_DEPTH {
             bail!(
-                "{} in the machine is nested deeper than {MAX_DEPTH} levels",
+                "{} in the {noun} is nested deeper than {MAX_DEPTH} levels",
                 self.path
             );
         }

@@ -494,7 +494,7 @@ fn run_file_step(
 ) -> Result<String> {
     let driver = inv
         .complete_driver()
-        .context("the host's NVIDIA state changed under the lock")?;
+        .context("file steps without a complete NVIDIA driver: post-start runs them only when discovery found one (a bug)")?;
     Ok(match step {
         FileStep::DriverRoot => format!(
             "driver root: {} binds of driver {} checked against the host",

@@ -1,4 +1,4 @@
-//! `nspawn-lifecycle pre-start`, `plan`, `discover` and `demo`: everything before a machine starts.
+//! `nspawn-lifecycle pre-start`, `plan` and `discover`: everything before a machine starts.
 
 use crate::Ctx;
 use crate::atomic::write_if_changed;
@@ -355,88 +355,8 @@ pub fn discovery_text(inv: &Inventory) -> String {
     s
 }
 
-/// `demo`: build an example host and show discovery, the `.nspawn` file and the CDI spec.
-pub fn demo(example: &str, list: bool) -> Result<()> {
-    use crate::fixture;
-    if list {
-        let mut out = String::new();
-        for (name, text) in fixture::EXAMPLES {
-            let _ = writeln!(out, "{name:<20} {}", fixture::description(text));
-        }
-        return print_all(&out);
-    }
-    let text = fixture::example(example).ok_or_else(|| {
-        crate::error::bad_input(format!(
-            "there is no example host {example:?}; `demo --list` shows them"
-        ))
-    })?;
-    if !nix::unistd::geteuid().is_root() {
-        anyhow::bail!(
-            "demo builds the example host {example} with real character devices (mknod), which needs root; run it as root"
-        );
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("nspawn-lifecycle-demo.")
-        .tempdir()
-        .context("creating a temporary directory for the example host")?;
-    fixture::materialize(text, dir.path())
-        .with_context(|| format!("building example host {example}"))?;
-    let host = crate::host::HostRoot::new(dir.path());
-    let machine: MachineName = "kube1".parse().map_err(anyhow::Error::msg)?;
-    let mc = crate::config::Config::default().machine(&host, &machine)?;
-    let inv = discovery::discover(&host)?;
-    let mut out = format!(
-        "# Example host {example}: {}\n# (built under {}, removed on exit)\n\n## What discovery sees (`discover`)\n{}\n",
-        fixture::description(text),
-        dir.path().display(),
-        discovery_text(&inv)
-    );
-    let path = nspawn_path(&machine);
-    match check_complete(&inv) {
-        Ok(()) => {
-            let has_lib_modules = host.path("/lib/modules").is_dir();
-            let file = NspawnFile::render(
-                &machine,
-                &inv,
-                &mc,
-                has_lib_modules,
-                crate::config::Config::default().helper_path(),
-            )?;
-            let _ = write!(
-                out,
-                "## {path} as `nspawn-lifecycle pre-start kube1` writes it\n{file}"
-            );
-        }
-        Err(e) => {
-            let _ = writeln!(
-                out,
-                "## {path}\n`nspawn-lifecycle pre-start kube1` refuses to start the machine (exit code {}) and leaves the file alone:\n  {e:#}",
-                crate::error::exit_code(&e)
-            );
-        }
-    }
-    match crate::cdi::spec(&inv, &mc.cdi_kind) {
-        Some(spec) => {
-            let _ = write!(
-                out,
-                "\n## {}/{} as `nspawn-lifecycle post-start kube1` writes it inside the machine\n{}",
-                mc.cdi_dir,
-                crate::cdi::spec_file_name(&mc.cdi_kind),
-                crate::cdi::render(&spec)
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "\n## CDI\nNo GPUs to hand out: post-start removes any NVIDIA CDI spec an earlier start left."
-            );
-        }
-    }
-    print_all(&out)
-}
-
 /// Print to stdout; a reader that went away (`demo | head`) is not an error.
-fn print_all(text: &str) -> Result<()> {
+pub(crate) fn print_all(text: &str) -> Result<()> {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     match stdout

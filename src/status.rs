@@ -866,7 +866,7 @@ fn observe(
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
     let facts = inspect_machine(handle.root(), mc, expected_spec)?;
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
-    let sd = Systemd::machine_unchecked(&handle, deadline)?;
+    let sd = Systemd::machine_in_any_userns(&handle, deadline)?;
     let mut services = Vec::new();
     for u in [&mc.containerd_unit, &mc.kubelet_unit] {
         let st = sd.unit_state(u.as_str(), deadline)?;

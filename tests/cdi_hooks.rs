@@ -195,7 +195,11 @@ fn privileged_parents_that_lead_out_of_the_root_resolve_inside_it() {
         "--link",
         &format!("x::{ML}/libcuda.so.1"),
     ]);
-    failed(&out, 1, "dangling symlink");
+    failed(
+        &out,
+        1,
+        "does not resolve to a directory inside the container",
+    );
     // With the same path inside the root, that is where the link lands.
     mkdirs(&b, &outside.path().display().to_string());
     ok(&b.hook(&[
@@ -326,8 +330,12 @@ fn privileged_update_ldcache_keeps_the_images_entries_and_replaces_stale_ones() 
     let conf = std::fs::read_to_string(b.at("/etc/ld.so.conf.d/000-nspawn-lifecycle-nvidia.conf"))
         .unwrap();
     assert!(conf.lines().any(|l| l == ML), "{conf}");
-    // Idempotent bytes.
+    // Idempotent bytes, and nothing written again: the hook writes through the machine side's
+    // one atomic writer, which leaves a file alone when its bytes and mode are in place.
     let bytes = std::fs::read(b.at("/etc/ld.so.cache")).unwrap();
+    let conf_path = b.at("/etc/ld.so.conf.d/000-nspawn-lifecycle-nvidia.conf");
+    let inodes = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    let (cache_ino, conf_ino) = (inodes(&b.at("/etc/ld.so.cache")), inodes(&conf_path));
     ok(&b.hook(&[
         "update-ldcache",
         "--lib",
@@ -336,6 +344,16 @@ fn privileged_update_ldcache_keeps_the_images_entries_and_replaces_stale_ones() 
         &format!("libnvidia-ml.so.1::{ML}/libnvidia-ml.so.1"),
     ]));
     assert_eq!(std::fs::read(b.at("/etc/ld.so.cache")).unwrap(), bytes);
+    assert_eq!(
+        inodes(&b.at("/etc/ld.so.cache")),
+        cache_ino,
+        "unchanged cache rewritten"
+    );
+    assert_eq!(
+        inodes(&conf_path),
+        conf_ino,
+        "unchanged conf entry rewritten"
+    );
 }
 
 #[test]

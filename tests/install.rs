@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::copy_tree;
+use common::{copy_tree, run_helper};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -62,13 +62,7 @@ struct Out {
 }
 
 fn run(root: &Path, args: &[&str]) -> Out {
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(root)
-        .args(args)
-        .env_remove("NSPAWN_LIFECYCLE_LOG")
-        .output()
-        .unwrap();
+    let out = run_helper(root, args);
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -405,6 +399,47 @@ fn dry_run_writes_nothing() {
     }
 }
 
+/// The harness (tests/e2e) takes the drop-in from `install --print-dropin` instead of keeping a
+/// copy: it must be the bytes install writes, for the configured helper path, writing nothing.
+#[test]
+fn print_dropin_is_what_install_writes_and_writes_nothing() {
+    let h = host();
+    let root = h.path();
+    let before = snapshot(root);
+    let printed = ok(root, &["install", "kube1", "--print-dropin"]);
+    assert_eq!(snapshot(root), before, "--print-dropin wrote something");
+    assert!(!root.join("run").exists(), "--print-dropin took the lock");
+    assert_eq!(
+        printed,
+        std::fs::read_to_string(golden_path()).unwrap(),
+        "--print-dropin differs from tests/golden/dropin-kube1.conf"
+    );
+    ok(root, &["install", "kube1"]);
+    assert_eq!(read(root, DROPIN), printed, "install wrote other bytes");
+
+    // The configured helper path reaches the printed hooks, escaped as install writes them.
+    let h = host();
+    let root = h.path();
+    let config = root.join("config.json");
+    std::fs::write(&config, r#"{"helperPath": "/opt/odd%dir/helper"}"#).unwrap();
+    let config = config.to_str().unwrap();
+    let printed = ok(
+        root,
+        &["--config", config, "install", "kube1", "--print-dropin"],
+    );
+    assert!(
+        printed.contains("ExecStartPre=/opt/odd%%dir/helper nspawn-lifecycle pre-start %i\n"),
+        "{printed}"
+    );
+    ok(root, &["--config", config, "install", "kube1"]);
+    assert_eq!(read(root, DROPIN), printed);
+
+    // It is not a kind of dry run: both at once is bad usage.
+    let o = run(root, &["install", "kube1", "--print-dropin", "--dry-run"]);
+    assert_eq!(o.code, 2, "{}{}", o.stdout, o.stderr);
+    assert!(o.stderr.contains("--dry-run"), "{}", o.stderr);
+}
+
 #[test]
 fn legacy_layout_migrates() {
     let h = legacy_host("legacy-agent");
@@ -721,6 +756,11 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() {
             vec!["--config", config_arg, "install", "kube1"],
             "helperPath",
         ),
+        (
+            vec!["--config", config_arg, "install", "kube1", "--print-dropin"],
+            "helperPath",
+        ),
+        (vec!["install", "../etc", "--print-dropin"], "../etc"),
         (vec!["install", "kube3"], "BindReadOnly=/data/models"),
         (vec!["uninstall", "a/b"], "a/b"),
     ];

@@ -8,12 +8,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::snapshot;
+use common::{run_helper, snapshot};
 use nspawn_lifecycle::fixture;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
 const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
 const SPEC: &str = "run/cdi/nvidia.com-gpu.json";
 
@@ -47,18 +46,12 @@ fn machine() -> tempfile::TempDir {
 /// Run `status ARGS` and check it changed nothing under `host` and `machine`.
 fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
     let (h, m) = (snapshot(host, &[]), snapshot(machine, &[]));
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(host)
-        .arg("status")
-        .arg("--machine-root")
-        .arg(machine)
-        .args(args)
-        .env_remove("NSPAWN_LIFECYCLE_LOG")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    let machine_arg = machine.to_str().unwrap();
+    let full: Vec<&str> = ["status", "--machine-root", machine_arg]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let out = run_helper(host, &full);
     assert_eq!(
         h,
         snapshot(host, &[]),
@@ -152,12 +145,7 @@ fn privileged_status_all_and_bad_input() {
     );
     // A fixture host without --machine-root has no running machine to ask: exit 2.
     let h = snapshot(gpus.path(), &[]);
-    let out = Command::new(BIN)
-        .arg("--host-root")
-        .arg(gpus.path())
-        .args(["status", "kube1"])
-        .output()
-        .unwrap();
+    let out = run_helper(gpus.path(), &["status", "kube1"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --machine-root"));
     assert_eq!(h, snapshot(gpus.path(), &[]));

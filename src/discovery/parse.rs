@@ -554,6 +554,35 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
         head,
         rest: r,
     };
+    let ehdr = elf_header(r)?;
+    let mut info = ElfInfo {
+        bits: ehdr.bits,
+        big_endian: ehdr.f.be,
+        machine: ehdr.machine,
+        soname: None,
+    };
+    let Some((loads, dynamic)) = program_headers(r, &ehdr)? else {
+        return Ok(info);
+    };
+    let Some(refs) = dynamic_soname(r, &ehdr, &dynamic)? else {
+        return Ok(info);
+    };
+    info.soname = Some(read_soname(r, &loads, refs)?);
+    Ok(info)
+}
+
+/// What [`elf_info`] takes from the ELF header.
+struct Ehdr {
+    bits: u8,
+    f: Fields,
+    machine: u16,
+    phoff: u64,
+    phentsize: usize,
+    phnum: usize,
+}
+
+/// The ELF header: class, byte order, machine and where the program headers are.
+fn elf_header<R: ReadAt + ?Sized>(r: &R) -> Result<Ehdr> {
     let mut ehdr = [0u8; 64];
     let n = r
         .read_at(0, &mut ehdr)
@@ -588,23 +617,30 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
     let (Some(phoff), Some(phentsize), Some(phnum)) = (phoff, phentsize, phnum) else {
         return Err(ParseError::new("truncated ELF header"));
     };
-    let (phentsize, phnum) = (usize::from(phentsize), usize::from(phnum));
-    let min_phent = if bits == 64 { 56 } else { 32 };
-    let mut info = ElfInfo {
+    Ok(Ehdr {
         bits,
-        big_endian: be,
+        f,
         machine,
-        soname: None,
-    };
+        phoff,
+        phentsize: usize::from(phentsize),
+        phnum: usize::from(phnum),
+    })
+}
+
+/// The `PT_LOAD` headers and the `PT_DYNAMIC` one; `None` when there is no dynamic segment
+/// (or no program header at all): nothing names a SONAME then.
+fn program_headers<R: ReadAt + ?Sized>(r: &R, e: &Ehdr) -> Result<Option<(Vec<Phdr>, Phdr)>> {
+    let (bits, f, phentsize, phnum) = (e.bits, &e.f, e.phentsize, e.phnum);
+    let min_phent = if bits == 64 { 56 } else { 32 };
     if phnum == 0 {
-        return Ok(info);
+        return Ok(None);
     }
     if phentsize < min_phent || phentsize > 256 || phnum > MAX_PHNUM {
         return Err(ParseError::new(format!(
             "implausible program header table ({phnum} entries of {phentsize} bytes)"
         )));
     }
-    let table = read_exact(r, phoff, phentsize * phnum, "program headers")?;
+    let table = read_exact(r, e.phoff, phentsize * phnum, "program headers")?;
     let mut loads = Vec::new();
     let mut dynamic = None;
     for ph in table.chunks_exact(phentsize) {
@@ -629,23 +665,40 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
             _ => {}
         }
     }
-    let Some(dynamic) = dynamic else {
-        return Ok(info);
-    };
+    Ok(dynamic.map(|d| (loads, d)))
+}
+
+/// Where the dynamic segment says the SONAME is.
+struct SonameRef {
+    /// `DT_STRTAB`, a virtual address.
+    strtab: u64,
+    /// `DT_STRSZ`, when given.
+    strsz: Option<u64>,
+    /// `DT_SONAME`, an offset into the string table.
+    name_off: u64,
+}
+
+/// `DT_STRTAB`, `DT_STRSZ` and `DT_SONAME` from the dynamic segment; `None` when it names no
+/// SONAME (or no string table).
+fn dynamic_soname<R: ReadAt + ?Sized>(
+    r: &R,
+    e: &Ehdr,
+    dynamic: &Phdr,
+) -> Result<Option<SonameRef>> {
     let (Some(dyn_off), Some(dyn_size)) = (dynamic.offset, dynamic.filesz) else {
-        return Ok(info);
+        return Ok(None);
     };
     let dyn_size = usize::try_from(dyn_size)
         .unwrap_or(usize::MAX)
         .min(MAX_DYNAMIC);
     let dyn_bytes = read_exact(r, dyn_off, dyn_size, "the dynamic segment")?;
-    let entsize = if bits == 64 { 16 } else { 8 };
+    let entsize = if e.bits == 64 { 16 } else { 8 };
     let (mut strtab, mut strsz, mut soname) = (None, None, None);
     for d in dyn_bytes.chunks_exact(entsize) {
-        let (tag, val) = if bits == 64 {
-            (f.u64(d, 0), f.u64(d, 8))
+        let (tag, val) = if e.bits == 64 {
+            (e.f.u64(d, 0), e.f.u64(d, 8))
         } else {
-            (f.u32(d, 0).map(u64::from), f.u32(d, 4).map(u64::from))
+            (e.f.u32(d, 0).map(u64::from), e.f.u32(d, 4).map(u64::from))
         };
         match (tag, val) {
             (Some(0), _) => break,
@@ -656,12 +709,26 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
         }
     }
     let (Some(strtab), Some(name_off)) = (strtab, soname) else {
-        return Ok(info);
+        return Ok(None);
     };
+    Ok(Some(SonameRef {
+        strtab,
+        strsz,
+        name_off,
+    }))
+}
+
+/// The SONAME string itself: `DT_STRTAB` mapped to a file offset through the `PT_LOAD` covering
+/// it, then one NUL-terminated file name.
+fn read_soname<R: ReadAt + ?Sized>(r: &R, loads: &[Phdr], s: SonameRef) -> Result<String> {
+    let SonameRef {
+        strtab,
+        strsz,
+        name_off,
+    } = s;
     if strsz.is_some_and(|sz| name_off >= sz) {
         return Err(ParseError::new("DT_SONAME points past the string table"));
     }
-    // DT_STRTAB is a virtual address: map it to a file offset through the PT_LOAD covering it.
     let file_off = loads
         .iter()
         .find_map(|l| {
@@ -687,8 +754,7 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
             "DT_SONAME {name:?} is not a file name"
         )));
     }
-    info.soname = Some(name.to_owned());
-    Ok(info)
+    Ok(name.to_owned())
 }
 
 /// Bytes [`elf_info`] reads first: the ELF header and up to 17 64-bit program headers (shared

@@ -519,9 +519,57 @@ impl Scan<'_> {
     /// wins; without a match, the newest is reported and the mismatch is a reason.
     fn userspace(&mut self, kernel: Option<&str>) -> Result<Option<UserspaceDriver>> {
         let (dirs, cache_problem) = self.candidate_lib_dirs()?;
-        // (canonical dir, version) of every regular file libcuda.so.<version>, in search order.
+        let found = self.find_libcudas(&dirs)?;
+        let Some(chosen) = self.choose_version(kernel, &found, cache_problem) else {
+            return Ok(None);
+        };
+        let mut lib_dirs = self.chosen_lib_dirs(&found, &chosen)?;
+        for l in &lib_dirs {
+            if l.triplet != "i386-linux-gnu" {
+                let ml = format!("libnvidia-ml.so.{chosen}");
+                if !l.files.iter().any(|f| f.name == ml) {
+                    self.reason(format!("{ml} missing from {}", l.path));
+                }
+            }
+        }
+        self.companion_dirs(&dirs, &found, &chosen, &mut lib_dirs)?;
+        if !lib_dirs.is_empty() && lib_dirs.iter().all(|l| l.triplet == "i386-linux-gnu") {
+            self.reason(format!(
+                "only 32-bit libcuda.so.{chosen} found; the 64-bit driver libraries are missing"
+            ));
+        }
+        // 64-bit first, libcuda's directory before its companions (the first of one triplet
+        // wins a name), then by path: the numbering under /run/host-nvidia/lib stays stable.
+        let cuda = format!("libcuda.so.{chosen}");
+        let key = |l: &LibDir| {
+            (
+                l.triplet == "i386-linux-gnu",
+                !l.files.iter().any(|f| f.name == cuda),
+                l.path.clone(),
+            )
+        };
+        lib_dirs.sort_by_key(key);
+        let binaries = self.driver_binaries()?;
+        let fw = format!("/lib/firmware/nvidia/{chosen}");
+        let firmware = match self.resolve(&fw)? {
+            Some((_, m)) if m.is_dir() => Some(checked("firmware directory", fw)?),
+            _ => None,
+        };
+        let sockets = self.daemon_sockets()?;
+        Ok(Some(UserspaceDriver {
+            version: chosen,
+            lib_dirs,
+            binaries,
+            firmware,
+            sockets,
+        }))
+    }
+
+    /// (canonical dir, version) of every regular file `libcuda.so.<version>` in `dirs`, in
+    /// search order; each listing is kept for the driver-file scan.
+    fn find_libcudas(&mut self, dirs: &[String]) -> Result<Vec<(String, String)>> {
         let mut found: Vec<(String, String)> = Vec::new();
-        for dir in &dirs {
+        for dir in dirs {
             let Some(listing) = self.list_typed(dir)? else {
                 continue;
             };
@@ -542,6 +590,17 @@ impl Scan<'_> {
             }
             self.listings.insert(dir.clone(), listing);
         }
+        Ok(found)
+    }
+
+    /// The driver version in use: the kernel module's when its libcuda is there, else the
+    /// newest found (a mismatch is a reason); `None`, with the reason, when there is none.
+    fn choose_version(
+        &mut self,
+        kernel: Option<&str>,
+        found: &[(String, String)],
+        cache_problem: Option<String>,
+    ) -> Option<String> {
         let versions: BTreeSet<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
         let chosen = match kernel {
             Some(k) if versions.contains(k) => k.to_owned(),
@@ -555,7 +614,7 @@ impl Scan<'_> {
                     self.reason(format!(
                         "{what} not found through {LD_CACHE} or in the standard library directories{note}"
                     ));
-                    return Ok(None);
+                    return None;
                 }
             },
         };
@@ -568,12 +627,17 @@ impl Scan<'_> {
                 .collect();
             self.reason(format!("kernel module {k} but {}", listed.join(", ")));
         }
-        for (dir, v) in &found {
+        for (dir, v) in found {
             if *v != chosen {
                 tracing::info!("ignoring {dir}/libcuda.so.{v}: driver {chosen} is the one in use");
             }
         }
+        Some(chosen)
+    }
 
+    /// One library directory per architecture holding `libcuda.so.<chosen>`, the first in search
+    /// order; a libcuda that is no ELF object of ours is a reason.
+    fn chosen_lib_dirs(&mut self, found: &[(String, String)], chosen: &str) -> Result<Vec<LibDir>> {
         let mut lib_dirs: Vec<LibDir> = Vec::new();
         for (dir, _) in found.iter().filter(|(_, v)| *v == chosen) {
             let cuda = format!("{dir}/libcuda.so.{chosen}");
@@ -602,39 +666,18 @@ impl Scan<'_> {
                 );
                 continue;
             }
-            let files = self.driver_files(dir, &chosen)?;
+            let files = self.driver_files(dir, chosen)?;
             lib_dirs.push(LibDir {
                 path: checked("library directory", dir.clone())?,
                 triplet: triplet.to_owned(),
                 files,
             });
         }
-        for l in &lib_dirs {
-            if l.triplet != "i386-linux-gnu" {
-                let ml = format!("libnvidia-ml.so.{chosen}");
-                if !l.files.iter().any(|f| f.name == ml) {
-                    self.reason(format!("{ml} missing from {}", l.path));
-                }
-            }
-        }
-        self.companion_dirs(&dirs, &found, &chosen, &mut lib_dirs)?;
-        if !lib_dirs.is_empty() && lib_dirs.iter().all(|l| l.triplet == "i386-linux-gnu") {
-            self.reason(format!(
-                "only 32-bit libcuda.so.{chosen} found; the 64-bit driver libraries are missing"
-            ));
-        }
-        // 64-bit first, libcuda's directory before its companions (the first of one triplet
-        // wins a name), then by path: the numbering under /run/host-nvidia/lib stays stable.
-        let cuda = format!("libcuda.so.{chosen}");
-        let key = |l: &LibDir| {
-            (
-                l.triplet == "i386-linux-gnu",
-                !l.files.iter().any(|f| f.name == cuda),
-                l.path.clone(),
-            )
-        };
-        lib_dirs.sort_by_key(key);
+        Ok(lib_dirs)
+    }
 
+    /// The driver's tools ([`BINARIES`]), each the first regular file found in [`BIN_DIRS`].
+    fn driver_binaries(&mut self) -> Result<Vec<HostPath>> {
         let mut binaries = Vec::new();
         for name in BINARIES {
             for dir in BIN_DIRS {
@@ -648,11 +691,11 @@ impl Scan<'_> {
             }
         }
         binaries.sort();
-        let fw = format!("/lib/firmware/nvidia/{chosen}");
-        let firmware = match self.resolve(&fw)? {
-            Some((_, m)) if m.is_dir() => Some(checked("firmware directory", fw)?),
-            _ => None,
-        };
+        Ok(binaries)
+    }
+
+    /// The NVIDIA daemons' socket directories ([`SOCKET_DIRS`]) that hold a listening socket.
+    fn daemon_sockets(&mut self) -> Result<Vec<HostPath>> {
         let mut sockets = Vec::new();
         for dir in SOCKET_DIRS {
             if let Some(m) = self.lstat(&format!("{dir}/socket"))?
@@ -661,13 +704,7 @@ impl Scan<'_> {
                 sockets.push(checked("socket directory", (*dir).to_owned())?);
             }
         }
-        Ok(Some(UserspaceDriver {
-            version: chosen,
-            lib_dirs,
-            binaries,
-            firmware,
-            sockets,
-        }))
+        Ok(sockets)
     }
 
     /// Driver files of `version` in the other candidate directories of an architecture that has

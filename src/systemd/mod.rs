@@ -246,16 +246,17 @@ impl Systemd {
 
     /// Connect to `machine`'s system bus through its leader's root. Refuses a machine in a user
     /// namespace of its own with [`SystemdError::ForeignUserNamespace`]; see
-    /// [`Systemd::machine_unchecked`]. The bus may not exist yet right after a start: see
+    /// [`Systemd::machine_in_any_userns`]. The bus may not exist yet right after a start: see
     /// [`wait_running`].
     pub fn machine(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
         machine.check_user_namespace()?;
-        Systemd::machine_unchecked(machine, deadline)
+        Systemd::machine_in_any_userns(machine, deadline)
     }
 
     /// Like [`Systemd::machine`] but also for a machine in its own user namespace, where reads
-    /// work and state changes are refused ("Access denied"). For diagnostics.
-    pub fn machine_unchecked(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+    /// work and state changes are refused ("Access denied"). For diagnostics (`status`); what
+    /// changes state goes through [`Systemd::machine`].
+    pub fn machine_in_any_userns(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
         let stream = machine.connect_bus_socket()?;
         // zbus claims our own UID in EXTERNAL; under -U the bus sees host root as the overflow
         // UID and would reject the claim outright, so claim what it sees.
@@ -778,6 +779,8 @@ impl JobKind {
 /// (again) as often as needed: right after a start the machine's bus may not exist yet. Returns
 /// the connection. Fails at once for a machine in its own user namespace, when the manager
 /// reports `stopping`/`maintenance` (which do not end by waiting), or when the leader exits.
+// Over 80 lines because it is one poll loop: connecting, reading the state and deciding whether
+// waiting can still help share the `last`/`polls` bookkeeping that makes its one debug line.
 pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
     machine.check_user_namespace()?;
     let started = Instant::now();
@@ -793,7 +796,8 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
     loop {
         polls += 1;
         if conn.is_none() {
-            match Systemd::machine_unchecked(machine, deadline) {
+            // Checked once above: the poll only waits for the bus.
+            match Systemd::machine_in_any_userns(machine, deadline) {
                 Ok(c) => conn = Some(c),
                 Err(e)
                     if matches!(

@@ -17,7 +17,8 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use zbus::{Fd, Variant};
+
+use zbus::{Fd, OwnedObjectPath, Variant};
 
 /// The most output kept from one command (its tail).
 pub const OUTPUT_LIMIT: usize = 64 * 1024;
@@ -124,19 +125,13 @@ pub(super) fn run(
     stdin: Option<std::os::fd::BorrowedFd<'_>>,
     timeout: Duration,
 ) -> Result<TransientOutcome> {
-    if name_prefix.is_empty()
-        || !name_prefix
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || ":_.-".contains(c))
-    {
-        bail!("transient unit prefix {name_prefix:?} is not a valid unit name part");
-    }
-    let Some(program) = argv.first() else {
-        bail!("transient unit {name_prefix}: empty command line");
+    let program = check_command(name_prefix, argv)?;
+    let cmd = Command {
+        program,
+        argv,
+        stdin,
+        timeout,
     };
-    if !program.starts_with('/') {
-        bail!("transient unit {name_prefix}: {program:?} must be an absolute path");
-    }
     let unit = unique_name(name_prefix);
     let started = Instant::now();
     let deadline = started + timeout + GRACE;
@@ -145,40 +140,7 @@ pub(super) fn run(
     tracing::debug!(bus = %sd.label(), %unit, ?argv, "starting transient unit");
 
     let outcome = zbus::block_on(async {
-        let description = format!("nspawn-lifecycle: {}", argv.join(" "));
-        let exec: Vec<(&str, Vec<&str>, bool)> = vec![(program, argv.to_vec(), false)];
-        let timeout_usec = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
-        let job = sd
-            .job("start", &unit, deadline, None, |mgr| {
-                let unit = unit.as_str();
-                async move {
-                    let mut props: Vec<(&str, Variant<'_>)> = vec![
-                        ("Description", Variant::from(description.as_str())),
-                        ("Type", Variant::from("oneshot")),
-                        ("ExecStart", Variant::from(exec)),
-                        (
-                            "StandardOutputFileDescriptor",
-                            Variant::from(Fd::from(&write)),
-                        ),
-                        (
-                            "StandardErrorFileDescriptor",
-                            Variant::from(Fd::from(&write)),
-                        ),
-                        ("CollectMode", Variant::from("inactive-or-failed")),
-                        ("AddRef", Variant::from(true)),
-                        ("TimeoutStartUSec", Variant::from(timeout_usec)),
-                    ];
-                    if let Some(fd) = stdin {
-                        props.push(("StandardInputFileDescriptor", Variant::from(Fd::from(fd))));
-                    }
-                    let r = mgr.start_transient_unit(unit, "fail", &props, &[]).await;
-                    // systemd holds its own copy now; ours would keep the pipe open forever.
-                    drop(props);
-                    drop(write);
-                    r
-                }
-            })
-            .await;
+        let job = start_unit(sd, &unit, &cmd, write, deadline).await;
         let path = sd
             .load_unit(&unit, deadline.max(Instant::now() + GRACE))
             .await;
@@ -186,7 +148,6 @@ pub(super) fn run(
             (Ok(_), Ok(p)) => Some(sd.service_state_at(&unit, p, deadline + GRACE).await),
             _ => None,
         };
-        // Let systemd collect the unit. After our own deadline, stop the command first.
         if let Ok(p) = &path {
             let timed_out = job.as_ref().err().is_some_and(|e| {
                 matches!(
@@ -194,18 +155,7 @@ pub(super) fn run(
                     Some(super::SystemdError::Timeout { .. })
                 )
             });
-            if timed_out {
-                let stop_by = Instant::now() + GRACE;
-                if let Err(e) = sd.unit_job_stop_quietly(&unit, stop_by).await {
-                    tracing::warn!(%unit, "stopping transient unit after the deadline: {e:#}");
-                }
-            }
-            if let Ok(u) = sd.unit_proxy(p).await {
-                let what = format!("Unref({unit})");
-                if let Err(e) = sd.call(&what, Instant::now() + GRACE, u.unref()).await {
-                    tracing::debug!(%unit, "Unref: {e:#}");
-                }
-            }
+            release_unit(sd, &unit, p, timed_out).await;
         }
         (job, state)
     });
@@ -237,6 +187,90 @@ pub(super) fn run(
     tracing::debug!(bus = %sd.label(), unit = %outcome.unit, status = %outcome.exit_status,
         "transient unit finished in {:.2}s", outcome.elapsed.as_secs_f64());
     Ok(outcome)
+}
+
+/// A command line for a transient unit, checked by [`check_command`].
+struct Command<'a> {
+    program: &'a str,
+    argv: &'a [&'a str],
+    stdin: Option<std::os::fd::BorrowedFd<'a>>,
+    timeout: Duration,
+}
+
+/// The program of `argv`, once the unit name prefix and the command line are fit for systemd.
+fn check_command<'a>(name_prefix: &str, argv: &[&'a str]) -> Result<&'a str> {
+    if name_prefix.is_empty()
+        || !name_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":_.-".contains(c))
+    {
+        bail!("transient unit prefix {name_prefix:?} is not a valid unit name part");
+    }
+    let Some(program) = argv.first() else {
+        bail!("transient unit {name_prefix}: empty command line");
+    };
+    if !program.starts_with('/') {
+        bail!("transient unit {name_prefix}: {program:?} must be an absolute path");
+    }
+    Ok(program)
+}
+
+/// `StartTransientUnit` of a oneshot service running `cmd` with stdout and stderr on `write`,
+/// and wait for its start job.
+async fn start_unit(
+    sd: &Systemd,
+    unit: &str,
+    cmd: &Command<'_>,
+    write: OwnedFd,
+    deadline: Instant,
+) -> Result<JobResult> {
+    let description = format!("nspawn-lifecycle: {}", cmd.argv.join(" "));
+    let exec: Vec<(&str, Vec<&str>, bool)> = vec![(cmd.program, cmd.argv.to_vec(), false)];
+    let timeout_usec = u64::try_from(cmd.timeout.as_micros()).unwrap_or(u64::MAX);
+    let stdin = cmd.stdin;
+    sd.job("start", unit, deadline, None, |mgr| async move {
+        let mut props: Vec<(&str, Variant<'_>)> = vec![
+            ("Description", Variant::from(description.as_str())),
+            ("Type", Variant::from("oneshot")),
+            ("ExecStart", Variant::from(exec)),
+            (
+                "StandardOutputFileDescriptor",
+                Variant::from(Fd::from(&write)),
+            ),
+            (
+                "StandardErrorFileDescriptor",
+                Variant::from(Fd::from(&write)),
+            ),
+            ("CollectMode", Variant::from("inactive-or-failed")),
+            ("AddRef", Variant::from(true)),
+            ("TimeoutStartUSec", Variant::from(timeout_usec)),
+        ];
+        if let Some(fd) = stdin {
+            props.push(("StandardInputFileDescriptor", Variant::from(Fd::from(fd))));
+        }
+        let r = mgr.start_transient_unit(unit, "fail", &props, &[]).await;
+        // systemd holds its own copy now; ours would keep the pipe open forever.
+        drop(props);
+        drop(write);
+        r
+    })
+    .await
+}
+
+/// Let systemd collect the unit (`Unref`); after our own deadline, stop the command first.
+async fn release_unit(sd: &Systemd, unit: &str, path: &OwnedObjectPath, timed_out: bool) {
+    if timed_out {
+        let stop_by = Instant::now() + GRACE;
+        if let Err(e) = sd.unit_job_stop_quietly(unit, stop_by).await {
+            tracing::warn!(%unit, "stopping transient unit after the deadline: {e:#}");
+        }
+    }
+    if let Ok(u) = sd.unit_proxy(path).await {
+        let what = format!("Unref({unit})");
+        if let Err(e) = sd.call(&what, Instant::now() + GRACE, u.unref()).await {
+            tracing::debug!(%unit, "Unref: {e:#}");
+        }
+    }
 }
 
 impl Systemd {

@@ -157,19 +157,9 @@ post_start() {
 }
 
 # ---- install ---------------------------------------------------------------------------------------
-DROPIN='[Unit]
-StartLimitIntervalSec=0
-[Service]
-Restart=on-failure
-RestartSec=2
-Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1
-Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network
-ExecStartPre=-/usr/bin/machinectl terminate %i
-ExecStartPre='$STABLE' nspawn-lifecycle pre-start %i
-ExecStartPost='$STABLE' nspawn-lifecycle post-start %i
-DeviceAllow=char-nvidia* rwm
-DeviceAllow=char-drm rwm
-DeviceAllow=/dev/kvm rwm'
+# The product's drop-in, as the harness staged it from tests/golden/dropin-kube1.conf (the bytes
+# the binary prints with `install <m> --print-dropin`): never a copy kept here, which drifted.
+dropin() { sed "s/kube1/$1/g" /usr/local/lib/e2e/dropin-kube1.conf; }
 install_() {
     local m=$1 d=/etc/systemd/system/systemd-nspawn@$1.service.d changed=0 line kept=""
     if ! cmp -s "$SELF" "$STABLE"; then
@@ -188,7 +178,7 @@ install_() {
         if [ -n "$kept" ]; then write_if_changed "$d/override.conf" "${out%$'\n'}" && changed=1; say "kept unrecognised settings from override.conf: $kept"
         else rm -f "$d/override.conf"; changed=1; fi
     fi
-    write_if_changed "$d/nspawn-lifecycle.conf" "$DROPIN" && { changed=1; say "wrote $d/nspawn-lifecycle.conf"; }
+    write_if_changed "$d/50-nspawn-lifecycle.conf" "$(dropin "$m")" && { changed=1; say "wrote $d/50-nspawn-lifecycle.conf"; }
     discover
     [ "$VERDICT" = incomplete ] || { write_if_changed "/etc/systemd/nspawn/$m.nspawn" "$(render_nspawn)" && say "rendered /etc/systemd/nspawn/$m.nspawn"; }
     if [ $changed = 1 ]; then systemctl daemon-reload; else say "nothing changed"; fi
@@ -205,6 +195,6 @@ case "${1:-} ${2:-}" in
     "nspawn-lifecycle pre-start") pre_start "$3";;
     "nspawn-lifecycle post-start") post_start "$3";;
     "nspawn-lifecycle reconcile") reconcile "$3";;
-    "install "*) install_ "$2";;
-    *) say "usage: nspawn-lifecycle {pre-start|post-start|reconcile} <m> | install <m>"; exit 2;;
+    "install "*) if [ "${3:-}" = --print-dropin ]; then dropin "$2"; else install_ "$2"; fi;;
+    *) say "usage: nspawn-lifecycle {pre-start|post-start|reconcile} <m> | install <m> [--print-dropin]"; exit 2;;
 esac

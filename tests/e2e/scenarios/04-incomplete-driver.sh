@@ -16,7 +16,7 @@ incomplete_case() { # incomplete_case <label> <break command...>; the fix is `ba
     info "$label: reconcile rc=$rc: $(printf '%s' "$out" | tail -3 | tr '\n' ' ')"
     assert_ne "$(c "$label.reconcile-fails")" 0 "$rc"
     n0=$(uprop NRestarts kube1)     # a manual (re)start resets the counter: count from here
-    # RestartSec=2 in the drop-in: a few retries within ~10 s
+    # RestartSec=5 in the drop-in install writes: two retries within ~12 s
     wait_until 20 nrestarts_ge kube1 $((n0 + 2))
     assert_le "$(c "$label.systemd-keeps-retrying")" "$((n0 + 2))" "$(uprop NRestarts kube1)"
     st=$(uprop ActiveState kube1)

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| nspawn_lifecycle::fuzzing::driver_version(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| nspawn_lifecycle_fuzz::driver_version(data));

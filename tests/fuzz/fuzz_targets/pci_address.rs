@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| nspawn_lifecycle::fuzzing::pci_address(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| nspawn_lifecycle_fuzz::pci_address(data));

@@ -1,16 +1,19 @@
 //! One entry point per parser of untrusted bytes, shared by the cargo-fuzz targets
-//! (`tests/fuzz/`) and the corpus replay test (`tests/fuzz_corpus.rs`), so CI on stable runs every
-//! committed corpus file through exactly the code libFuzzer explored.
+//! (`fuzz_targets/`, through this crate's library) and the corpus replay test of the main crate
+//! (`tests/fuzz_corpus.rs`, which includes this file as a module), so CI on stable runs every
+//! committed corpus file through exactly the code libFuzzer explored. It lives here, not in the
+//! main crate, so the product binary carries no fuzz entry point; it uses only the main crate's
+//! public API.
 //!
 //! Each entry point accepts any bytes. A parser may reject them; it must not panic, and what it
 //! accepts must hold the invariants the rest of the helper relies on (checked here with
 //! `assert!`, which is how libFuzzer learns of a violation).
 
-use crate::config::Config;
-use crate::discovery::parse::{self, PciAddress};
-use crate::error::exit_code;
-use crate::host::HostRoot;
-use crate::machine_name::MachineName;
+use nspawn_lifecycle::config::Config;
+use nspawn_lifecycle::discovery::parse::{self, PciAddress};
+use nspawn_lifecycle::error::exit_code;
+use nspawn_lifecycle::host::HostRoot;
+use nspawn_lifecycle::machine_name::MachineName;
 
 /// A fuzz target: its name (the directory under `tests/fuzz/corpus/`) and its entry point.
 pub type Target = (&'static str, fn(&[u8]));
@@ -182,7 +185,10 @@ pub fn config(data: &[u8]) {
                 Ok(mc) => {
                     assert!(mc.directory.starts_with('/'), "{mc:?}");
                     for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
-                        assert_reads_back(crate::gate::HOST_FILE, &crate::gate::dropin(unit));
+                        assert_reads_back(
+                            nspawn_lifecycle::gate::HOST_FILE,
+                            &nspawn_lifecycle::gate::dropin(unit),
+                        );
                     }
                 }
                 Err(e) => assert_eq!(exit_code(&e), 2, "{e:#}"),
@@ -209,8 +215,8 @@ pub fn config(data: &[u8]) {
 
 /// `source` → `target` rendered as a bind line reads back (as systemd 252 reads it) unchanged.
 fn assert_reads_back(source: &str, target: &str) {
-    use crate::nspawn::BindLine;
-    use crate::paths::parse_bind_line;
+    use nspawn_lifecycle::nspawn::BindLine;
+    use nspawn_lifecycle::paths::parse_bind_line;
     for read_only in [true, false] {
         let line = BindLine {
             source: source.parse().unwrap_or_else(|e| panic!("{e}")),
