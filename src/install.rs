@@ -35,19 +35,15 @@ use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
 use crate::lock;
 use crate::machine_name::MachineName;
-use crate::nspawn::{NSPAWN_DIR, NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
+use crate::nspawn::{NspawnFile, UNINSTALLED_HEADER, describe_change};
 use crate::paths::HostPath;
 use crate::prestart;
+use crate::units::{DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_path, nspawn_path, unit_name};
 use anyhow::{Context as _, Result};
 use std::fmt;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-/// File name of our drop-in. `50-` sorts before `override.conf` (what `systemctl edit` writes),
-/// so an operator's own edits still win.
-pub const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
-/// Where unit drop-ins for the machine units live (under the host root).
-pub const UNIT_DIR: &str = "/etc/systemd/system";
 /// The drop-in an older agent (and `systemctl edit`) wrote; migrated by `install`.
 pub const LEGACY_OVERRIDE: &str = "override.conf";
 /// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
@@ -78,21 +74,6 @@ const ENV: [(&str, &str); 2] = [
     ("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "network"),
 ];
 
-/// Name of the unit that runs `machine`.
-pub fn unit_name(machine: &MachineName) -> String {
-    format!("systemd-nspawn@{machine}.service")
-}
-
-/// Host path of the machine unit's drop-in directory.
-pub fn dropin_dir(machine: &MachineName) -> String {
-    format!("{UNIT_DIR}/{}.d", unit_name(machine))
-}
-
-/// Host path of our drop-in for `machine`.
-pub fn dropin_path(machine: &MachineName) -> String {
-    format!("{}/{DROPIN_NAME}", dropin_dir(machine))
-}
-
 /// One setting of the drop-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
@@ -106,7 +87,7 @@ pub struct Setting {
 /// Our drop-in for `systemd-nspawn@<machine>.service` (DESIGN §4); `Display` renders the bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropin {
-    pub machine: String,
+    pub machine: MachineName,
     /// Absolute path of the installed helper, as the hooks call it (checked by the config for
     /// what an Exec line can carry; `%` and `$` are escaped when rendered).
     pub helper_path: HostPath,
@@ -115,7 +96,7 @@ pub struct Dropin {
 impl Dropin {
     pub fn new(machine: &MachineName, helper_path: &HostPath) -> Dropin {
         Dropin {
-            machine: machine.to_string(),
+            machine: machine.clone(),
             helper_path: helper_path.clone(),
         }
     }
@@ -212,7 +193,7 @@ impl fmt::Display for Dropin {
         writeln!(
             f,
             "# Per-start host state is not here: pre-start renders {} at every start.",
-            nspawn_path_str(&self.machine)
+            nspawn_path(&self.machine)
         )?;
         let mut section = "";
         for s in self.settings() {
@@ -229,10 +210,6 @@ impl fmt::Display for Dropin {
         }
         Ok(())
     }
-}
-
-fn nspawn_path_str(machine: &str) -> String {
-    format!("{NSPAWN_DIR}/{machine}.nspawn")
 }
 
 /// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.

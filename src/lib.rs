@@ -31,6 +31,7 @@ pub mod reconcile;
 pub mod rewire;
 pub mod status;
 pub mod systemd;
+pub mod units;
 
 use anyhow::Result;
 use cli::{Cli, Command, Phase};

@@ -257,7 +257,7 @@ fn dropin_matches_golden() {
         "drop-in differs from tests/golden/dropin-kube1.conf; rerun with UPDATE_GOLDEN=1 if intended"
     );
     assert_eq!(
-        nspawn_lifecycle::install::dropin_path(&machine),
+        nspawn_lifecycle::units::dropin_path(&machine),
         format!("/{DROPIN}")
     );
     // The hooks, the clean-up and the device groups DESIGN §4 asks for, once each.
