@@ -7,6 +7,7 @@ pub mod cdi_hook;
 pub mod cli;
 pub mod config;
 pub mod discovery;
+pub mod dropin;
 pub mod error;
 pub mod failpoint;
 pub mod fixture;

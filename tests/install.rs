@@ -241,7 +241,7 @@ fn effective_of_text(text: &str) -> Vec<(String, String, String)> {
 #[test]
 fn dropin_matches_golden() {
     let machine = "kube1".parse().unwrap();
-    let text = nspawn_lifecycle::install::Dropin::new(
+    let text = nspawn_lifecycle::dropin::Dropin::new(
         &machine,
         &nspawn_lifecycle::config::DEFAULT_HELPER_PATH
             .parse()
