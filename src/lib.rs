@@ -19,6 +19,7 @@ pub mod image;
 pub mod install;
 pub mod layout;
 pub mod ldcache;
+pub mod legacy;
 pub mod lock;
 pub mod logging;
 pub mod machine_name;
