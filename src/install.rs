@@ -31,17 +31,22 @@
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
+use crate::config::MachineConfig;
 use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
+use crate::host::HostRoot;
 use crate::legacy::{
     LEGACY_OVERRIDE, foreign_nspawn_losses, is_ours_nspawn, migrate_override, overlaps,
 };
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, describe_change};
+use crate::paths::HostPath;
 use crate::prestart;
-use crate::units::{DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_path, nspawn_path, unit_name};
+use crate::units::{
+    DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_path, nspawn_path, template_dropin_dir, unit_name,
+};
 use anyhow::{Context as _, Result};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -112,7 +117,38 @@ struct Plan {
     warnings: Vec<String>,
 }
 
+impl FileLine {
+    /// A line that changes nothing; `op` and `unit_file` are set by the callers that need them.
+    fn new(host: &HostRoot, shown: &str, verb: Verb, detail: String) -> FileLine {
+        FileLine {
+            shown: shown.to_owned(),
+            path: host.path(shown),
+            verb,
+            detail,
+            op: None,
+            unit_file: false,
+        }
+    }
+
+    /// A line removing the file `shown`.
+    fn removing(host: &HostRoot, shown: &str, detail: &str) -> FileLine {
+        FileLine {
+            op: Some(Op::Remove),
+            ..FileLine::new(host, shown, Verb::Remove, detail.to_owned())
+        }
+    }
+}
+
 impl Plan {
+    fn new(command: &'static str, machine: &MachineName) -> Plan {
+        Plan {
+            command,
+            machine: machine.clone(),
+            files: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
     fn changes(&self) -> usize {
         self.files.iter().filter(|f| f.op.is_some()).count()
     }
@@ -202,7 +238,7 @@ fn mode_of(path: &Path) -> Result<u32> {
 
 /// A line for writing `bytes` to `shown`: created, updated, or unchanged.
 fn write_line(
-    host: &crate::host::HostRoot,
+    host: &HostRoot,
     shown: &str,
     bytes: Vec<u8>,
     mode: u32,
@@ -265,6 +301,8 @@ fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf
     Ok(out)
 }
 
+/// `install`'s plan: the helper, the `.nspawn` file and our drop-in, in that order (a run killed
+/// between them leaves hooks that call a helper already in place), then what older layouts left.
 fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     let host = &ctx.host;
     let mc = ctx.config.machine(host, machine)?;
@@ -272,11 +310,18 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     // `-U` start is bad input, refused before anything is written.
     crate::image::require(host, machine, &mc)?;
     let helper = ctx.config.helper_path();
-    let mut files = Vec::new();
-    let mut warnings = Vec::new();
+    let mut plan = Plan::new("install", machine);
+    plan.files.push(helper_copy(host, helper, exe)?);
+    plan.files.push(nspawn_render(ctx, machine, &mc)?);
+    plan.files.push(dropin_write(host, machine, helper)?);
+    override_migration(host, machine, &mut plan)?;
+    plan.warnings.extend(overlap_warnings(host, machine)?);
+    Ok(plan)
+}
 
-    // 1. The helper at its stable path, so the hooks survive whatever installed it.
-    files.push(write_line(
+/// The helper at its stable path, so the hooks survive whatever installed it.
+fn helper_copy(host: &HostRoot, helper: &HostPath, exe: &[u8]) -> Result<FileLine> {
+    write_line(
         host,
         helper,
         exe.to_vec(),
@@ -287,87 +332,95 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             None => format!("copy of the running helper, {} bytes", exe.len()),
             Some(_) => format!("replaced by the running helper, {} bytes", exe.len()),
         },
-    )?);
+    )
+}
 
-    // 2. The .nspawn file, rendered exactly as pre-start would.
-    let nspawn_shown = nspawn_path(machine);
-    let nspawn_host = host.path(&nspawn_shown);
-    let old_nspawn = read_text(&nspawn_host)?;
-    let foreign = old_nspawn
-        .as_deref()
-        .filter(|t| !is_ours_nspawn(t.as_bytes()));
+/// The `.nspawn` file, rendered exactly as pre-start would; skipped while the NVIDIA state is
+/// incomplete. A file another tool wrote is replaced only when pre-start would lose nothing of it.
+fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<FileLine> {
+    let host = &ctx.host;
+    let shown = nspawn_path(machine);
+    let old = read_text(&host.path(&shown))?;
+    let foreign = old.as_deref().filter(|t| !is_ours_nspawn(t.as_bytes()));
     if let Some(text) = foreign {
-        let config_binds: Vec<String> = mc
-            .mounts
-            .iter()
-            .map(|m| {
-                crate::nspawn::BindLine {
-                    source: m.source.clone(),
-                    target: m.target.clone(),
-                    read_only: m.read_only,
-                }
-                .to_string()
-            })
-            .collect();
-        let lost = foreign_nspawn_losses(text, &config_binds);
-        if !lost.is_empty() {
-            return Err(bad_input(format!(
-                "{nspawn_shown} was not written by nspawn-lifecycle and pre-start would drop these \
-                 settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
-                 (or delete the lines), then run install again; nothing was changed",
-                lost.join(", "),
-                crate::config::DEFAULT_PATH
-            )));
-        }
+        refuse_lost_settings(mc, &shown, text)?;
     }
-    match prestart::render(ctx, machine, &mc) {
+    match prestart::render(ctx, machine, mc) {
         Ok(r) => {
             let bytes = r.new.into_bytes();
-            files.push(write_line(
+            write_line(
                 host,
-                &nspawn_shown,
+                &shown,
                 bytes.clone(),
                 0o644,
                 false,
                 Point::InstallMidNspawnWrite,
                 |old| {
-                    let old = old.map(String::from_utf8_lossy);
-                    let new = String::from_utf8_lossy(&bytes);
-                    let change = match old {
-                        Some(old) => describe_change(Some(&old), &new),
-                        None => new
-                            .lines()
-                            .find_map(|l| l.strip_prefix("# Host: "))
-                            .unwrap_or_default()
-                            .to_owned(),
-                    };
+                    let change = nspawn_change(old, &bytes);
                     if foreign.is_some() {
                         format!("replaces the file an older agent wrote; {change}")
                     } else {
                         change
                     }
                 },
-            )?);
+            )
         }
-        Err(e) if is_driver_incomplete(&e) => {
-            let msg = format!("{e:#}");
-            files.push(FileLine {
-                shown: nspawn_shown,
-                path: nspawn_host,
-                verb: Verb::Skip,
-                detail: format!(
-                    "pre-start renders it at the next start that finds the driver complete; now: {msg}"
-                ),
-                op: None,
-                unit_file: false,
-            });
-        }
-        Err(e) => return Err(e.context(format!("rendering {nspawn_shown}"))),
+        Err(e) if is_driver_incomplete(&e) => Ok(FileLine::new(
+            host,
+            &shown,
+            Verb::Skip,
+            format!(
+                "pre-start renders it at the next start that finds the driver complete; now: {e:#}"
+            ),
+        )),
+        Err(e) => Err(e.context(format!("rendering {shown}"))),
     }
+}
 
-    // 3. Our drop-in.
+/// Bad input when pre-start would drop settings of the foreign `.nspawn` file `text`.
+fn refuse_lost_settings(mc: &MachineConfig, shown: &str, text: &str) -> Result<()> {
+    let config_binds: Vec<String> = mc
+        .mounts
+        .iter()
+        .map(|m| {
+            crate::nspawn::BindLine {
+                source: m.source.clone(),
+                target: m.target.clone(),
+                read_only: m.read_only,
+            }
+            .to_string()
+        })
+        .collect();
+    let lost = foreign_nspawn_losses(text, &config_binds);
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(bad_input(format!(
+        "{shown} was not written by nspawn-lifecycle and pre-start would drop these \
+         settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
+         (or delete the lines), then run install again; nothing was changed",
+        lost.join(", "),
+        crate::config::DEFAULT_PATH
+    )))
+}
+
+/// What a new `.nspawn` file changes: the difference from `old`, or the new file's host summary.
+fn nspawn_change(old: Option<&[u8]>, new: &[u8]) -> String {
+    let new = String::from_utf8_lossy(new);
+    match old.map(String::from_utf8_lossy) {
+        Some(old) => describe_change(Some(&old), &new),
+        None => new
+            .lines()
+            .find_map(|l| l.strip_prefix("# Host: "))
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// Our drop-in, rendered from the machine and the helper's stable path.
+fn dropin_write(host: &HostRoot, machine: &MachineName, helper: &HostPath) -> Result<FileLine> {
     let dropin = Dropin::new(machine, helper).to_string();
-    files.push(write_line(
+    write_line(
         host,
         &dropin_path(machine),
         dropin.into_bytes(),
@@ -380,66 +433,67 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             }
             _ => String::new(),
         },
-    )?);
+    )
+}
 
-    // 4. The older layout's override.conf.
-    let dir_shown = dropin_dir(machine);
-    let legacy_shown = format!("{dir_shown}/{LEGACY_OVERRIDE}");
-    let legacy_host = host.path(&legacy_shown);
-    if let Some(text) = read_text(&legacy_host)? {
-        let m = migrate_override(&text, machine);
-        let removed = format!(
-            "moved to {DROPIN_NAME} or dropped as conflicting: {}",
-            m.removed.join(" | ")
-        );
-        let kept = format!(
-            "kept, not managed by nspawn-lifecycle: {}",
-            m.kept.join(" | ")
-        );
-        let mode = mode_of(&legacy_host)?;
-        let line = |verb, detail, op| FileLine {
-            shown: legacy_shown.clone(),
-            path: legacy_host.clone(),
-            verb,
-            detail,
-            op,
-            unit_file: true,
-        };
-        files.push(match m.rewrite {
-            None => {
-                let o = overlaps(&text, machine, true);
-                if !o.is_empty() {
-                    warnings.push(format!(
-                        "{legacy_shown} is not an older agent's layout, so it was left alone, but \
-                         it overrides or repeats settings of {DROPIN_NAME}: {}",
-                        o.join(" | ")
-                    ));
-                }
-                line(
-                    Verb::Keep,
-                    "not an older agent's layout; left to the operator".into(),
-                    None,
-                )
+/// The older layout's `override.conf`: rewritten or removed when an older agent wrote it, else
+/// kept (with a warning when it overrides or repeats ours).
+fn override_migration(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<()> {
+    let shown = format!("{}/{LEGACY_OVERRIDE}", dropin_dir(machine));
+    let path = host.path(&shown);
+    let Some(text) = read_text(&path)? else {
+        return Ok(());
+    };
+    let m = migrate_override(&text, machine);
+    let removed = format!(
+        "moved to {DROPIN_NAME} or dropped as conflicting: {}",
+        m.removed.join(" | ")
+    );
+    let kept = format!(
+        "kept, not managed by nspawn-lifecycle: {}",
+        m.kept.join(" | ")
+    );
+    let mode = mode_of(&path)?;
+    let line = |verb, detail: String, op| FileLine {
+        op,
+        unit_file: true,
+        ..FileLine::new(host, &shown, verb, detail)
+    };
+    plan.files.push(match m.rewrite {
+        None => {
+            let o = overlaps(&text, machine, true);
+            if !o.is_empty() {
+                plan.warnings.push(format!(
+                    "{shown} is not an older agent's layout, so it was left alone, but \
+                     it overrides or repeats settings of {DROPIN_NAME}: {}",
+                    o.join(" | ")
+                ));
             }
-            Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
-            Some(Some(new)) => line(
-                Verb::Rewrite,
-                format!("{removed}; {kept}"),
-                Some(Op::Write {
-                    bytes: new.into_bytes(),
-                    mode,
-                    point: Point::InstallMidOverrideWrite,
-                }),
-            ),
-        });
-    }
+            line(
+                Verb::Keep,
+                "not an older agent's layout; left to the operator".into(),
+                None,
+            )
+        }
+        Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
+        Some(Some(new)) => line(
+            Verb::Rewrite,
+            format!("{removed}; {kept}"),
+            Some(Op::Write {
+                bytes: new.into_bytes(),
+                mode,
+                point: Point::InstallMidOverrideWrite,
+            }),
+        ),
+    });
+    Ok(())
+}
 
-    // Other drop-ins (this machine's and the template's, which systemd merges with them by
-    // file name) are the operator's: never changed, but overlaps are worth knowing.
-    for (dir, skip_override) in [
-        (dir_shown.clone(), true),
-        (format!("{UNIT_DIR}/systemd-nspawn@.service.d"), false),
-    ] {
+/// Other drop-ins (this machine's and the template's, which systemd merges with them by file
+/// name) are the operator's: never changed, but overlaps are worth knowing.
+fn overlap_warnings(host: &HostRoot, machine: &MachineName) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for (dir, skip_override) in [(dropin_dir(machine), true), (template_dropin_dir(), false)] {
         for (name, path) in other_dropins(&host.path(&dir), skip_override)? {
             let Some(text) = read_text(&path)? else {
                 continue;
@@ -453,143 +507,127 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             }
         }
     }
-    Ok(Plan {
-        command: "install",
-        machine: machine.clone(),
-        files,
-        warnings,
-    })
+    Ok(warnings)
 }
 
+/// `uninstall`'s plan: our drop-in away, the `.nspawn` file without GPU binds, the helper away
+/// when no machine uses it any more. Files install did not write are left alone with a warning.
 fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
-    let host = &ctx.host;
-    let mut files = Vec::new();
-    let mut warnings = Vec::new();
-    let line = |shown: String, verb, detail: &str, op, unit_file| FileLine {
-        path: host.path(&shown),
-        shown,
-        verb,
-        detail: detail.to_owned(),
-        op,
-        unit_file,
-    };
+    let mut plan = Plan::new("uninstall", machine);
+    let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
+    uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
+    helper_removal(ctx, machine, &mut plan)?;
+    Ok(plan)
+}
 
-    let dir_shown = dropin_dir(machine);
-    let dropin_shown = dropin_path(machine);
-    match read_optional(&host.path(&dropin_shown))? {
+/// Our drop-in, and its directory when nothing else is in it; whether our drop-in was there.
+fn dropin_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<bool> {
+    let shown = dropin_path(machine);
+    match read_optional(&host.path(&shown))? {
         Some(b) if b.starts_with(DROPIN_HEADER.as_bytes()) => {
-            files.push(line(
-                dropin_shown.clone(),
-                Verb::Remove,
-                "",
-                Some(Op::Remove),
-                true,
-            ));
-            let others = match std::fs::read_dir(host.path(&dir_shown)) {
-                Ok(entries) => entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.file_name() != DROPIN_NAME)
-                    .count(),
-                Err(_) => 1,
-            };
-            if others == 0 {
-                files.push(line(
-                    dir_shown.clone(),
-                    Verb::Remove,
-                    "empty",
-                    Some(Op::RemoveDir),
-                    false,
-                ));
-            }
+            plan.files.push(FileLine {
+                unit_file: true,
+                ..FileLine::removing(host, &shown, "")
+            });
+            let only = std::ffi::OsStr::new(DROPIN_NAME);
+            plan.files
+                .extend(remove_dir_if_only(host, &dropin_dir(machine), only));
+            Ok(true)
         }
-        Some(_) => warnings.push(format!(
-            "{dropin_shown} was not written by install; left alone"
-        )),
-        None => {}
+        Some(_) => {
+            plan.warnings
+                .push(format!("{shown} was not written by install; left alone"));
+            Ok(false)
+        }
+        None => Ok(false),
     }
+}
 
-    // Removing the .nspawn file would hand the next start to the stock unit's `-U`, and
-    // systemd-nspawn would chown the whole rootfs to a private UID range. It is replaced by the
-    // same settings without GPUs instead (see `NspawnFile::uninstalled`).
-    let nspawn_shown = nspawn_path(machine);
-    let installed = files.iter().any(|f| f.shown == dropin_shown);
-    let ours = match read_optional(&host.path(&nspawn_shown))? {
+/// Removing the .nspawn file would hand the next start to the stock unit's `-U`, and
+/// systemd-nspawn would chown the whole rootfs to a private UID range. It is replaced by the
+/// same settings without GPUs instead (see `NspawnFile::uninstalled`), when it is ours or there
+/// is none while the machine is `installed`.
+fn uninstalled_nspawn(
+    ctx: &Ctx,
+    machine: &MachineName,
+    installed: bool,
+    plan: &mut Plan,
+) -> Result<()> {
+    let host = &ctx.host;
+    let shown = nspawn_path(machine);
+    let ours = match read_optional(&host.path(&shown))? {
         Some(b) if is_ours_nspawn(&b) => true,
         Some(_) => {
-            warnings.push(format!(
-                "{nspawn_shown} was not written by nspawn-lifecycle; left alone"
+            plan.warnings.push(format!(
+                "{shown} was not written by nspawn-lifecycle; left alone"
             ));
             false
         }
         None => installed,
     };
-    if ours {
-        let mc = ctx.config.machine(host, machine)?;
-        let has_lib_modules = host.path("/lib/modules").is_dir();
-        let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
-        files.push(write_line(
-            host,
-            &nspawn_shown,
-            text.into_bytes(),
-            0o644,
-            false,
-            Point::InstallMidNspawnWrite,
-            |_| {
-                "settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps \
-                 the rootfs owned by root"
-                    .to_owned()
-            },
-        )?);
+    if !ours {
+        return Ok(());
     }
+    let mc = ctx.config.machine(host, machine)?;
+    let has_lib_modules = host.path("/lib/modules").is_dir();
+    let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
+    plan.files.push(write_line(
+        host,
+        &shown,
+        text.into_bytes(),
+        0o644,
+        false,
+        Point::InstallMidNspawnWrite,
+        |_| {
+            "settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps \
+             the rootfs owned by root"
+                .to_owned()
+        },
+    )?);
+    Ok(())
+}
 
+/// The helper and the directory install made for it, unless another machine's hooks call it.
+fn helper_removal(ctx: &Ctx, machine: &MachineName, plan: &mut Plan) -> Result<()> {
+    let host = &ctx.host;
     let helper = ctx.config.helper_path().to_string();
-    if host.path(&helper).exists() {
-        let users = helper_users(ctx, &helper, &dropin_shown)?;
-        if users.is_empty() {
-            files.push(line(
-                helper.clone(),
-                Verb::Remove,
-                "no machine uses it any more",
-                Some(Op::Remove),
-                false,
-            ));
-            let parent = Path::new(&helper)
-                .parent()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let helper_name = Path::new(&helper).file_name().unwrap_or_default();
-            // Only the directory install made for it, and only when nothing else is in it.
-            if parent.ends_with("/nspawn-lifecycle")
-                && std::fs::read_dir(host.path(&parent))
-                    .map(|d| {
-                        d.filter_map(|e| e.ok())
-                            .all(|e| e.file_name() == helper_name)
-                    })
-                    .unwrap_or(false)
-            {
-                files.push(line(
-                    parent,
-                    Verb::Remove,
-                    "empty",
-                    Some(Op::RemoveDir),
-                    false,
-                ));
-            }
-        } else {
-            files.push(line(
-                helper,
-                Verb::Keep,
-                &format!("still used by {}", users.join(", ")),
-                None,
-                false,
-            ));
-        }
+    if !host.path(&helper).exists() {
+        return Ok(());
     }
-    Ok(Plan {
-        command: "uninstall",
-        machine: machine.clone(),
-        files,
-        warnings,
+    let users = helper_users(ctx, &helper, &dropin_path(machine))?;
+    if !users.is_empty() {
+        let detail = format!("still used by {}", users.join(", "));
+        plan.files
+            .push(FileLine::new(host, &helper, Verb::Keep, detail));
+        return Ok(());
+    }
+    plan.files.push(FileLine::removing(
+        host,
+        &helper,
+        "no machine uses it any more",
+    ));
+    let parent = Path::new(&helper)
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let helper_name = Path::new(&helper).file_name().unwrap_or_default();
+    // Only the directory install made for it, and only when nothing else is in it.
+    if parent.ends_with("/nspawn-lifecycle") {
+        plan.files
+            .extend(remove_dir_if_only(host, &parent, helper_name));
+    }
+    Ok(())
+}
+
+/// A line removing the directory `dir` when nothing but `only` is in it; none when anything
+/// else is, or it cannot be listed.
+fn remove_dir_if_only(host: &HostRoot, dir: &str, only: &std::ffi::OsStr) -> Option<FileLine> {
+    let alone = std::fs::read_dir(host.path(dir))
+        .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == only))
+        .unwrap_or(false);
+    alone.then(|| FileLine {
+        op: Some(Op::RemoveDir),
+        ..FileLine::new(host, dir, Verb::Remove, "empty".into())
     })
 }
 
@@ -721,4 +759,82 @@ pub fn uninstall(
         plan_uninstall(ctx, machine)
     })
     .with_context(|| format!("uninstall of {machine}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_with(files: &[&str]) -> (tempfile::TempDir, Ctx) {
+        let dir = tempfile::tempdir().unwrap();
+        for f in files {
+            let path = dir.path().join(f.trim_start_matches('/'));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, format!("{DROPIN_HEADER} kube1\n")).unwrap();
+        }
+        let host = HostRoot::new(dir.path());
+        let config = crate::config::Config::load(&host, None).unwrap();
+        (dir, Ctx { host, config })
+    }
+
+    /// The plan is a value: what uninstall would do is read from it without running it.
+    #[test]
+    fn uninstall_plan_removes_directories_only_when_nothing_else_is_in_them() {
+        let m: MachineName = "kube1".parse().unwrap();
+        let helper = crate::config::DEFAULT_HELPER_PATH;
+        let dropin = dropin_path(&m);
+        let (_d, ctx) = host_with(&[&dropin, helper]);
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let lines: Vec<_> = plan.report(true, "-").lines().map(str::to_owned).collect();
+        let dir = dropin_dir(&m);
+        let helper_dir = "/usr/local/lib/nspawn-lifecycle";
+        assert_eq!(
+            lines,
+            [
+                format!("{dropin}: would remove"),
+                format!("{dir}: would remove (empty)"),
+                format!(
+                    "{}: would create (settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps the rootfs owned by root)",
+                    nspawn_path(&m)
+                ),
+                format!("{helper}: would remove (no machine uses it any more)"),
+                format!("{helper_dir}: would remove (empty)"),
+                "systemd: -".to_owned(),
+                "uninstall kube1: dry run, nothing written; 5 files would change".to_owned(),
+            ]
+        );
+        assert!(plan.needs_reload());
+
+        // Anything else in either directory keeps it; another machine's hooks keep the helper.
+        let other = format!(
+            "{}/50-nspawn-lifecycle.conf",
+            dropin_dir(&"kube2".parse().unwrap())
+        );
+        let (_d, ctx) = host_with(&[
+            &dropin,
+            &format!("{dir}/override.conf"),
+            helper,
+            &format!("{helper_dir}/notes"),
+        ]);
+        let shown: Vec<_> = plan_uninstall(&ctx, &m)
+            .unwrap()
+            .files
+            .iter()
+            .map(|f| f.shown.clone())
+            .collect();
+        assert_eq!(shown, [dropin.clone(), nspawn_path(&m), helper.to_owned()]);
+        let (_d, ctx) = host_with(&[&dropin, helper, &other]);
+        std::fs::write(
+            ctx.host.path(&other),
+            format!("ExecStartPre={helper} nspawn-lifecycle pre-start %i\n"),
+        )
+        .unwrap();
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let keep = plan.files.last().unwrap();
+        assert_eq!(
+            (keep.shown.as_str(), keep.verb, keep.op.is_none()),
+            (helper, Verb::Keep, true)
+        );
+        assert_eq!(keep.detail, "still used by systemd-nspawn@kube2.service");
+    }
 }

@@ -25,6 +25,12 @@ pub fn dropin_path(machine: &MachineName) -> String {
     format!("{}/{DROPIN_NAME}", dropin_dir(machine))
 }
 
+/// Host path of the template unit's drop-in directory, which systemd merges with every
+/// machine's by file name.
+pub fn template_dropin_dir() -> String {
+    format!("{UNIT_DIR}/systemd-nspawn@.service.d")
+}
+
 /// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
 pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
 
