@@ -245,6 +245,40 @@ pub fn parse_unit(text: &str) -> Vec<UnitLine> {
     out
 }
 
+/// Each line with the section it is in (`""` before the first section header).
+pub fn with_sections(lines: &[UnitLine]) -> impl Iterator<Item = (&str, &UnitLine)> {
+    let mut section = "";
+    lines.iter().map(move |l| {
+        if let LineKind::Section(s) = &l.kind {
+            section = s;
+        }
+        (section, l)
+    })
+}
+
+/// One setting of a unit file, in its section, borrowed from the parsed lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SectionSetting<'a> {
+    pub section: &'a str,
+    pub key: &'a str,
+    pub value: &'a str,
+    /// The physical lines as written.
+    pub raw: &'a str,
+}
+
+/// The settings among `lines`, each with its section.
+pub fn settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetting<'_>> {
+    with_sections(lines).filter_map(|(section, l)| match &l.kind {
+        LineKind::Setting { key, value } => Some(SectionSetting {
+            section,
+            key,
+            value,
+            raw: &l.raw,
+        }),
+        _ => None,
+    })
+}
+
 /// The whitespace-separated words of an `Environment=` value, quotes kept.
 pub fn env_words(value: &str) -> Vec<&str> {
     let mut words = Vec::new();

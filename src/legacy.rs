@@ -8,7 +8,10 @@
 //! unit-file reader; `nspawn.rs` only renders. Everything here is pure: text in, verdict out;
 //! install turns the verdicts into plan lines.
 
-use crate::dropin::{ENV, LineKind, env_name, env_words, parse_unit};
+use crate::dropin::{
+    ENV, LineKind, SectionSetting, UnitLine, env_name, env_words, parse_unit, settings,
+    with_sections,
+};
 use crate::machine_name::MachineName;
 use crate::nspawn::UNINSTALLED_HEADER;
 use crate::units::DROPIN_NAME;
@@ -113,12 +116,15 @@ fn classify(section: &str, key: &str, value: &str, machine: &MachineName) -> Fat
 /// NVIDIA/DRM/KVM entry, or the environment nspawn needs. Single values (`Restart=`,
 /// `TimeoutStartSec=`…) are not marks: an operator may set those on purpose.
 fn is_legacy_mark(section: &str, key: &str, value: &str, machine: &MachineName) -> bool {
-    !value.is_empty()
-        && matches!(
-            key,
-            "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
-        )
-        && classify(section, key, value, machine) != Fate::Keep
+    !value.is_empty() && is_list(key) && classify(section, key, value, machine) != Fate::Keep
+}
+
+/// A setting that may be given many times, each adding to the list (an empty value resets it).
+fn is_list(key: &str) -> bool {
+    matches!(
+        key,
+        "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
+    )
 }
 
 /// The outcome of migrating one older drop-in.
@@ -138,66 +144,54 @@ pub struct Migration {
 /// (`systemctl edit`, or what an earlier migration left) and is not touched.
 pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
     let lines = parse_unit(text);
-    let mut section = String::new();
-    let legacy = lines.iter().any(|l| match &l.kind {
-        LineKind::Section(s) => {
-            section = s.clone();
-            false
-        }
-        LineKind::Setting { key, value } => is_legacy_mark(&section, key, value, machine),
-        LineKind::Other => false,
-    });
-    if !legacy {
-        return Migration {
-            rewrite: None,
-            removed: Vec::new(),
-            kept: Vec::new(),
-        };
-    }
-    section.clear();
-    // Per line: what to emit (None = drop).
-    let mut emit: Vec<Option<String>> = Vec::new();
     let mut removed = Vec::new();
     let mut kept = Vec::new();
-    for l in &lines {
-        match &l.kind {
-            LineKind::Section(s) => {
-                section = s.clone();
-                emit.push(Some(l.raw.clone()));
-            }
-            LineKind::Other => emit.push(Some(l.raw.clone())),
-            LineKind::Setting { key, value } => match classify(&section, key, value, machine) {
-                Fate::Keep => {
-                    kept.push(l.raw.trim().to_owned());
-                    emit.push(Some(l.raw.clone()));
-                }
-                Fate::Remove => {
-                    removed.push(l.raw.trim().to_owned());
-                    emit.push(None);
-                }
-                Fate::Replace(new) => {
-                    removed.push(l.raw.trim().to_owned());
-                    kept.push(new.clone());
-                    emit.push(Some(new));
-                }
-            },
-        }
-    }
-    if removed.is_empty() {
+    if !settings(&lines).any(|s| is_legacy_mark(s.section, s.key, s.value, machine)) {
         return Migration {
             rewrite: None,
             removed,
             kept,
         };
     }
-    if kept.is_empty() {
-        return Migration {
-            rewrite: Some(None),
-            removed,
-            kept,
+    // Per line: what to emit (None = drop).
+    let mut emit: Vec<Option<String>> = Vec::new();
+    for (section, l) in with_sections(&lines) {
+        let LineKind::Setting { key, value } = &l.kind else {
+            emit.push(Some(l.raw.clone()));
+            continue;
         };
+        match classify(section, key, value, machine) {
+            Fate::Keep => {
+                kept.push(l.raw.trim().to_owned());
+                emit.push(Some(l.raw.clone()));
+            }
+            Fate::Remove => {
+                removed.push(l.raw.trim().to_owned());
+                emit.push(None);
+            }
+            Fate::Replace(new) => {
+                removed.push(l.raw.trim().to_owned());
+                kept.push(new.clone());
+                emit.push(Some(new));
+            }
+        }
     }
-    // Keep a section (header, comments, settings) only when a setting in it survives.
+    let rewrite = match (removed.is_empty(), kept.is_empty()) {
+        (true, _) => None,
+        (false, true) => Some(None),
+        (false, false) => Some(Some(rewritten(&lines, &emit))),
+    };
+    Migration {
+        rewrite,
+        removed,
+        kept,
+    }
+}
+
+/// The text of a migrated `override.conf` from what each line emits: a section (header,
+/// comments, settings) only when a setting in it survives, our note on top once, runs of blank
+/// lines folded.
+fn rewritten(lines: &[UnitLine], emit: &[Option<String>]) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut block: Vec<String> = Vec::new();
     let mut block_has_setting = false;
@@ -208,7 +202,7 @@ pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
         }
         block.clear();
     };
-    for (l, e) in lines.iter().zip(&emit) {
+    for (l, e) in lines.iter().zip(emit) {
         if let LineKind::Section(_) = l.kind {
             let keep = in_preamble || block_has_setting;
             flush(&mut out, &mut block, keep);
@@ -243,83 +237,61 @@ pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
     while text.ends_with("\n\n") {
         text.pop();
     }
-    Migration {
-        rewrite: Some(Some(text)),
-        removed,
-        kept,
-    }
+    text
 }
 
 /// Lines of another drop-in that overlap ours (install leaves such files alone but says so).
 /// Single-valued settings and list resets only matter in a file applied after ours.
 pub fn overlaps(text: &str, machine: &MachineName, after_ours: bool) -> Vec<String> {
-    let mut section = String::new();
-    let mut out = Vec::new();
-    for l in parse_unit(text) {
-        match l.kind {
-            LineKind::Section(s) => section = s,
-            LineKind::Setting { key, value } => {
-                let list = matches!(
-                    key.as_str(),
-                    "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
-                );
-                if !after_ours && (!list || value.is_empty()) {
-                    continue;
-                }
-                if classify(&section, &key, &value, machine) != Fate::Keep {
-                    out.push(l.raw.trim().to_owned());
-                }
-            }
-            LineKind::Other => {}
-        }
-    }
-    out
+    let lines = parse_unit(text);
+    settings(&lines)
+        .filter(|s| after_ours || (is_list(s.key) && !s.value.is_empty()))
+        .filter(|s| classify(s.section, s.key, s.value, machine) != Fate::Keep)
+        .map(|s| s.raw.trim().to_owned())
+        .collect()
 }
 
 /// Lines of a `.nspawn` file pre-start did not write that pre-start's rendering would lose: not
 /// GPU, KVM or driver binds (which pre-start renders from the host), not the `[Exec]` settings it
 /// sets, and not a bind the configuration already carries.
 pub fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
-    let mut section = String::new();
-    let mut out = Vec::new();
-    for l in parse_unit(text) {
-        match l.kind {
-            LineKind::Section(s) => section = s,
-            LineKind::Setting { key, value } => {
-                let ours = match (section.as_str(), key.as_str()) {
-                    (
-                        "Exec",
-                        "Boot" | "Capability" | "DropCapability" | "PrivateUsers"
-                        | "SystemCallFilter" | "NotifyReady",
-                    ) => true,
-                    ("Network", "VirtualEthernet") => true,
-                    ("Files", "Bind" | "BindReadOnly") => {
-                        let mut parts = value.splitn(3, ':');
-                        let src = parts.next().unwrap_or("");
-                        let dst = parts.next().unwrap_or(src);
-                        let gpu = |p: &str| {
-                            p.starts_with("/dev/nvidia")
-                                || p == "/dev/dri"
-                                || p.starts_with("/dev/dri/")
-                                || p == "/dev/kvm"
-                                || p == "/lib/modules"
-                                || p.starts_with("/run/host-nvidia")
-                                || p.starts_with("/run/nvidia/driver")
-                        };
-                        gpu(src)
-                            || gpu(dst)
-                            || config_binds.iter().any(|b| *b == format!("{key}={value}"))
-                    }
-                    _ => false,
-                };
-                if !ours {
-                    out.push(l.raw.trim().to_owned());
-                }
-            }
-            LineKind::Other => {}
+    let lines = parse_unit(text);
+    settings(&lines)
+        .filter(|s| !rendered_by_pre_start(s, config_binds))
+        .map(|s| s.raw.trim().to_owned())
+        .collect()
+}
+
+/// Whether pre-start renders this `.nspawn` setting from the host or the configuration.
+fn rendered_by_pre_start(s: &SectionSetting<'_>, config_binds: &[String]) -> bool {
+    match (s.section, s.key) {
+        (
+            "Exec",
+            "Boot" | "Capability" | "DropCapability" | "PrivateUsers" | "SystemCallFilter"
+            | "NotifyReady",
+        ) => true,
+        ("Network", "VirtualEthernet") => true,
+        ("Files", "Bind" | "BindReadOnly") => {
+            let mut parts = s.value.splitn(3, ':');
+            let src = parts.next().unwrap_or("");
+            let dst = parts.next().unwrap_or(src);
+            let gpu = |p: &str| {
+                p.starts_with("/dev/nvidia")
+                    || p == "/dev/dri"
+                    || p.starts_with("/dev/dri/")
+                    || p == "/dev/kvm"
+                    || p == "/lib/modules"
+                    || p.starts_with("/run/host-nvidia")
+                    || p.starts_with("/run/nvidia/driver")
+            };
+            gpu(src)
+                || gpu(dst)
+                || config_binds
+                    .iter()
+                    .any(|b| *b == format!("{}={}", s.key, s.value))
         }
+        _ => false,
     }
-    out
 }
 
 #[cfg(test)]
