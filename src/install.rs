@@ -66,21 +66,18 @@ enum Verb {
 }
 
 impl Verb {
+    /// The word for the report: what was done, or with `--dry-run` what would be.
     fn word(self, dry_run: bool) -> &'static str {
-        match (self, dry_run) {
-            (Verb::Create, false) => "created",
-            (Verb::Create, true) => "would create",
-            (Verb::Update, false) => "updated",
-            (Verb::Update, true) => "would update",
-            (Verb::Rewrite, false) => "rewritten",
-            (Verb::Rewrite, true) => "would rewrite",
-            (Verb::Remove, false) => "removed",
-            (Verb::Remove, true) => "would remove",
-            (Verb::Unchanged, _) => "unchanged",
-            (Verb::Skip, false) => "skipped",
-            (Verb::Skip, true) => "would skip",
-            (Verb::Keep, _) => "kept",
-        }
+        let (done, would) = match self {
+            Verb::Create => ("created", "would create"),
+            Verb::Update => ("updated", "would update"),
+            Verb::Rewrite => ("rewritten", "would rewrite"),
+            Verb::Remove => ("removed", "would remove"),
+            Verb::Unchanged => ("unchanged", "unchanged"),
+            Verb::Skip => ("skipped", "would skip"),
+            Verb::Keep => ("kept", "kept"),
+        };
+        if dry_run { would } else { done }
     }
 }
 
