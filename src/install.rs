@@ -15,10 +15,10 @@
 //!   settings) or a configured mount; anything else is bad input (exit 2), since pre-start would
 //!   silently drop it at the next start.
 //! - `override.conf` is migrated only when it carries an older agent's marks (see
-//!   `is_legacy_mark`): settings our drop-in now has, or that would override it, are removed;
-//!   everything else is kept and reported. An `override.conf` without those marks is the
-//!   operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps with
-//!   ours in those files are reported as warnings.
+//!   `legacy::is_legacy_mark`): settings our drop-in now has, or that would override it, are
+//!   removed; everything else is kept and reported. An `override.conf` without those marks is
+//!   the operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps
+//!   with ours in those files are reported as warnings.
 //! - `uninstall` does not restore what a migration removed: those settings were the older
 //!   agent's, which is gone.
 //! - `uninstall` replaces the rendered `.nspawn` file with the same settings minus the GPU, KVM
