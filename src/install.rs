@@ -45,7 +45,8 @@ use crate::nspawn::{NspawnFile, describe_change};
 use crate::paths::HostPath;
 use crate::prestart;
 use crate::units::{
-    DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_path, nspawn_path, template_dropin_dir, unit_name,
+    DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_dir_machine, dropin_path, nspawn_path,
+    template_dropin_dir, unit_name,
 };
 use anyhow::{Context as _, Result};
 use std::os::unix::fs::PermissionsExt as _;
@@ -641,7 +642,7 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
     let mut dirs: Vec<_> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("systemd-nspawn@") && n.ends_with(".service.d"))
+        .filter(|n| dropin_dir_machine(n).is_some())
         .collect();
     dirs.sort();
     for d in dirs {

@@ -877,11 +877,7 @@ pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
     for e in entries {
         let e = e.with_context(|| format!("listing {}", dir.display()))?;
         let name = e.file_name();
-        let Some(m) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("systemd-nspawn@"))
-            .and_then(|n| n.strip_suffix(".service.d"))
-        else {
+        let Some(m) = name.to_str().and_then(units::dropin_dir_machine) else {
             continue;
         };
         if let Ok(m) = m.parse::<MachineName>()

@@ -25,6 +25,13 @@ pub fn dropin_path(machine: &MachineName) -> String {
     format!("{}/{DROPIN_NAME}", dropin_dir(machine))
 }
 
+/// The machine a drop-in directory under [`UNIT_DIR`] belongs to, from its name
+/// (`systemd-nspawn@<m>.service.d`): `""` for the template's, `None` for another unit's.
+pub fn dropin_dir_machine(name: &str) -> Option<&str> {
+    name.strip_prefix("systemd-nspawn@")?
+        .strip_suffix(".service.d")
+}
+
 /// Host path of the template unit's drop-in directory, which systemd merges with every
 /// machine's by file name.
 pub fn template_dropin_dir() -> String {
@@ -56,5 +63,10 @@ mod tests {
             "/etc/systemd/system/systemd-nspawn@kube1.service.d/50-nspawn-lifecycle.conf"
         );
         assert_eq!(nspawn_path(&m), "/etc/systemd/nspawn/kube1.nspawn");
+        let name = |dir: &str| dir.rsplit('/').next().unwrap().to_owned();
+        assert_eq!(dropin_dir_machine(&name(&dropin_dir(&m))), Some("kube1"));
+        assert_eq!(dropin_dir_machine(&name(&template_dropin_dir())), Some(""));
+        assert_eq!(dropin_dir_machine("kubelet.service.d"), None);
+        assert_eq!(dropin_dir_machine("systemd-nspawn@kube1.service"), None);
     }
 }
