@@ -267,7 +267,7 @@ pub struct SectionSetting<'a> {
 }
 
 /// The settings among `lines`, each with its section.
-pub fn settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetting<'_>> {
+pub fn section_settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetting<'_>> {
     with_sections(lines).filter_map(|(section, l)| match &l.kind {
         LineKind::Setting { key, value } => Some(SectionSetting {
             section,

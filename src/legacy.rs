@@ -9,7 +9,7 @@
 //! install turns the verdicts into plan lines.
 
 use crate::dropin::{
-    ENV, LineKind, SectionSetting, UnitLine, env_name, env_words, parse_unit, settings,
+    ENV, LineKind, SectionSetting, UnitLine, env_name, env_words, parse_unit, section_settings,
     with_sections,
 };
 use crate::machine_name::MachineName;
@@ -146,7 +146,7 @@ pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
     let lines = parse_unit(text);
     let mut removed = Vec::new();
     let mut kept = Vec::new();
-    if !settings(&lines).any(|s| is_legacy_mark(s.section, s.key, s.value, machine)) {
+    if !section_settings(&lines).any(|s| is_legacy_mark(s.section, s.key, s.value, machine)) {
         return Migration {
             rewrite: None,
             removed,
@@ -244,7 +244,7 @@ fn rewritten(lines: &[UnitLine], emit: &[Option<String>]) -> String {
 /// Single-valued settings and list resets only matter in a file applied after ours.
 pub fn overlaps(text: &str, machine: &MachineName, after_ours: bool) -> Vec<String> {
     let lines = parse_unit(text);
-    settings(&lines)
+    section_settings(&lines)
         .filter(|s| after_ours || (is_list(s.key) && !s.value.is_empty()))
         .filter(|s| classify(s.section, s.key, s.value, machine) != Fate::Keep)
         .map(|s| s.raw.trim().to_owned())
@@ -256,7 +256,7 @@ pub fn overlaps(text: &str, machine: &MachineName, after_ours: bool) -> Vec<Stri
 /// sets, and not a bind the configuration already carries.
 pub fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
     let lines = parse_unit(text);
-    settings(&lines)
+    section_settings(&lines)
         .filter(|s| !rendered_by_pre_start(s, config_binds))
         .map(|s| s.raw.trim().to_owned())
         .collect()
