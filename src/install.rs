@@ -15,10 +15,10 @@
 //!   settings) or a configured mount; anything else is bad input (exit 2), since pre-start would
 //!   silently drop it at the next start.
 //! - `override.conf` is migrated only when it carries an older agent's marks (see
-//!   `is_legacy_mark`): settings our drop-in now has, or that would override it, are removed;
-//!   everything else is kept and reported. An `override.conf` without those marks is the
-//!   operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps with
-//!   ours in those files are reported as warnings.
+//!   `legacy::is_legacy_mark`): settings our drop-in now has, or that would override it, are
+//!   removed; everything else is kept and reported. An `override.conf` without those marks is
+//!   the operator's (`systemctl edit`) and is never changed; nor is any other drop-in. Overlaps
+//!   with ours in those files are reported as warnings.
 //! - `uninstall` does not restore what a migration removed: those settings were the older
 //!   agent's, which is gone.
 //! - `uninstall` replaces the rendered `.nspawn` file with the same settings minus the GPU, KVM
@@ -31,644 +31,26 @@
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
-use crate::config::Gpus;
+use crate::config::{Gpus, MachineConfig};
+use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
+use crate::host::HostRoot;
+use crate::legacy::{
+    LEGACY_OVERRIDE, foreign_nspawn_losses, is_ours_nspawn, migrate_override, overlaps,
+};
 use crate::lock;
 use crate::machine_name::MachineName;
-use crate::nspawn::{NspawnFile, UNINSTALLED_HEADER, describe_change, nspawn_path};
+use crate::nspawn::{NspawnFile, describe_change};
 use crate::paths::HostPath;
 use crate::prestart;
+use crate::units::{
+    DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_dir_machine, dropin_path, nspawn_path,
+    template_dropin_dir, unit_name,
+};
 use anyhow::{Context as _, Result};
-use std::fmt;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-
-/// File name of our drop-in. `50-` sorts before `override.conf` (what `systemctl edit` writes),
-/// so an operator's own edits still win.
-pub const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
-/// Where unit drop-ins for the machine units live (under the host root).
-pub const UNIT_DIR: &str = "/etc/systemd/system";
-/// The drop-in an older agent (and `systemctl edit`) wrote; migrated by `install`.
-pub const LEGACY_OVERRIDE: &str = "override.conf";
-/// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
-const DROPIN_HEADER: &str = "# Written by nspawn-lifecycle-helper install for machine";
-/// First line of a `.nspawn` file pre-start rendered (see `nspawn.rs`).
-const NSPAWN_HEADER: &str = "# Written by nspawn-lifecycle-helper pre-start";
-/// Added at the top of an `override.conf` that install rewrote.
-const OVERRIDE_NOTE: &str =
-    "# nspawn-lifecycle-helper install moved the settings it manages from this file into";
-
-/// Seconds between a failed start and the next attempt. `StartLimitIntervalSec=0` already turns
-/// the start rate limit off; 5 s also keeps a retry loop below systemd's default limit (5 starts
-/// in 10 s) should a later drop-in turn it back on, while a node still comes up seconds after
-/// its driver install finishes.
-pub const RESTART_SEC: u32 = 5;
-/// Upper bound on one start: each ExecStartPre=, the boot until READY=1, each ExecStartPost=.
-/// post-start bounds every step itself (boot wait 60 s, four unit jobs of 90 s, 300 s per staged
-/// image import, by default); systemd's default 90 s would kill it in the middle of an import and
-/// restart the whole machine, forever. 30 min fits the defaults with about six slow imports and
-/// still turns a hook that hangs into a retry.
-pub const TIMEOUT_START: &str = "30min";
-/// NVIDIA host daemons whose sockets pre-start binds into the machine; ordering after them (a
-/// no-op when they are not installed) keeps a boot-time start from missing their sockets.
-const AFTER: &str = "nvidia-persistenced.service nvidia-fabricmanager.service";
-/// The environment nspawn needs for a Kubernetes node inside.
-const ENV: [(&str, &str); 2] = [
-    ("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1"),
-    ("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "network"),
-];
-
-/// Name of the unit that runs `machine`.
-pub fn unit_name(machine: &MachineName) -> String {
-    format!("systemd-nspawn@{machine}.service")
-}
-
-/// Host path of the machine unit's drop-in directory.
-pub fn dropin_dir(machine: &MachineName) -> String {
-    format!("{UNIT_DIR}/{}.d", unit_name(machine))
-}
-
-/// Host path of our drop-in for `machine`.
-pub fn dropin_path(machine: &MachineName) -> String {
-    format!("{}/{DROPIN_NAME}", dropin_dir(machine))
-}
-
-/// One setting of the drop-in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    pub section: &'static str,
-    pub key: &'static str,
-    pub value: String,
-    /// Comment written above the line: why it is there.
-    pub why: Option<&'static str>,
-}
-
-/// Our drop-in for `systemd-nspawn@<machine>.service` (DESIGN §4); `Display` renders the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dropin {
-    pub machine: MachineName,
-    /// Absolute path of the installed helper, as the hooks call it (checked by the config for
-    /// what an Exec line can carry; `%` and `$` are escaped when rendered).
-    pub helper_path: HostPath,
-    /// The config's `gpus` is `all`: the device cgroup allows every NVIDIA and DRM group.
-    /// Otherwise pre-start sets the machine's own nodes at every start (src/device_cgroup.rs).
-    pub all_gpus: bool,
-}
-
-impl Dropin {
-    pub fn new(machine: &MachineName, helper_path: &HostPath) -> Dropin {
-        Dropin {
-            machine: machine.clone(),
-            helper_path: helper_path.clone(),
-            all_gpus: true,
-        }
-    }
-
-    /// The drop-in for a machine with the config's `gpus`.
-    pub fn for_gpus(machine: &MachineName, helper_path: &HostPath, gpus: &Gpus) -> Dropin {
-        Dropin {
-            all_gpus: *gpus == Gpus::All,
-            ..Dropin::new(machine, helper_path)
-        }
-    }
-
-    /// The settings in file order.
-    pub fn settings(&self) -> Vec<Setting> {
-        let s = |section, key, value: String, why| Setting {
-            section,
-            key,
-            value,
-            why,
-        };
-        let helper = exec_escape(&self.helper_path);
-        let mut out = vec![
-            s(
-                "Unit",
-                "StartLimitIntervalSec",
-                "0".into(),
-                Some(
-                    "Keep retrying a start that fails (pre-start refuses while the NVIDIA driver install\n\
-                     is incomplete) instead of giving up after 5 starts in 10s.",
-                ),
-            ),
-            s(
-                "Unit",
-                "After",
-                AFTER.into(),
-                Some("So a start at boot finds the NVIDIA daemons' sockets; a no-op without them."),
-            ),
-            s("Service", "Restart", "on-failure".into(), None),
-            s(
-                "Service",
-                "RestartSec",
-                RESTART_SEC.to_string(),
-                Some("Also below the default start limit if a later drop-in turns it back on."),
-            ),
-            s(
-                "Service",
-                "TimeoutStartSec",
-                TIMEOUT_START.into(),
-                Some(
-                    "post-start stops kubelet and containerd, rewires and imports staged images, each\n\
-                     step with its own deadline; the default 90s would kill it mid-import.",
-                ),
-            ),
-        ];
-        for (name, value) in ENV {
-            out.push(s("Service", "Environment", format!("{name}={value}"), None));
-        }
-        out.push(s(
-            "Service",
-            "ExecStartPre",
-            format!("-/usr/bin/machinectl terminate {}", self.machine),
-            Some("Clear a registration left by a machine that died without unregistering."),
-        ));
-        out.push(s(
-            "Service",
-            "ExecStartPre",
-            format!("{helper} nspawn-lifecycle pre-start %i"),
-            None,
-        ));
-        out.push(s(
-            "Service",
-            "ExecStartPost",
-            format!("{helper} nspawn-lifecycle post-start %i"),
-            None,
-        ));
-        if !self.all_gpus {
-            out.push(s(
-                "Service",
-                "DeviceAllow",
-                "/dev/kvm rwm".into(),
-                Some(
-                    "Not every GPU is this machine's (the config's gpus): pre-start sets its own NVIDIA\n\
-                     and DRM nodes at every start as runtime DeviceAllow=/dev/char/<major>:<minor>\n\
-                     entries, so no device group here may allow them all.",
-                ),
-            ));
-            return out;
-        }
-        out.push(s(
-            "Service",
-            "DeviceAllow",
-            "char-nvidia* rwm".into(),
-            Some(
-                "Device groups resolve from /proc/devices when the unit starts and cover every GPU,\n\
-                 MIG capability and DRM node, whatever their numbers are today.",
-            ),
-        ));
-        out.push(s("Service", "DeviceAllow", "char-drm rwm".into(), None));
-        out.push(s("Service", "DeviceAllow", "/dev/kvm rwm".into(), None));
-        out
-    }
-}
-
-impl fmt::Display for Dropin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{DROPIN_HEADER} {}; install rewrites it, uninstall removes it.",
-            self.machine
-        )?;
-        writeln!(
-            f,
-            "# Local changes belong in a drop-in that sorts after this one (e.g. override.conf)."
-        )?;
-        writeln!(
-            f,
-            "# Per-start host state is not here: pre-start renders {} at every start.",
-            nspawn_path(&self.machine)
-        )?;
-        let mut section = "";
-        for s in self.settings() {
-            if s.section != section {
-                write!(f, "\n[{}]\n", s.section)?;
-                section = s.section;
-            }
-            if let Some(why) = s.why {
-                for line in why.lines() {
-                    writeln!(f, "# {line}")?;
-                }
-            }
-            writeln!(f, "{}={}", s.key, s.value)?;
-        }
-        Ok(())
-    }
-}
-
-/// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.
-fn exec_escape(path: &str) -> String {
-    path.replace('%', "%%").replace('$', "$$")
-}
-
-// ---------------------------------------------------------------------------------------------
-// Unit-file syntax (also `.nspawn` files): just enough to classify and rewrite lines.
-
-/// One logical line of a unit file; continuation lines are joined.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct UnitLine {
-    /// The physical lines as written, without the final newline.
-    raw: String,
-    kind: LineKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum LineKind {
-    /// Blank, comment, or something systemd would ignore with a warning.
-    Other,
-    Section(String),
-    Setting {
-        key: String,
-        value: String,
-    },
-}
-
-fn parse_unit(text: &str) -> Vec<UnitLine> {
-    let mut out = Vec::new();
-    let mut lines = text.lines();
-    while let Some(first) = lines.next() {
-        let mut raw = first.to_owned();
-        let trimmed = first.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with(';') {
-            out.push(UnitLine {
-                raw,
-                kind: LineKind::Other,
-            });
-            continue;
-        }
-        if trimmed.starts_with('[') && trimmed.ends_with(']') {
-            out.push(UnitLine {
-                raw,
-                kind: LineKind::Section(trimmed[1..trimmed.len() - 1].to_owned()),
-            });
-            continue;
-        }
-        // A trailing backslash continues the line; comment lines inside are skipped by systemd.
-        let mut logical = trimmed.to_owned();
-        while logical.ends_with('\\') {
-            logical.pop();
-            let Some(next) = lines.next() else { break };
-            raw.push('\n');
-            raw.push_str(next);
-            let t = next.trim();
-            if t.starts_with('#') || t.starts_with(';') {
-                logical.push('\\');
-                continue;
-            }
-            logical.push(' ');
-            logical.push_str(t);
-        }
-        let kind = match logical.split_once('=') {
-            Some((k, v)) => LineKind::Setting {
-                key: k.trim().to_owned(),
-                value: v.trim().to_owned(),
-            },
-            None => LineKind::Other,
-        };
-        out.push(UnitLine { raw, kind });
-    }
-    out
-}
-
-/// The whitespace-separated words of an `Environment=` value, quotes kept.
-fn env_words(value: &str) -> Vec<&str> {
-    let mut words = Vec::new();
-    let mut start = None;
-    let mut quote = None;
-    let mut escaped = false;
-    for (i, c) in value.char_indices() {
-        if escaped {
-            escaped = false;
-            continue;
-        }
-        match (c, quote) {
-            ('\\', _) => escaped = true,
-            ('"' | '\'', None) => {
-                quote = Some(c);
-                start.get_or_insert(i);
-            }
-            (c, Some(q)) if c == q => quote = None,
-            (c, None) if c.is_whitespace() => {
-                if let Some(s) = start.take() {
-                    words.push(&value[s..i]);
-                }
-            }
-            _ => {
-                start.get_or_insert(i);
-            }
-        }
-    }
-    if let Some(s) = start {
-        words.push(&value[s..]);
-    }
-    words
-}
-
-/// The variable an `Environment=` word assigns.
-fn env_name(word: &str) -> &str {
-    let w = word.trim_start_matches(['"', '\'']);
-    w.split_once('=').map_or(w, |(n, _)| n)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Migration of an older agent's override.conf.
-
-/// What happens to one setting of an older layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Fate {
-    /// Not ours: kept as written.
-    Keep,
-    /// Covered by, or in conflict with, our drop-in: removed.
-    Remove,
-    /// Partly ours: rewritten to this line.
-    Replace(String),
-}
-
-fn is_ours_device(spec: &str) -> bool {
-    spec.starts_with("char-nvidia")
-        || spec == "char-drm"
-        || spec.starts_with("/dev/nvidia")
-        || spec == "/dev/dri"
-        || spec.starts_with("/dev/dri/")
-        || spec == "/dev/kvm"
-}
-
-/// A hook or clean-up command ours replaces: `machinectl terminate <machine>` (any prefix, any
-/// path) or any earlier version of this helper (`nspawn-lifecycle*`).
-fn is_ours_command(value: &str, machine: &MachineName) -> bool {
-    let cmd = value.trim_start_matches(['-', '@', ':', '+', '!']);
-    let mut words = cmd.split_whitespace();
-    let Some(exe) = words.next() else {
-        return false;
-    };
-    let base = exe.rsplit('/').next().unwrap_or(exe);
-    if base.starts_with("nspawn-lifecycle") {
-        return true;
-    }
-    let args: Vec<_> = words.collect();
-    base == "machinectl"
-        && matches!(args.as_slice(), ["terminate", m] if *m == machine.as_str() || *m == "%i" || *m == "%I")
-}
-
-/// Decide the fate of one setting found in a drop-in other than ours. Everything our drop-in
-/// sets once (a later file would override ours) goes, and so do list entries ours covers and
-/// list resets (a reset after ours would clear ours).
-fn classify(section: &str, key: &str, value: &str, machine: &MachineName) -> Fate {
-    match (section, key) {
-        ("Unit" | "Service", "StartLimitIntervalSec" | "StartLimitInterval") => Fate::Remove,
-        ("Service", "Restart" | "RestartSec" | "TimeoutStartSec") => Fate::Remove,
-        // TimeoutSec= sets both timeouts; keep the stop half.
-        ("Service", "TimeoutSec") => Fate::Replace(format!("TimeoutStopSec={value}")),
-        ("Service", "ExecStartPre" | "ExecStartPost") => {
-            if value.is_empty() || is_ours_command(value, machine) {
-                Fate::Remove
-            } else {
-                Fate::Keep
-            }
-        }
-        ("Service", "DeviceAllow") => {
-            let spec = value.split_whitespace().next().unwrap_or("");
-            if value.is_empty() || is_ours_device(spec) {
-                Fate::Remove
-            } else {
-                Fate::Keep
-            }
-        }
-        ("Service", "Environment") => {
-            if value.is_empty() {
-                return Fate::Remove;
-            }
-            let words = env_words(value);
-            let rest: Vec<&str> = words
-                .iter()
-                .copied()
-                .filter(|w| !ENV.iter().any(|(n, _)| env_name(w) == *n))
-                .collect();
-            if rest.len() == words.len() {
-                Fate::Keep
-            } else if rest.is_empty() {
-                Fate::Remove
-            } else {
-                Fate::Replace(format!("Environment={}", rest.join(" ")))
-            }
-        }
-        _ => Fate::Keep,
-    }
-}
-
-/// A line only an older agent's layout has: a hook or clean-up ours replaces, a per-device
-/// NVIDIA/DRM/KVM entry, or the environment nspawn needs. Single values (`Restart=`,
-/// `TimeoutStartSec=`…) are not marks: an operator may set those on purpose.
-fn is_legacy_mark(section: &str, key: &str, value: &str, machine: &MachineName) -> bool {
-    !value.is_empty()
-        && matches!(
-            key,
-            "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
-        )
-        && classify(section, key, value, machine) != Fate::Keep
-}
-
-/// The outcome of migrating one older drop-in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Migration {
-    /// `None`: not an older agent's file (see `is_legacy_mark`), leave it as it is.
-    /// `Some(None)`: everything in it is ours, remove it. `Some(Some(text))`: rewrite it.
-    pub rewrite: Option<Option<String>>,
-    /// Lines taken out (or rewritten), as written.
-    pub removed: Vec<String>,
-    /// Settings kept because they are not ours, as written.
-    pub kept: Vec<String>,
-}
-
-/// Migrate an older agent's `override.conf`: drop what our drop-in now does or would be
-/// overridden by, keep the rest. A file without the older agent's marks is the operator's own
-/// (`systemctl edit`, or what an earlier migration left) and is not touched.
-pub fn migrate_override(text: &str, machine: &MachineName) -> Migration {
-    let lines = parse_unit(text);
-    let mut section = String::new();
-    let legacy = lines.iter().any(|l| match &l.kind {
-        LineKind::Section(s) => {
-            section = s.clone();
-            false
-        }
-        LineKind::Setting { key, value } => is_legacy_mark(&section, key, value, machine),
-        LineKind::Other => false,
-    });
-    if !legacy {
-        return Migration {
-            rewrite: None,
-            removed: Vec::new(),
-            kept: Vec::new(),
-        };
-    }
-    section.clear();
-    // Per line: what to emit (None = drop).
-    let mut emit: Vec<Option<String>> = Vec::new();
-    let mut removed = Vec::new();
-    let mut kept = Vec::new();
-    for l in &lines {
-        match &l.kind {
-            LineKind::Section(s) => {
-                section = s.clone();
-                emit.push(Some(l.raw.clone()));
-            }
-            LineKind::Other => emit.push(Some(l.raw.clone())),
-            LineKind::Setting { key, value } => match classify(&section, key, value, machine) {
-                Fate::Keep => {
-                    kept.push(l.raw.trim().to_owned());
-                    emit.push(Some(l.raw.clone()));
-                }
-                Fate::Remove => {
-                    removed.push(l.raw.trim().to_owned());
-                    emit.push(None);
-                }
-                Fate::Replace(new) => {
-                    removed.push(l.raw.trim().to_owned());
-                    kept.push(new.clone());
-                    emit.push(Some(new));
-                }
-            },
-        }
-    }
-    if removed.is_empty() {
-        return Migration {
-            rewrite: None,
-            removed,
-            kept,
-        };
-    }
-    if kept.is_empty() {
-        return Migration {
-            rewrite: Some(None),
-            removed,
-            kept,
-        };
-    }
-    // Keep a section (header, comments, settings) only when a setting in it survives.
-    let mut out: Vec<String> = Vec::new();
-    let mut block: Vec<String> = Vec::new();
-    let mut block_has_setting = false;
-    let mut in_preamble = true;
-    let flush = |out: &mut Vec<String>, block: &mut Vec<String>, keep: bool| {
-        if keep {
-            out.append(block);
-        }
-        block.clear();
-    };
-    for (l, e) in lines.iter().zip(&emit) {
-        if let LineKind::Section(_) = l.kind {
-            let keep = in_preamble || block_has_setting;
-            flush(&mut out, &mut block, keep);
-            in_preamble = false;
-            block_has_setting = false;
-        }
-        if let Some(text) = e {
-            if matches!(l.kind, LineKind::Setting { .. }) {
-                block_has_setting = true;
-            }
-            block.push(text.clone());
-        }
-    }
-    let keep = in_preamble || block_has_setting;
-    flush(&mut out, &mut block, keep);
-    let mut text = String::new();
-    if !out.iter().any(|l| l.starts_with(OVERRIDE_NOTE)) {
-        text.push_str(&format!(
-            "{OVERRIDE_NOTE} {DROPIN_NAME};\n# what is left here is not managed by it.\n\n"
-        ));
-    }
-    let mut blank = text.is_empty() || text.ends_with("\n\n");
-    for l in out {
-        let is_blank = l.trim().is_empty();
-        if is_blank && blank {
-            continue;
-        }
-        blank = is_blank;
-        text.push_str(&l);
-        text.push('\n');
-    }
-    while text.ends_with("\n\n") {
-        text.pop();
-    }
-    Migration {
-        rewrite: Some(Some(text)),
-        removed,
-        kept,
-    }
-}
-
-/// Lines of another drop-in that overlap ours (install leaves such files alone but says so).
-/// Single-valued settings and list resets only matter in a file applied after ours.
-fn overlaps(text: &str, machine: &MachineName, after_ours: bool) -> Vec<String> {
-    let mut section = String::new();
-    let mut out = Vec::new();
-    for l in parse_unit(text) {
-        match l.kind {
-            LineKind::Section(s) => section = s,
-            LineKind::Setting { key, value } => {
-                let list = matches!(
-                    key.as_str(),
-                    "ExecStartPre" | "ExecStartPost" | "DeviceAllow" | "Environment"
-                );
-                if !after_ours && (!list || value.is_empty()) {
-                    continue;
-                }
-                if classify(&section, &key, &value, machine) != Fate::Keep {
-                    out.push(l.raw.trim().to_owned());
-                }
-            }
-            LineKind::Other => {}
-        }
-    }
-    out
-}
-
-/// Lines of a `.nspawn` file pre-start did not write that pre-start's rendering would lose: not
-/// GPU, KVM or driver binds (which pre-start renders from the host), not the `[Exec]` settings it
-/// sets, and not a bind the configuration already carries.
-fn foreign_nspawn_losses(text: &str, config_binds: &[String]) -> Vec<String> {
-    let mut section = String::new();
-    let mut out = Vec::new();
-    for l in parse_unit(text) {
-        match l.kind {
-            LineKind::Section(s) => section = s,
-            LineKind::Setting { key, value } => {
-                let ours = match (section.as_str(), key.as_str()) {
-                    (
-                        "Exec",
-                        "Boot" | "Capability" | "DropCapability" | "PrivateUsers"
-                        | "SystemCallFilter" | "NotifyReady",
-                    ) => true,
-                    ("Network", "VirtualEthernet") => true,
-                    ("Files", "Bind" | "BindReadOnly") => {
-                        let mut parts = value.splitn(3, ':');
-                        let src = parts.next().unwrap_or("");
-                        let dst = parts.next().unwrap_or(src);
-                        let gpu = |p: &str| {
-                            p.starts_with("/dev/nvidia")
-                                || p == "/dev/dri"
-                                || p.starts_with("/dev/dri/")
-                                || p == "/dev/kvm"
-                                || p == "/lib/modules"
-                                || p.starts_with("/run/host-nvidia")
-                                || p.starts_with("/run/nvidia/driver")
-                        };
-                        gpu(src)
-                            || gpu(dst)
-                            || config_binds.iter().any(|b| *b == format!("{key}={value}"))
-                    }
-                    _ => false,
-                };
-                if !ours {
-                    out.push(l.raw.trim().to_owned());
-                }
-            }
-            LineKind::Other => {}
-        }
-    }
-    out
-}
 
 // ---------------------------------------------------------------------------------------------
 // Plans: what would change, file by file.
@@ -685,21 +67,18 @@ enum Verb {
 }
 
 impl Verb {
+    /// The word for the report: what was done, or with `--dry-run` what would be.
     fn word(self, dry_run: bool) -> &'static str {
-        match (self, dry_run) {
-            (Verb::Create, false) => "created",
-            (Verb::Create, true) => "would create",
-            (Verb::Update, false) => "updated",
-            (Verb::Update, true) => "would update",
-            (Verb::Rewrite, false) => "rewritten",
-            (Verb::Rewrite, true) => "would rewrite",
-            (Verb::Remove, false) => "removed",
-            (Verb::Remove, true) => "would remove",
-            (Verb::Unchanged, _) => "unchanged",
-            (Verb::Skip, false) => "skipped",
-            (Verb::Skip, true) => "would skip",
-            (Verb::Keep, _) => "kept",
-        }
+        let (done, would) = match self {
+            Verb::Create => ("created", "would create"),
+            Verb::Update => ("updated", "would update"),
+            Verb::Rewrite => ("rewritten", "would rewrite"),
+            Verb::Remove => ("removed", "would remove"),
+            Verb::Unchanged => ("unchanged", "unchanged"),
+            Verb::Skip => ("skipped", "would skip"),
+            Verb::Keep => ("kept", "kept"),
+        };
+        if dry_run { would } else { done }
     }
 }
 
@@ -736,7 +115,38 @@ struct Plan {
     warnings: Vec<String>,
 }
 
+impl FileLine {
+    /// A line that changes nothing; `op` and `unit_file` are set by the callers that need them.
+    fn new(host: &HostRoot, shown: &str, verb: Verb, detail: String) -> FileLine {
+        FileLine {
+            shown: shown.to_owned(),
+            path: host.path(shown),
+            verb,
+            detail,
+            op: None,
+            unit_file: false,
+        }
+    }
+
+    /// A line removing the file `shown`.
+    fn removing(host: &HostRoot, shown: &str, detail: &str) -> FileLine {
+        FileLine {
+            op: Some(Op::Remove),
+            ..FileLine::new(host, shown, Verb::Remove, detail.to_owned())
+        }
+    }
+}
+
 impl Plan {
+    fn new(command: &'static str, machine: &MachineName) -> Plan {
+        Plan {
+            command,
+            machine: machine.clone(),
+            files: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
     fn changes(&self) -> usize {
         self.files.iter().filter(|f| f.op.is_some()).count()
     }
@@ -826,7 +236,7 @@ fn mode_of(path: &Path) -> Result<u32> {
 
 /// A line for writing `bytes` to `shown`: created, updated, or unchanged.
 fn write_line(
-    host: &crate::host::HostRoot,
+    host: &HostRoot,
     shown: &str,
     bytes: Vec<u8>,
     mode: u32,
@@ -889,6 +299,8 @@ fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf
     Ok(out)
 }
 
+/// `install`'s plan: the helper, the `.nspawn` file and our drop-in, in that order (a run killed
+/// between them leaves hooks that call a helper already in place), then what older layouts left.
 fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     let host = &ctx.host;
     let mc = ctx.config.machine(host, machine)?;
@@ -896,11 +308,19 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     // `-U` start is bad input, refused before anything is written.
     crate::image::require(host, machine, &mc)?;
     let helper = ctx.config.helper_path();
-    let mut files = Vec::new();
-    let mut warnings = Vec::new();
+    let mut plan = Plan::new("install", machine);
+    plan.files.push(helper_copy(host, helper, exe)?);
+    plan.files.push(nspawn_render(ctx, machine, &mc)?);
+    plan.files
+        .push(dropin_write(host, machine, helper, &mc.gpus)?);
+    override_migration(host, machine, &mut plan)?;
+    plan.warnings.extend(overlap_warnings(host, machine)?);
+    Ok(plan)
+}
 
-    // 1. The helper at its stable path, so the hooks survive whatever installed it.
-    files.push(write_line(
+/// The helper at its stable path, so the hooks survive whatever installed it.
+fn helper_copy(host: &HostRoot, helper: &HostPath, exe: &[u8]) -> Result<FileLine> {
+    write_line(
         host,
         helper,
         exe.to_vec(),
@@ -911,87 +331,100 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             None => format!("copy of the running helper, {} bytes", exe.len()),
             Some(_) => format!("replaced by the running helper, {} bytes", exe.len()),
         },
-    )?);
+    )
+}
 
-    // 2. The .nspawn file, rendered exactly as pre-start would.
-    let nspawn_shown = nspawn_path(machine);
-    let nspawn_host = host.path(&nspawn_shown);
-    let old_nspawn = read_text(&nspawn_host)?;
-    let foreign = old_nspawn
-        .as_deref()
-        .filter(|t| !is_ours_nspawn(t.as_bytes()));
+/// The `.nspawn` file, rendered exactly as pre-start would; skipped while the NVIDIA state is
+/// incomplete. A file another tool wrote is replaced only when pre-start would lose nothing of it.
+fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<FileLine> {
+    let host = &ctx.host;
+    let shown = nspawn_path(machine);
+    let old = read_text(&host.path(&shown))?;
+    let foreign = old.as_deref().filter(|t| !is_ours_nspawn(t.as_bytes()));
     if let Some(text) = foreign {
-        let config_binds: Vec<String> = mc
-            .mounts
-            .iter()
-            .map(|m| {
-                crate::nspawn::BindLine {
-                    source: m.source.clone(),
-                    target: m.target.clone(),
-                    read_only: m.read_only,
-                }
-                .to_string()
-            })
-            .collect();
-        let lost = foreign_nspawn_losses(text, &config_binds);
-        if !lost.is_empty() {
-            return Err(bad_input(format!(
-                "{nspawn_shown} was not written by nspawn-lifecycle and pre-start would drop these \
-                 settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
-                 (or delete the lines), then run install again; nothing was changed",
-                lost.join(", "),
-                crate::config::DEFAULT_PATH
-            )));
-        }
+        refuse_lost_settings(mc, &shown, text)?;
     }
-    match prestart::render(ctx, machine, &mc) {
+    match prestart::render(ctx, machine, mc) {
         Ok(r) => {
             let bytes = r.new.into_bytes();
-            files.push(write_line(
+            write_line(
                 host,
-                &nspawn_shown,
+                &shown,
                 bytes.clone(),
                 0o644,
                 false,
                 Point::InstallMidNspawnWrite,
                 |old| {
-                    let old = old.map(String::from_utf8_lossy);
-                    let new = String::from_utf8_lossy(&bytes);
-                    let change = match old {
-                        Some(old) => describe_change(Some(&old), &new),
-                        None => new
-                            .lines()
-                            .find_map(|l| l.strip_prefix("# Host: "))
-                            .unwrap_or_default()
-                            .to_owned(),
-                    };
+                    let change = nspawn_change(old, &bytes);
                     if foreign.is_some() {
                         format!("replaces the file an older agent wrote; {change}")
                     } else {
                         change
                     }
                 },
-            )?);
+            )
         }
-        Err(e) if is_driver_incomplete(&e) => {
-            let msg = format!("{e:#}");
-            files.push(FileLine {
-                shown: nspawn_shown,
-                path: nspawn_host,
-                verb: Verb::Skip,
-                detail: format!(
-                    "pre-start renders it at the next start that finds the driver complete; now: {msg}"
-                ),
-                op: None,
-                unit_file: false,
-            });
-        }
-        Err(e) => return Err(e.context(format!("rendering {nspawn_shown}"))),
+        Err(e) if is_driver_incomplete(&e) => Ok(FileLine::new(
+            host,
+            &shown,
+            Verb::Skip,
+            format!(
+                "pre-start renders it at the next start that finds the driver complete; now: {e:#}"
+            ),
+        )),
+        Err(e) => Err(e.context(format!("rendering {shown}"))),
     }
+}
 
-    // 3. Our drop-in.
-    let dropin = Dropin::for_gpus(machine, helper, &mc.gpus).to_string();
-    files.push(write_line(
+/// Bad input when pre-start would drop settings of the foreign `.nspawn` file `text`.
+fn refuse_lost_settings(mc: &MachineConfig, shown: &str, text: &str) -> Result<()> {
+    let config_binds: Vec<String> = mc
+        .mounts
+        .iter()
+        .map(|m| {
+            crate::nspawn::BindLine {
+                source: m.source.clone(),
+                target: m.target.clone(),
+                read_only: m.read_only,
+            }
+            .to_string()
+        })
+        .collect();
+    let lost = foreign_nspawn_losses(text, &config_binds);
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(bad_input(format!(
+        "{shown} was not written by nspawn-lifecycle and pre-start would drop these \
+         settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
+         (or delete the lines), then run install again; nothing was changed",
+        lost.join(", "),
+        crate::config::DEFAULT_PATH
+    )))
+}
+
+/// What a new `.nspawn` file changes: the difference from `old`, or the new file's host summary.
+fn nspawn_change(old: Option<&[u8]>, new: &[u8]) -> String {
+    let new = String::from_utf8_lossy(new);
+    match old.map(String::from_utf8_lossy) {
+        Some(old) => describe_change(Some(&old), &new),
+        None => new
+            .lines()
+            .find_map(|l| l.strip_prefix("# Host: "))
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// Our drop-in, rendered from the machine and the helper's stable path.
+fn dropin_write(
+    host: &HostRoot,
+    machine: &MachineName,
+    helper: &HostPath,
+    gpus: &Gpus,
+) -> Result<FileLine> {
+    let dropin = Dropin::for_gpus(machine, helper, gpus).to_string();
+    write_line(
         host,
         &dropin_path(machine),
         dropin.into_bytes(),
@@ -1004,66 +437,67 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             }
             _ => String::new(),
         },
-    )?);
+    )
+}
 
-    // 4. The older layout's override.conf.
-    let dir_shown = dropin_dir(machine);
-    let legacy_shown = format!("{dir_shown}/{LEGACY_OVERRIDE}");
-    let legacy_host = host.path(&legacy_shown);
-    if let Some(text) = read_text(&legacy_host)? {
-        let m = migrate_override(&text, machine);
-        let removed = format!(
-            "moved to {DROPIN_NAME} or dropped as conflicting: {}",
-            m.removed.join(" | ")
-        );
-        let kept = format!(
-            "kept, not managed by nspawn-lifecycle: {}",
-            m.kept.join(" | ")
-        );
-        let mode = mode_of(&legacy_host)?;
-        let line = |verb, detail, op| FileLine {
-            shown: legacy_shown.clone(),
-            path: legacy_host.clone(),
-            verb,
-            detail,
-            op,
-            unit_file: true,
-        };
-        files.push(match m.rewrite {
-            None => {
-                let o = overlaps(&text, machine, true);
-                if !o.is_empty() {
-                    warnings.push(format!(
-                        "{legacy_shown} is not an older agent's layout, so it was left alone, but \
-                         it overrides or repeats settings of {DROPIN_NAME}: {}",
-                        o.join(" | ")
-                    ));
-                }
-                line(
-                    Verb::Keep,
-                    "not an older agent's layout; left to the operator".into(),
-                    None,
-                )
+/// The older layout's `override.conf`: rewritten or removed when an older agent wrote it, else
+/// kept (with a warning when it overrides or repeats ours).
+fn override_migration(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<()> {
+    let shown = format!("{}/{LEGACY_OVERRIDE}", dropin_dir(machine));
+    let path = host.path(&shown);
+    let Some(text) = read_text(&path)? else {
+        return Ok(());
+    };
+    let m = migrate_override(&text, machine);
+    let removed = format!(
+        "moved to {DROPIN_NAME} or dropped as conflicting: {}",
+        m.removed.join(" | ")
+    );
+    let kept = format!(
+        "kept, not managed by nspawn-lifecycle: {}",
+        m.kept.join(" | ")
+    );
+    let mode = mode_of(&path)?;
+    let line = |verb, detail: String, op| FileLine {
+        op,
+        unit_file: true,
+        ..FileLine::new(host, &shown, verb, detail)
+    };
+    plan.files.push(match m.rewrite {
+        None => {
+            let o = overlaps(&text, machine, true);
+            if !o.is_empty() {
+                plan.warnings.push(format!(
+                    "{shown} is not an older agent's layout, so it was left alone, but \
+                     it overrides or repeats settings of {DROPIN_NAME}: {}",
+                    o.join(" | ")
+                ));
             }
-            Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
-            Some(Some(new)) => line(
-                Verb::Rewrite,
-                format!("{removed}; {kept}"),
-                Some(Op::Write {
-                    bytes: new.into_bytes(),
-                    mode,
-                    point: Point::InstallMidOverrideWrite,
-                }),
-            ),
-        });
-    }
+            line(
+                Verb::Keep,
+                "not an older agent's layout; left to the operator".into(),
+                None,
+            )
+        }
+        Some(None) => line(Verb::Remove, removed, Some(Op::Remove)),
+        Some(Some(new)) => line(
+            Verb::Rewrite,
+            format!("{removed}; {kept}"),
+            Some(Op::Write {
+                bytes: new.into_bytes(),
+                mode,
+                point: Point::InstallMidOverrideWrite,
+            }),
+        ),
+    });
+    Ok(())
+}
 
-    // Other drop-ins (this machine's and the template's, which systemd merges with them by
-    // file name) are the operator's: never changed, but overlaps are worth knowing.
-    for (dir, skip_override) in [
-        (dir_shown.clone(), true),
-        (format!("{UNIT_DIR}/systemd-nspawn@.service.d"), false),
-    ] {
+/// Other drop-ins (this machine's and the template's, which systemd merges with them by file
+/// name) are the operator's: never changed, but overlaps are worth knowing.
+fn overlap_warnings(host: &HostRoot, machine: &MachineName) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for (dir, skip_override) in [(dropin_dir(machine), true), (template_dropin_dir(), false)] {
         for (name, path) in other_dropins(&host.path(&dir), skip_override)? {
             let Some(text) = read_text(&path)? else {
                 continue;
@@ -1077,149 +511,128 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
             }
         }
     }
-    Ok(Plan {
-        command: "install",
-        machine: machine.clone(),
-        files,
-        warnings,
-    })
+    Ok(warnings)
 }
 
+/// `uninstall`'s plan: our drop-in away, the `.nspawn` file without GPU binds, the helper away
+/// when no machine uses it any more. Files install did not write are left alone with a warning.
 fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
-    let host = &ctx.host;
-    let mut files = Vec::new();
-    let mut warnings = Vec::new();
-    let line = |shown: String, verb, detail: &str, op, unit_file| FileLine {
-        path: host.path(&shown),
-        shown,
-        verb,
-        detail: detail.to_owned(),
-        op,
-        unit_file,
-    };
+    let mut plan = Plan::new("uninstall", machine);
+    let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
+    uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
+    helper_removal(ctx, machine, &mut plan)?;
+    Ok(plan)
+}
 
-    let dir_shown = dropin_dir(machine);
-    let dropin_shown = dropin_path(machine);
-    match read_optional(&host.path(&dropin_shown))? {
+/// Our drop-in, and its directory when nothing else is in it; whether our drop-in was there.
+fn dropin_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<bool> {
+    let shown = dropin_path(machine);
+    match read_optional(&host.path(&shown))? {
         Some(b) if b.starts_with(DROPIN_HEADER.as_bytes()) => {
-            files.push(line(
-                dropin_shown.clone(),
-                Verb::Remove,
-                "",
-                Some(Op::Remove),
-                true,
-            ));
-            let others = match std::fs::read_dir(host.path(&dir_shown)) {
-                Ok(entries) => entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.file_name() != DROPIN_NAME)
-                    .count(),
-                Err(_) => 1,
-            };
-            if others == 0 {
-                files.push(line(
-                    dir_shown.clone(),
-                    Verb::Remove,
-                    "empty",
-                    Some(Op::RemoveDir),
-                    false,
-                ));
-            }
+            plan.files.push(FileLine {
+                unit_file: true,
+                ..FileLine::removing(host, &shown, "")
+            });
+            let only = std::ffi::OsStr::new(DROPIN_NAME);
+            plan.files
+                .extend(remove_dir_if_only(host, &dropin_dir(machine), only));
+            Ok(true)
         }
-        Some(_) => warnings.push(format!(
-            "{dropin_shown} was not written by install; left alone"
-        )),
-        None => {}
+        Some(_) => {
+            plan.warnings
+                .push(format!("{shown} was not written by install; left alone"));
+            Ok(false)
+        }
+        None => Ok(false),
     }
+}
 
-    // Removing the .nspawn file would hand the next start to the stock unit's `-U`, and
-    // systemd-nspawn would chown the whole rootfs to a private UID range. It is replaced by the
-    // same settings without GPUs instead (see `NspawnFile::uninstalled`).
-    let nspawn_shown = nspawn_path(machine);
-    let installed = files.iter().any(|f| f.shown == dropin_shown);
-    let ours = match read_optional(&host.path(&nspawn_shown))? {
+/// Removing the .nspawn file would hand the next start to the stock unit's `-U`, and
+/// systemd-nspawn would chown the whole rootfs to a private UID range. It is replaced by the
+/// same settings without GPUs instead (see `NspawnFile::uninstalled`), when it is ours or there
+/// is none while the machine is `installed`.
+fn uninstalled_nspawn(
+    ctx: &Ctx,
+    machine: &MachineName,
+    installed: bool,
+    plan: &mut Plan,
+) -> Result<()> {
+    let host = &ctx.host;
+    let shown = nspawn_path(machine);
+    let ours = match read_optional(&host.path(&shown))? {
         Some(b) if is_ours_nspawn(&b) => true,
         Some(_) => {
-            warnings.push(format!(
-                "{nspawn_shown} was not written by nspawn-lifecycle; left alone"
+            plan.warnings.push(format!(
+                "{shown} was not written by nspawn-lifecycle; left alone"
             ));
             false
         }
         None => installed,
     };
-    if ours {
-        let mc = ctx.config.machine(host, machine)?;
-        let has_lib_modules = host.path("/lib/modules").is_dir();
-        let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
-        files.push(write_line(
-            host,
-            &nspawn_shown,
-            text.into_bytes(),
-            0o644,
-            false,
-            Point::InstallMidNspawnWrite,
-            |_| {
-                "settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps \
-                 the rootfs owned by root"
-                    .to_owned()
-            },
-        )?);
+    if !ours {
+        return Ok(());
     }
-
-    let helper = ctx.config.helper_path().to_string();
-    if host.path(&helper).exists() {
-        let users = helper_users(ctx, &helper, &dropin_shown)?;
-        if users.is_empty() {
-            files.push(line(
-                helper.clone(),
-                Verb::Remove,
-                "no machine uses it any more",
-                Some(Op::Remove),
-                false,
-            ));
-            let parent = Path::new(&helper)
-                .parent()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let helper_name = Path::new(&helper).file_name().unwrap_or_default();
-            // Only the directory install made for it, and only when nothing else is in it.
-            if parent.ends_with("/nspawn-lifecycle")
-                && std::fs::read_dir(host.path(&parent))
-                    .map(|d| {
-                        d.filter_map(|e| e.ok())
-                            .all(|e| e.file_name() == helper_name)
-                    })
-                    .unwrap_or(false)
-            {
-                files.push(line(
-                    parent,
-                    Verb::Remove,
-                    "empty",
-                    Some(Op::RemoveDir),
-                    false,
-                ));
-            }
-        } else {
-            files.push(line(
-                helper,
-                Verb::Keep,
-                &format!("still used by {}", users.join(", ")),
-                None,
-                false,
-            ));
-        }
-    }
-    Ok(Plan {
-        command: "uninstall",
-        machine: machine.clone(),
-        files,
-        warnings,
-    })
+    let mc = ctx.config.machine(host, machine)?;
+    let has_lib_modules = host.path("/lib/modules").is_dir();
+    let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
+    plan.files.push(write_line(
+        host,
+        &shown,
+        text.into_bytes(),
+        0o644,
+        false,
+        Point::InstallMidNspawnWrite,
+        |_| {
+            "settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps \
+             the rootfs owned by root"
+                .to_owned()
+        },
+    )?);
+    Ok(())
 }
 
-/// A `.nspawn` file pre-start or uninstall wrote.
-fn is_ours_nspawn(bytes: &[u8]) -> bool {
-    bytes.starts_with(NSPAWN_HEADER.as_bytes()) || bytes.starts_with(UNINSTALLED_HEADER.as_bytes())
+/// The helper and the directory install made for it, unless another machine's hooks call it.
+fn helper_removal(ctx: &Ctx, machine: &MachineName, plan: &mut Plan) -> Result<()> {
+    let host = &ctx.host;
+    let helper = ctx.config.helper_path().to_string();
+    if !host.path(&helper).exists() {
+        return Ok(());
+    }
+    let users = helper_users(ctx, &helper, &dropin_path(machine))?;
+    if !users.is_empty() {
+        let detail = format!("still used by {}", users.join(", "));
+        plan.files
+            .push(FileLine::new(host, &helper, Verb::Keep, detail));
+        return Ok(());
+    }
+    plan.files.push(FileLine::removing(
+        host,
+        &helper,
+        "no machine uses it any more",
+    ));
+    let parent = Path::new(&helper)
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let helper_name = Path::new(&helper).file_name().unwrap_or_default();
+    // Only the directory install made for it, and only when nothing else is in it.
+    if parent.ends_with("/nspawn-lifecycle") {
+        plan.files
+            .extend(remove_dir_if_only(host, &parent, helper_name));
+    }
+    Ok(())
+}
+
+/// A line removing the directory `dir` when nothing but `only` is in it; none when anything
+/// else is, or it cannot be listed.
+fn remove_dir_if_only(host: &HostRoot, dir: &str, only: &std::ffi::OsStr) -> Option<FileLine> {
+    let alone = std::fs::read_dir(host.path(dir))
+        .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == only))
+        .unwrap_or(false);
+    alone.then(|| FileLine {
+        op: Some(Op::RemoveDir),
+        ..FileLine::new(host, dir, Verb::Remove, "empty".into())
+    })
 }
 
 /// Units (other than `machine`'s drop-in being removed) whose drop-ins call the helper.
@@ -1235,7 +648,7 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
     let mut dirs: Vec<_> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("systemd-nspawn@") && n.ends_with(".service.d"))
+        .filter(|n| dropin_dir_machine(n).is_some())
         .collect();
     dirs.sort();
     for d in dirs {
@@ -1338,10 +751,14 @@ pub fn install(
     .with_context(|| format!("install of {machine}"))
 }
 
-/// `install <MACHINE> --print-dropin`: the drop-in [`install`] writes, on stdout, so tests and
-/// tools take it from the binary instead of keeping a copy that drifts.
+/// `install <MACHINE> --print-dropin`: the drop-in [`install`] writes for the machine's config,
+/// on stdout, so tests and tools take it from the binary instead of keeping a copy that drifts.
 pub fn print_dropin(ctx: &Ctx, machine: &MachineName) -> Result<()> {
-    print!("{}", Dropin::new(machine, ctx.config.helper_path()));
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    print!(
+        "{}",
+        Dropin::for_gpus(machine, ctx.config.helper_path(), &mc.gpus)
+    );
     Ok(())
 }
 
@@ -1363,162 +780,76 @@ pub fn uninstall(
 mod tests {
     use super::*;
 
-    fn m(s: &str) -> MachineName {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn helper_path_is_escaped_for_exec_lines() {
-        let d = Dropin::new(&m("kube1"), &"/opt/50%/$x/helper".parse().unwrap());
-        let text = d.to_string();
-        assert!(
-            text.contains("ExecStartPre=/opt/50%%/$$x/helper nspawn-lifecycle pre-start %i\n"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn dropin_sections_hold_their_keys() {
-        let d = Dropin::new(
-            &m("kube1"),
-            &crate::config::DEFAULT_HELPER_PATH.parse().unwrap(),
-        );
-        for s in d.settings() {
-            let want = if matches!(s.key, "StartLimitIntervalSec" | "After") {
-                "Unit"
-            } else {
-                "Service"
-            };
-            assert_eq!(s.section, want, "{}", s.key);
+    fn host_with(files: &[&str]) -> (tempfile::TempDir, Ctx) {
+        let dir = tempfile::tempdir().unwrap();
+        for f in files {
+            let path = dir.path().join(f.trim_start_matches('/'));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, format!("{DROPIN_HEADER} kube1\n")).unwrap();
         }
-        // Our own drop-in is "ours" line by line: a copy of it elsewhere would be flagged.
-        let text = d.to_string();
-        let o = overlaps(&text, &m("kube1"), true);
-        assert_eq!(o.len(), d.settings().len() - 1, "all but After=: {o:?}");
-        let o = overlaps(&text, &m("kube1"), false);
-        assert_eq!(o.len(), 8, "only list entries count before ours: {o:?}");
+        let host = HostRoot::new(dir.path());
+        let config = crate::config::Config::load(&host, None).unwrap();
+        (dir, Ctx { host, config })
     }
 
+    /// The plan is a value: what uninstall would do is read from it without running it.
     #[test]
-    fn env_words_respect_quotes() {
+    fn uninstall_plan_removes_directories_only_when_nothing_else_is_in_them() {
+        let m: MachineName = "kube1".parse().unwrap();
+        let helper = crate::config::DEFAULT_HELPER_PATH;
+        let dropin = dropin_path(&m);
+        let (_d, ctx) = host_with(&[&dropin, helper]);
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let lines: Vec<_> = plan.report(true, "-").lines().map(str::to_owned).collect();
+        let dir = dropin_dir(&m);
+        let helper_dir = "/usr/local/lib/nspawn-lifecycle";
         assert_eq!(
-            env_words(r#"A=1 "B=two words" C='x y'  D=\"q"#),
-            vec!["A=1", "\"B=two words\"", "C='x y'", "D=\\\"q"]
-        );
-        assert_eq!(env_name("\"B=two words\""), "B");
-    }
-
-    #[test]
-    fn commands_of_older_agents_are_recognised() {
-        let k = m("kube1");
-        for ours in [
-            "-/usr/bin/machinectl terminate kube1",
-            "-machinectl terminate %i",
-            "/usr/local/bin/nspawn-lifecycle-helper pre %i",
-            "+/opt/x/nspawn-lifecycle post-start kube1",
-        ] {
-            assert!(is_ours_command(ours, &k), "{ours}");
-        }
-        for theirs in [
-            "-/usr/bin/machinectl terminate kube2",
-            "/usr/bin/machinectl poweroff kube1",
-            "/opt/agent/bin/prepare-gpu %i",
-        ] {
-            assert!(!is_ours_command(theirs, &k), "{theirs}");
-        }
-    }
-
-    #[test]
-    fn override_migration_keeps_what_is_not_ours() {
-        let text = "\
-# set up by gpu-agent 1.4
-[Unit]
-StartLimitIntervalSec=0
-After=network-online.target
-
-[Service]
-Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 HTTP_PROXY=http://proxy:3128
-Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network
-ExecStartPre=
-ExecStartPre=-/usr/bin/machinectl terminate kube1
-ExecStartPost=/opt/agent/bin/warmup \\
-  --fast %i
-DeviceAllow=/dev/nvidia0 rwm
-DeviceAllow=/dev/fuse rwm
-Restart=on-failure
-TimeoutSec=10min
-LimitNOFILE=1048576
-";
-        let mig = migrate_override(text, &m("kube1"));
-        assert_eq!(
-            mig.rewrite,
-            Some(Some(
-                "\
-# nspawn-lifecycle-helper install moved the settings it manages from this file into 50-nspawn-lifecycle.conf;
-# what is left here is not managed by it.
-
-# set up by gpu-agent 1.4
-[Unit]
-After=network-online.target
-
-[Service]
-Environment=HTTP_PROXY=http://proxy:3128
-ExecStartPost=/opt/agent/bin/warmup \\
-  --fast %i
-DeviceAllow=/dev/fuse rwm
-TimeoutStopSec=10min
-LimitNOFILE=1048576
-"
-                .to_owned()
-            ))
-        );
-        assert_eq!(
-            mig.removed,
+            lines,
             [
-                "StartLimitIntervalSec=0",
-                "Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 HTTP_PROXY=http://proxy:3128",
-                "Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network",
-                "ExecStartPre=",
-                "ExecStartPre=-/usr/bin/machinectl terminate kube1",
-                "DeviceAllow=/dev/nvidia0 rwm",
-                "Restart=on-failure",
-                "TimeoutSec=10min",
+                format!("{dropin}: would remove"),
+                format!("{dir}: would remove (empty)"),
+                format!(
+                    "{}: would create (settings without GPU binds, PrivateUsers=no: a start of the stock unit keeps the rootfs owned by root)",
+                    nspawn_path(&m)
+                ),
+                format!("{helper}: would remove (no machine uses it any more)"),
+                format!("{helper_dir}: would remove (empty)"),
+                "systemd: -".to_owned(),
+                "uninstall kube1: dry run, nothing written; 5 files would change".to_owned(),
             ]
         );
-        // A second pass over the rewritten file finds nothing of ours.
-        let again = migrate_override(mig.rewrite.as_ref().unwrap().as_ref().unwrap(), &m("kube1"));
-        assert_eq!(again.rewrite, None);
-    }
+        assert!(plan.needs_reload());
 
-    #[test]
-    fn override_with_only_our_settings_is_removed_and_foreign_one_left() {
-        let ours = "[Service]\nRestart=on-failure\nDeviceAllow=char-nvidia-frontend rwm\n";
-        assert_eq!(migrate_override(ours, &m("k")).rewrite, Some(None));
-        // An operator's deliberate override (what `systemctl edit` writes) is theirs to keep.
-        let edit = "[Service]\nTimeoutStartSec=2h\nRestart=always\n";
-        assert_eq!(migrate_override(edit, &m("k")).rewrite, None);
-        let theirs = "[Service]\nLimitNOFILE=1048576\n";
-        let mig = migrate_override(theirs, &m("k"));
-        assert_eq!(mig.rewrite, None);
-    }
-
-    #[test]
-    fn foreign_nspawn_files_are_checked_for_settings_pre_start_would_lose() {
-        let text = "\
-[Exec]
-Boot=yes
-PrivateUsers=no
-[Files]
-Bind=/dev/nvidia0
-BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0
-BindReadOnly=/data/models:/models
-Bind=/srv/cache
-[Network]
-Port=tcp:8080
-";
-        assert_eq!(
-            foreign_nspawn_losses(text, &["Bind=/srv/cache".to_owned()]),
-            ["BindReadOnly=/data/models:/models", "Port=tcp:8080"]
+        // Anything else in either directory keeps it; another machine's hooks keep the helper.
+        let other = format!(
+            "{}/50-nspawn-lifecycle.conf",
+            dropin_dir(&"kube2".parse().unwrap())
         );
+        let (_d, ctx) = host_with(&[
+            &dropin,
+            &format!("{dir}/override.conf"),
+            helper,
+            &format!("{helper_dir}/notes"),
+        ]);
+        let shown: Vec<_> = plan_uninstall(&ctx, &m)
+            .unwrap()
+            .files
+            .iter()
+            .map(|f| f.shown.clone())
+            .collect();
+        assert_eq!(shown, [dropin.clone(), nspawn_path(&m), helper.to_owned()]);
+        let (_d, ctx) = host_with(&[&dropin, helper, &other]);
+        std::fs::write(
+            ctx.host.path(&other),
+            format!("ExecStartPre={helper} nspawn-lifecycle pre-start %i\n"),
+        )
+        .unwrap();
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let keep = plan.files.last().unwrap();
+        assert_eq!(
+            (keep.shown.as_str(), keep.verb, keep.op.is_none()),
+            (helper, Verb::Keep, true)
+        );
+        assert_eq!(keep.detail, "still used by systemd-nspawn@kube2.service");
     }
 }

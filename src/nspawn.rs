@@ -11,8 +11,9 @@ use crate::paths::{HostPath, MachinePath, bind_escape};
 use std::collections::BTreeSet;
 use std::fmt;
 
-/// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
-pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
+/// The file's host path belongs to [`crate::units`]; re-exported for pre-start, which still
+/// imports it from here.
+pub use crate::units::nspawn_path;
 
 /// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
 pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
@@ -61,11 +62,6 @@ pub const CAPABILITIES: [&str; 41] = [
     "CAP_BPF",
     "CAP_CHECKPOINT_RESTORE",
 ];
-
-/// Host path of a machine's `.nspawn` file.
-pub fn nspawn_path(machine: &MachineName) -> String {
-    format!("{NSPAWN_DIR}/{machine}.nspawn")
-}
 
 /// One `Bind=`/`BindReadOnly=` line. Both paths are checked types; `Display` escapes the `:` and
 /// `\` they may hold, so systemd-nspawn reads back exactly these two paths.

@@ -154,7 +154,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 /// at every start (src/device_cgroup.rs). Only on the real host: a `--host-root` tree has no
 /// systemd of its own to ask.
 fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
-    let dropin = crate::install::dropin_path(machine);
+    let dropin = crate::units::dropin_path(machine);
     match std::fs::read_to_string(ctx.host.path(&dropin)) {
         Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -167,7 +167,7 @@ fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result
     if a.setting == Gpus::All || !ctx.host.is_real_root() {
         return Ok(());
     }
-    let unit = crate::install::unit_name(machine);
+    let unit = crate::units::unit_name(machine);
     let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
     let sd = crate::systemd::Systemd::host(deadline)?;
     let current = sd.device_allow(&unit, deadline)?;

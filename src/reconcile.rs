@@ -7,9 +7,9 @@
 use crate::Ctx;
 use crate::config::MachineConfig;
 use crate::error::bad_input;
-use crate::install::{dropin_path, unit_name};
 use crate::machine_name::MachineName;
 use crate::systemd::{Systemd, UnitState};
+use crate::units::{dropin_path, unit_name};
 use anyhow::{Result, anyhow};
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant, SystemTime};
@@ -275,7 +275,7 @@ mod tests {
             .path()
             .join("etc/systemd/system/systemd-nspawn@kube1.service.d");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(crate::install::DROPIN_NAME), "[Service]\n").unwrap();
+        std::fs::write(d.join(crate::units::DROPIN_NAME), "[Service]\n").unwrap();
         let err = reconcile(&ctx(dir.path()), &m("kube1")).unwrap_err();
         assert_eq!(exit_code(&err), 2);
         assert!(format!("{err:#}").contains("--host-root"), "{err:#}");

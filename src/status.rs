@@ -20,12 +20,12 @@ use crate::cdi;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, Verdict, assign, parse::is_version};
 use crate::gate;
-use crate::install;
 use crate::layout::DRIVER_ROOT;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, Lookup, MachineRoot};
 use crate::rewire;
 use crate::systemd::{ExecRun, MachineHandle, ServiceRun, Systemd};
+use crate::units;
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 use std::path::Path;
@@ -842,7 +842,7 @@ fn observe(
     }
     let deadline = Instant::now() + BUS_TIMEOUT;
     let host = Systemd::host(deadline)?;
-    let unit_name = install::unit_name(machine);
+    let unit_name = units::unit_name(machine);
     let run: ServiceRun = host.service_run(&unit_name, deadline)?;
     let unit = UnitFacts {
         unit: unit_name,
@@ -887,12 +887,12 @@ fn observe(
 
 /// Whether `machine` is installed: our drop-in is on the host.
 fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
-    ctx.host.path(install::dropin_path(machine)).is_file()
+    ctx.host.path(units::dropin_path(machine)).is_file()
 }
 
 /// Every installed machine (those with our drop-in), sorted by name.
 pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
-    let dir = ctx.host.path(install::UNIT_DIR);
+    let dir = ctx.host.path(units::UNIT_DIR);
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
@@ -902,11 +902,7 @@ pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
     for e in entries {
         let e = e.with_context(|| format!("listing {}", dir.display()))?;
         let name = e.file_name();
-        let Some(m) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("systemd-nspawn@"))
-            .and_then(|n| n.strip_suffix(".service.d"))
-        else {
+        let Some(m) = name.to_str().and_then(units::dropin_dir_machine) else {
             continue;
         };
         if let Ok(m) = m.parse::<MachineName>()
@@ -955,7 +951,7 @@ pub fn status(
             if !installed(ctx, m) {
                 return Err(crate::error::bad_input(format!(
                     "machine {m} is not installed: no {} on the host (see `install`)",
-                    install::dropin_path(m)
+                    units::dropin_path(m)
                 )));
             }
             vec![m.clone()]
