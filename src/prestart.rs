@@ -112,10 +112,11 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     image::require(&ctx.host, machine, &mc)?;
     // Two machines given one GPU is bad config, refused before the lock is made too; render
     // checks again under the lock, against the host as it is then.
-    assign::check_overlap(
-        &discovery::discover(&ctx.host)?,
-        &ctx.config.gpu_assignments(machine)?,
-    )?;
+    // Only lists can overlap: with fewer than two, the host is not scanned a second time.
+    let lists = ctx.config.gpu_assignments(machine)?;
+    if assign::lists_can_overlap(&lists) {
+        assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?;
+    }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;

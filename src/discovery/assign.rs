@@ -50,6 +50,16 @@ pub fn resolve<'a>(inv: &'a Inventory, sel: &GpuSelector) -> Option<&'a Gpu> {
     })
 }
 
+/// Whether two machines' `gpus` could name one GPU: only lists can (`all` and `none` overlap
+/// nothing), so with fewer than two lists [`check_overlap`] has nothing to check.
+pub fn lists_can_overlap(machines: &[(String, Gpus)]) -> bool {
+    machines
+        .iter()
+        .filter(|(_, g)| matches!(g, Gpus::List(_)))
+        .count()
+        > 1
+}
+
 /// Two machines' lists naming the same host GPU, whichever way each names it (UUID, bus id or
 /// index), is bad input naming both machines (exit 2).
 pub fn check_overlap(inv: &Inventory, machines: &[(String, Gpus)]) -> Result<()> {
@@ -397,5 +407,21 @@ mod tests {
             "{err:#}"
         );
         assert!(check_overlap(&inv, &lists[1..]).is_ok());
+    }
+
+    #[test]
+    fn only_two_lists_can_overlap() {
+        let list = || Gpus::List(vec![GpuSelector::Index(0)]);
+        let of = |gs: Vec<Gpus>| -> Vec<(String, Gpus)> {
+            gs.into_iter()
+                .enumerate()
+                .map(|(i, g)| (format!("kube{i}"), g))
+                .collect()
+        };
+        assert!(!lists_can_overlap(&of(vec![list()])));
+        assert!(!lists_can_overlap(&of(vec![Gpus::All, list(), Gpus::None])));
+        assert!(lists_can_overlap(&of(vec![list(), Gpus::All, list()])));
+        // What the skip relies on: lists that do overlap are caught when there are two of them.
+        assert!(check_overlap(&host(), &of(vec![list(), list()])).is_err());
     }
 }
