@@ -139,7 +139,12 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         // cannot be handed GPUs that are gone.
         let report = rewire::cleanup(root, &mc.cdi_dir, &spec_file)
             .with_context(|| format!("post-start of {machine}: removing stale NVIDIA state"))?;
-        tracing::info!(%machine, "no NVIDIA GPUs on the host; {report}");
+        let why = if mc.gpus == crate::config::Gpus::None {
+            "no NVIDIA GPUs for this machine (gpus: none)"
+        } else {
+            "no NVIDIA GPUs on the host"
+        };
+        tracing::info!(%machine, "{why}; {report}");
         // Unless pre-start still saw GPUs and gated the services (they went in between): then
         // nothing else would ever start them this boot.
         if gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)? {

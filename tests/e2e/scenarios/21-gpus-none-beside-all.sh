@@ -30,9 +30,12 @@ dropin=$(H cat /etc/systemd/system/systemd-nspawn@kube2.service.d/50-nspawn-life
 assert_no_match "$(c none-dropin-allows-no-nvidia-group)" 'DeviceAllow=char-(nvidia|drm)' "$dropin"
 assert_match "$(c all-dropin-unchanged)" 'DeviceAllow=char-nvidia\* rwm' \
     "$(H cat /etc/systemd/system/systemd-nspawn@kube1.service.d/50-nspawn-lifecycle.conf)"
+since="@$(date +%s)"
 out=$(reconcile kube2 2>&1); rc=$?
 assert_eq "$(c reconcile-kube2-none)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile kube2: $out"
 wait_machine_up kube2 60 || fail "$(c kube2-up-none)" "$(uprop ActiveState kube2)"
+assert_match "$(c none-post-start-says-why)" 'no NVIDIA GPUs for this machine \(gpus: none\)' \
+    "$(hook_journal_since kube2 "$since")"
 f=$(nspawn_file kube2)
 assert_no_match "$(c none-nspawn-binds-no-nvidia)" '/dev/nvidia|/dev/dri|/run/nvidia/driver' "$f"
 assert_match "$(c none-nspawn-header)" '# Host: no NVIDIA GPUs \(0 of the host' "$f"
