@@ -24,9 +24,6 @@ use anyhow::Result;
 /// Access for every entry we add (read, write, mknod), as the `all` drop-in grants.
 pub const ACCESS: &str = "rwm";
 
-/// The drop-in line that allows every NVIDIA node: only an `all` machine's drop-in has it.
-pub const ALL_GPUS_LINE: &str = "DeviceAllow=char-nvidia* rwm";
-
 /// One `/dev/char/M:m` entry per NVIDIA or DRM node of the machine's view, sorted, each once.
 pub fn machine_entries(view: &Inventory) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = view
@@ -67,7 +64,7 @@ pub fn merge(current: &[(String, String)], ours: &[(String, String)]) -> Vec<(St
 /// every NVIDIA group, any other's none (a `daemon-reload` would add it back after the
 /// runtime list). A mismatch is bad input until `install` is run again.
 pub fn check_dropin(machine: &str, dropin_path: &str, text: &str, gpus: &Gpus) -> Result<()> {
-    let has_all = text.lines().any(|l| l.trim() == ALL_GPUS_LINE);
+    let has_all = crate::dropin::allows_all_gpus(text);
     let want_all = *gpus == Gpus::All;
     if has_all == want_all {
         return Ok(());
@@ -131,8 +128,11 @@ mod tests {
 
     #[test]
     fn the_dropin_must_match_the_setting() {
-        let all = format!("[Service]\n{ALL_GPUS_LINE}\nDeviceAllow=/dev/kvm rwm\n");
-        let some = "[Service]\nDeviceAllow=/dev/kvm rwm\n";
+        use crate::dropin::Dropin;
+        let (m, helper) = ("kube1".parse().unwrap(), "/usr/bin/h".parse().unwrap());
+        // The drop-ins install renders, so the check and the renderer cannot drift apart.
+        let all = Dropin::for_gpus(&m, &helper, &Gpus::All).to_string();
+        let some = &Dropin::for_gpus(&m, &helper, &Gpus::None).to_string();
         assert!(check_dropin("kube1", "/d", &all, &Gpus::All).is_ok());
         assert!(check_dropin("kube1", "/d", some, &Gpus::None).is_ok());
         let err = check_dropin("kube1", "/d", &all, &Gpus::None).unwrap_err();

@@ -152,7 +152,7 @@ impl Dropin {
         out.push(s(
             "Service",
             "DeviceAllow",
-            "char-nvidia* rwm".into(),
+            ALL_GPUS_DEVICE_ALLOW.into(),
             Some(
                 "Device groups resolve from /proc/devices when the unit starts and cover every GPU,\n\
                  MIG capability and DRM node, whatever their numbers are today.",
@@ -195,6 +195,17 @@ impl fmt::Display for Dropin {
         }
         Ok(())
     }
+}
+
+/// The `DeviceAllow=` value that allows every NVIDIA node: only an `all` machine's drop-in has it.
+pub const ALL_GPUS_DEVICE_ALLOW: &str = "char-nvidia* rwm";
+
+/// Whether the drop-in `text` allows every NVIDIA node, read with the unit-file reader as
+/// systemd would (`[Service]`, continuations, comments), not by matching a line.
+pub fn allows_all_gpus(text: &str) -> bool {
+    section_settings(&parse_unit(text)).any(|s| {
+        s.section == "Service" && s.key == "DeviceAllow" && s.value == ALL_GPUS_DEVICE_ALLOW
+    })
 }
 
 /// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.
