@@ -16,6 +16,9 @@
 
 # shellcheck source=../../lib/private-apt.sh
 . "$E2E_SRC/../lib/private-apt.sh"
+# shellcheck source=mkoci.sh
+. "$E2E_SRC/lib/mkoci.sh"
+ENG_ENV='["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"]'
 
 ENG_CACHE=${E2E_ENGINES_CACHE:-/var/tmp/nspawn-lifecycle-engines}
 ENG_MACHINE_PKGS="podman crun runc iptables containerd/trixie python3-grpcio python3-protobuf"
@@ -188,33 +191,12 @@ _eng_images() {
     ln -s libcuda.so.470.57.02 "$t/stale/$ENG_LIBDIR/libcuda.so.1"
     for r in debian lib64 stale; do
         tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$t/$r" -cf "$i/$r.tar" .
-        mkoci_layer "$i/$r-oci.tar" "docker.io/library/e2e-$r:1" "$i/$r.tar" '["/bin/sleep","3600"]' || return 1
+        mkoci_layer "$i/$r-oci.tar" "docker.io/library/e2e-$r:1" "$i/$r.tar" '["/bin/sleep","3600"]' "$ENG_ENV" || return 1
     done
     # the CRI sandbox (pause) image: the debian layer sleeping
-    mkoci_layer "$i/pause-oci.tar" registry.k8s.io/pause:3.8 "$i/debian.tar" '["/bin/sleep","infinity"]' || return 1
+    mkoci_layer "$i/pause-oci.tar" registry.k8s.io/pause:3.8 "$i/debian.tar" '["/bin/sleep","infinity"]' "$ENG_ENV" || return 1
     rm -rf "$t"
     touch "$i/.complete"
-}
-
-# mkoci_layer <out.tar> <name> <layer.tar> <Cmd JSON array>: an OCI layout with one layer (as mkoci)
-mkoci_layer() {
-    local out=$1 name=$2 layer=$3 cmd=$4 d lsha lsize csha csize msha msize
-    d=$(mktemp -d); mkdir -p "$d/blobs/sha256"
-    lsha=$(sha256sum "$layer" | cut -d' ' -f1); lsize=$(stat -c %s "$layer")
-    cp "$layer" "$d/blobs/sha256/$lsha"
-    printf '{"architecture":"amd64","os":"linux","config":{"Cmd":%s,"Env":["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-        "$cmd" "$lsha" > "$d/config.json"
-    csha=$(sha256sum "$d/config.json" | cut -d' ' -f1); csize=$(stat -c %s "$d/config.json")
-    mv "$d/config.json" "$d/blobs/sha256/$csha"
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-        "$csha" "$csize" "$lsha" "$lsize" > "$d/manifest.json"
-    msha=$(sha256sum "$d/manifest.json" | cut -d' ' -f1); msize=$(stat -c %s "$d/manifest.json")
-    mv "$d/manifest.json" "$d/blobs/sha256/$msha"
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-        "$msha" "$msize" "$name" "${name##*:}" > "$d/index.json"
-    printf '{"imageLayoutVersion":"1.0.0"}' > "$d/oci-layout"
-    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$d" -cf "$out" oci-layout index.json blobs
-    rm -rf "$d"
 }
 
 # CRI client: Python stubs generated from the CRI API protos Debian ships
