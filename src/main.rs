@@ -3,8 +3,8 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = nspawn_lifecycle::cli::Cli::parse();
-    nspawn_lifecycle::init_logging(cli.verbose);
-    match nspawn_lifecycle::run_with_code(cli) {
+    nspawn_lifecycle::logging::init(cli.verbose);
+    match nspawn_lifecycle::commands::run_with_code(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("error: {err:#}");

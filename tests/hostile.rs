@@ -13,11 +13,11 @@ mod rewire_support;
 
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
+use nspawn_lifecycle::commands::post_start::{self, Services};
 use nspawn_lifecycle::config::{Config, MachineConfig};
 use nspawn_lifecycle::gate;
 use nspawn_lifecycle::host::HostRoot;
 use nspawn_lifecycle::machine_root::MachineRoot;
-use nspawn_lifecycle::poststart::{self, Services};
 use nspawn_lifecycle::rewire;
 use nspawn_lifecycle::systemd::{ExitStatus, TransientOutcome};
 use rewire_support::*;
@@ -330,7 +330,7 @@ fn machine_config() -> MachineConfig {
 /// the machine's own (its bytes start with "machine"), never a host decoy.
 fn import_step(root: &MachineRoot, mc: &MachineConfig) -> anyhow::Result<(usize, usize)> {
     let ctr = Ctr::default();
-    let r = poststart::import_images(&"kube1".parse().unwrap(), root, mc, &ctr);
+    let r = post_start::import_images(&"kube1".parse().unwrap(), root, mc, &ctr);
     for bytes in ctr.read.borrow().iter() {
         assert!(bytes.starts_with("machine"), "ctr read {bytes:?}");
     }

@@ -31,6 +31,7 @@
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
+use crate::commands::pre_start as prestart;
 use crate::config::{Gpus, MachineConfig};
 use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
@@ -43,7 +44,6 @@ use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, describe_change};
 use crate::paths::HostPath;
-use crate::prestart;
 use crate::units::{
     DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_dir_machine, dropin_path, nspawn_path,
     template_dropin_dir, unit_name,

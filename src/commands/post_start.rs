@@ -14,6 +14,7 @@
 
 use crate::Ctx;
 use crate::cdi;
+use crate::commands::pre_start::check_complete;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, assign};
 use crate::failpoint::{self, Point};
@@ -22,7 +23,6 @@ use crate::host::HostRoot;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, MachineRoot};
-use crate::prestart::check_complete;
 use crate::rewire;
 use crate::systemd::{self, MachineHandle, Systemd, TransientOutcome};
 use anyhow::{Context as _, Result};

@@ -1,0 +1,127 @@
+//! The commands, one module each, and the dispatch from a parsed command line to them.
+
+pub mod demo;
+pub mod install;
+pub mod manual;
+pub mod post_start;
+pub mod pre_start;
+pub mod reconcile;
+pub mod status;
+
+use crate::Ctx;
+use crate::cli::{Cli, Command, Phase};
+use anyhow::Result;
+
+/// Run one parsed command line and give the process exit code on success: 0, or for `status`
+/// the machine state's code (5 drift, 6 broken, 7 not running).
+pub fn run_with_code(cli: Cli) -> Result<u8> {
+    let Command::Status {
+        machine,
+        all,
+        json,
+        machine_root,
+    } = &cli.command
+    else {
+        return run(cli).map(|()| 0);
+    };
+    let ctx = Ctx::load(&cli)?;
+    status::status(&ctx, machine.as_ref(), *all, *json, machine_root.as_deref())
+}
+
+/// Run one parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    if let Command::Demo {
+        host: example,
+        list,
+    } = &cli.command
+    {
+        return demo::demo(example, *list);
+    }
+    // Generated from the command line alone: no host, no configuration, no root (packaging).
+    match &cli.command {
+        Command::Completions { shell } => {
+            return manual::completions(*shell, &mut std::io::stdout().lock());
+        }
+        Command::Manpages { dir } => {
+            for path in manual::write_pages(dir)? {
+                println!("{}", path.display());
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    // Run by a container runtime inside the machine: no host tree, no configuration there.
+    if let Command::CdiHook(hook) = &cli.command {
+        return crate::cdi_hook::run(hook, std::io::stdin().lock());
+    }
+    // Needs no host and no configuration: a crash test lists the points before it arms one.
+    #[cfg(feature = "failpoints")]
+    if let Command::Failpoints = &cli.command {
+        for p in crate::failpoint::ALL {
+            println!("{}", p.name());
+        }
+        return Ok(());
+    }
+    let ctx = Ctx::load(&cli)?;
+    match cli.command {
+        Command::NspawnLifecycle(Phase::PreStart { machine }) => {
+            pre_start::pre_start(&ctx, &machine)
+        }
+        Command::NspawnLifecycle(Phase::PostStart { machine }) => {
+            post_start::post_start(&ctx, &machine)
+        }
+        Command::NspawnLifecycle(Phase::Reconcile { machine }) => {
+            reconcile::reconcile(&ctx, &machine)
+        }
+        Command::Discover { json } => pre_start::discover(&ctx, json),
+        Command::Plan { machine } => pre_start::plan(&ctx, &machine),
+        Command::Install {
+            machine,
+            print_dropin: true,
+            ..
+        } => install::print_dropin(&ctx, &machine),
+        Command::Install {
+            machine, dry_run, ..
+        } => install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD),
+        Command::Uninstall { machine, dry_run } => {
+            install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
+        }
+        Command::Demo { .. }
+        | Command::Completions { .. }
+        | Command::Manpages { .. }
+        | Command::CdiHook(_) => {
+            unreachable!("handled above")
+        }
+        Command::Status { .. } => Err(anyhow::anyhow!(
+            "status gives an exit code of its own: run it through run_with_code"
+        )),
+        #[cfg(feature = "failpoints")]
+        Command::Failpoints => unreachable!("handled above"),
+        #[cfg(feature = "failpoints")]
+        Command::RewireRoot {
+            machine,
+            machine_root,
+        } => post_start::rewire_root(&ctx, &machine, &machine_root),
+    }
+}
+
+/// The host's systemd as install and uninstall use it.
+const HOST_SYSTEMD: install::HostSystemd<'static> = install::HostSystemd {
+    reload: &host_daemon_reload,
+    pending: &host_reload_pending,
+};
+
+/// Whether the host's systemd runs `unit` from older unit files than those on disk.
+fn host_reload_pending(unit: &str) -> Result<bool> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    crate::systemd::Systemd::host(deadline)?.needs_daemon_reload(unit, deadline)
+}
+
+/// `daemon-reload` of the host's systemd over D-Bus (what install and uninstall run after
+/// changing a unit file).
+fn host_daemon_reload() -> Result<()> {
+    crate::failpoint::hit(crate::failpoint::Point::InstallBeforeDaemonReload);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let host = crate::systemd::Systemd::host(deadline)?;
+    crate::systemd::daemon_reload(&host, deadline)
+}
