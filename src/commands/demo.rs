@@ -8,11 +8,11 @@
 //! [`crate::fixture`] is reached from `materialize`). The fuzz entry points, which are test-only,
 //! live in the fuzz crate (`tests/fuzz/src/lib.rs`), not here.
 
-use crate::commands::pre_start::{check_complete, discovery_text, print_all};
-use crate::discovery;
+use crate::discovery::{self, check_complete};
 use crate::fixture;
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, nspawn_path};
+use crate::output::{discovery_text, print_all};
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 

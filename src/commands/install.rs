@@ -31,7 +31,6 @@
 
 use crate::Ctx;
 use crate::atomic::{remove_if_exists, write_if_changed};
-use crate::commands::pre_start as prestart;
 use crate::config::{Gpus, MachineConfig};
 use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
@@ -344,7 +343,7 @@ fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result
     if let Some(text) = foreign {
         refuse_lost_settings(mc, &shown, text)?;
     }
-    match prestart::render(ctx, machine, mc) {
+    match crate::render::render(ctx, machine, mc) {
         Ok(r) => {
             let bytes = r.new.into_bytes();
             write_line(

@@ -1,8 +1,10 @@
 //! The commands, one module each, and the dispatch from a parsed command line to them.
 
 pub mod demo;
+pub mod discover;
 pub mod install;
 pub mod manual;
+pub mod plan;
 pub mod post_start;
 pub mod pre_start;
 pub mod reconcile;
@@ -73,8 +75,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::NspawnLifecycle(Phase::Reconcile { machine }) => {
             reconcile::reconcile(&ctx, &machine)
         }
-        Command::Discover { json } => pre_start::discover(&ctx, json),
-        Command::Plan { machine } => pre_start::plan(&ctx, &machine),
+        Command::Discover { json } => discover::discover(&ctx, json),
+        Command::Plan { machine } => plan::plan(&ctx, &machine),
         Command::Install {
             machine,
             print_dropin: true,
@@ -124,4 +126,59 @@ fn host_daemon_reload() -> Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let host = crate::systemd::Systemd::host(deadline)?;
     crate::systemd::daemon_reload(&host, deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The `.rs` files under `dir`, with their text, recursively.
+    fn sources(dir: &Path) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(sources(&path));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.push((path.display().to_string(), text));
+            }
+        }
+        out
+    }
+
+    /// Issue 13: what two commands share lives in a module of its own, so no command module
+    /// reaches into a sibling, and nothing below the commands reaches up into them.
+    #[test]
+    fn no_command_module_imports_another_and_the_core_imports_none() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let commands = src.join("commands");
+        let mut offenders = Vec::new();
+        for (path, text) in sources(&commands) {
+            if path.ends_with("/commands/mod.rs") {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                if line.contains("commands::") || line.contains("super::super") {
+                    offenders.push(format!("{path}:{}: {line}", n + 1));
+                }
+            }
+        }
+        for (path, text) in sources(&src) {
+            if path.contains("/commands/") || path.ends_with("/main.rs") {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                if line.contains("crate::commands") {
+                    offenders.push(format!("{path}:{}: {line}", n + 1));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "command modules import a sibling (or the core imports a command); move what they \
+             share into a module of its own:\n{}",
+            offenders.join("\n")
+        );
+    }
 }

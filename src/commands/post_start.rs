@@ -14,8 +14,8 @@
 
 use crate::Ctx;
 use crate::cdi;
-use crate::commands::pre_start::check_complete;
 use crate::config::MachineConfig;
+use crate::discovery::check_complete;
 use crate::discovery::{self, Inventory, assign};
 use crate::failpoint::{self, Point};
 use crate::gate;

@@ -6,12 +6,14 @@
 pub mod assign;
 pub mod parse;
 mod scan;
+mod verdict;
 
 use crate::host::HostRoot;
 use crate::paths::HostPath;
 use serde::Serialize;
 
 pub use scan::discover;
+pub use verdict::check_complete;
 
 /// Version of the `discover --json` object; bump on any incompatible change.
 pub const API_VERSION: &str = "nspawn-lifecycle/v1";

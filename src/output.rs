@@ -1,0 +1,106 @@
+//! What more than one command prints: the discovery report, and stdout that a closed pipe does
+//! not turn into an error.
+
+use crate::discovery::{Inventory, Verdict};
+use anyhow::{Context as _, Result};
+use std::fmt::Write as _;
+
+/// Human-readable discovery report.
+pub fn discovery_text(inv: &Inventory) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "verdict: {}",
+        match &inv.verdict {
+            Verdict::None => "none (no NVIDIA device nodes; GPU work is skipped)".to_owned(),
+            Verdict::Complete => "complete".to_owned(),
+            Verdict::Incomplete { reasons } => format!("incomplete: {}", reasons.join("; ")),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "kernel module: {}",
+        inv.kernel_module.as_deref().unwrap_or("not loaded")
+    );
+    let _ = writeln!(
+        s,
+        "userspace driver: {}",
+        inv.driver
+            .as_ref()
+            .map_or("not found", |d| d.version.as_str())
+    );
+    let _ = writeln!(s, "gpus: {}", inv.gpus.len());
+    for g in &inv.gpus {
+        let _ = writeln!(
+            s,
+            "  {} minor {} {} {} {} {}{}",
+            g.index,
+            g.minor,
+            g.uuid,
+            g.bus_id,
+            g.model,
+            g.device.as_deref().unwrap_or("(no device node)"),
+            if g.dri.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", g.dri.join(" "))
+            }
+        );
+    }
+    let _ = writeln!(s, "device nodes: {}", inv.devices.len());
+    for d in &inv.devices {
+        let _ = writeln!(s, "  {} {}:{} {:?}", d.path, d.major, d.minor, d.role);
+    }
+    let _ = writeln!(
+        s,
+        "kvm: {}",
+        inv.kvm.as_ref().map_or("absent".to_owned(), |k| format!(
+            "{} {}:{}",
+            k.path, k.major, k.minor
+        ))
+    );
+    if let Some(d) = &inv.driver {
+        for dir in &d.lib_dirs {
+            let _ = writeln!(
+                s,
+                "library dir: {} ({}, {} files)",
+                dir.path,
+                dir.triplet,
+                dir.files.len()
+            );
+            for f in &dir.files {
+                let _ = writeln!(
+                    s,
+                    "  {}{}",
+                    f.name,
+                    f.soname
+                        .as_ref()
+                        .map_or(String::new(), |so| format!(" (SONAME {so})"))
+                );
+            }
+        }
+        for b in &d.binaries {
+            let _ = writeln!(s, "binary: {b}");
+        }
+        let _ = writeln!(s, "firmware: {}", d.firmware.as_deref().unwrap_or("absent"));
+        for sock in &d.sockets {
+            let _ = writeln!(s, "ipc: {sock}");
+        }
+    }
+    s
+}
+
+/// Print to stdout; a reader that went away (`demo | head`) is not an error.
+pub fn print_all(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing to standard output")
+        }
+        _ => Ok(()),
+    }
+}

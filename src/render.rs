@@ -1,0 +1,69 @@
+//! The machine's `.nspawn` file as pre-start writes it, rendered from discovery and the
+//! configuration, beside what is on disk: shared by `pre-start`, `plan` and `install`.
+
+use crate::Ctx;
+use crate::config::Gpus;
+use crate::config::MachineConfig;
+use crate::discovery::assign::{self, Assignment};
+use crate::discovery::{self, check_complete};
+use crate::machine_name::MachineName;
+use crate::nspawn::{NspawnFile, nspawn_path};
+use anyhow::{Context as _, Result};
+
+/// The `.nspawn` file as pre-start would write it, beside what is on disk.
+#[derive(Debug)]
+pub struct Rendered {
+    pub host_path: std::path::PathBuf,
+    pub old: Option<String>,
+    pub new: String,
+    /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
+    pub gate: bool,
+    /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
+    pub tree: Option<crate::layout::Tree>,
+    /// The machine's share of the host's GPUs (the config's `gpus`).
+    pub assignment: Assignment,
+}
+
+/// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
+/// with exit code 3 that names every missing or mismatched piece.
+pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Rendered> {
+    let inv = discovery::discover(&ctx.host)?;
+    let assignment = assign::for_machine(&ctx.config, machine, mc, &inv)?;
+    check_complete(&assignment.view)?;
+    let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
+    let mut file = NspawnFile::render(
+        machine,
+        &assignment.view,
+        mc,
+        has_lib_modules,
+        ctx.config.helper_path(),
+    )?;
+    if assignment.setting != Gpus::All {
+        file.summary = format!(
+            "{} ({} of the host's {} by the config's gpus)",
+            file.summary,
+            assignment.gpus.len(),
+            inv.gpus.len()
+        );
+    }
+    let (new, gate) = (file.to_string(), file.binds_gate());
+    let tree = assignment
+        .view
+        .complete_driver()
+        .map(crate::layout::driver_tree)
+        .transpose()?;
+    let host_path = ctx.host.path(nspawn_path(machine));
+    let old = match std::fs::read(&host_path) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", host_path.display())),
+    };
+    Ok(Rendered {
+        host_path,
+        old,
+        new,
+        gate,
+        tree,
+        assignment,
+    })
+}
