@@ -243,6 +243,31 @@ pub fn inspect_machine(
     mc: &MachineConfig,
     expected_spec: Option<&str>,
 ) -> Result<MachineFacts> {
+    let cdi_spec = inspect_spec(root, mc, expected_spec)?;
+    let mut dangling = Vec::new();
+    let driver_root_versions = inspect_driver_root(root, &mut dangling)?;
+    let link_versions = inspect_lib_links(root, &mut dangling)?;
+    inspect_dev_char(root, &mut dangling)?;
+    let gated =
+        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
+    let gate_released = root.kind_of(gate::WIRED)?.is_some();
+    Ok(MachineFacts {
+        cdi_spec,
+        driver_root_versions,
+        link_versions,
+        dangling_links: dangling,
+        gated,
+        gate_released,
+    })
+}
+
+/// The machine's CDI spec: missing, invalid or valid, and whether it is what post-start would
+/// write now (`expected_spec`).
+fn inspect_spec(
+    root: &MachineRoot,
+    mc: &MachineConfig,
+    expected_spec: Option<&str>,
+) -> Result<SpecFacts> {
     let path = format!(
         "{}/{}",
         mc.cdi_dir.as_str().trim_end_matches('/'),
@@ -251,7 +276,7 @@ pub fn inspect_machine(
     let bytes = root
         .read_file(&path, MAX_SPEC_BYTES)
         .with_context(|| format!("reading the CDI spec {path} in the machine"))?;
-    let cdi_spec = match bytes {
+    Ok(match bytes {
         None => SpecFacts {
             path,
             state: "missing",
@@ -296,10 +321,12 @@ pub fn inspect_machine(
                 }
             }
         }
-    };
+    })
+}
 
-    let mut dangling = Vec::new();
-    let mut driver_root_versions = Vec::new();
+/// The driver versions the machine's driver root holds; its dangling links into `dangling`.
+fn inspect_driver_root(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<Vec<String>> {
+    let mut versions = Vec::new();
     if let Lookup::Dir(dr) = root.lookup_dir(DRIVER_ROOT)? {
         let entries = dr.walk(MAX_DRIVER_ROOT_ENTRIES)?.with_context(|| {
             format!("{DRIVER_ROOT} in the machine has more than {MAX_DRIVER_ROOT_ENTRIES} entries")
@@ -307,7 +334,7 @@ pub fn inspect_machine(
         for e in entries {
             let name = e.path.rsplit('/').next().unwrap_or(&e.path);
             if let Some(v) = libcuda_version(name) {
-                push_unique(&mut driver_root_versions, v);
+                push_unique(&mut versions, v);
             }
             if e.kind == FileKind::Symlink {
                 let p = format!("{DRIVER_ROOT}/{}", e.path);
@@ -317,8 +344,13 @@ pub fn inspect_machine(
             }
         }
     }
+    Ok(versions)
+}
 
-    let mut link_versions = Vec::new();
+/// The driver versions our library links name (links into the driver root, and links to
+/// those); the dangling ones into `dangling`.
+fn inspect_lib_links(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<Vec<String>> {
+    let mut versions = Vec::new();
     for dir_path in rewire::machine_lib_dirs(root)? {
         let Lookup::Dir(dir) = root.lookup_dir(&dir_path)? else {
             continue;
@@ -336,7 +368,7 @@ pub fn inspect_machine(
                 continue;
             }
             if let Some(v) = libcuda_version(name) {
-                push_unique(&mut link_versions, v);
+                push_unique(&mut versions, v);
             }
             let p = dir.child(name);
             if !root.resolves(&p)? {
@@ -344,6 +376,11 @@ pub fn inspect_machine(
             }
         }
     }
+    Ok(versions)
+}
+
+/// Our `/dev/char` links to NVIDIA nodes that dangle, into `dangling`.
+fn inspect_dev_char(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<()> {
     if let Lookup::Dir(dev_char) = root.lookup_dir(rewire::DEV_CHAR)? {
         for (name, target) in rewire::symlinks(&dev_char)? {
             if rewire::is_dev_numbers(&name) && rewire::is_nvidia_dev_char(dev_char.path(), &target)
@@ -355,18 +392,7 @@ pub fn inspect_machine(
             }
         }
     }
-
-    let gated =
-        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
-    let gate_released = root.kind_of(gate::WIRED)?.is_some();
-    Ok(MachineFacts {
-        cdi_spec,
-        driver_root_versions,
-        link_versions,
-        dangling_links: dangling,
-        gated,
-        gate_released,
-    })
+    Ok(())
 }
 
 /// Judge what was observed: pure, so every case is a unit test.
@@ -384,7 +410,61 @@ pub fn evaluate(
             message,
         });
     };
-    let host = HostFacts {
+    if let Verdict::Incomplete { reasons } = &inv.verdict {
+        add(
+            State::Broken,
+            "host-driver",
+            format!(
+                "the host's NVIDIA state is incomplete ({}); the next start would fail until the \
+                 driver install finishes",
+                reasons.join("; ")
+            ),
+        );
+    }
+    let not_running = judge_unit(machine, &observed, &mut add);
+    if let Some(m) = &observed.machine {
+        judge_nvidia(inv, m, &mut add);
+        judge_gate(m, &mut add);
+    }
+    if let Some(services) = &observed.services {
+        judge_services(services, &mut add);
+    }
+    judge_missing_gpus(&observed.missing_gpus, mc.require, &mut add);
+
+    let worst = findings.iter().map(|f| f.state).max();
+    let state = match (worst, &not_running) {
+        (Some(w), _) if w >= State::Drift => w,
+        (_, Some(_)) => State::NotRunning,
+        _ => State::InSync,
+    };
+    let summary = match state {
+        State::InSync => in_sync_summary(machine, mc, inv, &observed),
+        State::NotRunning => format!(
+            "{machine}: not running: {}; the next start wires the host as it is then",
+            not_running.as_deref().unwrap_or("stopped")
+        ),
+        State::Drift | State::Broken => findings_summary(machine, state, &findings),
+    };
+    let running = observed.machine.is_some();
+    Status {
+        schema: SCHEMA,
+        machine: machine.to_string(),
+        state,
+        exit_code: state.exit_code(),
+        summary,
+        host: host_facts(inv),
+        unit: observed.unit,
+        running,
+        machine_facts: observed.machine,
+        services: observed.services,
+        findings,
+        assignment: None,
+    }
+}
+
+/// What `status` shows of the host: the verdict, the kernel module, the GPUs.
+fn host_facts(inv: &Inventory) -> HostFacts {
+    HostFacts {
         verdict: match inv.verdict {
             Verdict::None => "none",
             Verdict::Complete => "complete",
@@ -400,20 +480,16 @@ pub fn evaluate(
                 minor: g.minor,
             })
             .collect(),
-    };
-    if let Verdict::Incomplete { reasons } = &inv.verdict {
-        add(
-            State::Broken,
-            "host-driver",
-            format!(
-                "the host's NVIDIA state is incomplete ({}); the next start would fail until the \
-                 driver install finishes",
-                reasons.join("; ")
-            ),
-        );
     }
+}
 
-    // The host unit: a failed or restarting unit is broken, a stopped one is not running.
+/// The host unit: a failed post-start or a failed or restarting unit is broken; a stopped unit
+/// (or no machine registered) is not running, and the returned text says why.
+fn judge_unit(
+    machine: &MachineName,
+    observed: &Observed,
+    add: &mut impl FnMut(State, &'static str, String),
+) -> Option<String> {
     let mut not_running = None;
     if let Some(u) = &observed.unit {
         if let Some(run) = &u.last_post_start
@@ -456,50 +532,38 @@ pub fn evaluate(
     if observed.machine.is_none() && not_running.is_none() {
         not_running = Some(format!("machine {machine} is not registered with machined"));
     }
+    not_running
+}
 
-    if let Some(m) = &observed.machine {
-        judge_nvidia(inv, m, &mut add);
-        if m.gated && !m.gate_released {
-            add(
-                State::Broken,
-                "gate",
-                format!(
-                    "containerd and kubelet are gated this boot and post-start has not released \
-                     them ({} missing in the machine)",
-                    gate::WIRED
-                ),
-            );
-        }
+/// containerd and kubelet gated this boot and not released by post-start is broken.
+fn judge_gate(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String)) {
+    if m.gated && !m.gate_released {
+        add(
+            State::Broken,
+            "gate",
+            format!(
+                "containerd and kubelet are gated this boot and post-start has not released \
+                 them ({} missing in the machine)",
+                gate::WIRED
+            ),
+        );
     }
-    if let Some(services) = &observed.services {
-        for s in services {
-            if s.load_state != "loaded" {
-                add(
-                    State::Broken,
-                    "services",
-                    format!("{} is {} in the machine", s.unit, s.load_state),
-                );
-            } else if s.active_state != "active" {
-                add(
-                    State::Broken,
-                    "services",
-                    format!(
-                        "{} is {} ({}) in the machine",
-                        s.unit, s.active_state, s.sub_state
-                    ),
-                );
-            }
-        }
-    }
+}
 
-    if !observed.missing_gpus.is_empty() {
+/// GPUs the config's `gpus` names that the host does not have: broken.
+fn judge_missing_gpus(
+    missing: &[String],
+    require: bool,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
+    if !missing.is_empty() {
         add(
             State::Broken,
             "gpus",
             format!(
                 "the config's gpus names GPU(s) the host does not have: {}{}",
-                observed.missing_gpus.join(", "),
-                if mc.require {
+                missing.join(", "),
+                if require {
                     "; with \"require\" the next start is held back until they appear"
                 } else {
                     "; the machine runs with the others"
@@ -507,77 +571,80 @@ pub fn evaluate(
             ),
         );
     }
+}
 
-    let worst = findings.iter().map(|f| f.state).max();
-    let state = match (worst, &not_running) {
-        (Some(w), _) if w >= State::Drift => w,
-        (_, Some(_)) => State::NotRunning,
-        _ => State::InSync,
-    };
-    let summary = match state {
-        State::InSync => {
-            let mut s = format!("{machine}: in sync: ");
-            match (&inv.verdict, &inv.kernel_module) {
-                (Verdict::Complete, Some(v)) => {
-                    s.push_str(&format!("NVIDIA {v}, {} GPU(s)", inv.gpus.len()));
-                }
-                _ => s.push_str("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
-            }
-            if observed.services.is_some() {
-                s.push_str(&format!(
-                    "; {} and {} active",
-                    mc.containerd_unit, mc.kubelet_unit
-                ));
-            }
-            if let Some(run) = observed
-                .unit
-                .as_ref()
-                .and_then(|u| u.last_post_start.as_ref())
-            {
-                let at = run.exited_at.as_deref().unwrap_or(&run.started_at);
-                s.push_str(&format!("; last post-start succeeded {at}"));
-            }
-            s
-        }
-        State::NotRunning => format!(
-            "{machine}: not running: {}; the next start wires the host as it is then",
-            not_running.as_deref().unwrap_or("stopped")
-        ),
-        State::Drift | State::Broken => {
-            let mut msgs: Vec<&str> = findings
-                .iter()
-                .filter(|f| f.state == state)
-                .map(|f| f.message.as_str())
-                .collect();
-            msgs.extend(
-                findings
-                    .iter()
-                    .filter(|f| f.state != state)
-                    .map(|f| f.message.as_str()),
+/// containerd and kubelet in the machine: not loaded or not active is broken.
+fn judge_services(services: &[ServiceFacts], add: &mut impl FnMut(State, &'static str, String)) {
+    for s in services {
+        if s.load_state != "loaded" {
+            add(
+                State::Broken,
+                "services",
+                format!("{} is {} in the machine", s.unit, s.load_state),
             );
-            let hint = if state == State::Drift {
-                format!(" (run `nspawn-lifecycle-helper nspawn-lifecycle reconcile {machine}`)")
-            } else {
-                String::new()
-            };
-            format!("{machine}: {}: {}{hint}", state.as_str(), msgs.join("; "))
+        } else if s.active_state != "active" {
+            add(
+                State::Broken,
+                "services",
+                format!(
+                    "{} is {} ({}) in the machine",
+                    s.unit, s.active_state, s.sub_state
+                ),
+            );
         }
-    };
-    let running = observed.machine.is_some();
-    Status {
-        schema: SCHEMA,
-        machine: machine.to_string(),
-        state,
-        exit_code: state.exit_code(),
-        summary,
-        host,
-        unit: observed.unit,
-        running,
-        machine_facts: observed.machine,
-        services: observed.services,
-        findings,
-        assignment: None,
     }
+}
+
+/// The one line of a machine in sync: the driver and GPUs, the services, the last post-start.
+fn in_sync_summary(
+    machine: &MachineName,
+    mc: &MachineConfig,
+    inv: &Inventory,
+    observed: &Observed,
+) -> String {
+    let mut s = format!("{machine}: in sync: ");
+    match (&inv.verdict, &inv.kernel_module) {
+        (Verdict::Complete, Some(v)) => {
+            s.push_str(&format!("NVIDIA {v}, {} GPU(s)", inv.gpus.len()));
+        }
+        _ => s.push_str("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
+    }
+    if observed.services.is_some() {
+        s.push_str(&format!(
+            "; {} and {} active",
+            mc.containerd_unit, mc.kubelet_unit
+        ));
+    }
+    if let Some(run) = observed
+        .unit
+        .as_ref()
+        .and_then(|u| u.last_post_start.as_ref())
+    {
+        let at = run.exited_at.as_deref().unwrap_or(&run.started_at);
+        s.push_str(&format!("; last post-start succeeded {at}"));
+    }
+    s
+}
+
+/// The one line of a drifted or broken machine: the findings of its state first, then the rest.
+fn findings_summary(machine: &MachineName, state: State, findings: &[Finding]) -> String {
+    let mut msgs: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.state == state)
+        .map(|f| f.message.as_str())
+        .collect();
+    msgs.extend(
+        findings
+            .iter()
+            .filter(|f| f.state != state)
+            .map(|f| f.message.as_str()),
+    );
+    let hint = if state == State::Drift {
+        format!(" (run `nspawn-lifecycle-helper nspawn-lifecycle reconcile {machine}`)")
+    } else {
+        String::new()
+    };
+    format!("{machine}: {}: {}{hint}", state.as_str(), msgs.join("; "))
 }
 
 /// The NVIDIA part of [`evaluate`]: host GPUs and driver against the running machine's spec,
@@ -591,50 +658,10 @@ fn judge_nvidia(
     let has_state = spec.state != "missing"
         || !m.driver_root_versions.is_empty()
         || !m.link_versions.is_empty();
-    let dangling = || {
-        let n = m.dangling_links.len();
-        let shown: Vec<&str> = m
-            .dangling_links
-            .iter()
-            .take(3)
-            .map(String::as_str)
-            .collect();
-        format!(
-            "{n} NVIDIA link(s) in the machine dangle: {}{}",
-            shown.join(", "),
-            if n > 3 { ", …" } else { "" }
-        )
-    };
     let host_version = match (&inv.verdict, &inv.kernel_module) {
         (Verdict::Complete, Some(v)) => v.as_str(),
         (Verdict::Incomplete { .. }, _) => return,
-        _ => {
-            // No NVIDIA GPUs on the host: any NVIDIA state left in the machine is stale.
-            if has_state {
-                let mut what = Vec::new();
-                if spec.state != "missing" {
-                    what.push(format!("CDI spec {}", spec.path));
-                }
-                if !m.driver_root_versions.is_empty() {
-                    what.push(format!("driver root {DRIVER_ROOT}"));
-                }
-                if !m.link_versions.is_empty() {
-                    what.push("library links".to_owned());
-                }
-                add(
-                    State::Drift,
-                    "stale-nvidia-state",
-                    format!(
-                        "the host has no NVIDIA GPUs but the machine still has NVIDIA state ({})",
-                        what.join(", ")
-                    ),
-                );
-            }
-            if !m.dangling_links.is_empty() {
-                add(State::Drift, "dangling-links", dangling());
-            }
-            return;
-        }
+        _ => return judge_no_host_gpus(m, has_state, add),
     };
     if !has_state {
         add(
@@ -648,10 +675,94 @@ fn judge_nvidia(
         );
         return;
     }
-    // One finding per version the machine holds, naming where it holds it.
+    let version_drift = judge_driver_version(host_version, m, add);
+    judge_spec_state(m, add);
+    let mut gpu_drift = false;
+    if let Some(c) = &spec.checked {
+        gpu_drift = judge_spec_gpus(inv, c, add);
+        if !version_drift && !gpu_drift && !spec.current {
+            add(
+                State::Drift,
+                "cdi-spec",
+                format!(
+                    "CDI spec {} differs from what post-start would write for the host now",
+                    spec.path
+                ),
+            );
+        }
+    }
+    if !m.dangling_links.is_empty() {
+        // After a driver upgrade, a GPU removal or a host daemon gone (its socket with it) the
+        // old links dangle: the host changed, and that is the drift itself. With the host as
+        // the machine was wired for, a dangling link is damage.
+        let host_changed = version_drift || gpu_drift || (spec.checked.is_some() && !spec.current);
+        let state = if host_changed {
+            State::Drift
+        } else {
+            State::Broken
+        };
+        add(state, "dangling-links", dangling_message(m));
+    }
+}
+
+/// The machine's dangling NVIDIA links, the first three named.
+fn dangling_message(m: &MachineFacts) -> String {
+    let n = m.dangling_links.len();
+    let shown: Vec<&str> = m
+        .dangling_links
+        .iter()
+        .take(3)
+        .map(String::as_str)
+        .collect();
+    format!(
+        "{n} NVIDIA link(s) in the machine dangle: {}{}",
+        shown.join(", "),
+        if n > 3 { ", …" } else { "" }
+    )
+}
+
+/// No NVIDIA GPUs on the host: any NVIDIA state left in the machine is stale.
+fn judge_no_host_gpus(
+    m: &MachineFacts,
+    has_state: bool,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
+    let spec = &m.cdi_spec;
+    if has_state {
+        let mut what = Vec::new();
+        if spec.state != "missing" {
+            what.push(format!("CDI spec {}", spec.path));
+        }
+        if !m.driver_root_versions.is_empty() {
+            what.push(format!("driver root {DRIVER_ROOT}"));
+        }
+        if !m.link_versions.is_empty() {
+            what.push("library links".to_owned());
+        }
+        add(
+            State::Drift,
+            "stale-nvidia-state",
+            format!(
+                "the host has no NVIDIA GPUs but the machine still has NVIDIA state ({})",
+                what.join(", ")
+            ),
+        );
+    }
+    if !m.dangling_links.is_empty() {
+        add(State::Drift, "dangling-links", dangling_message(m));
+    }
+}
+
+/// One finding per driver version the machine holds other than the host's, naming where it
+/// holds it; whether there was any.
+fn judge_driver_version(
+    host_version: &str,
+    m: &MachineFacts,
+    add: &mut impl FnMut(State, &'static str, String),
+) -> bool {
     let mut by_version: Vec<(String, Vec<&str>)> = Vec::new();
     for (what, versions) in [
-        ("CDI spec", &spec.driver_versions),
+        ("CDI spec", &m.cdi_spec.driver_versions),
         ("driver root", &m.driver_root_versions),
         ("library links", &m.link_versions),
     ] {
@@ -676,6 +787,12 @@ fn judge_nvidia(
             ),
         );
     }
+    version_drift
+}
+
+/// A CDI spec missing or invalid while the machine is wired for NVIDIA.
+fn judge_spec_state(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String)) {
+    let spec = &m.cdi_spec;
     match spec.state {
         "missing" => add(
             State::Broken,
@@ -700,76 +817,61 @@ fn judge_nvidia(
         ),
         _ => {}
     }
+}
+
+/// The host's GPUs against the devices of the machine's valid CDI spec; whether they differ.
+fn judge_spec_gpus(
+    inv: &Inventory,
+    c: &cdi::Checked,
+    add: &mut impl FnMut(State, &'static str, String),
+) -> bool {
     let mut gpu_drift = false;
-    if let Some(c) = &spec.checked {
-        let minor_of = |name: &str| -> Option<Vec<&str>> {
-            c.devices
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, nodes)| nodes.iter().map(String::as_str).collect())
-        };
-        for g in &inv.gpus {
-            let node = format!("/dev/nvidia{}", g.minor);
-            match minor_of(&g.uuid) {
-                None => {
-                    gpu_drift = true;
-                    add(
-                        State::Drift,
-                        "gpus",
-                        format!(
-                            "GPU {} ({node}) on the host is not in the machine's CDI spec",
-                            g.uuid
-                        ),
-                    );
-                }
-                Some(nodes) if !nodes.contains(&node.as_str()) => {
-                    gpu_drift = true;
-                    add(
-                        State::Drift,
-                        "gpus",
-                        format!(
-                            "GPU {} is {node} on the host but {} in the machine's CDI spec",
-                            g.uuid,
-                            nodes.join(", ")
-                        ),
-                    );
-                }
-                Some(_) => {}
-            }
-        }
-        for (name, _) in &c.devices {
-            if name.starts_with("GPU-") && !inv.gpus.iter().any(|g| &g.uuid == name) {
+    let minor_of = |name: &str| -> Option<Vec<&str>> {
+        c.devices
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, nodes)| nodes.iter().map(String::as_str).collect())
+    };
+    for g in &inv.gpus {
+        let node = format!("/dev/nvidia{}", g.minor);
+        match minor_of(&g.uuid) {
+            None => {
                 gpu_drift = true;
                 add(
                     State::Drift,
                     "gpus",
-                    format!("GPU {name} in the machine's CDI spec is gone from the host"),
+                    format!(
+                        "GPU {} ({node}) on the host is not in the machine's CDI spec",
+                        g.uuid
+                    ),
                 );
             }
+            Some(nodes) if !nodes.contains(&node.as_str()) => {
+                gpu_drift = true;
+                add(
+                    State::Drift,
+                    "gpus",
+                    format!(
+                        "GPU {} is {node} on the host but {} in the machine's CDI spec",
+                        g.uuid,
+                        nodes.join(", ")
+                    ),
+                );
+            }
+            Some(_) => {}
         }
-        if !version_drift && !gpu_drift && !spec.current {
+    }
+    for (name, _) in &c.devices {
+        if name.starts_with("GPU-") && !inv.gpus.iter().any(|g| &g.uuid == name) {
+            gpu_drift = true;
             add(
                 State::Drift,
-                "cdi-spec",
-                format!(
-                    "CDI spec {} differs from what post-start would write for the host now",
-                    spec.path
-                ),
+                "gpus",
+                format!("GPU {name} in the machine's CDI spec is gone from the host"),
             );
         }
     }
-    if !m.dangling_links.is_empty() {
-        // After a driver upgrade, a GPU removal or a host daemon gone (its socket with it) the
-        // old links dangle: the host changed, and that is the drift itself. With the host as
-        // the machine was wired for, a dangling link is damage.
-        let host_changed = version_drift || gpu_drift || (spec.checked.is_some() && !spec.current);
-        let state = if host_changed {
-            State::Drift
-        } else {
-            State::Broken
-        };
-        add(state, "dangling-links", dangling());
-    }
+    gpu_drift
 }
 
 /// The last run of our post-start among the unit's `ExecStartPost=` commands.
@@ -938,7 +1040,8 @@ pub fn machine_status(
     Ok(status)
 }
 
-/// `status`: print and return the exit code (0, 5, 6 or 7).
+/// `status`: gather (the host, each machine) → the verdict (a [`Status`] per machine, the worst
+/// state) → print; return the exit code (0, 5, 6 or 7).
 pub fn status(
     ctx: &Ctx,
     machine: Option<&MachineName>,
@@ -946,7 +1049,24 @@ pub fn status(
     json: bool,
     machine_root: Option<&Path>,
 ) -> Result<u8> {
-    let machines = match (machine, all) {
+    let machines = selected_machines(ctx, machine, all)?;
+    let inv = discovery::discover(&ctx.host)?;
+    let mut out = Vec::new();
+    for m in &machines {
+        out.push(machine_status(ctx, &inv, m, machine_root)?);
+    }
+    let state = out.iter().map(|s| s.state).max().unwrap_or(State::InSync);
+    print_status(out, state, all, json)?;
+    Ok(state.exit_code())
+}
+
+/// The machines `status` looks at: the one named (installed), or every installed one.
+fn selected_machines(
+    ctx: &Ctx,
+    machine: Option<&MachineName>,
+    all: bool,
+) -> Result<Vec<MachineName>> {
+    match (machine, all) {
         (Some(m), false) => {
             if !installed(ctx, m) {
                 return Err(crate::error::bad_input(format!(
@@ -954,21 +1074,17 @@ pub fn status(
                     units::dropin_path(m)
                 )));
             }
-            vec![m.clone()]
+            Ok(vec![m.clone()])
         }
-        (None, true) => installed_machines(ctx)?,
-        _ => {
-            return Err(crate::error::bad_input(
-                "status needs a MACHINE or --all, not both",
-            ));
-        }
-    };
-    let inv = discovery::discover(&ctx.host)?;
-    let mut out = Vec::new();
-    for m in &machines {
-        out.push(machine_status(ctx, &inv, m, machine_root)?);
+        (None, true) => installed_machines(ctx),
+        _ => Err(crate::error::bad_input(
+            "status needs a MACHINE or --all, not both",
+        )),
     }
-    let state = out.iter().map(|s| s.state).max().unwrap_or(State::InSync);
+}
+
+/// Print the verdicts: one line per machine, or the JSON object (one machine's, or `--all`'s).
+fn print_status(out: Vec<Status>, state: State, all: bool, json: bool) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     use std::io::Write as _;
     if json {
@@ -992,7 +1108,7 @@ pub fn status(
             writeln!(stdout, "{}", s.summary).context("writing to stdout")?;
         }
     }
-    Ok(state.exit_code())
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1406,6 +1522,8 @@ mod tests {
             .unwrap()
     }
 
+    // Over 80 lines on purpose: one running machine's facts, then a table of unit, service and
+    // post-start cases judged against it, each a few lines; split, the cases lose their shared base.
     #[test]
     fn services_unit_and_post_start_are_judged() {
         let mc = plain_mc();
