@@ -28,8 +28,39 @@ pub fn journal_command(machine: &MachineName, since: SystemTime) -> String {
     )
 }
 
-/// Restart the machine's unit, wait, and report old and new leader.
+/// What reconcile does to the unit as it found it: a plain value, decided before anything runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartPlan {
+    pub unit: String,
+    /// The unit is failed: reset it before the restart.
+    pub reset_failed: bool,
+    /// The machine's leader before the restart, if it was running.
+    pub old_leader: Option<u32>,
+    /// The unit's InvocationID before the restart; a restart changes it.
+    pub old_invocation: String,
+    /// How long the restart may take ([`restart_budget`]).
+    pub budget: Duration,
+}
+
+impl std::fmt::Display for RestartPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "restarting (giving up after {}s)", self.budget.as_secs())
+    }
+}
+
+/// Restart the machine's unit, wait, and report old and new leader: check it can be restarted,
+/// read the unit ([`plan_restart`]), then restart and verify ([`execute`]).
 pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let mc = check_restartable(ctx, machine)?;
+    let started = Instant::now();
+    let journal = journal_command(machine, SystemTime::now());
+    let host = Systemd::host(Instant::now() + mc.job_timeout)?;
+    let plan = plan_restart(&host, machine, &mc)?;
+    execute(&host, machine, &mc, &plan, &journal, started)
+}
+
+/// The machine's configuration, once it is installed and this is the real host (exit 2 if not).
+fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
     let dropin = ctx.host.path(dropin_path(machine));
     if !dropin.is_file() {
         return Err(bad_input(format!(
@@ -45,14 +76,13 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             ctx.host.root().display()
         )));
     }
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    let unit = unit_name(machine);
-    let started = Instant::now();
-    let started_wall = SystemTime::now();
-    let journal = journal_command(machine, started_wall);
-    let step = || Instant::now() + mc.job_timeout;
+    ctx.config.machine(&ctx.host, machine)
+}
 
-    let host = Systemd::host(step())?;
+/// Read the unit as it is now and decide the restart: refused when the unit cannot load.
+fn plan_restart(host: &Systemd, machine: &MachineName, mc: &MachineConfig) -> Result<RestartPlan> {
+    let unit = unit_name(machine);
+    let step = || Instant::now() + mc.job_timeout;
     let before = host.unit_state(&unit, step())?;
     if before.load_state != "loaded" {
         return Err(anyhow!(
@@ -60,19 +90,38 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             before.load_state
         ));
     }
-    if before.active_state == "failed" {
-        tracing::info!(%unit, "unit is failed; resetting it before the restart");
-        host.reset_failed_unit(&unit, step())?;
-    }
     let old_leader = host.machine_leader(machine.as_str(), step())?;
     let service = host.service_state(&unit, step())?;
-    let budget = restart_budget(service.timeout_stop, service.timeout_start, &mc);
-    tracing::info!(%unit, old_leader = ?old_leader, "restarting (giving up after {}s)", budget.as_secs());
+    Ok(RestartPlan {
+        unit,
+        reset_failed: before.active_state == "failed",
+        old_leader,
+        old_invocation: before.invocation_id,
+        budget: restart_budget(service.timeout_stop, service.timeout_start, mc),
+    })
+}
 
-    let mut progress = Progress::new(&unit);
+/// Carry out `plan`: reset, restart with progress on a terminal, then check the unit really
+/// restarted (active, a new InvocationID, a machine registered) and print the change.
+fn execute(
+    host: &Systemd,
+    machine: &MachineName,
+    mc: &MachineConfig,
+    plan: &RestartPlan,
+    journal: &str,
+    started: Instant,
+) -> Result<()> {
+    let unit = &plan.unit;
+    let step = || Instant::now() + mc.job_timeout;
+    if plan.reset_failed {
+        tracing::info!(%unit, "unit is failed; resetting it before the restart");
+        host.reset_failed_unit(unit, step())?;
+    }
+    tracing::info!(%unit, old_leader = ?plan.old_leader, "{plan}");
+    let mut progress = Progress::new(unit);
     let restarted = host.restart_unit(
-        &unit,
-        Instant::now() + budget,
+        unit,
+        Instant::now() + plan.budget,
         progress
             .enabled()
             .then_some(&mut |st: &UnitState, waited: Duration| {
@@ -80,12 +129,11 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             }),
     );
     progress.clear();
-    let failed = |why: anyhow::Error| failure(&host, &unit, &journal, why, &mc);
+    let failed = |why: anyhow::Error| failure(host, unit, journal, why, mc);
     if let Err(e) = restarted {
         return Err(failed(e));
     }
-
-    let after = host.unit_state(&unit, step())?;
+    let after = host.unit_state(unit, step())?;
     if after.active_state != "active" {
         return Err(failed(anyhow!(
             "the restart job finished but the unit is {}/{}",
@@ -93,7 +141,7 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             after.sub_state
         )));
     }
-    if after.invocation_id.is_empty() || after.invocation_id == before.invocation_id {
+    if after.invocation_id.is_empty() || after.invocation_id == plan.old_invocation {
         return Err(failed(anyhow!(
             "the unit is active but its InvocationID did not change ({}), so it was not restarted",
             short(&after.invocation_id)
@@ -104,11 +152,13 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
             "the unit is active but machine {machine} is not registered with systemd-machined"
         )));
     };
-    let old = old_leader.map_or_else(|| "none (was not running)".to_owned(), |p| p.to_string());
+    let old = plan
+        .old_leader
+        .map_or_else(|| "none (was not running)".to_owned(), |p| p.to_string());
     println!(
         "{unit} restarted in {:.1}s: leader PID {old} -> {new_leader}, invocation {} -> {}",
         started.elapsed().as_secs_f64(),
-        short(&before.invocation_id),
+        short(&plan.old_invocation),
         short(&after.invocation_id),
     );
     Ok(())
@@ -291,6 +341,18 @@ mod tests {
         // Infinite start timeout: 2 locks (240) + boot (60) + 6 jobs (540) + the import budget
         // (600).
         assert_eq!(restart_budget(Some(s(90)), None, &mc), s(90 + 1440 + 15));
+    }
+
+    #[test]
+    fn the_plan_reads_as_its_log_line() {
+        let plan = RestartPlan {
+            unit: unit_name(&m("kube1")),
+            reset_failed: true,
+            old_leader: Some(42),
+            old_invocation: "0123456789abcdef".into(),
+            budget: Duration::from_secs(195),
+        };
+        assert_eq!(plan.to_string(), "restarting (giving up after 195s)");
     }
 
     #[test]
