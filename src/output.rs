@@ -1,7 +1,7 @@
 //! What more than one command prints: the discovery report, and stdout that a closed pipe does
 //! not turn into an error.
 
-use crate::discovery::{Inventory, Verdict};
+use crate::discovery::{Inventory, UserspaceDriver, Verdict};
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 
@@ -29,6 +29,15 @@ pub fn discovery_text(inv: &Inventory) -> String {
             .as_ref()
             .map_or("not found", |d| d.version.as_str())
     );
+    gpus_text(&mut s, inv);
+    if let Some(d) = &inv.driver {
+        driver_text(&mut s, d);
+    }
+    s
+}
+
+/// The GPUs, the device nodes and `/dev/kvm` of [`discovery_text`].
+fn gpus_text(s: &mut String, inv: &Inventory) {
     let _ = writeln!(s, "gpus: {}", inv.gpus.len());
     for g in &inv.gpus {
         let _ = writeln!(
@@ -59,35 +68,36 @@ pub fn discovery_text(inv: &Inventory) -> String {
             k.path, k.major, k.minor
         ))
     );
-    if let Some(d) = &inv.driver {
-        for dir in &d.lib_dirs {
+}
+
+/// The userspace driver's files of [`discovery_text`].
+fn driver_text(s: &mut String, d: &UserspaceDriver) {
+    for dir in &d.lib_dirs {
+        let _ = writeln!(
+            s,
+            "library dir: {} ({}, {} files)",
+            dir.path,
+            dir.triplet,
+            dir.files.len()
+        );
+        for f in &dir.files {
             let _ = writeln!(
                 s,
-                "library dir: {} ({}, {} files)",
-                dir.path,
-                dir.triplet,
-                dir.files.len()
+                "  {}{}",
+                f.name,
+                f.soname
+                    .as_ref()
+                    .map_or(String::new(), |so| format!(" (SONAME {so})"))
             );
-            for f in &dir.files {
-                let _ = writeln!(
-                    s,
-                    "  {}{}",
-                    f.name,
-                    f.soname
-                        .as_ref()
-                        .map_or(String::new(), |so| format!(" (SONAME {so})"))
-                );
-            }
-        }
-        for b in &d.binaries {
-            let _ = writeln!(s, "binary: {b}");
-        }
-        let _ = writeln!(s, "firmware: {}", d.firmware.as_deref().unwrap_or("absent"));
-        for sock in &d.sockets {
-            let _ = writeln!(s, "ipc: {sock}");
         }
     }
-    s
+    for b in &d.binaries {
+        let _ = writeln!(s, "binary: {b}");
+    }
+    let _ = writeln!(s, "firmware: {}", d.firmware.as_deref().unwrap_or("absent"));
+    for sock in &d.sockets {
+        let _ = writeln!(s, "ipc: {sock}");
+    }
 }
 
 /// Print to stdout; a reader that went away (`demo | head`) is not an error.

@@ -4,11 +4,13 @@
 use crate::Ctx;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
+use crate::device_cgroup;
 use crate::discovery::assign::{self, Assignment};
 use crate::discovery::{self, check_complete};
 use crate::machine_name::MachineName;
 use crate::nspawn::{NspawnFile, nspawn_path};
 use anyhow::{Context as _, Result};
+use std::fmt::Write as _;
 
 /// The `.nspawn` file as pre-start would write it, beside what is on disk.
 #[derive(Debug)]
@@ -66,4 +68,52 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         tree,
         assignment,
     })
+}
+
+/// What `plan` prints: the machine's GPUs when not all, the file as pre-start would write it, and
+/// a unified diff against the file on disk.
+impl std::fmt::Display for Rendered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&plan_text(self))
+    }
+}
+
+fn plan_text(r: &Rendered) -> String {
+    let shown = r.host_path.display().to_string();
+    // `all` (the default) shows nothing new: every GPU, as before the setting existed.
+    let mut out = match r.assignment.setting {
+        Gpus::All => String::new(),
+        _ => format!(
+            "# GPUs (the config's gpus): {}\n# Device cgroup (runtime DeviceAllow=, set by pre-start): {}\n",
+            r.assignment.summary(),
+            match device_cgroup::machine_entries(&r.assignment.view) {
+                e if e.is_empty() => "no NVIDIA or DRM node".to_owned(),
+                e => e
+                    .iter()
+                    .map(|(p, a)| format!("{p} {a}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        ),
+    };
+    let _ = write!(out, "# {shown} as pre-start would write it:\n{}\n", r.new);
+    match &r.old {
+        Some(old) if *old == r.new => out.push_str(&format!("# {shown} is up to date.\n")),
+        old => {
+            let old_text = old.as_deref().unwrap_or("");
+            let from = if old.is_some() {
+                format!("{shown} (on disk)")
+            } else {
+                format!("{shown} (missing)")
+            };
+            let diff = similar::TextDiff::from_lines(old_text, &r.new);
+            let _ = write!(
+                out,
+                "{}",
+                diff.unified_diff()
+                    .header(&from, &format!("{shown} (pre-start)"))
+            );
+        }
+    }
+    out
 }

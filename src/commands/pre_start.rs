@@ -4,6 +4,7 @@
 use crate::Ctx;
 use crate::atomic::write_if_changed;
 use crate::config::Gpus;
+use crate::config::MachineConfig;
 use crate::device_cgroup;
 use crate::discovery;
 use crate::discovery::assign::{self, Assignment};
@@ -13,27 +14,39 @@ use crate::image;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::nspawn::describe_change;
-use crate::render::render;
+use crate::render::{Rendered, render};
 use anyhow::{Context as _, Result};
 
-/// ExecStartPre=: render and write the `.nspawn` file under the machine's lock.
+/// ExecStartPre=: refuse what must not start before the lock, then under the machine's lock
+/// render the plan (the `.nspawn` file and what it binds, [`Rendered`]) and carry it out.
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let mc = check_startable(ctx, machine)?;
+    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
+    let plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    execute(ctx, machine, &plan)
+}
+
+/// The machine's configuration, once nothing refuses the start: checked before the lock, so a
+/// mistyped name, a shifted rootfs, two machines given one GPU or a drop-in for other `gpus`
+/// write nothing, not even the lock file.
+fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
-    // Before the lock: a mistyped name or a shifted rootfs writes nothing, not even the lock file.
     image::require(&ctx.host, machine, &mc)?;
-    // Two machines given one GPU is bad config, refused before the lock is made too; render
-    // checks again under the lock, against the host as it is then.
+    // Render checks the GPU lists again under the lock, against the host as it is then.
     // Only lists can overlap: with fewer than two, the host is not scanned a second time.
     let lists = ctx.config.gpu_assignments(machine)?;
     if assign::lists_can_overlap(&lists) {
         assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?;
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
-    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    Ok(mc)
+}
+
+/// Carry out pre-start's plan: the device cgroup, then the unit gate and driver tree the file
+/// binds (nspawn refuses to start when a bind's source is missing), then the file itself.
+fn execute(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
-    // The bind's source first: nspawn refuses to start when it is missing.
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
