@@ -123,6 +123,22 @@ pub struct SpecFacts {
     checked: Option<cdi::Checked>,
 }
 
+impl SpecFacts {
+    /// No spec at `path` in the machine.
+    fn missing(path: String) -> SpecFacts {
+        SpecFacts {
+            path,
+            state: "missing",
+            error: None,
+            cdi_version: None,
+            driver_versions: Vec::new(),
+            devices: Vec::new(),
+            current: false,
+            checked: None,
+        }
+    }
+}
+
 /// What was read from the running machine's tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -277,28 +293,15 @@ fn inspect_spec(
         .read_file(&path, MAX_SPEC_BYTES)
         .with_context(|| format!("reading the CDI spec {path} in the machine"))?;
     Ok(match bytes {
-        None => SpecFacts {
-            path,
-            state: "missing",
-            error: None,
-            cdi_version: None,
-            driver_versions: Vec::new(),
-            devices: Vec::new(),
-            current: false,
-            checked: None,
-        },
+        None => SpecFacts::missing(path),
         Some(bytes) => {
             let current = expected_spec.is_some_and(|e| e.as_bytes() == bytes.as_slice());
             match cdi::check(&mc.cdi_kind, &bytes) {
                 Err(e) => SpecFacts {
-                    path,
                     state: "invalid",
                     error: Some(e),
-                    cdi_version: None,
-                    driver_versions: Vec::new(),
-                    devices: Vec::new(),
                     current,
-                    checked: None,
+                    ..SpecFacts::missing(path)
                 },
                 Ok(c) => {
                     let mut versions = Vec::new();
@@ -1530,16 +1533,7 @@ mod tests {
         let inv = empty_inventory();
         let kube1: MachineName = "kube1".parse().unwrap();
         let facts = MachineFacts {
-            cdi_spec: SpecFacts {
-                path: "/var/run/cdi/nvidia.com-gpu.json".into(),
-                state: "missing",
-                error: None,
-                cdi_version: None,
-                driver_versions: Vec::new(),
-                devices: Vec::new(),
-                current: false,
-                checked: None,
-            },
+            cdi_spec: SpecFacts::missing("/var/run/cdi/nvidia.com-gpu.json".into()),
             driver_root_versions: Vec::new(),
             link_versions: Vec::new(),
             dangling_links: Vec::new(),
