@@ -20,6 +20,7 @@
 //! `0xEAA42174`) names the `glibc-hwcaps` subdirectories that entries with bit 62 of `hwcap`
 //! refer to by index; we keep it for the image's entries.
 
+use crate::discovery::parse::{read_u32, read_u64};
 use anyhow::{Result, bail};
 
 const MAGIC_NEW: &[u8] = b"glibc-ld.so.cache1.1";
@@ -181,23 +182,15 @@ fn each_raw<'a>(bytes: &'a [u8], mut f: impl FnMut(RawEntry<'a>) -> Result<()>) 
         Layout::New(base) => return each_new(bytes, base, &mut f),
         Layout::OldOnly { nlibs, entries_end } => (nlibs, entries_end),
     };
-    for i in 0..nlibs as usize {
-        let at = OLD_HEADER_LEN + i * OLD_ENTRY_LEN;
-        let (Some(flags), Some(key), Some(value)) = (
-            read_u32(bytes, at, false),
-            read_u32(bytes, at + 4, false),
-            read_u32(bytes, at + 8, false),
-        ) else {
-            bail!("truncated entry");
-        };
-        f(RawEntry {
-            flags,
-            key: cstr_at(bytes, entries_end, key)?,
-            path: cstr_at(bytes, entries_end, value)?,
-            hwcap: 0,
-        })?;
-    }
-    Ok(())
+    let table = Table {
+        bytes,
+        first: OLD_HEADER_LEN,
+        stride: OLD_ENTRY_LEN,
+        strings: entries_end,
+        big_endian: false,
+        has_hwcap: false,
+    };
+    table.each(nlibs, f)
 }
 
 /// The new-format header at `base` and whether its integers are big-endian.
@@ -231,25 +224,55 @@ fn each_new<'a>(
     {
         bail!("{nlibs} entries do not fit in {} bytes", header.len());
     }
-    for i in 0..nlibs as usize {
-        let at = HEADER_LEN + i * ENTRY_LEN;
-        let (Some(flags), Some(key), Some(value), Some(hwcap)) = (
-            read_u32(header, at, big_endian),
-            read_u32(header, at + 4, big_endian),
-            read_u32(header, at + 8, big_endian),
-            read_u64(header, at + 16, big_endian),
-        ) else {
-            bail!("truncated entry");
-        };
-        // String offsets of the new format count from its own header.
-        f(RawEntry {
-            flags,
-            key: cstr_at(header, 0, key)?,
-            path: cstr_at(header, 0, value)?,
-            hwcap,
-        })?;
+    // String offsets of the new format count from its own header.
+    let table = Table {
+        bytes: header,
+        first: HEADER_LEN,
+        stride: ENTRY_LEN,
+        strings: 0,
+        big_endian,
+        has_hwcap: true,
+    };
+    table.each(nlibs, f)
+}
+
+/// An entry table: `flags`, key and value offsets as u32 at the start of each entry (the new
+/// format's `hwcap` u64 at byte 16), strings counted from `strings`.
+struct Table<'a> {
+    bytes: &'a [u8],
+    first: usize,
+    stride: usize,
+    strings: usize,
+    big_endian: bool,
+    has_hwcap: bool,
+}
+
+impl<'a> Table<'a> {
+    fn each(&self, nlibs: u32, mut f: impl FnMut(RawEntry<'a>) -> Result<()>) -> Result<()> {
+        let (b, be) = (self.bytes, self.big_endian);
+        for i in 0..nlibs as usize {
+            let at = self.first + i * self.stride;
+            let hwcap = match self.has_hwcap {
+                true => read_u64(b, at + 16, be),
+                false => Some(0),
+            };
+            let (Some(flags), Some(key), Some(value), Some(hwcap)) = (
+                read_u32(b, at, be),
+                read_u32(b, at + 4, be),
+                read_u32(b, at + 8, be),
+                hwcap,
+            ) else {
+                bail!("truncated entry");
+            };
+            f(RawEntry {
+                flags,
+                key: cstr_at(b, self.strings, key)?,
+                path: cstr_at(b, self.strings, value)?,
+                hwcap,
+            })?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn check_entry_count(nlibs: u32) -> Result<()> {
@@ -275,24 +298,6 @@ fn cstr_at(bytes: &[u8], base: usize, off: u32) -> Result<&[u8]> {
         bail!("string at offset {off} is not terminated");
     };
     Ok(window.get(..len).unwrap_or_default())
-}
-
-fn read_u32(b: &[u8], at: usize, big_endian: bool) -> Option<u32> {
-    let raw: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
-    Some(if big_endian {
-        u32::from_be_bytes(raw)
-    } else {
-        u32::from_le_bytes(raw)
-    })
-}
-
-fn read_u64(b: &[u8], at: usize, big_endian: bool) -> Option<u64> {
-    let raw: [u8; 8] = b.get(at..at.checked_add(8)?)?.try_into().ok()?;
-    Some(if big_endian {
-        u64::from_be_bytes(raw)
-    } else {
-        u64::from_le_bytes(raw)
-    })
 }
 
 /// The entries of a cache file as owned values the writer can merge and [`render`] again, in
