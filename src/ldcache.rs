@@ -1,5 +1,6 @@
 //! glibc's dynamic-linker cache (`/etc/ld.so.cache`): read the one an image has, add the driver's
-//! libraries, write it back. Pure: bytes in, bytes out.
+//! libraries, write it back. Pure: bytes in, bytes out. The crate's one reader of the format
+//! (host discovery reads through [`each`]) and its one writer ([`render`], the fixtures' too).
 //!
 //! Why we write the cache ourselves instead of running `ldconfig` for the container: the
 //! container's `ldconfig` is image code, and running it as root before the container is
