@@ -1,5 +1,8 @@
-//! The one atomic-write helper for host files: temp file in the same directory, mode, fsync,
-//! rename, fsync the directory; nothing happens when the bytes are already there.
+//! The one atomic writer, for host files and (through [`replace_at`]) the machine's: temp file in
+//! the same directory, mode, fsync, rename, fsync the directory; nothing happens when the bytes
+//! are already there. How the temp file is named differs: here on the host, a random name held by
+//! an `flock` (below); in the machine, a fixed name the machine lock makes exclusive (see
+//! `machine_root`). What is done to it once it exists is [`replace_at`], for both.
 //!
 //! A writer killed between creating its temp file and the rename leaves that temp file behind.
 //! Each writer holds an `flock` on its temp file for as long as it lives, so the next write of the
@@ -8,7 +11,10 @@
 
 use crate::failpoint::{self, Point};
 use anyhow::{Context as _, Result};
+use nix::sys::stat::Mode;
+use nix::unistd::UnlinkatFlags;
 use std::io::Write as _;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{
     FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
 };
@@ -43,20 +49,54 @@ pub fn write_if_changed(path: &Path, contents: &[u8], mode: u32, point: Point) -
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
     fs_err::create_dir_all(dir)?;
-    let mut tmp = locked_temp(dir, &prefix)?;
-    tmp.write_all(contents)
-        .with_context(|| format!("writing {}", tmp.path().display()))?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("chmod {}", tmp.path().display()))?;
-    tmp.as_file()
-        .sync_all()
-        .with_context(|| format!("fsync {}", tmp.path().display()))?;
-    failpoint::hit(point);
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
-    fsync_dir(dir)?;
+    let dir_fd: OwnedFd = std::fs::File::open(dir)
+        .with_context(|| format!("opening directory {}", dir.display()))?
+        .into();
+    let tmp = locked_temp(dir, &prefix)?;
+    let tmp_name = tmp
+        .path()
+        .file_name()
+        .with_context(|| format!("{} has no file name", tmp.path().display()))?
+        .to_string_lossy()
+        .into_owned();
+    // From here on `replace_at` owns the temp file: it renames it or unlinks it, so the
+    // tempfile crate's own clean-up (by path, after the fact) must not run.
+    let (file, temp_path) = tmp.into_parts();
+    let _ = temp_path.keep();
+    replace_at(&dir_fd, file, &tmp_name, &name, contents, mode, Some(point))
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(true)
+}
+
+/// The steps every atomic write shares, host or machine: `tmp` (the file `tmp_name` in `dir`,
+/// just created with `O_EXCL` by the caller's naming scheme) gets `contents` and `mode`, is
+/// fsynced, renamed over `name` and the directory fsynced; `point` names the moment between the
+/// fsync and the rename for crash tests. On an error before the rename the temp file is unlinked.
+pub fn replace_at(
+    dir: &OwnedFd,
+    tmp: std::fs::File,
+    tmp_name: &str,
+    name: &str,
+    contents: &[u8],
+    mode: u32,
+    point: Option<Point>,
+) -> Result<()> {
+    let written = (|| -> Result<()> {
+        let mut tmp = tmp;
+        nix::sys::stat::fchmod(&tmp, Mode::from_bits_truncate(mode)).context("fchmod")?;
+        tmp.write_all(contents).context("write")?;
+        tmp.sync_all().context("fsync")?;
+        if let Some(point) = point {
+            failpoint::hit(point);
+        }
+        nix::fcntl::renameat(dir, tmp_name, dir, name).context("rename")?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = nix::unistd::unlinkat(dir, tmp_name, UnlinkatFlags::NoRemoveDir);
+        return Err(e);
+    }
+    nix::unistd::fsync(dir).context("fsync the directory")
 }
 
 /// A new temp file `<prefix>XXXXXX.tmp` in `dir`, flock-ed by us. A cleaner may lock and unlink
@@ -185,6 +225,32 @@ mod tests {
         assert_eq!(leftovers, vec![std::ffi::OsString::from("kube1.nspawn")]);
         assert!(remove_if_exists(&p).unwrap());
         assert!(!remove_if_exists(&p).unwrap());
+    }
+
+    /// The shared steps: a rename that fails (the name is a non-empty directory) leaves the
+    /// directory as it was, temp file gone, and says which step failed.
+    #[test]
+    fn a_failed_rename_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("kube1.nspawn/sub")).unwrap();
+        let fd: OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
+        let tmp = std::fs::File::create(dir.path().join(".kube1.nspawn.tmp")).unwrap();
+        let err = replace_at(
+            &fd,
+            tmp,
+            ".kube1.nspawn.tmp",
+            "kube1.nspawn",
+            b"x",
+            0o644,
+            None,
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").starts_with("rename: "), "{err:#}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("kube1.nspawn")]);
     }
 
     #[test]

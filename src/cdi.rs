@@ -34,7 +34,7 @@
 //!   `annotations`, `additionalGids`, `intelRdt` and `netDevices`. The types below cannot even
 //!   hold them.
 
-use crate::discovery::{DeviceNode as HostNode, DeviceRole, Inventory};
+use crate::discovery::{DeviceNode as HostNode, DeviceRole, Inventory, UserspaceDriver};
 use crate::layout::{self, EntryKind};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -178,13 +178,32 @@ pub fn spec_file_name(kind: &str) -> String {
 /// valid CDI device name is skipped; the index name still works.
 pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
     let driver = inv.complete_driver()?;
+    let devices = gpu_devices(inv)?;
+    let files = driver_files(driver);
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: kind.to_owned(),
+        devices,
+        container_edits: ContainerEdits {
+            env: driver_env(&files.libcuda_dirs),
+            device_nodes: control_nodes(inv),
+            hooks: driver_hooks(&files.links, &files.libs),
+            mounts: files.mounts,
+        },
+    };
+    spec.cdi_version = minimum_version(&spec).to_owned();
+    Some(spec)
+}
+
+/// One device per GPU name (index and UUID, each once, in index order) with the GPU's node and
+/// its DRI nodes, then `all` with every one of those nodes; `None` when no GPU has a node.
+fn gpu_devices(inv: &Inventory) -> Option<Vec<Device>> {
     let node = |path: &str, role: DeviceRole| {
         inv.devices
             .iter()
             .find(|d| d.path == path && d.role == role)
             .map(cdi_node)
     };
-
     let mut gpus: Vec<_> = inv.gpus.iter().collect();
     gpus.sort_by_key(|g| g.index);
     let mut devices = Vec::new();
@@ -198,13 +217,7 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
         nodes.extend(gpu.dri.iter().filter_map(|p| node(p, DeviceRole::Dri)));
         for name in [gpu.index.to_string(), gpu.uuid.clone()] {
             if valid_device_name(&name) && names.insert(name.clone()) {
-                devices.push(Device {
-                    name,
-                    container_edits: ContainerEdits {
-                        device_nodes: nodes.clone(),
-                        ..ContainerEdits::default()
-                    },
-                });
+                devices.push(device(name, nodes.clone()));
             }
         }
         for n in nodes {
@@ -216,133 +229,151 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
     if all_nodes.is_empty() {
         return None;
     }
-    devices.push(Device {
-        name: "all".into(),
+    devices.push(device("all".into(), all_nodes));
+    Some(devices)
+}
+
+fn device(name: String, device_nodes: Vec<DeviceNode>) -> Device {
+    Device {
+        name,
         container_edits: ContainerEdits {
-            device_nodes: all_nodes,
+            device_nodes,
             ..ContainerEdits::default()
         },
-    });
+    }
+}
 
+/// The nodes every GPU device needs: control, UVM, UVM tools, modeset.
+fn control_nodes(inv: &Inventory) -> Vec<DeviceNode> {
     let control = [
         DeviceRole::Control,
         DeviceRole::Uvm,
         DeviceRole::UvmTools,
         DeviceRole::Modeset,
     ];
-    let device_nodes = inv
-        .devices
+    inv.devices
         .iter()
         .filter(|d| control.contains(&d.role))
         .map(cdi_node)
-        .collect();
+        .collect()
+}
 
+/// The driver's files as the container gets them: mounts under [`CONTAINER_DRIVER_DIR`], the
+/// links and cache entries that place them at their standard paths, and libcuda's directories.
+struct DriverFiles {
+    mounts: Vec<Mount>,
+    /// `create-symlinks` pairs (target, link).
+    links: Vec<(String, String)>,
+    /// `update-ldcache` pairs (SONAME, path).
+    libs: Vec<(String, String)>,
+    libcuda_dirs: Vec<String>,
+}
+
+fn driver_files(driver: &UserspaceDriver) -> DriverFiles {
     let entries = layout::driver_entries(driver);
-    let mut mounts: Vec<Mount> = vec![Mount {
-        host_path: "tmpfs".to_owned(),
-        container_path: CONTAINER_DRIVER_DIR.to_owned(),
-        options: TMPFS_OPTIONS.iter().map(|o| (*o).to_owned()).collect(),
-        kind: Some("tmpfs".to_owned()),
-    }];
-    // `create-symlinks` pairs (target, link) and `update-ldcache` pairs (SONAME, path).
-    let mut links: Vec<(String, String)> = Vec::new();
-    let mut libs: Vec<(String, String)> = Vec::new();
-    let mut libcuda_dirs: Vec<&str> = Vec::new();
+    let mut files = DriverFiles {
+        mounts: vec![Mount {
+            host_path: "tmpfs".to_owned(),
+            container_path: CONTAINER_DRIVER_DIR.to_owned(),
+            options: TMPFS_OPTIONS.iter().map(|o| (*o).to_owned()).collect(),
+            kind: Some("tmpfs".to_owned()),
+        }],
+        links: Vec::new(),
+        libs: Vec::new(),
+        libcuda_dirs: Vec::new(),
+    };
     for e in &entries {
         // Two library directories of one triplet would map to the same container path; the
         // first (discovery order) wins, as a second one would only hide it.
-        if links.iter().any(|(_, l)| *l == e.path) {
+        if files.links.iter().any(|(_, l)| *l == e.path) {
             continue;
         }
         let options = match e.kind {
             EntryKind::Library => {
                 let (dir, file) = split_last(&e.path);
-                if file.starts_with("libcuda.so.") && !libcuda_dirs.contains(&dir) {
-                    libcuda_dirs.push(dir);
+                if file.starts_with("libcuda.so.") && !files.libcuda_dirs.iter().any(|d| d == dir) {
+                    files.libcuda_dirs.push(dir.to_owned());
                 }
                 &FILE_OPTIONS
             }
-            // A relative link to the library next to it, which must be one of the entries.
             EntryKind::SonameLink => {
-                let (dir, soname) = split_last(&e.path);
-                let target = format!("{dir}/{}", e.source);
-                if !entries
-                    .iter()
-                    .any(|l| l.kind == EntryKind::Library && l.path == target)
-                {
-                    continue;
-                }
-                links.push((e.source.clone(), e.path.clone()));
-                libs.push((soname.to_owned(), e.path.clone()));
-                if DEV_LINKS.contains(&soname) {
-                    let dev = soname.trim_end_matches(|c: char| c.is_ascii_digit());
-                    let dev = dev.trim_end_matches('.');
-                    links.push((soname.to_owned(), format!("{dir}/{dev}")));
-                    // In the cache too, as ldconfig lists a development link: a loader that never
-                    // searches `dir` (a `/usr/lib64` image) finds `libcuda.so` only there.
-                    libs.push((dev.to_owned(), format!("{dir}/{dev}")));
-                }
+                soname_link(&mut files, &entries, e);
                 continue;
             }
             EntryKind::Binary | EntryKind::Firmware => &FILE_OPTIONS,
             EntryKind::Socket => &SOCKET_OPTIONS,
         };
         let inside = format!("{CONTAINER_DRIVER_DIR}{}", e.path);
-        mounts.push(Mount {
+        files.mounts.push(Mount {
             host_path: e.source.clone(),
             container_path: inside.clone(),
             options: options.iter().map(|o| (*o).to_owned()).collect(),
             kind: None,
         });
-        links.push((inside, e.path.clone()));
+        files.links.push((inside, e.path.clone()));
     }
+    files
+}
+
+/// A SONAME link: a relative link to the library next to it, which must be one of the
+/// `entries`; its cache entry; and for a library with a development name, that link too.
+fn soname_link(files: &mut DriverFiles, entries: &[layout::Entry], e: &layout::Entry) {
+    let (dir, soname) = split_last(&e.path);
+    let target = format!("{dir}/{}", e.source);
+    if !entries
+        .iter()
+        .any(|l| l.kind == EntryKind::Library && l.path == target)
+    {
+        return;
+    }
+    files.links.push((e.source.clone(), e.path.clone()));
+    files.libs.push((soname.to_owned(), e.path.clone()));
+    if DEV_LINKS.contains(&soname) {
+        let dev = soname.trim_end_matches(|c: char| c.is_ascii_digit());
+        let dev = dev.trim_end_matches('.');
+        files
+            .links
+            .push((soname.to_owned(), format!("{dir}/{dev}")));
+        // In the cache too, as ldconfig lists a development link: a loader that never
+        // searches `dir` (a `/usr/lib64` image) finds `libcuda.so` only there.
+        files.libs.push((dev.to_owned(), format!("{dir}/{dev}")));
+    }
+}
+
+/// Our hooks: `create-symlinks` and `update-ldcache` when they have work, then
+/// `disable-device-node-modification`.
+fn driver_hooks(links: &[(String, String)], libs: &[(String, String)]) -> Vec<Hook> {
     let mut hooks = Vec::new();
-    if !links.is_empty() {
-        hooks.push(Hook::ours(
-            ["create-symlinks".to_owned()]
-                .into_iter()
-                .chain(
-                    links
-                        .iter()
-                        .flat_map(|(t, l)| ["--link".to_owned(), format!("{t}::{l}")]),
-                )
-                .collect(),
-        ));
-    }
-    if !libs.is_empty() {
-        hooks.push(Hook::ours(
-            ["update-ldcache".to_owned()]
-                .into_iter()
-                .chain(
-                    libs.iter()
-                        .flat_map(|(s, p)| ["--lib".to_owned(), format!("{s}::{p}")]),
-                )
-                .collect(),
-        ));
+    for (verb, flag, pairs) in [
+        ("create-symlinks", "--link", links),
+        ("update-ldcache", "--lib", libs),
+    ] {
+        if !pairs.is_empty() {
+            hooks.push(Hook::ours(
+                [verb.to_owned()]
+                    .into_iter()
+                    .chain(
+                        pairs
+                            .iter()
+                            .flat_map(|(a, b)| [flag.to_owned(), format!("{a}::{b}")]),
+                    )
+                    .collect(),
+            ));
+        }
     }
     hooks.push(Hook::ours(vec![
         "disable-device-node-modification".to_owned(),
     ]));
+    hooks
+}
 
+fn driver_env(libcuda_dirs: &[String]) -> Vec<String> {
     let mut env = vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()];
     // What `nvidia-ctk` sets too: NVIDIA tools in the container (CUDA compat) find libcuda here.
     if !libcuda_dirs.is_empty() {
         env.push(format!("NVIDIA_CTK_LIBCUDA_DIR={}", libcuda_dirs.join(":")));
     }
-
-    let mut spec = Spec {
-        cdi_version: String::new(),
-        kind: kind.to_owned(),
-        devices,
-        container_edits: ContainerEdits {
-            env,
-            device_nodes,
-            hooks,
-            mounts,
-        },
-    };
-    spec.cdi_version = minimum_version(&spec).to_owned();
-    Some(spec)
+    env
 }
 
 fn cdi_node(d: &HostNode) -> DeviceNode {

@@ -251,11 +251,11 @@ pub struct MachineConfig {
     pub staged_images_dir: MachinePath,
     /// `ctr` inside the machine.
     pub ctr_path: MachinePath,
-    pub ctr_namespace: String,
+    pub ctr_namespace: CtrNamespace,
     /// Where the CDI spec is written, a path inside the machine.
     pub cdi_dir: MachinePath,
     /// CDI `kind` (`vendor/class`).
-    pub cdi_kind: String,
+    pub cdi_kind: CdiKind,
     pub lock_timeout: Duration,
     /// How long post-start waits for the machine's manager to reach `running`/`degraded`.
     pub boot_timeout: Duration,
@@ -404,92 +404,178 @@ impl Config {
     }
 
     fn settings_checked(&self, key: &str, s: &Settings) -> Result<MachineConfig> {
-        let secs = |v: Option<u64>, field: &str, default: u64| -> Result<Duration> {
-            match v.unwrap_or(default) {
-                0 => Err(bad_input(format!("{key}.{field}: must be at least 1"))),
-                n => Ok(Duration::from_secs(n)),
-            }
-        };
-        // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
-        let directory: HostPath = checked_path(
-            &format!("{key}.directory"),
-            s.directory.as_deref().unwrap_or("/var/lib/machines"),
-        )?;
-        let mut mounts = Vec::new();
-        let mut targets = std::collections::BTreeSet::new();
-        for (i, m) in s.mounts.iter().flatten().enumerate() {
-            let source: HostPath = checked_path(&format!("{key}.mounts[{i}].source"), &m.source)?;
-            let target: MachinePath = checked_path(
-                &format!("{key}.mounts[{i}].target"),
-                m.target.as_deref().unwrap_or(&m.source),
-            )?;
-            if target == "/" {
-                return Err(bad_input(format!(
-                    "{key}.mounts[{i}].target: \"/\" would cover the whole machine"
-                )));
-            }
-            if !targets.insert(target.clone()) {
-                return Err(bad_input(format!(
-                    "{key}.mounts[{i}].target: \"{target}\" is bound twice"
-                )));
-            }
-            mounts.push(ExtraMount {
-                source,
-                target,
-                read_only: m.read_only,
-            });
-        }
-        let unit = |v: &Option<String>, field: &str, default: &str| -> Result<UnitName> {
-            v.as_deref()
-                .unwrap_or(default)
-                .parse()
-                .map_err(|e| bad_input(format!("{key}.{field}: {e}")))
-        };
-        let abs = |v: &Option<String>, field: &str, default: &str| -> Result<MachinePath> {
-            checked_path(&format!("{key}.{field}"), v.as_deref().unwrap_or(default))
-        };
-        let cdi_kind = s
-            .cdi_kind
-            .clone()
-            .unwrap_or_else(|| "nvidia.com/gpu".into());
-        check_cdi_kind(&format!("{key}.cdiKind"), &cdi_kind)?;
-        let ctr_namespace = s.ctr_namespace.clone().unwrap_or_else(|| "k8s.io".into());
-        if ctr_namespace.is_empty()
-            || !ctr_namespace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        {
-            return Err(bad_input(format!(
-                "{key}.ctrNamespace: \"{}\" is not a containerd namespace",
-                ctr_namespace.escape_debug()
-            )));
-        }
+        let field = |name: &str| format!("{key}.{name}");
         Ok(MachineConfig {
-            directory,
-            mounts,
-            kubelet_unit: unit(&s.kubelet_unit, "kubeletUnit", "kubelet.service")?,
-            containerd_unit: unit(&s.containerd_unit, "containerdUnit", "containerd.service")?,
-            staged_images_dir: abs(
+            // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
+            directory: checked_or(&field("directory"), &s.directory, "/var/lib/machines")?,
+            mounts: checked_mounts(key, s.mounts.as_deref().unwrap_or_default())?,
+            kubelet_unit: checked_or(&field("kubeletUnit"), &s.kubelet_unit, "kubelet.service")?,
+            containerd_unit: checked_or(
+                &field("containerdUnit"),
+                &s.containerd_unit,
+                "containerd.service",
+            )?,
+            staged_images_dir: checked_or(
+                &field("stagedImagesDir"),
                 &s.staged_images_dir,
-                "stagedImagesDir",
                 "/var/lib/nspawn-lifecycle/images",
             )?,
-            ctr_path: abs(&s.ctr_path, "ctrPath", "/usr/bin/ctr")?,
-            ctr_namespace,
-            cdi_dir: abs(&s.cdi_dir, "cdiDir", "/var/run/cdi")?,
-            cdi_kind,
-            lock_timeout: secs(s.lock_timeout_seconds, "lockTimeoutSeconds", 120)?,
-            boot_timeout: secs(s.boot_timeout_seconds, "bootTimeoutSeconds", 60)?,
-            job_timeout: secs(s.job_timeout_seconds, "jobTimeoutSeconds", 90)?,
-            import_timeout: secs(s.import_timeout_seconds, "importTimeoutSeconds", 300)?,
+            ctr_path: checked_or(&field("ctrPath"), &s.ctr_path, "/usr/bin/ctr")?,
+            ctr_namespace: checked_or(&field("ctrNamespace"), &s.ctr_namespace, "k8s.io")?,
+            cdi_dir: checked_or(&field("cdiDir"), &s.cdi_dir, "/var/run/cdi")?,
+            cdi_kind: checked_or(&field("cdiKind"), &s.cdi_kind, "nvidia.com/gpu")?,
+            lock_timeout: seconds(&field("lockTimeoutSeconds"), s.lock_timeout_seconds, 120)?,
+            boot_timeout: seconds(&field("bootTimeoutSeconds"), s.boot_timeout_seconds, 60)?,
+            job_timeout: seconds(&field("jobTimeoutSeconds"), s.job_timeout_seconds, 90)?,
+            import_timeout: seconds(
+                &field("importTimeoutSeconds"),
+                s.import_timeout_seconds,
+                300,
+            )?,
             // 0 is allowed: staged tarballs are then left alone (and reported) at every start.
             import_max_images: usize::try_from(s.import_max_images.unwrap_or(20))
                 .unwrap_or(usize::MAX),
-            import_budget: secs(s.import_budget_seconds, "importBudgetSeconds", 600)?,
+            import_budget: seconds(&field("importBudgetSeconds"), s.import_budget_seconds, 600)?,
             drop_capabilities: check_capabilities(key, s.drop_capabilities.as_deref())?,
             gpus: check_gpus(key, s.gpus.as_ref())?,
             require: s.require.unwrap_or(false),
         })
+    }
+}
+
+/// The setting `key` as a checked value of its type (`value`, or `default` when unset), or a
+/// bad-input error naming the key and the value.
+fn checked_or<T: std::str::FromStr<Err = String>>(
+    key: &str,
+    value: &Option<String>,
+    default: &str,
+) -> Result<T> {
+    checked_path(key, value.as_deref().unwrap_or(default))
+}
+
+/// A timeout in whole seconds (`value`, or `default` when unset); 0 is refused, naming `key`.
+fn seconds(key: &str, value: Option<u64>, default: u64) -> Result<Duration> {
+    match value.unwrap_or(default) {
+        0 => Err(bad_input(format!("{key}: must be at least 1"))),
+        n => Ok(Duration::from_secs(n)),
+    }
+}
+
+/// `mounts` checked: absolute paths, `target` filled in from `source`, no target `/` and none
+/// twice.
+fn checked_mounts(key: &str, mounts: &[Mount]) -> Result<Vec<ExtraMount>> {
+    let mut out = Vec::new();
+    let mut targets = std::collections::BTreeSet::new();
+    for (i, m) in mounts.iter().enumerate() {
+        let source: HostPath = checked_path(&format!("{key}.mounts[{i}].source"), &m.source)?;
+        let target: MachinePath = checked_path(
+            &format!("{key}.mounts[{i}].target"),
+            m.target.as_deref().unwrap_or(&m.source),
+        )?;
+        if target == "/" {
+            return Err(bad_input(format!(
+                "{key}.mounts[{i}].target: \"/\" would cover the whole machine"
+            )));
+        }
+        if !targets.insert(target.clone()) {
+            return Err(bad_input(format!(
+                "{key}.mounts[{i}].target: \"{target}\" is bound twice"
+            )));
+        }
+        out.push(ExtraMount {
+            source,
+            target,
+            read_only: m.read_only,
+        });
+    }
+    Ok(out)
+}
+
+/// A checked string setting: the type, its `as_str`, and what lets it stand where a `&str` did.
+macro_rules! checked_string {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+    };
+}
+
+checked_string!(
+    /// A containerd namespace (`ctrNamespace`): ASCII letters, digits and `._-`, not empty.
+    CtrNamespace
+);
+
+impl std::str::FromStr for CtrNamespace {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            Ok(CtrNamespace(s.to_owned()))
+        } else {
+            Err(format!(
+                "\"{}\" is not a containerd namespace",
+                s.escape_debug()
+            ))
+        }
+    }
+}
+
+checked_string!(
+    /// A CDI `vendor/class` (`cdiKind`), restricted to what every CDI parser accepts (no dot in
+    /// the class, which CDI 0.5.x rejects).
+    CdiKind
+);
+
+impl std::str::FromStr for CdiKind {
+    type Err = String;
+
+    fn from_str(kind: &str) -> std::result::Result<Self, String> {
+        let ok = |s: &str, inner: &str| {
+            let b = s.as_bytes();
+            !b.is_empty()
+                && b[0].is_ascii_alphabetic()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || inner.contains(c))
+        };
+        match kind.split_once('/') {
+            Some((vendor, class)) if ok(vendor, "_.-") && ok(class, "_-") => {
+                Ok(CdiKind(kind.to_owned()))
+            }
+            _ => Err(format!(
+                "\"{}\" is not a CDI kind like \"nvidia.com/gpu\"",
+                kind.escape_debug()
+            )),
+        }
     }
 }
 
@@ -598,31 +684,6 @@ fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>>
         out.push(c.clone());
     }
     Ok(out)
-}
-
-/// CDI `vendor/class`, restricted to what every CDI parser accepts (no dot in the class, which
-/// CDI 0.5.x rejects).
-fn check_cdi_kind(key: &str, kind: &str) -> Result<()> {
-    let err = || {
-        bad_input(format!(
-            "{key}: \"{}\" is not a CDI kind like \"nvidia.com/gpu\"",
-            kind.escape_debug()
-        ))
-    };
-    let (vendor, class) = kind.split_once('/').ok_or_else(err)?;
-    let ok = |s: &str, inner: &str| {
-        let b = s.as_bytes();
-        !b.is_empty()
-            && b[0].is_ascii_alphabetic()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || inner.contains(c))
-    };
-    if ok(vendor, "_.-") && ok(class, "_-") {
-        Ok(())
-    } else {
-        Err(err())
-    }
 }
 
 #[cfg(test)]
@@ -954,6 +1015,104 @@ mod tests {
 
     /// Found by tests/oversized.rs: a 1 GiB config file was read whole (1 GB RSS), and a FIFO
     /// in its place blocked the helper forever.
+    /// The checked settings are types of their own: parsed once, then carried as values that a
+    /// consumer cannot confuse with a free string.
+    #[test]
+    fn cdi_kind_and_ctr_namespace_are_types_that_check_their_value() {
+        let kind: CdiKind = "example.com/device_1".parse().unwrap();
+        assert_eq!(kind, "example.com/device_1");
+        assert_eq!(kind.as_str(), "example.com/device_1");
+        for bad in [
+            "",
+            "nvidia.com",
+            "nvidia.com/",
+            "/gpu",
+            "1vendor/gpu",
+            "v/g.pu",
+            "v-/gpu",
+        ] {
+            assert!(bad.parse::<CdiKind>().is_err(), "{bad}");
+        }
+        let ns: CtrNamespace = "k8s.io".parse().unwrap();
+        assert_eq!(ns.to_string(), "k8s.io");
+        for bad in ["", "k8s io", "ns/1", "n\\s"] {
+            assert!(bad.parse::<CtrNamespace>().is_err(), "{bad}");
+        }
+    }
+
+    /// Every message a checked setting gives, byte for byte (the typed parsing must not change
+    /// what an operator reads), each exit 2.
+    #[test]
+    fn settings_errors_are_pinned_byte_for_byte() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"defaults": {"lockTimeoutSeconds": 0}}"#,
+                "defaults.lockTimeoutSeconds: must be at least 1",
+            ),
+            (
+                r#"{"machines": {"k": {"bootTimeoutSeconds": 0}}}"#,
+                "machines.k.bootTimeoutSeconds: must be at least 1",
+            ),
+            (
+                r#"{"defaults": {"importTimeoutSeconds": 0}}"#,
+                "defaults.importTimeoutSeconds: must be at least 1",
+            ),
+            (
+                r#"{"defaults": {"directory": "machines"}}"#,
+                "defaults.directory: \"machines\" is not an absolute path",
+            ),
+            (
+                r#"{"defaults": {"mounts": [{"source": "/d", "target": "/"}]}}"#,
+                "defaults.mounts[0].target: \"/\" would cover the whole machine",
+            ),
+            (
+                r#"{"defaults": {"mounts": [{"source": "/d"}, {"source": "/e", "target": "/d"}]}}"#,
+                "defaults.mounts[1].target: \"/d\" is bound twice",
+            ),
+            (
+                r#"{"defaults": {"kubeletUnit": "kubelet"}}"#,
+                "defaults.kubeletUnit: \"kubelet\" is not a unit name: it has no type suffix such as \".service\"",
+            ),
+            (
+                r#"{"machines": {"k": {"containerdUnit": "a b.service"}}}"#,
+                "machines.k.containerdUnit: \"a b.service\" is not a unit name: it contains ' '; only A-Z a-z 0-9 : - _ . \\ and one '@' are allowed",
+            ),
+            (
+                r#"{"defaults": {"stagedImagesDir": "images"}}"#,
+                "defaults.stagedImagesDir: \"images\" is not an absolute path",
+            ),
+            (
+                r#"{"defaults": {"ctrPath": "ctr"}}"#,
+                "defaults.ctrPath: \"ctr\" is not an absolute path",
+            ),
+            (
+                r#"{"defaults": {"ctrNamespace": "k8s io"}}"#,
+                "defaults.ctrNamespace: \"k8s io\" is not a containerd namespace",
+            ),
+            (
+                r#"{"defaults": {"ctrNamespace": ""}}"#,
+                "defaults.ctrNamespace: \"\" is not a containerd namespace",
+            ),
+            (
+                r#"{"defaults": {"cdiKind": "nvidia.com/g.pu"}}"#,
+                "defaults.cdiKind: \"nvidia.com/g.pu\" is not a CDI kind like \"nvidia.com/gpu\"",
+            ),
+            (
+                r#"{"machines": {"k": {"cdiKind": "gpu\n"}}}"#,
+                "machines.k.cdiKind: \"gpu\\n\" is not a CDI kind like \"nvidia.com/gpu\"",
+            ),
+            (
+                r#"{"defaults": {"dropCapabilities": ["CAP_SYS_ADMIN", "CAP_SYS_ADMIN"]}}"#,
+                "defaults.dropCapabilities[1]: \"CAP_SYS_ADMIN\" is listed twice",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::parse(text.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{text}");
+            assert_eq!(format!("{err:#}"), *want, "{text}");
+        }
+    }
+
     #[test]
     fn huge_or_endless_config_files_are_bad_input() {
         let dir = tempfile::tempdir().unwrap();

@@ -207,38 +207,15 @@ pub fn elf_shared_object(arch: Arch, soname: Option<&str>) -> Vec<u8> {
 }
 
 /// A glibc `ld.so.cache` in the `glibc-ld.so.cache1.1` format holding `(key, path, flags)` entries
-/// in the given order. (glibc's own lookup binary-searches ldconfig's sort order; our reader does
-/// not care, and ldconfig -p prints any order.)
+/// in the given order, written by the product's own writer ([`crate::ldcache::render`]). (glibc's
+/// own lookup binary-searches ldconfig's sort order; our reader does not care, and ldconfig -p
+/// prints any order.)
 pub fn ld_so_cache(entries: &[(&str, &str, u32)]) -> Vec<u8> {
-    const HEADER: usize = 48;
-    const ENTRY: usize = 24;
-    let strings_at = HEADER + entries.len() * ENTRY;
-    let mut strings = Vec::new();
-    let mut offsets = Vec::new();
-    for (key, path, _) in entries {
-        let k = strings_at + strings.len();
-        strings.extend_from_slice(key.as_bytes());
-        strings.push(0);
-        let v = strings_at + strings.len();
-        strings.extend_from_slice(path.as_bytes());
-        strings.push(0);
-        offsets.push((k as u32, v as u32));
-    }
-    let mut out = Vec::with_capacity(strings_at + strings.len());
-    out.extend_from_slice(b"glibc-ld.so.cache1.1");
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-    out.extend_from_slice(&[2, 0, 0, 0]); // little-endian, padding
-    out.extend_from_slice(&[0; 16]); // extension_offset (none), unused[3]
-    for ((_, _, flags), (k, v)) in entries.iter().zip(&offsets) {
-        out.extend_from_slice(&flags.to_le_bytes());
-        out.extend_from_slice(&k.to_le_bytes());
-        out.extend_from_slice(&v.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes()); // osversion
-        out.extend_from_slice(&0u64.to_le_bytes()); // hwcap
-    }
-    out.extend_from_slice(&strings);
-    out
+    let entries: Vec<crate::ldcache::Entry> = entries
+        .iter()
+        .map(|&(key, path, flags)| crate::ldcache::Entry::new(flags as i32, key, path))
+        .collect();
+    crate::ldcache::render(&entries)
 }
 
 /// The driver's libraries as `nvidia-libs` lays them out: (name without `.so.<version>`, SONAME

@@ -1,5 +1,6 @@
 //! glibc's dynamic-linker cache (`/etc/ld.so.cache`): read the one an image has, add the driver's
-//! libraries, write it back. Pure: bytes in, bytes out.
+//! libraries, write it back. Pure: bytes in, bytes out. The crate's one reader of the format
+//! (host discovery reads through [`each`]) and its one writer ([`render`], the fixtures' too).
 //!
 //! Why we write the cache ourselves instead of running `ldconfig` for the container: the
 //! container's `ldconfig` is image code, and running it as root before the container is
@@ -20,6 +21,7 @@
 //! `0xEAA42174`) names the `glibc-hwcaps` subdirectories that entries with bit 62 of `hwcap`
 //! refer to by index; we keep it for the image's entries.
 
+use crate::discovery::parse::{read_u32, read_u64};
 use anyhow::{Result, bail};
 
 const MAGIC_NEW: &[u8] = b"glibc-ld.so.cache1.1";
@@ -82,120 +84,301 @@ pub fn flags_for(path: &str) -> i32 {
     }
 }
 
-fn u32_at(b: &[u8], at: usize) -> Result<u32> {
-    match b.get(at..at + 4) {
-        Some(s) => Ok(u32::from_ne_bytes(s.try_into().expect("4 bytes"))),
-        None => bail!("truncated at offset {at}"),
-    }
+/// Most entries we read: Debian's cache lists a few thousand libraries. Each entry costs UTF-8
+/// checks of strings up to 4 KiB, so a 16 MiB cache of 700 000 entries is seconds of work.
+pub const MAX_CACHE_ENTRIES: u32 = 1 << 16;
+/// Longest name or path we read out of the string table.
+const MAX_CACHE_STRING: usize = 4096;
+/// The old format's header: magic[11], pad, nlibs u32.
+const OLD_HEADER_LEN: usize = 16;
+
+/// One entry as it stands in the file: the strings as bytes, `hwcap` as written.
+#[derive(Debug, Clone, Copy)]
+struct RawEntry<'a> {
+    flags: u32,
+    key: &'a [u8],
+    path: &'a [u8],
+    hwcap: u64,
 }
 
-fn u64_at(b: &[u8], at: usize) -> Result<u64> {
-    match b.get(at..at + 8) {
-        Some(s) => Ok(u64::from_ne_bytes(s.try_into().expect("8 bytes"))),
-        None => bail!("truncated at offset {at}"),
-    }
+/// One `ld.so.cache` entry: `libcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1`.
+///
+/// It borrows its strings from the cache: entries may share one string, so owned copies could
+/// cost far more than the file (a 16 MiB cache of 700 000 entries naming one 4 KiB path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LdCacheEntry<'a> {
+    /// The SONAME (or file name) the dynamic linker looks up.
+    pub key: &'a str,
+    /// The absolute path it maps to.
+    pub path: &'a str,
+    /// glibc's `FLAG_*` bits: the low byte is the library type (3 = libc6), the next the
+    /// required ABI (`0x0300` x86-64, `0x0a00` AArch64, 0 for i386 on x86 hosts).
+    pub flags: u32,
 }
 
-/// The NUL-terminated string at `off` of the table that starts at `base`.
-fn str_at(b: &[u8], off: u32) -> Result<String> {
-    let start = off as usize;
-    let Some(rest) = b.get(start..) else {
-        bail!("string offset {off} beyond the end");
+/// Every entry of a cache, borrowed (see [`each`]).
+pub fn entries(bytes: &[u8]) -> Result<Vec<LdCacheEntry<'_>>> {
+    let mut out = Vec::new();
+    each(bytes, |e| out.push(e))?;
+    Ok(out)
+}
+
+/// Read a glibc `ld.so.cache`: the `glibc-ld.so.cache1.1` format (Debian 12's default), the old
+/// `ld.so-1.7.0` format with the new one appended (what older ldconfig wrote by default), or the
+/// old format alone. `f` sees each entry in file order, in constant memory; entries whose key or
+/// path is not UTF-8 are skipped. On an error `f` may already have seen some entries; the caller
+/// discards them.
+pub fn each<'a>(bytes: &'a [u8], mut f: impl FnMut(LdCacheEntry<'a>)) -> Result<()> {
+    each_raw(bytes, |e| {
+        if let (Ok(key), Ok(path)) = (std::str::from_utf8(e.key), std::str::from_utf8(e.path)) {
+            f(LdCacheEntry {
+                key,
+                path,
+                flags: e.flags,
+            });
+        }
+        Ok(())
+    })
+}
+
+/// Where the new-format table starts, and whether the file is in the old format alone.
+enum Layout {
+    New(usize),
+    OldOnly { nlibs: u32, entries_end: usize },
+}
+
+fn layout(bytes: &[u8]) -> Result<Layout> {
+    if bytes.starts_with(MAGIC_NEW) {
+        return Ok(Layout::New(0));
+    }
+    if !bytes.starts_with(MAGIC_OLD) {
+        bail!("not an ld.so.cache (neither \"glibc-ld.so.cache1.1\" nor \"ld.so-1.7.0\" magic)");
+    }
+    let Some(nlibs) = read_u32(bytes, 12, false) else {
+        bail!("truncated header");
     };
-    let Some(len) = rest.iter().position(|&c| c == 0) else {
+    check_entry_count(nlibs)?;
+    let Some(entries_end) = usize::try_from(nlibs)
+        .ok()
+        .and_then(|n| n.checked_mul(OLD_ENTRY_LEN))
+        .and_then(|n| n.checked_add(OLD_HEADER_LEN))
+        .filter(|&end| end <= bytes.len())
+    else {
+        bail!("{nlibs} entries do not fit in {} bytes", bytes.len());
+    };
+    // The new format hides in the old one's string table, aligned like `struct cache_file_new`.
+    let new_start = entries_end.next_multiple_of(8);
+    if bytes
+        .get(new_start..)
+        .is_some_and(|b| b.starts_with(MAGIC_NEW))
+    {
+        return Ok(Layout::New(new_start));
+    }
+    Ok(Layout::OldOnly { nlibs, entries_end })
+}
+
+/// The one reader of the file's layout: [`each`] and [`parse`] are views of it.
+fn each_raw<'a>(bytes: &'a [u8], mut f: impl FnMut(RawEntry<'a>) -> Result<()>) -> Result<()> {
+    let (nlibs, entries_end) = match layout(bytes)? {
+        Layout::New(base) => return each_new(bytes, base, &mut f),
+        Layout::OldOnly { nlibs, entries_end } => (nlibs, entries_end),
+    };
+    let table = Table {
+        bytes,
+        first: OLD_HEADER_LEN,
+        stride: OLD_ENTRY_LEN,
+        strings: entries_end,
+        big_endian: false,
+        has_hwcap: false,
+    };
+    table.each(nlibs, f)
+}
+
+/// The new-format header at `base` and whether its integers are big-endian.
+fn new_header(bytes: &[u8], base: usize) -> Result<(&[u8], bool)> {
+    let Some(header) = bytes.get(base..).filter(|h| h.len() >= HEADER_LEN) else {
+        bail!("truncated glibc-ld.so.cache1.1 header");
+    };
+    // cache_file_new.flags: 2 little-endian, 3 big-endian, 0 unset (written by old ldconfig on
+    // little-endian machines, the only ones we run on).
+    let big_endian = match header.get(28).copied().unwrap_or(0) & 3 {
+        0 | 2 => false,
+        3 => true,
+        _ => bail!("header says its byte order is invalid"),
+    };
+    Ok((header, big_endian))
+}
+
+fn each_new<'a>(
+    bytes: &'a [u8],
+    base: usize,
+    f: &mut impl FnMut(RawEntry<'a>) -> Result<()>,
+) -> Result<()> {
+    let (header, big_endian) = new_header(bytes, base)?;
+    let nlibs = read_u32(header, 20, big_endian).unwrap_or(0);
+    check_entry_count(nlibs)?;
+    if usize::try_from(nlibs)
+        .ok()
+        .and_then(|n| n.checked_mul(ENTRY_LEN))
+        .and_then(|n| n.checked_add(HEADER_LEN))
+        .is_none_or(|end| end > header.len())
+    {
+        bail!("{nlibs} entries do not fit in {} bytes", header.len());
+    }
+    // String offsets of the new format count from its own header.
+    let table = Table {
+        bytes: header,
+        first: HEADER_LEN,
+        stride: ENTRY_LEN,
+        strings: 0,
+        big_endian,
+        has_hwcap: true,
+    };
+    table.each(nlibs, f)
+}
+
+/// An entry table: `flags`, key and value offsets as u32 at the start of each entry (the new
+/// format's `hwcap` u64 at byte 16), strings counted from `strings`.
+struct Table<'a> {
+    bytes: &'a [u8],
+    first: usize,
+    stride: usize,
+    strings: usize,
+    big_endian: bool,
+    has_hwcap: bool,
+}
+
+impl<'a> Table<'a> {
+    fn each(&self, nlibs: u32, mut f: impl FnMut(RawEntry<'a>) -> Result<()>) -> Result<()> {
+        let (b, be) = (self.bytes, self.big_endian);
+        for i in 0..nlibs as usize {
+            let at = self.first + i * self.stride;
+            let hwcap = match self.has_hwcap {
+                true => read_u64(b, at + 16, be),
+                false => Some(0),
+            };
+            let (Some(flags), Some(key), Some(value), Some(hwcap)) = (
+                read_u32(b, at, be),
+                read_u32(b, at + 4, be),
+                read_u32(b, at + 8, be),
+                hwcap,
+            ) else {
+                bail!("truncated entry");
+            };
+            f(RawEntry {
+                flags,
+                key: cstr_at(b, self.strings, key)?,
+                path: cstr_at(b, self.strings, value)?,
+                hwcap,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn check_entry_count(nlibs: u32) -> Result<()> {
+    if nlibs > MAX_CACHE_ENTRIES {
+        bail!("{nlibs} entries; more than {MAX_CACHE_ENTRIES} is not a cache ldconfig wrote");
+    }
+    Ok(())
+}
+
+fn cstr_at(bytes: &[u8], base: usize, off: u32) -> Result<&[u8]> {
+    let Some(start) = usize::try_from(off)
+        .ok()
+        .and_then(|o| o.checked_add(base))
+        .filter(|&s| s < bytes.len())
+    else {
+        bail!("string offset {off} is outside the file");
+    };
+    let tail = bytes.get(start..).unwrap_or_default();
+    let window = tail
+        .get(..MAX_CACHE_STRING.min(tail.len()))
+        .unwrap_or_default();
+    let Some(len) = window.iter().position(|&b| b == 0) else {
         bail!("string at offset {off} is not terminated");
     };
-    match std::str::from_utf8(&rest[..len]) {
-        Ok(s) => Ok(s.to_owned()),
-        Err(_) => bail!("string at offset {off} is not UTF-8"),
-    }
+    Ok(window.get(..len).unwrap_or_default())
 }
 
-/// The entries of a cache file, in file order. Both the new format and the "compat" format
-/// glibc before 2.32 wrote (old table, then the new one) are read; a file with only the old
-/// format (glibc before 2.2) gives no entries, as it only names libraries in the default
-/// directories, which the loader searches anyway. Anything malformed is an error.
+/// The entries of a cache file as owned values the writer can merge and [`render`] again, in
+/// file order, with their glibc-hwcaps subdirectory names resolved. Read by [`each`]'s reader;
+/// on top of it a name or path that is not UTF-8 is an error here (it could not be written
+/// back), as is anything else malformed.
 pub fn parse(bytes: &[u8]) -> Result<Vec<Entry>> {
     if bytes.len() > MAX_CACHE {
         bail!("larger than {MAX_CACHE} bytes");
     }
-    let new = if bytes.starts_with(MAGIC_NEW) {
-        bytes
-    } else if bytes.starts_with(MAGIC_OLD) {
-        let n = u32_at(bytes, MAGIC_OLD.len())? as usize;
-        let end = 16usize.saturating_add(n.saturating_mul(OLD_ENTRY_LEN));
-        let aligned = end.div_ceil(8) * 8;
-        match bytes.get(aligned..) {
-            Some(rest) if rest.starts_with(MAGIC_NEW) => rest,
-            _ => return Ok(Vec::new()),
+    let hwcaps = match layout(bytes)? {
+        Layout::New(base) => {
+            let (header, big_endian) = new_header(bytes, base)?;
+            match read_u32(header, 32, big_endian) {
+                Some(0) | None => Vec::new(),
+                Some(off) => parse_hwcaps(header, off as usize, big_endian)?,
+            }
         }
-    } else {
-        bail!("not a glibc ld.so.cache (unknown magic)");
+        Layout::OldOnly { .. } => Vec::new(),
     };
-    if new.len() < HEADER_LEN {
-        bail!("header truncated");
-    }
-    let nlibs = u32_at(new, 20)? as usize;
-    let ext_off = u32_at(new, 32)? as usize;
-    if nlibs > (new.len() - HEADER_LEN) / ENTRY_LEN {
-        bail!("{nlibs} entries do not fit in {} bytes", new.len());
-    }
-    let hwcaps = if ext_off != 0 {
-        parse_hwcaps(new, ext_off)?
-    } else {
-        Vec::new()
-    };
-    let mut out = Vec::with_capacity(nlibs);
-    for i in 0..nlibs {
-        let at = HEADER_LEN + i * ENTRY_LEN;
-        let flags = u32_at(new, at)? as i32;
-        let key = str_at(new, u32_at(new, at + 4)?)?;
-        let value = str_at(new, u32_at(new, at + 8)?)?;
-        let hwcap = u64_at(new, at + 16)?;
-        let (hwcaps_name, hwcap) = if hwcap & HWCAP_EXTENSION != 0 {
-            let idx = (hwcap & 0xffff_ffff) as usize;
+    let mut out = Vec::new();
+    each_raw(bytes, |e| {
+        let text = |b: &[u8]| match std::str::from_utf8(b) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(_) => bail!("{:?} is not UTF-8", String::from_utf8_lossy(b)),
+        };
+        let soname = text(e.key)?;
+        let (hwcaps_name, hwcap) = if e.hwcap & HWCAP_EXTENSION != 0 {
+            let idx = (e.hwcap & 0xffff_ffff) as usize;
             match hwcaps.get(idx) {
                 Some(name) => (Some(name.clone()), 0),
-                None => bail!("entry {key} names glibc-hwcaps index {idx}, which does not exist"),
+                None => {
+                    bail!("entry {soname} names glibc-hwcaps index {idx}, which does not exist")
+                }
             }
         } else {
-            (None, hwcap)
+            (None, e.hwcap)
         };
         out.push(Entry {
-            flags,
-            soname: key,
-            path: value,
+            flags: e.flags as i32,
+            soname,
+            path: text(e.path)?,
             hwcaps: hwcaps_name,
             hwcap,
         });
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
-/// The glibc-hwcaps subdirectory names of the extension block at `off`.
-fn parse_hwcaps(new: &[u8], off: usize) -> Result<Vec<String>> {
-    if u32_at(new, off)? != EXTENSION_MAGIC {
+/// The glibc-hwcaps subdirectory names of the extension block at `off` of the new-format
+/// `header`.
+fn parse_hwcaps(header: &[u8], off: usize, big_endian: bool) -> Result<Vec<String>> {
+    let word = |at: usize| match read_u32(header, at, big_endian) {
+        Some(w) => Ok(w),
+        None => bail!("truncated at offset {at}"),
+    };
+    if word(off)? != EXTENSION_MAGIC {
         bail!("extension block at {off} has no magic");
     }
-    let count = u32_at(new, off + 4)? as usize;
+    let count = word(off + 4)? as usize;
     if count > 64 {
         bail!("{count} extension sections");
     }
     let mut names = Vec::new();
     for s in 0..count {
         let at = off + 8 + s * 16;
-        if u32_at(new, at)? != TAG_GLIBC_HWCAPS {
+        if word(at)? != TAG_GLIBC_HWCAPS {
             continue;
         }
-        let (data, size) = (
-            u32_at(new, at + 8)? as usize,
-            u32_at(new, at + 12)? as usize,
-        );
+        let (data, size) = (word(at + 8)? as usize, word(at + 12)? as usize);
         if size % 4 != 0 || size / 4 > 4096 {
             bail!("glibc-hwcaps section of {size} bytes");
         }
         for k in 0..size / 4 {
-            names.push(str_at(new, u32_at(new, data + 4 * k)?)?);
+            let name = cstr_at(header, 0, word(data + 4 * k)?)?;
+            match std::str::from_utf8(name) {
+                Ok(n) => names.push(n.to_owned()),
+                Err(_) => bail!("glibc-hwcaps name at {data} is not UTF-8"),
+            }
         }
     }
     Ok(names)
@@ -422,6 +605,72 @@ mod tests {
         assert_eq!(entries[2].path, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
         let bytes = render(&entries);
         assert_eq!(parse(&bytes).unwrap(), entries);
+    }
+
+    /// An `ld.so-1.7.0` cache alone (glibc before 2.2), `(key, path, flags)` in file order.
+    fn old_format(entries: &[(&str, &str, u32)]) -> Vec<u8> {
+        let mut out = b"ld.so-1.7.0\0".to_vec();
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        let mut strings = Vec::new();
+        for (key, path, flags) in entries {
+            out.extend_from_slice(&flags.to_le_bytes());
+            for s in [key, path] {
+                out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
+                strings.extend_from_slice(s.as_bytes());
+                strings.push(0);
+            }
+        }
+        out.extend_from_slice(&strings);
+        out
+    }
+
+    /// One reader: what discovery reads of a cache (borrowed, [`each`]) and what the writer
+    /// reads to merge into (owned, [`parse`]) are the same entries, in every layout. (They were
+    /// two parsers: the writer's read an old-format cache as empty.)
+    #[test]
+    fn discovery_and_the_writer_read_the_same_entries() {
+        let list = [
+            (
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                0x0303,
+            ),
+            ("libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6", 0x0a03),
+        ];
+        let new = render(
+            &list
+                .iter()
+                .map(|&(k, p, f)| Entry::new(f as i32, k, p))
+                .collect::<Vec<_>>(),
+        );
+        for (name, bytes) in [("new", new), ("old", old_format(&list))] {
+            let borrowed: Vec<(String, String, u32)> = crate::discovery::parse::ld_so_cache(&bytes)
+                .unwrap()
+                .iter()
+                .map(|e| (e.key.to_owned(), e.path.to_owned(), e.flags))
+                .collect();
+            let owned: Vec<(String, String, u32)> = parse(&bytes)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.soname, e.path, e.flags as u32))
+                .collect();
+            assert_eq!(borrowed.len(), 2, "{name}");
+            assert_eq!(owned, borrowed, "{name}");
+        }
+    }
+
+    /// One writer: the test fixtures' caches are the product's.
+    #[test]
+    fn fixture_caches_are_written_by_the_one_writer() {
+        let list = [
+            ("libcuda.so.1", "/opt/nv/libcuda.so.1", 0x0303),
+            ("libcuda.so.1", "/opt/nv/libcuda.so.1", 0x0a03),
+        ];
+        let ours: Vec<Entry> = list
+            .iter()
+            .map(|&(k, p, f)| Entry::new(f as i32, k, p))
+            .collect();
+        assert_eq!(crate::fixture::ld_so_cache(&list), render(&ours));
     }
 
     #[test]

@@ -25,14 +25,14 @@
 //! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
 //! user-namespaced machine (`PrivateUsers=pick`) would need `fchownat` to the machine's base uid.
 
-use crate::failpoint::{self, Point};
+use crate::failpoint::Point;
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, RenameFlags, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 use std::ffi::{OsStr, OsString};
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
@@ -778,22 +778,8 @@ impl MachineDir {
             .resolve(beneath_no_symlinks());
         let fd = openat2(&self.fd, tmp.as_str(), how)
             .with_context(|| format!("creating {} in the {noun}", self.child(&tmp)))?;
-        let written = (|| -> Result<()> {
-            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode)).context("fchmod")?;
-            let mut file = std::fs::File::from(fd);
-            file.write_all(contents).context("write")?;
-            file.sync_all().context("fsync")?;
-            if let Some(point) = point {
-                failpoint::hit(point);
-            }
-            nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name).context("rename")?;
-            Ok(())
-        })();
-        if let Err(e) = written {
-            let _ = nix::unistd::unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-            return Err(e).with_context(|| format!("writing {path} in the {noun}"));
-        }
-        self.sync()?;
+        crate::atomic::replace_at(&self.fd, fd.into(), &tmp, name, contents, mode, point)
+            .with_context(|| format!("writing {path} in the {noun}"))?;
         Ok(true)
     }
 

@@ -285,182 +285,29 @@ pub fn pci_id(bytes: &[u8]) -> Result<u16> {
 pub const NVIDIA_VENDOR: u16 = 0x10de;
 
 // ---------------------------------------------------------------------------------------------
-// glibc ld.so.cache
+// glibc ld.so.cache: read by [`crate::ldcache`], the one reader and writer of the format.
 
-const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
-const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
-const OLD_HEADER: usize = 16; // magic[11], pad, nlibs u32
-const OLD_ENTRY: usize = 12; // flags i32, key u32, value u32
-const NEW_HEADER: usize = 48; // magic+version[20], nlibs, len_strings, flags u8, pad[3], extension_offset, unused[3]
-const NEW_ENTRY: usize = 24; // flags i32, key u32, value u32, osversion u32, hwcap u64
-/// Longest name or path we read out of the string table.
-const MAX_CACHE_STRING: usize = 4096;
-/// Most entries we read: Debian's cache lists a few thousand libraries. Each entry costs UTF-8
-/// checks of strings up to 4 KiB, so a 16 MiB cache of 700 000 entries is seconds of work.
-pub const MAX_CACHE_ENTRIES: u32 = 1 << 16;
+pub use crate::ldcache::{
+    LdCacheEntry, MAX_CACHE_ENTRIES, each as ld_so_cache_each, entries as ld_so_cache,
+};
 
-fn check_entry_count(nlibs: u32) -> Result<()> {
-    if nlibs > MAX_CACHE_ENTRIES {
-        return Err(ParseError::new(format!(
-            "{nlibs} entries; more than {MAX_CACHE_ENTRIES} is not a cache ldconfig wrote"
-        )));
-    }
-    Ok(())
-}
-
-/// One `ld.so.cache` entry: `libcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1`.
-///
-/// It borrows its strings from the cache: entries may share one string, so owned copies could
-/// cost far more than the file (a 16 MiB cache of 700 000 entries naming one 4 KiB path).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LdCacheEntry<'a> {
-    /// The SONAME (or file name) the dynamic linker looks up.
-    pub key: &'a str,
-    /// The absolute path it maps to.
-    pub path: &'a str,
-    /// glibc's `FLAG_*` bits: the low byte is the library type (3 = libc6), the next the
-    /// required ABI (`0x0300` x86-64, `0x0a00` AArch64, 0 for i386 on x86 hosts).
-    pub flags: u32,
-}
-
-/// Parse a glibc `ld.so.cache`: the `glibc-ld.so.cache1.1` format (Debian 12's default), the old
-/// `ld.so-1.7.0` format with the new one appended (what older ldconfig wrote by default), or the old
-/// format alone. Entries whose key or path is not UTF-8 are skipped.
-pub fn ld_so_cache(bytes: &[u8]) -> Result<Vec<LdCacheEntry<'_>>> {
-    let mut out = Vec::new();
-    ld_so_cache_each(bytes, |e| out.push(e))?;
-    Ok(out)
-}
-
-/// [`ld_so_cache`] without collecting: `f` sees each entry in file order, in constant memory.
-/// On an error `f` may already have seen some entries; the caller discards them.
-pub fn ld_so_cache_each<'a>(bytes: &'a [u8], mut f: impl FnMut(LdCacheEntry<'a>)) -> Result<()> {
-    if bytes.starts_with(NEW_MAGIC) {
-        return parse_new_cache(bytes, 0, &mut f);
-    }
-    if !bytes.starts_with(OLD_MAGIC) {
-        return Err(ParseError::new(
-            "not an ld.so.cache (neither \"glibc-ld.so.cache1.1\" nor \"ld.so-1.7.0\" magic)",
-        ));
-    }
-    let nlibs = read_u32(bytes, 12, false).ok_or_else(|| ParseError::new("truncated header"))?;
-    check_entry_count(nlibs)?;
-    let entries_end = usize::try_from(nlibs)
-        .ok()
-        .and_then(|n| n.checked_mul(OLD_ENTRY))
-        .and_then(|n| n.checked_add(OLD_HEADER))
-        .filter(|&end| end <= bytes.len())
-        .ok_or_else(|| {
-            ParseError::new(format!(
-                "{nlibs} entries do not fit in {} bytes",
-                bytes.len()
-            ))
-        })?;
-    // The new format hides in the old one's string table, aligned like `struct cache_file_new`.
-    let new_start = entries_end.next_multiple_of(8);
-    if bytes
-        .get(new_start..)
-        .is_some_and(|b| b.starts_with(NEW_MAGIC))
-    {
-        return parse_new_cache(bytes, new_start, &mut f);
-    }
-    for i in 0..nlibs as usize {
-        let at = OLD_HEADER + i * OLD_ENTRY;
-        let (Some(flags), Some(key), Some(value)) = (
-            read_u32(bytes, at, false),
-            read_u32(bytes, at + 4, false),
-            read_u32(bytes, at + 8, false),
-        ) else {
-            return Err(ParseError::new("truncated entry"));
-        };
-        push_entry(&mut f, bytes, entries_end, flags, key, value)?;
-    }
-    Ok(())
-}
-
-fn parse_new_cache<'a>(
-    bytes: &'a [u8],
-    base: usize,
-    f: &mut impl FnMut(LdCacheEntry<'a>),
-) -> Result<()> {
-    let header = bytes
-        .get(base..)
-        .filter(|h| h.len() >= NEW_HEADER)
-        .ok_or_else(|| ParseError::new("truncated glibc-ld.so.cache1.1 header"))?;
-    // cache_file_new.flags: 2 little-endian, 3 big-endian, 0 unset (written by old ldconfig on
-    // little-endian machines, the only ones we run on).
-    let big_endian = match header.get(28).copied().unwrap_or(0) & 3 {
-        0 | 2 => false,
-        3 => true,
-        _ => return Err(ParseError::new("header says its byte order is invalid")),
-    };
-    let nlibs = read_u32(header, 20, big_endian).unwrap_or(0);
-    check_entry_count(nlibs)?;
-    usize::try_from(nlibs)
-        .ok()
-        .and_then(|n| n.checked_mul(NEW_ENTRY))
-        .and_then(|n| n.checked_add(NEW_HEADER))
-        .filter(|&end| end <= header.len())
-        .ok_or_else(|| {
-            ParseError::new(format!(
-                "{nlibs} entries do not fit in {} bytes",
-                header.len()
-            ))
-        })?;
-    for i in 0..nlibs as usize {
-        let at = NEW_HEADER + i * NEW_ENTRY;
-        let (Some(flags), Some(key), Some(value)) = (
-            read_u32(header, at, big_endian),
-            read_u32(header, at + 4, big_endian),
-            read_u32(header, at + 8, big_endian),
-        ) else {
-            return Err(ParseError::new("truncated entry"));
-        };
-        // String offsets of the new format count from its own header.
-        push_entry(f, header, 0, flags, key, value)?;
-    }
-    Ok(())
-}
-
-fn push_entry<'a>(
-    f: &mut impl FnMut(LdCacheEntry<'a>),
-    bytes: &'a [u8],
-    strings: usize,
-    flags: u32,
-    key: u32,
-    value: u32,
-) -> Result<()> {
-    let key = cstr_at(bytes, strings, key)?;
-    let path = cstr_at(bytes, strings, value)?;
-    if let (Ok(key), Ok(path)) = (std::str::from_utf8(key), std::str::from_utf8(path)) {
-        f(LdCacheEntry { key, path, flags });
-    }
-    Ok(())
-}
-
-fn cstr_at(bytes: &[u8], base: usize, off: u32) -> Result<&[u8]> {
-    let start = usize::try_from(off)
-        .ok()
-        .and_then(|o| o.checked_add(base))
-        .filter(|&s| s < bytes.len())
-        .ok_or_else(|| ParseError::new(format!("string offset {off} is outside the file")))?;
-    let tail = bytes.get(start..).unwrap_or_default();
-    let window = tail
-        .get(..MAX_CACHE_STRING.min(tail.len()))
-        .unwrap_or_default();
-    let len = window
-        .iter()
-        .position(|&b| b == 0)
-        .ok_or_else(|| ParseError::new(format!("string at offset {off} is not terminated")))?;
-    Ok(window.get(..len).unwrap_or_default())
-}
-
-fn read_u32(b: &[u8], at: usize, big_endian: bool) -> Option<u32> {
+/// The u32 at `at` in the given byte order; `None` past the end (bounded reads for every parser).
+pub(crate) fn read_u32(b: &[u8], at: usize, big_endian: bool) -> Option<u32> {
     let raw: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
     Some(if big_endian {
         u32::from_be_bytes(raw)
     } else {
         u32::from_le_bytes(raw)
+    })
+}
+
+/// [`read_u32`] for a u64.
+pub(crate) fn read_u64(b: &[u8], at: usize, big_endian: bool) -> Option<u64> {
+    let raw: [u8; 8] = b.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(if big_endian {
+        u64::from_be_bytes(raw)
+    } else {
+        u64::from_le_bytes(raw)
     })
 }
 
@@ -1063,9 +910,9 @@ mod tests {
             assert!(st.success(), "ldconfig -c {format}");
             let bytes = std::fs::read(root.join(cache.trim_start_matches('/'))).unwrap();
             let magic = if format == "new" {
-                NEW_MAGIC
+                b"glibc-ld.so.cache1.1".as_slice()
             } else {
-                OLD_MAGIC
+                b"ld.so-1.7.0".as_slice()
             };
             assert!(bytes.starts_with(magic), "{format}");
             let ours = ld_so_cache(&bytes).unwrap();

@@ -150,7 +150,7 @@ HEXUVM=$(H awk '$2 == "nvidia-uvm" {printf "%x", $1}' /proc/devices)
 check_run() {
     local e=$1 img=$2 dev=$3 gpus=$4 rc=$5 o=$6 n=$e.$2.$3 want got i p
     [ ${#dev} -gt 12 ] && n=$e.$img.uuid
-    if [ "$rc" != 0 ] || ! printf '%s\n' "$o" | grep -q '^PROBE-DONE'; then
+    if [ "$rc" != 0 ] || ! grep -q '^PROBE-DONE' <<<"$o"; then
         fail "$(c "$n.started")" "exit $rc: $(printf '%s' "$o" | tail -4)"; return
     fi
     pass "$(c "$n.started")"
@@ -211,8 +211,8 @@ done
 # ---- NVIDIA's own tools accept what we built ---------------------------------------------------
 out=$(M -m "$EM" /root/e2e-engines/nvidia-ctk cdi list 2>&1)
 miss=""
-for d in $(seq 0 "$LAST") all; do printf '%s\n' "$out" | grep -qx "nvidia.com/gpu=$d" || miss+="$d "; done
-for ((i = 0; i < NGPU; i++)); do printf '%s\n' "$out" | grep -qx "nvidia.com/gpu=$(gpu_uuid "$i")" || miss+="$(gpu_uuid "$i") "; done
+for d in $(seq 0 "$LAST") all; do grep -qx "nvidia.com/gpu=$d" <<<"$out" || miss+="$d "; done
+for ((i = 0; i < NGPU; i++)); do grep -qx "nvidia.com/gpu=$(gpu_uuid "$i")" <<<"$out" || miss+="$(gpu_uuid "$i") "; done
 if [ -z "$miss" ]; then pass "$(c nvidia-ctk-cdi-list)"; else fail "$(c nvidia-ctk-cdi-list)" "missing $miss in: $out"; fi
 assert_no_match "$(c nvidia-ctk-cdi-list-no-errors)" '(level=error|level=warning|failed)' "$out"
 # /dev/char: nvidia-ctk's links into a scratch dir, compared with the machine's (name -> node)
