@@ -73,17 +73,19 @@ impl Dropin {
         }
     }
 
-    /// The settings in file order.
+    /// The settings in file order: how systemd retries and times the unit, our two hooks, and
+    /// the device cgroup.
     pub fn settings(&self) -> Vec<Setting> {
-        let s = |section, key, value: String, why| Setting {
-            section,
-            key,
-            value,
-            why,
-        };
-        let helper = exec_escape(&self.helper_path);
+        let mut out = Self::retry_and_timeout();
+        out.extend(self.hooks());
+        out.extend(self.device_allow());
+        out
+    }
+
+    /// `[Unit]` start limit and ordering, `[Service]` restart and start timeout, environment.
+    fn retry_and_timeout() -> Vec<Setting> {
         let mut out = vec![
-            s(
+            setting(
                 "Unit",
                 "StartLimitIntervalSec",
                 "0".into(),
@@ -92,20 +94,20 @@ impl Dropin {
                      is incomplete) instead of giving up after 5 starts in 10s.",
                 ),
             ),
-            s(
+            setting(
                 "Unit",
                 "After",
                 AFTER.into(),
                 Some("So a start at boot finds the NVIDIA daemons' sockets; a no-op without them."),
             ),
-            s("Service", "Restart", "on-failure".into(), None),
-            s(
+            setting("Service", "Restart", "on-failure".into(), None),
+            setting(
                 "Service",
                 "RestartSec",
                 RESTART_SEC.to_string(),
                 Some("Also below the default start limit if a later drop-in turns it back on."),
             ),
-            s(
+            setting(
                 "Service",
                 "TimeoutStartSec",
                 TIMEOUT_START.into(),
@@ -116,51 +118,79 @@ impl Dropin {
             ),
         ];
         for (name, value) in ENV {
-            out.push(s("Service", "Environment", format!("{name}={value}"), None));
+            out.push(setting(
+                "Service",
+                "Environment",
+                format!("{name}={value}"),
+                None,
+            ));
         }
-        out.push(s(
-            "Service",
-            "ExecStartPre",
-            format!("-/usr/bin/machinectl terminate {}", self.machine),
-            Some("Clear a registration left by a machine that died without unregistering."),
-        ));
-        out.push(s(
-            "Service",
-            "ExecStartPre",
-            format!("{helper} nspawn-lifecycle pre-start %i"),
-            None,
-        ));
-        out.push(s(
-            "Service",
-            "ExecStartPost",
-            format!("{helper} nspawn-lifecycle post-start %i"),
-            None,
-        ));
+        out
+    }
+
+    /// The stale-registration cleanup and our `ExecStartPre=`/`ExecStartPost=` hooks.
+    fn hooks(&self) -> Vec<Setting> {
+        let helper = exec_escape(&self.helper_path);
+        vec![
+            setting(
+                "Service",
+                "ExecStartPre",
+                format!("-/usr/bin/machinectl terminate {}", self.machine),
+                Some("Clear a registration left by a machine that died without unregistering."),
+            ),
+            setting(
+                "Service",
+                "ExecStartPre",
+                format!("{helper} nspawn-lifecycle pre-start %i"),
+                None,
+            ),
+            setting(
+                "Service",
+                "ExecStartPost",
+                format!("{helper} nspawn-lifecycle post-start %i"),
+                None,
+            ),
+        ]
+    }
+
+    /// `DeviceAllow=`: every NVIDIA and DRM node by device group for an `all` machine; for any
+    /// other, only `/dev/kvm` (pre-start sets the machine's own nodes at runtime).
+    fn device_allow(&self) -> Vec<Setting> {
+        let kvm = |why| setting("Service", "DeviceAllow", "/dev/kvm rwm".into(), why);
         if !self.all_gpus {
-            out.push(s(
+            return vec![kvm(Some(
+                "Not every GPU is this machine's (the config's gpus): pre-start sets its own NVIDIA\n\
+                 and DRM nodes at every start as runtime DeviceAllow=/dev/char/<major>:<minor>\n\
+                 entries, so no device group here may allow them all.",
+            ))];
+        }
+        vec![
+            setting(
                 "Service",
                 "DeviceAllow",
-                "/dev/kvm rwm".into(),
+                ALL_GPUS_DEVICE_ALLOW.into(),
                 Some(
-                    "Not every GPU is this machine's (the config's gpus): pre-start sets its own NVIDIA\n\
-                     and DRM nodes at every start as runtime DeviceAllow=/dev/char/<major>:<minor>\n\
-                     entries, so no device group here may allow them all.",
+                    "Device groups resolve from /proc/devices when the unit starts and cover every GPU,\n\
+                     MIG capability and DRM node, whatever their numbers are today.",
                 ),
-            ));
-            return out;
-        }
-        out.push(s(
-            "Service",
-            "DeviceAllow",
-            ALL_GPUS_DEVICE_ALLOW.into(),
-            Some(
-                "Device groups resolve from /proc/devices when the unit starts and cover every GPU,\n\
-                 MIG capability and DRM node, whatever their numbers are today.",
             ),
-        ));
-        out.push(s("Service", "DeviceAllow", "char-drm rwm".into(), None));
-        out.push(s("Service", "DeviceAllow", "/dev/kvm rwm".into(), None));
-        out
+            setting("Service", "DeviceAllow", "char-drm rwm".into(), None),
+            kvm(None),
+        ]
+    }
+}
+
+fn setting(
+    section: &'static str,
+    key: &'static str,
+    value: String,
+    why: Option<&'static str>,
+) -> Setting {
+    Setting {
+        section,
+        key,
+        value,
+        why,
     }
 }
 
