@@ -1,10 +1,18 @@
 //! `nspawn-lifecycle post-start`: rewire NVIDIA state inside the machine with its services stopped.
 //!
-//! Order (DESIGN §5): stop kubelet → stop containerd → check the driver root (made by nspawn's
-//! binds at boot) → links → `ldconfig` → CDI spec
-//! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
-//! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
-//! the two stops find nothing running and each service starts once, after the driver is wired.
+//! It runs while the machine boots (the `.nspawn` file says `NotifyReady=no`, so systemd runs
+//! `ExecStartPost=` as soon as the container is up), from the moment the machine's systemd
+//! answers on its bus (issue 12). Order (DESIGN §5): stop kubelet → stop containerd → check the
+//! driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
+//! containerd's unit gate → start containerd → import staged images → release kubelet's unit gate
+//! → start kubelet. In a GPU machine the gate (src/gate.rs) holds each service until its own
+//! marker exists, so a boot that reaches a service first skips it, and one that reaches it later
+//! finds its precondition met; the stops cancel a start job the boot still has queued for either
+//! (waiting on its `After=` units) and find nothing running, so each service starts once, from
+//! post-start, after its precondition. A start of a unit whose `After=` units are still starting
+//! waits for them (the job waits in the machine's queue), within `jobTimeoutSeconds`. The unit
+//! reports started (and `systemctl start` returns) when post-start exits: GPUs wired,
+//! containerd active, staged images imported, kubelet active, or the start failed.
 //! When a step after the stops fails, the services that were running before post-start stopped
 //! them are started again (best effort, each result logged) before the error is returned: a
 //! failed post-start on a running machine puts back what ran before it. On a gated boot nothing
@@ -147,9 +155,20 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         tracing::info!(%machine, "{why}; {report}");
         // Unless pre-start still saw GPUs and gated the services (they went in between): then
         // nothing else would ever start them this boot.
-        if gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)? {
-            gate::release(root)?;
-            let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
+        let gated =
+            gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
+        if gated {
+            gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
+            gate::release(
+                root,
+                &mc.kubelet_unit,
+                Point::PostStartMidKubeletGateRelease,
+            )?;
+        }
+        // The start returns once the boot is done, as it did when post-start ran after it
+        // (`NotifyReady=yes`): the boot starts this machine's services itself.
+        let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
+        if gated {
             let services = MachineServices {
                 sd: &sd,
                 job_timeout: mc.job_timeout,
@@ -163,9 +182,11 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         }
         return Ok(());
     };
-    let sd = timed(machine, "wait running", || {
-        systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)
+    // The boot goes on meanwhile: the unit gate holds both services until their markers exist.
+    let sd = timed(machine, "wait bus", || {
+        systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout)
     })?;
+    failpoint::hit(Point::AfterBus);
     let services = MachineServices {
         sd: &sd,
         job_timeout: mc.job_timeout,
@@ -446,8 +467,11 @@ pub enum FileStep {
     Links,
     Ldconfig,
     Cdi,
-    /// Create the unit gate's marker (src/gate.rs): containerd and kubelet may start now.
+    /// Create containerd's unit-gate marker (src/gate.rs): containerd may start now.
     Gate,
+    /// Create kubelet's unit-gate marker, once the staged images are imported: kubelet may
+    /// start now. Not in [`FileStep::ALL`]: it runs after containerd's start and the imports.
+    KubeletGate,
 }
 
 impl FileStep {
@@ -466,6 +490,7 @@ impl FileStep {
             FileStep::Ldconfig => "ldconfig",
             FileStep::Cdi => "CDI spec",
             FileStep::Gate => "unit gate",
+            FileStep::KubeletGate => "kubelet's unit gate",
         }
     }
 
@@ -477,6 +502,7 @@ impl FileStep {
             FileStep::Ldconfig => "ldconfig",
             FileStep::Cdi => "cdi",
             FileStep::Gate => "gate",
+            FileStep::KubeletGate => "gate-kubelet",
         }
     }
 }
@@ -532,8 +558,21 @@ fn run_file_step(
             })?
             .to_string()
         }
-        FileStep::Gate if gate::release(root)? => format!("unit gate: released ({})", gate::WIRED),
-        FileStep::Gate => "unit gate: already released".to_owned(),
+        FileStep::Gate => released(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?,
+        FileStep::KubeletGate => released(
+            root,
+            &mc.kubelet_unit,
+            Point::PostStartMidKubeletGateRelease,
+        )?,
+    })
+}
+
+/// Release `unit`'s unit gate; the step's log line.
+fn released(root: &MachineRoot, unit: &crate::paths::UnitName, point: Point) -> Result<String> {
+    Ok(if gate::release(root, unit, point)? {
+        format!("unit gate: released {unit} ({})", gate::marker(unit))
+    } else {
+        format!("unit gate: {unit} already released")
     })
 }
 
@@ -606,6 +645,12 @@ pub fn rewire_with_services_stopped(
                 mc.staged_images_dir
             ),
         }
+        // Only now may kubelet start: a boot that reached it earlier skipped it.
+        let step = FileStep::KubeletGate;
+        let started = Instant::now();
+        let line = timed(machine, step.name(), || file_step(step))
+            .with_context(|| format!("post-start of {machine}: step '{}'", step.name()))?;
+        tracing::info!(%machine, step = %step.key(), us = micros(started.elapsed()), "{line}");
         let unit = &mc.kubelet_unit;
         failpoint::hit(Point::BeforeKubeletStart);
         timed(machine, &format!("start {unit}"), || services.start(unit))
@@ -881,14 +926,16 @@ mod tests {
     /// the machine's systemd: which units run, and the unit gate (src/gate.rs): while the boot
     /// is gated and the marker does not exist, a start of containerd or kubelet is skipped the
     /// way systemd skips a unit with an unmet `ConditionPathExists=`, so the start job ends
-    /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. The marker
-    /// exists once the gate file step ran.
+    /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. Each unit has
+    /// its own marker: containerd's exists once the gate file step ran, kubelet's once its own
+    /// gate step ran.
     struct Fake {
         log: RefCell<Vec<String>>,
         fail: Vec<String>,
         running: RefCell<Vec<String>>,
         gated: bool,
-        wired: std::cell::Cell<bool>,
+        /// The units whose gate marker exists.
+        released: RefCell<Vec<String>>,
         /// What each `run` is given as its deadline, and the identity of its stdin.
         runs: RefCell<Vec<Run>>,
         /// How long each `run` takes.
@@ -906,7 +953,7 @@ mod tests {
                 fail: Vec::new(),
                 running: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
                 gated: false,
-                wired: std::cell::Cell::new(true),
+                released: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
                 runs: RefCell::default(),
                 run_takes: Duration::ZERO,
             }
@@ -925,7 +972,7 @@ mod tests {
             Fake {
                 running: RefCell::default(),
                 gated: true,
-                wired: std::cell::Cell::new(false),
+                released: RefCell::default(),
                 ..Fake::default()
             }
         }
@@ -952,7 +999,7 @@ mod tests {
         }
         fn start(&self, unit: &str) -> Result<()> {
             self.record(format!("start {unit}"))?;
-            if self.gated && !self.wired.get() {
+            if self.gated && !self.released.borrow().iter().any(|u| u == unit) {
                 anyhow::bail!(
                     "{unit} is inactive (dead) after its start job finished; an unmet \
                      Condition…= skips a unit that way (test: gated, no marker)"
@@ -1043,8 +1090,12 @@ mod tests {
                 if Some(step) == fail_step {
                     anyhow::bail!("planted failure");
                 }
-                if step == FileStep::Gate {
-                    fake.wired.set(true);
+                match step {
+                    FileStep::Gate => fake.released.borrow_mut().push("containerd.service".into()),
+                    FileStep::KubeletGate => {
+                        fake.released.borrow_mut().push("kubelet.service".into())
+                    }
+                    _ => {}
                 }
                 Ok(String::new())
             },
@@ -1073,6 +1124,7 @@ mod tests {
                 "file unit gate",
                 "start containerd.service",
                 "import",
+                "file kubelet's unit gate",
                 "start kubelet.service",
             ]
         );
@@ -1461,18 +1513,28 @@ mod tests {
         assert_eq!(fake.running(), ["containerd.service"]);
     }
 
-    /// The gated boot that succeeds: each service starts once, after the gate step, and runs.
+    /// The gated boot that succeeds: each service starts once, after its own gate step, and
+    /// runs; kubelet's marker appears only after the imports (issue 12: post-start overlaps the
+    /// boot, so a boot that reaches kubelet once containerd's marker exists must still skip it).
     #[test]
-    fn on_a_gated_boot_each_service_starts_once_after_the_gate() {
+    fn on_a_gated_boot_each_service_starts_once_after_its_own_gate() {
         let fake = Fake::gated_boot();
         let (r, log) = sequence(&fake, None);
         r.unwrap();
-        let gate = log.iter().position(|l| l == "file unit gate").unwrap();
+        let at = |l: &str| log.iter().position(|x| x == l).unwrap();
         let starts: Vec<usize> = (0..log.len())
             .filter(|&i| log[i].starts_with("start "))
             .collect();
         assert_eq!(starts.len(), 2, "{log:?}");
-        assert!(starts.iter().all(|&i| i > gate), "{log:?}");
+        assert!(
+            at("file unit gate") < at("start containerd.service"),
+            "{log:?}"
+        );
+        assert!(at("import") < at("file kubelet's unit gate"), "{log:?}");
+        assert!(
+            at("file kubelet's unit gate") < at("start kubelet.service"),
+            "{log:?}"
+        );
         assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
         // And the fake really models the gate: without the marker a start is refused.
         let gated = Fake::gated_boot();
