@@ -1,8 +1,8 @@
 //! Crash at any step, without systemd: the failpoints build of the binary is killed with SIGKILL
 //! at each named point of pre-start, install and post-start, then run again without the
 //! failpoint, as systemd's `Restart=on-failure` would. post-start runs through `rewire-root`,
-//! which is post-start's own executor (`rewire_with_services_stopped` over `run_file_step` and
-//! `import_images`) against a machine rootfs on disk with no systemd in it: service stops and
+//! which is post-start's own plan and executor (`poststart::plan` run by `poststart::execute`,
+//! the product's one executor) against a machine rootfs on disk with no systemd in it: service stops and
 //! starts are logged no-ops, `ldconfig` is the host's `ldconfig -r <rootfs>`, and an import fails
 //! as one whose `ctr` could not run (the tarball is set aside).
 //!
