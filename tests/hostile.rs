@@ -86,7 +86,11 @@ fn world() -> World {
     for p in ["app.tar", "bad.tar", "failed/bad.tar", "failed/bad.tar.1"] {
         std::fs::write(h(&format!("{STAGED}/{p}")), "host\n").unwrap();
     }
-    std::fs::write(h("run/nspawn-lifecycle/wired"), "host\n").unwrap();
+    std::fs::create_dir_all(h("run/nspawn-lifecycle/released")).unwrap();
+    for unit in ["containerd.service", "kubelet.service"] {
+        let decoy = h(&format!("run/nspawn-lifecycle/released/{unit}"));
+        std::fs::write(decoy, "host\n").unwrap();
+    }
     std::fs::write(h("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
     for p in [
         "etc/cdi/nvidia.yaml",
