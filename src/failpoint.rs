@@ -16,6 +16,8 @@
 pub enum Point {
     /// Any command, right after it took the machine lock.
     AfterLock,
+    /// post-start: the machine's bus answered (its boot may still be running), nothing stopped.
+    AfterBus,
     /// post-start: kubelet was stopped, containerd still runs.
     AfterKubeletStop,
     /// post-start: both services were stopped.
@@ -24,8 +26,8 @@ pub enum Point {
     MidLinks,
     /// post-start: the CDI spec's temp file is written and synced, not yet renamed.
     MidCdiWrite,
-    /// post-start: the unit-gate marker's temp file is written, not yet renamed (file steps done,
-    /// containerd not yet started).
+    /// post-start: containerd's unit-gate marker's temp file is written, not yet renamed (file
+    /// steps done, containerd not yet started).
     PostStartMidGateRelease,
     /// post-start: containerd was started again, images not yet imported.
     AfterContainerdStart,
@@ -34,7 +36,10 @@ pub enum Point {
     /// a tarball. (Killed while `ctr` runs, the helper leaves the import to its transient unit
     /// in the machine, which finishes or goes down with the machine; the tarball stays put.)
     MidImageImport,
-    /// post-start: images imported, kubelet not yet started.
+    /// post-start: images imported; kubelet's unit-gate marker's temp file is written, not yet
+    /// renamed.
+    PostStartMidKubeletGateRelease,
+    /// post-start: images imported, kubelet's marker created, kubelet not yet started.
     BeforeKubeletStart,
     /// pre-start: the unit-gate drop-in's temp file is written, not yet renamed.
     PreStartMidGateWrite,
@@ -53,8 +58,9 @@ pub enum Point {
 }
 
 /// Every point, in the order a run meets them.
-pub const ALL: [Point; 16] = [
+pub const ALL: [Point; 18] = [
     Point::AfterLock,
+    Point::AfterBus,
     Point::AfterKubeletStop,
     Point::AfterContainerdStop,
     Point::MidLinks,
@@ -62,6 +68,7 @@ pub const ALL: [Point; 16] = [
     Point::PostStartMidGateRelease,
     Point::AfterContainerdStart,
     Point::MidImageImport,
+    Point::PostStartMidKubeletGateRelease,
     Point::BeforeKubeletStart,
     Point::PreStartMidGateWrite,
     Point::PreStartMidNspawnWrite,
@@ -77,6 +84,7 @@ impl Point {
     pub fn name(self) -> &'static str {
         match self {
             Point::AfterLock => "after-lock",
+            Point::AfterBus => "post-start-after-bus",
             Point::AfterKubeletStop => "post-start-after-kubelet-stop",
             Point::AfterContainerdStop => "post-start-after-containerd-stop",
             Point::MidLinks => "post-start-mid-links",
@@ -84,6 +92,7 @@ impl Point {
             Point::PostStartMidGateRelease => "post-start-mid-gate-release",
             Point::AfterContainerdStart => "post-start-after-containerd-start",
             Point::MidImageImport => "post-start-mid-image-import",
+            Point::PostStartMidKubeletGateRelease => "post-start-mid-kubelet-gate-release",
             Point::BeforeKubeletStart => "post-start-before-kubelet-start",
             Point::PreStartMidGateWrite => "pre-start-mid-gate-write",
             Point::PreStartMidNspawnWrite => "pre-start-mid-nspawn-write",

@@ -4,14 +4,21 @@
 //! rewire the driver and starts them again: two starts and two stops per restart, and a kubelet
 //! that can begin starting pods against the previous boot's dangling library links before
 //! post-start stops it. With it, pre-start binds one read-only drop-in (`assets/unit-gate.conf`,
-//! `ConditionPathExists=`[`WIRED`]) into the machine's runtime unit directory for both units, so
-//! the boot skips them; post-start wires the driver, creates [`WIRED`] in the machine and starts
-//! them once, in the order DESIGN §5 gives. The stops post-start still issues find nothing
-//! running at boot and cost one D-Bus round trip each.
+//! `ConditionPathExists=/run/nspawn-lifecycle/released/%n`) into the machine's runtime unit
+//! directory for both units, so each unit has a marker of its own ([`marker`]): a start of the
+//! unit before its marker exists is skipped by systemd ("unmet condition").
+//!
+//! post-start runs while the machine boots (the `.nspawn` file says `NotifyReady=no`), so each
+//! marker is created exactly when that unit's precondition holds (DESIGN §5, issue 12):
+//! containerd's once the driver is wired (driver root checked, links, `ldconfig`, CDI spec),
+//! kubelet's once the staged images are imported too. A boot that reaches either unit before
+//! then skips it; one that reaches it after finds it allowed, which is safe by construction. One
+//! marker for both would let a boot that reaches kubelet after the wiring start it before the
+//! images are imported.
 //!
 //! Nothing in the machine rootfs changes: the drop-ins live in the machine's `/run` (a tmpfs
 //! nspawn creates at each start) and vanish with the bind when the `.nspawn` file no longer
-//! names them (uninstall, or a host without NVIDIA GPUs). The marker lives in the same tmpfs, so
+//! names them (uninstall, or a host without NVIDIA GPUs). The markers live in the same tmpfs, so
 //! every boot is gated afresh.
 
 use crate::failpoint::Point;
@@ -26,8 +33,17 @@ pub const HOST_FILE: &str = "/run/nspawn-lifecycle/unit-gate.conf";
 /// The drop-in's bytes.
 pub const CONTENT: &str = include_str!("../assets/unit-gate.conf");
 
-/// The marker, in the machine, whose existence lets the gated units start.
-pub const WIRED: &str = "/run/nspawn-lifecycle/wired";
+/// The directory, in the machine, of the markers whose existence lets each gated unit start
+/// (the drop-in's `%n`: one file per unit, named after it).
+pub const MARKER_DIR: &str = "/run/nspawn-lifecycle/released";
+
+/// The marker that lets `unit` start: [`MARKER_DIR`]`/<unit>`, what the drop-in's
+/// `ConditionPathExists=` names for it once systemd expands `%n` to the unit's name.
+pub fn marker(unit: &UnitName) -> MachinePath {
+    format!("{MARKER_DIR}/{unit}")
+        .parse()
+        .expect("a unit name holds no '/', control character or space, so the path is valid")
+}
 
 /// [`HOST_FILE`] as the `.nspawn` renderer takes it.
 pub fn host_file() -> HostPath {
@@ -64,17 +80,25 @@ pub fn is_gated(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&dropin(unit))?.is_some())
 }
 
-/// Create [`WIRED`] in the machine (a no-op when it is there). Returns whether it wrote.
-pub fn release(root: &MachineRoot) -> Result<bool> {
-    let (dir, name) = split_parent(WIRED)?;
+/// Whether `unit` may start this boot (its marker exists).
+pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+    Ok(root.kind_of(&marker(unit))?.is_some())
+}
+
+/// Create `unit`'s marker in the machine (a no-op when it is there): from now on a start of
+/// `unit` is no longer skipped. `point` is the failpoint between its temp file and the rename.
+/// Returns whether it wrote.
+pub fn release(root: &MachineRoot, unit: &UnitName, point: Point) -> Result<bool> {
+    let path = marker(unit);
+    let (dir, name) = split_parent(path.as_str())?;
     root.create_dir_all(&dir, 0o755)?
         .write_file(
             name,
-            b"nspawn-lifecycle post-start wired this boot's NVIDIA state\n",
+            format!("nspawn-lifecycle post-start released {unit} this boot\n").as_bytes(),
             0o644,
-            Point::PostStartMidGateRelease,
+            point,
         )
-        .with_context(|| format!("releasing the unit gate ({WIRED} in the machine)"))
+        .with_context(|| format!("releasing the unit gate of {unit} ({path} in the machine)"))
 }
 
 #[cfg(test)]
@@ -83,7 +107,7 @@ mod tests {
 
     #[test]
     fn the_dropin_conditions_on_the_marker() {
-        assert!(CONTENT.contains(&format!("\n[Unit]\nConditionPathExists={WIRED}\n")));
+        assert!(CONTENT.contains(&format!("\n[Unit]\nConditionPathExists={MARKER_DIR}/%n\n")));
         assert!(
             CONTENT.lines().all(|l| l.is_empty()
                 || l.starts_with('#')
@@ -124,17 +148,46 @@ mod tests {
     }
 
     #[test]
-    fn release_creates_the_marker_once() {
+    fn release_creates_each_units_marker_once() {
         let dir = tempfile::tempdir().unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
         let kubelet: UnitName = "kubelet.service".parse().unwrap();
+        let containerd: UnitName = "containerd.service".parse().unwrap();
         assert!(!is_gated(&root, &kubelet).unwrap());
-        assert!(release(&root).unwrap());
-        assert!(!release(&root).unwrap(), "second release writes nothing");
-        assert!(dir.path().join("run/nspawn-lifecycle/wired").is_file());
+        let p = Point::PostStartMidGateRelease;
+        assert!(release(&root, &containerd, p).unwrap());
+        assert!(
+            !release(&root, &containerd, p).unwrap(),
+            "second release writes nothing"
+        );
+        assert!(is_released(&root, &containerd).unwrap());
+        assert!(
+            !is_released(&root, &kubelet).unwrap(),
+            "containerd's marker is not kubelet's"
+        );
+        assert!(
+            dir.path()
+                .join("run/nspawn-lifecycle/released/containerd.service")
+                .is_file()
+        );
+        assert!(release(&root, &kubelet, p).unwrap());
+        assert!(
+            dir.path()
+                .join("run/nspawn-lifecycle/released/kubelet.service")
+                .is_file()
+        );
         let d = dir.path().join("run/systemd/system/kubelet.service.d");
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("50-nspawn-lifecycle-gate.conf"), CONTENT).unwrap();
         assert!(is_gated(&root, &kubelet).unwrap());
+    }
+
+    /// The drop-in's `%n` is the unit's name as systemd spells it, escapes included.
+    #[test]
+    fn the_marker_is_the_units_name() {
+        assert_eq!(
+            marker(&"kube\\x2dlet.service".parse().unwrap()),
+            "/run/nspawn-lifecycle/released/kube\\x2dlet.service"
+        );
     }
 }

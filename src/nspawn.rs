@@ -228,7 +228,14 @@ impl fmt::Display for NspawnFile {
         if !self.drop_capabilities.is_empty() {
             writeln!(f, "DropCapability={}", self.drop_capabilities.join(" "))?;
         }
-        f.write_str("PrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady=yes\n")?;
+        // NotifyReady=no: the unit's ExecStartPost= (post-start) runs as soon as the container is
+        // up, overlapping the boot; the unit gate holds containerd and kubelet (issue 12). With
+        // no hooks left (uninstalled), the start waits for the boot as it always did.
+        let notify_ready = if self.uninstalled { "yes" } else { "no" };
+        write!(
+            f,
+            "PrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady={notify_ready}\n"
+        )?;
         f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
         f.write_str("\n[Files]\n")?;
         for b in &self.binds {

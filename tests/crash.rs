@@ -1,8 +1,8 @@
 //! Crash at any step, without systemd: the failpoints build of the binary is killed with SIGKILL
 //! at each named point of pre-start, install and post-start, then run again without the
 //! failpoint, as systemd's `Restart=on-failure` would. post-start runs through `rewire-root`,
-//! which is post-start's own executor (`rewire_with_services_stopped` over `run_file_step` and
-//! `import_images`) against a machine rootfs on disk with no systemd in it: service stops and
+//! which is post-start's own plan and executor (`poststart::plan` run by `poststart::execute`,
+//! the product's one executor) against a machine rootfs on disk with no systemd in it: service stops and
 //! starts are logged no-ops, `ldconfig` is the host's `ldconfig -r <rootfs>`, and an import fails
 //! as one whose `ctr` could not run (the tarball is set aside).
 //!
@@ -41,7 +41,11 @@ const NEW: &str = "580.95.05";
 
 /// Points only a host with systemd reaches (`install` reloads only with the real `/` as host
 /// root); scenario 8 of tests/e2e kills them by these exact names.
-const NEEDS_HOST_SYSTEMD: &[Point] = &[Point::InstallBeforeDaemonReload];
+const NEEDS_HOST_SYSTEMD: &[Point] = &[
+    Point::InstallBeforeDaemonReload,
+    // Right after the machine's systemd answered on its bus: `rewire-root` has no bus to wait for.
+    Point::AfterBus,
+];
 
 /// Every point a case killed (and saw die there), by name: filled by [`killed`].
 static KILLED: std::sync::Mutex<std::collections::BTreeSet<String>> =
@@ -495,10 +499,15 @@ fn post_start_killed_anywhere_heals_on_the_next_run(fresh: bool) {
         Point::PostStartMidGateRelease.name().to_owned(),
         Point::AfterContainerdStart.name().to_owned(),
         Point::MidImageImport.name().to_owned(),
+        Point::PostStartMidKubeletGateRelease.name().to_owned(),
         Point::BeforeKubeletStart.name().to_owned(),
     ];
     for case in &cases {
-        if !fresh && case == Point::PostStartMidGateRelease.name() {
+        let marker_write = [
+            Point::PostStartMidGateRelease.name(),
+            Point::PostStartMidKubeletGateRelease.name(),
+        ];
+        if !fresh && marker_write.contains(&case.as_str()) {
             continue; // the marker is there from the last start: nothing is written
         }
         let what = format!(

@@ -196,7 +196,9 @@ fn check_example(name: &str) {
             if state == "complete" {
                 assert_eq!(binds, 2, "{file}");
                 let dropin = std::fs::read_to_string(&gate).unwrap();
-                assert!(dropin.contains("\nConditionPathExists=/run/nspawn-lifecycle/wired\n"));
+                assert!(
+                    dropin.contains("\nConditionPathExists=/run/nspawn-lifecycle/released/%n\n")
+                );
             } else {
                 assert_eq!(binds, 0, "{file}");
                 assert!(!gate.exists(), "a machine without GPUs is not gated");

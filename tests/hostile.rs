@@ -86,7 +86,11 @@ fn world() -> World {
     for p in ["app.tar", "bad.tar", "failed/bad.tar", "failed/bad.tar.1"] {
         std::fs::write(h(&format!("{STAGED}/{p}")), "host\n").unwrap();
     }
-    std::fs::write(h("run/nspawn-lifecycle/wired"), "host\n").unwrap();
+    std::fs::create_dir_all(h("run/nspawn-lifecycle/released")).unwrap();
+    for unit in ["containerd.service", "kubelet.service"] {
+        let decoy = h(&format!("run/nspawn-lifecycle/released/{unit}"));
+        std::fs::write(decoy, "host\n").unwrap();
+    }
     std::fs::write(h("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
     for p in [
         "etc/cdi/nvidia.yaml",
@@ -197,8 +201,14 @@ const TARGETS: &[(&str, Expect)] = &[
     ("/usr/bin/nvidia-smi", Expect::File),
     ("/dev/char/195:0", Expect::File),
     ("/dev/char/195:254", Expect::File),
-    ("/run/nspawn-lifecycle/wired", Expect::File),
-    ("/run/nspawn-lifecycle/.wired.tmp", Expect::File),
+    (
+        "/run/nspawn-lifecycle/released/kubelet.service",
+        Expect::File,
+    ),
+    (
+        "/run/nspawn-lifecycle/released/.kubelet.service.tmp",
+        Expect::File,
+    ),
     ("/var/lib", Expect::Dir),
     ("/var/lib/nspawn-lifecycle", Expect::Dir),
     ("/var/lib/nspawn-lifecycle/images", Expect::Dir),
@@ -319,6 +329,16 @@ impl Services for Ctr {
 }
 
 /// The default machine settings (staged images in [`STAGED`]).
+/// Release both services' unit gates, as post-start does over a start.
+fn release_gate(root: &MachineRoot) -> anyhow::Result<bool> {
+    let mut wrote = false;
+    for unit in ["containerd.service", "kubelet.service"] {
+        let point = nspawn_lifecycle::failpoint::Point::PostStartMidGateRelease;
+        wrote |= gate::release(root, &unit.parse().unwrap(), point)?;
+    }
+    Ok(wrote)
+}
+
 fn machine_config() -> MachineConfig {
     let dir = tempfile::tempdir().unwrap();
     Config::default()
@@ -396,9 +416,11 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
         );
     }
     record("CDI spec", r.map(|_| String::new()));
-    let r = gate::release(root);
+    let r = release_gate(root);
     if r.is_ok() {
-        let got = root.read_file(gate::WIRED, 4096).unwrap();
+        let got = root
+            .read_file(&gate::marker(&"kubelet.service".parse().unwrap()), 4096)
+            .unwrap();
         assert!(
             got.is_some(),
             "unit gate marker not visible inside the machine"
@@ -507,8 +529,8 @@ fn planted_leaves_never_fail_a_step() {
         "/usr/lib/x86_64-linux-gnu/.libcuda.so.1.tmp",
         "/usr/bin/nvidia-smi",
         "/dev/char/195:0",
-        "/run/nspawn-lifecycle/wired",
-        "/run/nspawn-lifecycle/.wired.tmp",
+        "/run/nspawn-lifecycle/released/kubelet.service",
+        "/run/nspawn-lifecycle/released/.kubelet.service.tmp",
     ] {
         for how in [
             Plant::SymlinkAbsolute,
@@ -525,14 +547,14 @@ fn planted_leaves_never_fail_a_step() {
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
-            gate::release(&root).unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            release_gate(&root).unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             let at = w.in_machine(path);
             let kind = std::fs::symlink_metadata(&at).map(|m| m.file_type());
             match path {
                 "/var/run/cdi/nvidia.com-gpu.json" => {
                     assert_eq!(std::fs::read(&at).unwrap(), spec(NEW), "{path} as {how:?}")
                 }
-                "/run/nspawn-lifecycle/wired" => {
+                "/run/nspawn-lifecycle/released/kubelet.service" => {
                     assert!(kind.unwrap().is_file(), "{path} as {how:?}")
                 }
                 p if p.contains("/.") => assert!(kind.is_err(), "{path} as {how:?} left behind"),
@@ -697,7 +719,7 @@ const RACED: &[&str] = &[
     "/run/cdi/nvidia.com-gpu.json",
     "/etc/cdi/nvidia.yaml",
     "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-    "/run/nspawn-lifecycle/wired",
+    "/run/nspawn-lifecycle/released/kubelet.service",
     "/var/lib/nspawn-lifecycle/images/app.tar",
     "/var/lib/nspawn-lifecycle/images/bad.tar",
 ];
@@ -771,7 +793,7 @@ fn a_racing_attacker_never_reaches_the_host() {
     let mc = machine_config();
     // A first start, so every raced entry exists: the spec, the marker.
     gpu_pass(&root, &inv);
-    gate::release(&root).unwrap();
+    release_gate(&root).unwrap();
     std::fs::write(
         w.in_machine("etc/cdi/nvidia.yaml"),
         "kind: nvidia.com/gpu\n",
@@ -809,7 +831,7 @@ fn a_racing_attacker_never_reaches_the_host() {
                         rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
                             .map(drop),
                     ),
-                    ("unit gate", gate::release(&root).map(drop)),
+                    ("unit gate", release_gate(&root).map(drop)),
                     ("images", import_step(&root, &mc).map(drop)),
                 ];
                 for (step, r) in steps {

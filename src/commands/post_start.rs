@@ -1,10 +1,18 @@
 //! `nspawn-lifecycle post-start`: rewire NVIDIA state inside the machine with its services stopped.
 //!
-//! Order (DESIGN §5): stop kubelet → stop containerd → check the driver root (made by nspawn's
-//! binds at boot) → links → `ldconfig` → CDI spec
-//! → release the unit gate → start containerd → import staged images → start kubelet. In a GPU
-//! machine the gate (src/gate.rs) kept both services from starting at boot, so on a fresh start
-//! the two stops find nothing running and each service starts once, after the driver is wired.
+//! It runs while the machine boots (the `.nspawn` file says `NotifyReady=no`, so systemd runs
+//! `ExecStartPost=` as soon as the container is up), from the moment the machine's systemd
+//! answers on its bus (issue 12). Order (DESIGN §5): stop kubelet → stop containerd → check the
+//! driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
+//! containerd's unit gate → start containerd → import staged images → release kubelet's unit gate
+//! → start kubelet. In a GPU machine the gate (src/gate.rs) holds each service until its own
+//! marker exists, so a boot that reaches a service first skips it, and one that reaches it later
+//! finds its precondition met; the stops cancel a start job the boot still has queued for either
+//! (waiting on its `After=` units) and find nothing running, so each service starts once, from
+//! post-start, after its precondition. A start of a unit whose `After=` units are still starting
+//! waits for them (the job waits in the machine's queue), within `jobTimeoutSeconds`. The unit
+//! reports started (and `systemctl start` returns) when post-start exits: GPUs wired,
+//! containerd active, staged images imported, kubelet active, or the start failed.
 //! When a step after the stops fails, the services that were running before post-start stopped
 //! them are started again (best effort, each result logged) before the error is returned: a
 //! failed post-start on a running machine puts back what ran before it. On a gated boot nothing
@@ -22,7 +30,8 @@ use crate::gate;
 use crate::host::HostRoot;
 use crate::lock;
 use crate::machine_name::MachineName;
-use crate::machine_root::{FileKind, MachineRoot};
+use crate::machine_root::{FileKind, MachineDir, MachineRoot};
+use crate::paths::{MachinePath, UnitName};
 use crate::rewire;
 use crate::systemd::{self, MachineHandle, Systemd, TransientOutcome};
 use anyhow::{Context as _, Result};
@@ -135,66 +144,90 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 
     let spec = cdi::spec(&inv, &mc.cdi_kind);
     let (Some(driver), Some(spec)) = (inv.complete_driver(), spec) else {
-        // No NVIDIA devices: services are left alone; only stale NVIDIA state is removed so pods
-        // cannot be handed GPUs that are gone.
-        let report = rewire::cleanup(root, &mc.cdi_dir, &spec_file)
-            .with_context(|| format!("post-start of {machine}: removing stale NVIDIA state"))?;
-        let why = if mc.gpus == crate::config::Gpus::None {
-            "no NVIDIA GPUs for this machine (gpus: none)"
-        } else {
-            "no NVIDIA GPUs on the host"
-        };
-        tracing::info!(%machine, "{why}; {report}");
-        // Unless pre-start still saw GPUs and gated the services (they went in between): then
-        // nothing else would ever start them this boot.
-        if gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)? {
-            gate::release(root)?;
-            let sd = systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)?;
-            let services = MachineServices {
-                sd: &sd,
-                job_timeout: mc.job_timeout,
-            };
-            for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
-                services
-                    .start(unit)
-                    .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
-                tracing::info!(%machine, %unit, "started (gated at boot while the host had GPUs)");
-            }
-        }
-        return Ok(());
+        return without_gpus(machine, &mc, &handle, &spec_file);
     };
-    let sd = timed(machine, "wait running", || {
-        systemd::wait_running(&handle, Instant::now() + mc.boot_timeout)
+    // The boot goes on meanwhile: the unit gate holds both services until their markers exist.
+    let sd = timed(machine, "wait bus", || {
+        systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout)
     })?;
+    failpoint::hit(Point::AfterBus);
     let services = MachineServices {
         sd: &sd,
         job_timeout: mc.job_timeout,
     };
     let json = cdi::render(&spec);
-    let driver_version = driver.version.clone();
-    let started = Instant::now();
-    execute(
+    let wiring = Wiring {
         machine,
-        &mc,
-        &ctx.host,
+        mc: &mc,
+        host: &ctx.host,
         root,
-        &inv,
-        &spec_file,
-        json.as_bytes(),
-        &services,
-    )?;
+        inv: &inv,
+        spec_file: &spec_file,
+        json: json.as_bytes(),
+        services: &services,
+    };
+    let started = Instant::now();
+    execute(&plan(&mc), machine, &wiring, &services)?;
     tracing::debug!(%machine, step = "post-start", us = micros(total.elapsed()), "step timing");
     tracing::info!(
         %machine,
-        "post-start done in {:.2}s: NVIDIA driver {driver_version}, {} GPU(s)",
+        "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
         started.elapsed().as_secs_f64(),
+        driver.version,
         inv.gpus.len()
     );
     Ok(())
 }
 
-/// `rewire-root` (failpoints builds only): post-start's executor, exactly as the product runs it
-/// ([`rewire_with_services_stopped`] over [`run_file_step`] and [`import_images`]), against a
+/// post-start of a machine without NVIDIA devices: services are left alone; only stale NVIDIA
+/// state is removed so pods cannot be handed GPUs that are gone. Unless pre-start still saw GPUs
+/// and gated the services (they went in between): then nothing else would ever start them this
+/// boot, so both gates are released and both services started.
+fn without_gpus(
+    machine: &MachineName,
+    mc: &MachineConfig,
+    handle: &MachineHandle,
+    spec_file: &str,
+) -> Result<()> {
+    let root = handle.root();
+    let report = rewire::cleanup(root, &mc.cdi_dir, spec_file)
+        .with_context(|| format!("post-start of {machine}: removing stale NVIDIA state"))?;
+    let why = if mc.gpus == crate::config::Gpus::None {
+        "no NVIDIA GPUs for this machine (gpus: none)"
+    } else {
+        "no NVIDIA GPUs on the host"
+    };
+    tracing::info!(%machine, "{why}; {report}");
+    let gated =
+        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
+    if gated {
+        gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
+        gate::release(
+            root,
+            &mc.kubelet_unit,
+            Point::PostStartMidKubeletGateRelease,
+        )?;
+    }
+    // The start returns once the boot is done, as it did when post-start ran after it
+    // (`NotifyReady=yes`): the boot starts this machine's services itself.
+    let sd = systemd::wait_running(handle, Instant::now() + mc.boot_timeout)?;
+    if gated {
+        let services = MachineServices {
+            sd: &sd,
+            job_timeout: mc.job_timeout,
+        };
+        for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
+            services
+                .start(unit)
+                .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
+            tracing::info!(%machine, %unit, "started (gated at boot while the host had GPUs)");
+        }
+    }
+    Ok(())
+}
+
+/// `rewire-root` (failpoints builds only): post-start's plan and executor, exactly as the product
+/// runs them ([`plan`], [`execute`] over [`Wiring`]), against a
 /// machine rootfs directory on disk with no systemd in it ([`OnDisk`]), for the crash tests.
 #[cfg(feature = "failpoints")]
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
@@ -219,16 +252,17 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     };
     let json = cdi::render(&spec);
     let services = OnDisk { dir };
-    execute(
+    let wiring = Wiring {
         machine,
-        &mc,
-        &ctx.host,
-        &root,
-        &inv,
-        &spec_file,
-        json.as_bytes(),
-        &services,
-    )
+        mc: &mc,
+        host: &ctx.host,
+        root: &root,
+        inv: &inv,
+        spec_file: &spec_file,
+        json: json.as_bytes(),
+        services: &services,
+    };
+    execute(&plan(&mc), machine, &wiring, &services)
 }
 
 /// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,
@@ -331,42 +365,6 @@ fn bind_driver_root(
     Ok(())
 }
 
-/// Post-start's executor, shared by the product and `rewire-root`: the services stopped around
-/// the file steps and the imports ([`rewire_with_services_stopped`] over [`run_file_step`] and
-/// [`import_images`]).
-#[allow(clippy::too_many_arguments)]
-fn execute(
-    machine: &MachineName,
-    mc: &MachineConfig,
-    host: &HostRoot,
-    root: &MachineRoot,
-    inv: &Inventory,
-    spec_file: &str,
-    json: &[u8],
-    services: &dyn Services,
-) -> Result<()> {
-    let mut library_links_changed = true;
-    rewire_with_services_stopped(
-        machine,
-        mc,
-        services,
-        &mut |step| {
-            run_file_step(
-                step,
-                host,
-                root,
-                inv,
-                mc,
-                spec_file,
-                json,
-                services,
-                &mut library_links_changed,
-            )
-        },
-        &mut || import_images(machine, root, mc, services),
-    )
-}
-
 /// A machine rootfs on disk with no systemd in it. Nothing runs there, so no unit is active and
 /// stops and starts are logged no-ops. `ldconfig` is the host's `ldconfig -r <rootfs>`, which
 /// rebuilds the rootfs's own `/etc/ld.so.cache` from its own `ld.so.conf`, as the machine's
@@ -439,33 +437,20 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The file steps, in order, between stopping and starting the services.
+/// The file steps: what post-start writes or checks in the machine's rootfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileStep {
     DriverRoot,
     Links,
-    Ldconfig,
     Cdi,
-    /// Create the unit gate's marker (src/gate.rs): containerd and kubelet may start now.
-    Gate,
 }
 
 impl FileStep {
-    const ALL: [FileStep; 5] = [
-        FileStep::DriverRoot,
-        FileStep::Links,
-        FileStep::Ldconfig,
-        FileStep::Cdi,
-        FileStep::Gate,
-    ];
-
     fn name(self) -> &'static str {
         match self {
             FileStep::DriverRoot => "driver root",
             FileStep::Links => "library and /dev/char links",
-            FileStep::Ldconfig => "ldconfig",
             FileStep::Cdi => "CDI spec",
-            FileStep::Gate => "unit gate",
         }
     }
 
@@ -474,67 +459,210 @@ impl FileStep {
         match self {
             FileStep::DriverRoot => "driver-root",
             FileStep::Links => "links",
-            FileStep::Ldconfig => "ldconfig",
             FileStep::Cdi => "cdi",
-            FileStep::Gate => "gate",
         }
     }
 }
 
-/// One file step. `library_links_changed` carries what the links step did to the ldconfig step:
-/// `ldconfig` is skipped when no library link changed and the machine's `ld.so.cache` already
-/// lists the driver's libraries (a transient unit and a full cache rebuild on every start
-/// otherwise, most of the rewiring's time when nothing changed).
-#[allow(clippy::too_many_arguments)]
-fn run_file_step(
-    step: FileStep,
-    host: &HostRoot,
-    root: &MachineRoot,
-    inv: &Inventory,
-    mc: &MachineConfig,
-    spec_file: &str,
-    json: &[u8],
-    services: &dyn Services,
-    library_links_changed: &mut bool,
-) -> Result<String> {
-    let driver = inv
-        .complete_driver()
-        .context("file steps without a complete NVIDIA driver: post-start runs them only when discovery found one (a bug)")?;
-    Ok(match step {
-        FileStep::DriverRoot => format!(
-            "driver root: {} binds of driver {} checked against the host",
-            rewire::verify_driver_root(root, host, driver)?,
-            driver.version
-        ),
-        FileStep::Links => {
-            let report = rewire::rebuild_links(root, inv)?;
-            *library_links_changed = rewire::library_links_changed(&report);
-            report.to_string()
+/// One step of post-start's rewire plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Stop the unit (noting first whether it ran: a failure puts back only that), then reach
+    /// the failpoint.
+    Stop(UnitName, Point),
+    File(FileStep),
+    /// The machine's own `ldconfig`, as a transient unit of its systemd; skipped when no library
+    /// link changed and the machine's `ld.so.cache` already lists the driver (a transient unit
+    /// and a full cache rebuild on every start otherwise, most of the rewiring's time when
+    /// nothing changed).
+    Ldconfig,
+    /// Create the unit's gate marker (src/gate.rs): from now on the unit may start. The point is
+    /// the failpoint between the marker's temp file and its rename; `key` the log line's `step`.
+    Release {
+        unit: UnitName,
+        point: Point,
+        key: &'static str,
+    },
+    /// Start the unit and check it runs, with failpoints before and after.
+    Start {
+        unit: UnitName,
+        before: Option<Point>,
+        after: Option<Point>,
+    },
+    /// Import the staged images in this directory ([`import_images`]); a problem there is
+    /// logged, never fatal.
+    Import(MachinePath),
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Stop(unit, _) => write!(f, "stop {unit}"),
+            Step::File(step) => write!(f, "{}", step.name()),
+            Step::Ldconfig => f.write_str("ldconfig"),
+            Step::Release { unit, .. } => write!(f, "release {unit}"),
+            Step::Start { unit, .. } => write!(f, "start {unit}"),
+            Step::Import(dir) => write!(f, "import staged images from {dir}"),
         }
-        FileStep::Ldconfig if !*library_links_changed && ld_cache_current(root, driver) => {
-            "ldconfig: not needed, no library link changed and /etc/ld.so.cache lists the driver"
-                .to_owned()
+    }
+}
+
+/// post-start's rewire plan: a plain value, computed from the configuration before anything is
+/// touched, run by [`execute`] (the product and `rewire-root` alike).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let steps: Vec<String> = self.steps.iter().map(Step::to_string).collect();
+        f.write_str(&steps.join(" → "))
+    }
+}
+
+/// The order of DESIGN §5 and issue 12: both services stopped (which also cancels a start job
+/// the boot still has queued for either), the driver wired, containerd released and started,
+/// the staged images imported, kubelet released and started.
+pub fn plan(mc: &MachineConfig) -> Plan {
+    let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
+    Plan {
+        steps: vec![
+            Step::Stop(kubelet.clone(), Point::AfterKubeletStop),
+            Step::Stop(containerd.clone(), Point::AfterContainerdStop),
+            Step::File(FileStep::DriverRoot),
+            Step::File(FileStep::Links),
+            Step::Ldconfig,
+            Step::File(FileStep::Cdi),
+            Step::Release {
+                unit: containerd.clone(),
+                point: Point::PostStartMidGateRelease,
+                key: "gate",
+            },
+            Step::Start {
+                unit: containerd.clone(),
+                before: None,
+                after: Some(Point::AfterContainerdStart),
+            },
+            Step::Import(mc.staged_images_dir.clone()),
+            Step::Release {
+                unit: kubelet.clone(),
+                point: Point::PostStartMidKubeletGateRelease,
+                key: "gate-kubelet",
+            },
+            Step::Start {
+                unit: kubelet.clone(),
+                before: Some(Point::BeforeKubeletStart),
+                after: None,
+            },
+        ],
+    }
+}
+
+/// What a file step did.
+pub struct FileDone {
+    /// The step's log line.
+    pub line: String,
+    /// Whether a library link changed (the links step; decides whether `ldconfig` runs).
+    pub library_links_changed: bool,
+}
+
+/// What [`execute`] does in the machine apart from its services: a trait so the ordering and
+/// the restore-on-failure rules are unit-tested with a recording fake.
+pub trait Work {
+    fn file(&self, step: FileStep) -> Result<FileDone>;
+    /// Run `ldconfig` unless nothing needs it (see [`Step::Ldconfig`]). Returns the log line.
+    fn ldconfig(&self, library_links_changed: bool) -> Result<String>;
+    /// Create `unit`'s gate marker. Returns the log line.
+    fn release(&self, unit: &UnitName, point: Point) -> Result<String>;
+    /// Import the staged images: (imported, set aside).
+    fn import(&self) -> Result<(usize, usize)>;
+}
+
+/// The real machine: its rootfs, the inventory it is wired for and its systemd.
+pub struct Wiring<'a> {
+    pub machine: &'a MachineName,
+    pub mc: &'a MachineConfig,
+    pub host: &'a HostRoot,
+    pub root: &'a MachineRoot,
+    pub inv: &'a Inventory,
+    pub spec_file: &'a str,
+    pub json: &'a [u8],
+    pub services: &'a dyn Services,
+}
+
+impl Wiring<'_> {
+    fn driver(&self) -> Result<&discovery::UserspaceDriver> {
+        self.inv.complete_driver().context(
+            "file steps without a complete NVIDIA driver: post-start runs them only when \
+             discovery found one (a bug)",
+        )
+    }
+}
+
+impl Work for Wiring<'_> {
+    fn file(&self, step: FileStep) -> Result<FileDone> {
+        let driver = self.driver()?;
+        let (line, library_links_changed) = match step {
+            FileStep::DriverRoot => (
+                format!(
+                    "driver root: {} binds of driver {} checked against the host",
+                    rewire::verify_driver_root(self.root, self.host, driver)?,
+                    driver.version
+                ),
+                false,
+            ),
+            FileStep::Links => {
+                let report = rewire::rebuild_links(self.root, self.inv)?;
+                (report.to_string(), rewire::library_links_changed(&report))
+            }
+            FileStep::Cdi => {
+                let kind = self.mc.cdi_kind.clone();
+                let report =
+                    rewire::write_cdi(self.root, &self.mc.cdi_dir, self.spec_file, self.json, {
+                        |name, bytes| cdi::conflicts(&kind, name, bytes)
+                    })?;
+                (report.to_string(), false)
+            }
+        };
+        Ok(FileDone {
+            line,
+            library_links_changed,
+        })
+    }
+
+    fn ldconfig(&self, library_links_changed: bool) -> Result<String> {
+        if !library_links_changed && ld_cache_current(self.root, self.driver()?) {
+            return Ok(
+                "ldconfig: not needed, no library link changed and /etc/ld.so.cache lists the \
+                 driver"
+                    .to_owned(),
+            );
         }
-        FileStep::Ldconfig => {
-            let out = services.run(
-                "nspawn-lifecycle-ldconfig",
-                &["/sbin/ldconfig"],
-                None,
-                mc.job_timeout,
-            )?;
-            out.check("ldconfig")?;
-            format!("ldconfig: done in {:.2}s", out.elapsed.as_secs_f64())
-        }
-        FileStep::Cdi => {
-            let kind = mc.cdi_kind.clone();
-            rewire::write_cdi(root, &mc.cdi_dir, spec_file, json, |name, bytes| {
-                cdi::conflicts(&kind, name, bytes)
-            })?
-            .to_string()
-        }
-        FileStep::Gate if gate::release(root)? => format!("unit gate: released ({})", gate::WIRED),
-        FileStep::Gate => "unit gate: already released".to_owned(),
-    })
+        let out = self.services.run(
+            "nspawn-lifecycle-ldconfig",
+            &["/sbin/ldconfig"],
+            None,
+            self.mc.job_timeout,
+        )?;
+        out.check("ldconfig")?;
+        Ok(format!(
+            "ldconfig: done in {:.2}s",
+            out.elapsed.as_secs_f64()
+        ))
+    }
+
+    fn release(&self, unit: &UnitName, point: Point) -> Result<String> {
+        Ok(if gate::release(self.root, unit, point)? {
+            format!("unit gate: released {unit} ({})", gate::marker(unit))
+        } else {
+            format!("unit gate: {unit} already released")
+        })
+    }
+
+    fn import(&self) -> Result<(usize, usize)> {
+        import_images(self.machine, self.root, self.mc, self.services)
+    }
 }
 
 /// [`rewire::ld_cache_lists_driver`], where a cache that cannot be read means running `ldconfig`.
@@ -545,104 +673,158 @@ fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> 
     })
 }
 
-/// Stop kubelet then containerd, run the file steps, start containerd, import staged images,
-/// start kubelet. On a failure after the stops, start again only the services that were running
-/// before the stops (see the module documentation) and return the error.
-/// Image imports never fail the start: a problem there is logged and kubelet starts anyway.
-pub fn rewire_with_services_stopped(
+/// The one executor: run `plan`'s steps in order. On a failure, start again only the services
+/// that were running before their stop (in the plan's start order; see the module
+/// documentation) and return the error.
+pub fn execute(
+    plan: &Plan,
     machine: &MachineName,
-    mc: &MachineConfig,
+    work: &dyn Work,
     services: &dyn Services,
-    file_step: &mut dyn FnMut(FileStep) -> Result<String>,
-    import: &mut dyn FnMut() -> Result<(usize, usize)>,
 ) -> Result<()> {
-    // What ran before post-start: the only services a failure puts back.
-    let mut was_running = Vec::new();
-    for (unit, point) in [
-        (&mc.kubelet_unit, Point::AfterKubeletStop),
-        (&mc.containerd_unit, Point::AfterContainerdStop),
-    ] {
-        let running = services.is_active(unit).unwrap_or_else(|e| {
+    let mut run = Run {
+        machine,
+        work,
+        services,
+        was_running: Vec::new(),
+        library_links_changed: true,
+    };
+    for step in &plan.steps {
+        if let Err(e) = run.step(step) {
+            let restore: Vec<&UnitName> = plan
+                .steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Start { unit, .. } if run.was_running.contains(unit) => Some(unit),
+                    _ => None,
+                })
+                .collect();
+            start_again(machine, plan, services, &restore);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The state of one run of a plan.
+struct Run<'a> {
+    machine: &'a MachineName,
+    work: &'a dyn Work,
+    services: &'a dyn Services,
+    /// What ran before post-start stopped it: the only services a failure puts back.
+    was_running: Vec<UnitName>,
+    /// What the links step said (true until it ran: `ldconfig` then runs).
+    library_links_changed: bool,
+}
+
+impl Run<'_> {
+    fn step(&mut self, step: &Step) -> Result<()> {
+        let machine = self.machine;
+        let what = || format!("post-start of {machine}: step '{step}'");
+        let started = Instant::now();
+        let line = match step {
+            Step::Stop(unit, point) => {
+                self.stop(unit)?;
+                failpoint::hit(*point);
+                return Ok(());
+            }
+            Step::Start {
+                unit,
+                before,
+                after,
+            } => {
+                before.map(failpoint::hit);
+                timed(machine, &step.to_string(), || self.services.start(unit))
+                    .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
+                tracing::info!(%machine, %unit, "started");
+                after.map(failpoint::hit);
+                return Ok(());
+            }
+            Step::Import(dir) => {
+                self.import(dir);
+                return Ok(());
+            }
+            Step::File(file) => {
+                let done =
+                    timed(machine, file.name(), || self.work.file(*file)).with_context(what)?;
+                if *file == FileStep::Links {
+                    self.library_links_changed = done.library_links_changed;
+                }
+                (file.key(), done.line)
+            }
+            Step::Ldconfig => {
+                let changed = self.library_links_changed;
+                let line = timed(machine, "ldconfig", || self.work.ldconfig(changed))
+                    .with_context(what)?;
+                ("ldconfig", line)
+            }
+            Step::Release { unit, point, key } => {
+                let line = timed(machine, &step.to_string(), || {
+                    self.work.release(unit, *point)
+                })
+                .with_context(what)?;
+                (*key, line)
+            }
+        };
+        let (key, line) = line;
+        tracing::info!(%machine, step = %key, us = micros(started.elapsed()), "{line}");
+        Ok(())
+    }
+
+    fn stop(&mut self, unit: &UnitName) -> Result<()> {
+        let machine = self.machine;
+        let running = self.services.is_active(unit).unwrap_or_else(|e| {
             // Unknown: count it as running, so a failure tries to put it back rather than
             // leave a node down that was serving.
             tracing::warn!(%machine, %unit, "could not tell whether it runs: {e:#}");
             true
         });
-        if let Err(e) = timed(machine, &format!("stop {unit}"), || services.stop(unit)) {
-            // Put back what was already stopped (kubelet) before giving up.
-            start_again(machine, mc, services, &was_running);
-            return Err(e.context(format!("post-start of {machine}: stopping {unit}")));
-        }
+        timed(machine, &format!("stop {unit}"), || {
+            self.services.stop(unit)
+        })
+        .with_context(|| format!("post-start of {machine}: stopping {unit}"))?;
         tracing::info!(%machine, %unit, "stopped");
         if running {
-            was_running.push(unit);
+            self.was_running.push(unit.clone());
         }
-        failpoint::hit(point);
+        Ok(())
     }
-    let result = (|| -> Result<()> {
-        for step in FileStep::ALL {
-            let started = Instant::now();
-            let line = timed(machine, step.name(), || file_step(step))
-                .with_context(|| format!("post-start of {machine}: step '{}'", step.name()))?;
-            let us = micros(started.elapsed());
-            tracing::info!(%machine, step = %step.key(), us, "{line}");
-        }
-        let unit = &mc.containerd_unit;
-        timed(machine, &format!("start {unit}"), || services.start(unit))
-            .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
-        tracing::info!(%machine, %unit, "started");
-        failpoint::hit(Point::AfterContainerdStart);
-        match timed(machine, "import", &mut *import) {
+
+    /// Image imports never fail the start: a problem there is logged and kubelet starts anyway.
+    fn import(&self, dir: &MachinePath) {
+        let machine = self.machine;
+        match timed(machine, "import", || self.work.import()) {
             Ok((0, 0)) => {}
             Ok((ok, 0)) => tracing::info!(%machine, "imported {ok} staged image(s)"),
             Ok((ok, bad)) => tracing::error!(
                 %machine,
-                "imported {ok} staged image(s); {bad} failed and were moved to {}/{FAILED_DIR}",
-                mc.staged_images_dir
+                "imported {ok} staged image(s); {bad} failed and were moved to {dir}/{FAILED_DIR}"
             ),
-            Err(e) => tracing::error!(
-                %machine,
-                "staged images in {} were not imported: {e:#}",
-                mc.staged_images_dir
-            ),
+            Err(e) => tracing::error!(%machine, "staged images in {dir} were not imported: {e:#}"),
         }
-        let unit = &mc.kubelet_unit;
-        failpoint::hit(Point::BeforeKubeletStart);
-        timed(machine, &format!("start {unit}"), || services.start(unit))
-            .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
-        tracing::info!(%machine, %unit, "started");
-        Ok(())
-    })();
-    if let Err(e) = result {
-        // Dependency order: containerd before kubelet.
-        let restore: Vec<&crate::paths::UnitName> = [&mc.containerd_unit, &mc.kubelet_unit]
-            .into_iter()
-            .filter(|u| was_running.contains(u))
-            .collect();
-        start_again(machine, mc, services, &restore);
-        return Err(e);
     }
-    Ok(())
 }
 
 /// Best-effort starts after a failure of the services in `units`, which ran before post-start
 /// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
 /// an operator had stopped them), say why nothing is started.
-fn start_again(
-    machine: &MachineName,
-    mc: &MachineConfig,
-    services: &dyn Services,
-    units: &[&crate::paths::UnitName],
-) {
+fn start_again(machine: &MachineName, plan: &Plan, services: &dyn Services, units: &[&UnitName]) {
     if units.is_empty() {
+        let names: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Start { unit, .. } => Some(unit.to_string()),
+                _ => None,
+            })
+            .collect();
         tracing::warn!(
             %machine,
-            "post-start failed: neither {} nor {} was running before it, so neither is started \
+            "post-start failed: neither {} was running before it, so neither is started \
              again: on a gated boot the unit gate holds them until a post-start succeeds, and \
              the failed start is retried from a fresh, gated boot by systemd's \
              Restart=on-failure",
-            mc.containerd_unit,
-            mc.kubelet_unit
+            names.join(" nor ")
         );
     }
     for unit in units {
@@ -689,6 +871,28 @@ pub fn import_images(
         tracing::debug!(%machine, dir = %mc.staged_images_dir, "no staged images directory");
         return Ok((0, 0));
     };
+    let queue = staged_queue(machine, &dir)?;
+    let mut imports = Imports {
+        machine,
+        mc,
+        services,
+        dir: &dir,
+        budget_end: Instant::now() + mc.import_budget,
+        imported: 0,
+        failed: 0,
+        tried: 0,
+        left: Vec::new(),
+        why_left: String::new(),
+    };
+    for name in queue {
+        imports.take(name)?;
+    }
+    imports.report_left();
+    Ok((imports.imported, imports.failed))
+}
+
+/// The staged `*.tar` regular files of `dir`, least recently imported (oldest mtime) first.
+fn staged_queue(machine: &MachineName, dir: &MachineDir) -> Result<Vec<String>> {
     let mut queue = Vec::new();
     for (name, _) in dir.entries()? {
         let name = match name.into_string() {
@@ -722,34 +926,55 @@ pub fn import_images(
         }
     }
     queue.sort();
-    let budget_end = Instant::now() + mc.import_budget;
-    let (mut imported, mut failed, mut tried) = (0, 0, 0);
-    let mut left: Vec<String> = Vec::new();
-    let mut why_left = String::new();
-    for (_, name) in queue {
-        let path = dir.child(&name);
-        if !left.is_empty() {
-            left.push(name);
-            continue;
+    Ok(queue.into_iter().map(|(_, name)| name).collect())
+}
+
+/// One start's imports, within its bounds (see [`import_images`]).
+struct Imports<'a> {
+    machine: &'a MachineName,
+    mc: &'a MachineConfig,
+    services: &'a dyn Services,
+    dir: &'a MachineDir,
+    budget_end: Instant,
+    imported: usize,
+    failed: usize,
+    tried: usize,
+    /// Tarballs left for the next start, and why.
+    left: Vec<String>,
+    why_left: String,
+}
+
+impl Imports<'_> {
+    /// Import `name`, or leave it for the next start when a bound is reached.
+    fn take(&mut self, name: String) -> Result<()> {
+        if !self.left.is_empty() {
+            self.left.push(name);
+            return Ok(());
         }
-        let remaining = budget_end.saturating_duration_since(Instant::now());
-        if tried >= mc.import_max_images {
-            why_left = format!(
+        let remaining = self.budget_end.saturating_duration_since(Instant::now());
+        if self.tried >= self.mc.import_max_images {
+            self.why_left = format!(
                 "importMaxImages = {} imports per start",
-                mc.import_max_images
+                self.mc.import_max_images
             );
-            left.push(name);
-            continue;
+            self.left.push(name);
+            return Ok(());
         }
         if remaining < MIN_IMPORT_TIME {
-            why_left = format!(
+            self.why_left = format!(
                 "the import budget (importBudgetSeconds = {}) is spent",
-                mc.import_budget.as_secs()
+                self.mc.import_budget.as_secs()
             );
-            left.push(name);
-            continue;
+            self.left.push(name);
+            return Ok(());
         }
-        let timeout = mc.import_timeout.min(remaining);
+        self.import(name, self.mc.import_timeout.min(remaining))
+    }
+
+    /// Run `ctr images import` on `name` within `timeout` and act on its outcome.
+    fn import(&mut self, name: String, timeout: Duration) -> Result<()> {
+        let (machine, mc) = (self.machine, self.mc);
+        let path = self.dir.child(&name);
         // The check and the use are one file: ctr reads the descriptor opened here (a regular
         // file, never a symlink, FIFO or device; see MachineDir::open_regular) as its stdin,
         // not a path it would resolve again. No name reaches its command line either, so a
@@ -759,11 +984,11 @@ pub fn import_images(
         // or rejects what the machine wrote; it cannot make the helper read or write anything
         // outside the machine. The only write below is a rename between two directory fds
         // inside the machine, which never follows a symlink.
-        let Some((file, _)) = dir.open_regular(&name)? else {
+        let Some((file, _)) = self.dir.open_regular(&name)? else {
             tracing::warn!(%machine, image = %shown(&path), "no longer a regular file; skipped");
-            continue;
+            return Ok(());
         };
-        tried += 1;
+        self.tried += 1;
         let argv = [
             mc.ctr_path.as_str(),
             "-n",
@@ -772,7 +997,7 @@ pub fn import_images(
             "import",
             "-",
         ];
-        let run = services.run(
+        let run = self.services.run(
             "nspawn-lifecycle-import",
             &argv,
             Some(file.as_fd()),
@@ -781,17 +1006,17 @@ pub fn import_images(
         failpoint::hit(Point::MidImageImport);
         // Cut short: not the start's first import (which had the whole budget, or its own
         // full deadline) and given less than its own deadline because the budget ran low.
-        let cut_short = tried > 1
+        let cut_short = self.tried > 1
             && timeout < mc.import_timeout
             && match &run {
                 Ok(o) => o.result == "timeout",
-                Err(_) => Instant::now() >= budget_end,
+                Err(_) => Instant::now() >= self.budget_end,
             };
         let outcome = run.and_then(|o| o.check(&format!("importing {}", shown(&path))).map(|()| o));
         match outcome {
             Ok(o) => {
-                imported += 1;
-                // Least recently imported first next time (see above).
+                self.imported += 1;
+                // Least recently imported first next time (see import_images).
                 let now = nix::sys::time::TimeSpec::UTIME_NOW;
                 let omit = nix::sys::time::TimeSpec::UTIME_OMIT;
                 if let Err(e) = nix::sys::stat::futimens(&file, &omit, &now) {
@@ -801,51 +1026,62 @@ pub fn import_images(
             }
             Err(e) if cut_short => {
                 tracing::warn!(%machine, image = %shown(&path), "import stopped at the end of the import budget: {e:#}");
-                why_left = format!(
+                self.why_left = format!(
                     "the import budget (importBudgetSeconds = {}) ran out during an import",
                     mc.import_budget.as_secs()
                 );
-                left.push(name);
+                self.left.push(name);
             }
-            Err(e) => {
-                failed += 1;
-                let failed_dir = dir.create_subdir(FAILED_DIR, 0o755)?;
-                let mut to = aside_name(&name, 0);
-                let mut n = 1;
-                while failed_dir.kind(&to)?.is_some() {
-                    to = aside_name(&name, n);
-                    n += 1;
-                }
-                dir.move_noreplace(&name, &failed_dir, &to)?;
-                failed_dir.sync()?;
-                dir.sync()?;
-                tracing::error!(
-                    %machine,
-                    image = %shown(&path),
-                    moved_to = %shown(&failed_dir.child(&to)),
-                    "image import failed; tarball set aside: {e:#}"
-                );
-            }
+            Err(e) => self.set_aside(&name, &e)?,
         }
+        Ok(())
     }
-    if !left.is_empty() {
-        let mut names: Vec<String> = left
+
+    /// Move a tarball whose import failed to `failed/`, under a name not taken there yet.
+    fn set_aside(&mut self, name: &str, e: &anyhow::Error) -> Result<()> {
+        self.failed += 1;
+        let failed_dir = self.dir.create_subdir(FAILED_DIR, 0o755)?;
+        let mut to = aside_name(name, 0);
+        let mut n = 1;
+        while failed_dir.kind(&to)?.is_some() {
+            to = aside_name(name, n);
+            n += 1;
+        }
+        self.dir.move_noreplace(name, &failed_dir, &to)?;
+        failed_dir.sync()?;
+        self.dir.sync()?;
+        tracing::error!(
+            machine = %self.machine,
+            image = %shown(&self.dir.child(name)),
+            moved_to = %shown(&failed_dir.child(&to)),
+            "image import failed; tarball set aside: {e:#}"
+        );
+        Ok(())
+    }
+
+    /// One line for what is left for the next start: how many, which, why.
+    fn report_left(&self) {
+        if self.left.is_empty() {
+            return;
+        }
+        let mut names: Vec<String> = self
+            .left
             .iter()
             .take(MAX_NAMES_LOGGED)
             .map(|n| shown(n))
             .collect();
-        if left.len() > MAX_NAMES_LOGGED {
-            names.push(format!("… and {} more", left.len() - MAX_NAMES_LOGGED));
+        if self.left.len() > MAX_NAMES_LOGGED {
+            names.push(format!("… and {} more", self.left.len() - MAX_NAMES_LOGGED));
         }
         tracing::warn!(
-            %machine,
-            "left {} staged image(s) in {} for the next start ({why_left}): {}",
-            left.len(),
-            dir.path(),
+            machine = %self.machine,
+            "left {} staged image(s) in {} for the next start ({}): {}",
+            self.left.len(),
+            self.dir.path(),
+            self.why_left,
             names.join(", ")
         );
     }
-    Ok((imported, failed))
 }
 
 /// A name or path for a log line: control characters (a newline would forge a journal line),
@@ -881,14 +1117,16 @@ mod tests {
     /// the machine's systemd: which units run, and the unit gate (src/gate.rs): while the boot
     /// is gated and the marker does not exist, a start of containerd or kubelet is skipped the
     /// way systemd skips a unit with an unmet `ConditionPathExists=`, so the start job ends
-    /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. The marker
-    /// exists once the gate file step ran.
+    /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. Each unit has
+    /// its own marker: containerd's exists once the gate file step ran, kubelet's once its own
+    /// gate step ran.
     struct Fake {
         log: RefCell<Vec<String>>,
         fail: Vec<String>,
         running: RefCell<Vec<String>>,
         gated: bool,
-        wired: std::cell::Cell<bool>,
+        /// The units whose gate marker exists.
+        released: RefCell<Vec<String>>,
         /// What each `run` is given as its deadline, and the identity of its stdin.
         runs: RefCell<Vec<Run>>,
         /// How long each `run` takes.
@@ -906,7 +1144,7 @@ mod tests {
                 fail: Vec::new(),
                 running: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
                 gated: false,
-                wired: std::cell::Cell::new(true),
+                released: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
                 runs: RefCell::default(),
                 run_takes: Duration::ZERO,
             }
@@ -925,7 +1163,7 @@ mod tests {
             Fake {
                 running: RefCell::default(),
                 gated: true,
-                wired: std::cell::Cell::new(false),
+                released: RefCell::default(),
                 ..Fake::default()
             }
         }
@@ -952,7 +1190,7 @@ mod tests {
         }
         fn start(&self, unit: &str) -> Result<()> {
             self.record(format!("start {unit}"))?;
-            if self.gated && !self.wired.get() {
+            if self.gated && !self.released.borrow().iter().any(|u| u == unit) {
                 anyhow::bail!(
                     "{unit} is inactive (dead) after its start job finished; an unmet \
                      Condition…= skips a unit that way (test: gated, no marker)"
@@ -1030,30 +1268,74 @@ mod tests {
             .unwrap()
     }
 
-    fn sequence(fake: &Fake, fail_step: Option<FileStep>) -> (Result<()>, Vec<String>) {
+    /// The machine side of a run, recorded in the fake's log: file steps as `file <name>`,
+    /// `ldconfig` as `file ldconfig`, containerd's gate as `file unit gate`, kubelet's as
+    /// `file kubelet's unit gate` (which also create the markers the fake's starts look for),
+    /// the imports as `import`.
+    struct FakeWork<'a> {
+        fake: &'a Fake,
+        fail: Option<FileStep>,
+        import_fails: bool,
+    }
+
+    impl Work for FakeWork<'_> {
+        fn file(&self, step: FileStep) -> Result<FileDone> {
+            self.fake
+                .log
+                .borrow_mut()
+                .push(format!("file {}", step.name()));
+            if Some(step) == self.fail {
+                anyhow::bail!("planted failure");
+            }
+            Ok(FileDone {
+                line: String::new(),
+                library_links_changed: true,
+            })
+        }
+        fn ldconfig(&self, _: bool) -> Result<String> {
+            self.fake.log.borrow_mut().push("file ldconfig".into());
+            Ok(String::new())
+        }
+        fn release(&self, unit: &UnitName, _: Point) -> Result<String> {
+            let name = if unit.as_str() == "kubelet.service" {
+                "file kubelet's unit gate"
+            } else {
+                "file unit gate"
+            };
+            self.fake.log.borrow_mut().push(name.into());
+            self.fake.released.borrow_mut().push(unit.to_string());
+            Ok(String::new())
+        }
+        fn import(&self) -> Result<(usize, usize)> {
+            self.fake.log.borrow_mut().push("import".into());
+            if self.import_fails {
+                anyhow::bail!("staged images dir is a FIFO");
+            }
+            Ok((1, 0))
+        }
+    }
+
+    fn sequence(fake: &Fake, fail: Option<FileStep>) -> (Result<()>, Vec<String>) {
         let m: MachineName = "kube1".parse().unwrap();
-        let log = RefCell::new(Vec::new());
-        let r = rewire_with_services_stopped(
-            &m,
-            &cfg(),
+        let work = FakeWork {
             fake,
-            &mut |step| {
-                fake.log.borrow_mut().push(format!("file {}", step.name()));
-                log.borrow_mut().push(step);
-                if Some(step) == fail_step {
-                    anyhow::bail!("planted failure");
-                }
-                if step == FileStep::Gate {
-                    fake.wired.set(true);
-                }
-                Ok(String::new())
-            },
-            &mut || {
-                fake.log.borrow_mut().push("import".into());
-                Ok((1, 0))
-            },
-        );
+            fail,
+            import_fails: false,
+        };
+        let r = execute(&plan(&cfg()), &m, &work, fake);
         (r, fake.log())
+    }
+
+    /// Issue 13: the plan is a plain value, in the order of DESIGN §5 and issue 12.
+    #[test]
+    fn the_plan_is_a_value_in_the_order_of_the_design() {
+        assert_eq!(
+            plan(&cfg()).to_string(),
+            "stop kubelet.service → stop containerd.service → driver root → library and /dev/char \
+             links → ldconfig → CDI spec → release containerd.service → start containerd.service \
+             → import staged images from /var/lib/nspawn-lifecycle/images → release \
+             kubelet.service → start kubelet.service"
+        );
     }
 
     #[test]
@@ -1073,6 +1355,7 @@ mod tests {
                 "file unit gate",
                 "start containerd.service",
                 "import",
+                "file kubelet's unit gate",
                 "start kubelet.service",
             ]
         );
@@ -1129,10 +1412,12 @@ mod tests {
     fn import_problems_never_keep_kubelet_down() {
         let fake = Fake::default();
         let m: MachineName = "kube1".parse().unwrap();
-        rewire_with_services_stopped(&m, &cfg(), &fake, &mut |_| Ok(String::new()), &mut || {
-            anyhow::bail!("staged images dir is a FIFO")
-        })
-        .unwrap();
+        let work = FakeWork {
+            fake: &fake,
+            fail: None,
+            import_fails: true,
+        };
+        execute(&plan(&cfg()), &m, &work, &fake).unwrap();
         assert_eq!(fake.log().last().unwrap(), "start kubelet.service");
     }
 
@@ -1461,18 +1746,28 @@ mod tests {
         assert_eq!(fake.running(), ["containerd.service"]);
     }
 
-    /// The gated boot that succeeds: each service starts once, after the gate step, and runs.
+    /// The gated boot that succeeds: each service starts once, after its own gate step, and
+    /// runs; kubelet's marker appears only after the imports (issue 12: post-start overlaps the
+    /// boot, so a boot that reaches kubelet once containerd's marker exists must still skip it).
     #[test]
-    fn on_a_gated_boot_each_service_starts_once_after_the_gate() {
+    fn on_a_gated_boot_each_service_starts_once_after_its_own_gate() {
         let fake = Fake::gated_boot();
         let (r, log) = sequence(&fake, None);
         r.unwrap();
-        let gate = log.iter().position(|l| l == "file unit gate").unwrap();
+        let at = |l: &str| log.iter().position(|x| x == l).unwrap();
         let starts: Vec<usize> = (0..log.len())
             .filter(|&i| log[i].starts_with("start "))
             .collect();
         assert_eq!(starts.len(), 2, "{log:?}");
-        assert!(starts.iter().all(|&i| i > gate), "{log:?}");
+        assert!(
+            at("file unit gate") < at("start containerd.service"),
+            "{log:?}"
+        );
+        assert!(at("import") < at("file kubelet's unit gate"), "{log:?}");
+        assert!(
+            at("file kubelet's unit gate") < at("start kubelet.service"),
+            "{log:?}"
+        );
         assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
         // And the fake really models the gate: without the marker a start is refused.
         let gated = Fake::gated_boot();

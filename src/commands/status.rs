@@ -266,7 +266,8 @@ pub fn inspect_machine(
     inspect_dev_char(root, &mut dangling)?;
     let gated =
         gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
-    let gate_released = root.kind_of(gate::WIRED)?.is_some();
+    let gate_released =
+        gate::is_released(root, &mc.containerd_unit)? && gate::is_released(root, &mc.kubelet_unit)?;
     Ok(MachineFacts {
         cdi_spec,
         driver_root_versions,
@@ -546,8 +547,8 @@ fn judge_gate(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String
             "gate",
             format!(
                 "containerd and kubelet are gated this boot and post-start has not released \
-                 them ({} missing in the machine)",
-                gate::WIRED
+                 them (a marker in {} missing in the machine)",
+                gate::MARKER_DIR
             ),
         );
     }
@@ -1244,7 +1245,14 @@ mod tests {
         let json = cdi::render(&cdi::spec(inv, &mc.cdi_kind).unwrap());
         let file = cdi::spec_file_name(&mc.cdi_kind);
         rewire::write_cdi(&root, &mc.cdi_dir, &file, json.as_bytes(), |_, _| false).unwrap();
-        crate::gate::release(&root).unwrap();
+        for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
+            crate::gate::release(
+                &root,
+                unit,
+                crate::failpoint::Point::PostStartMidGateRelease,
+            )
+            .unwrap();
+        }
     }
 
     fn running_unit() -> UnitFacts {
@@ -1463,7 +1471,11 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("50-nspawn-lifecycle-gate.conf"), gate::CONTENT).unwrap();
         assert_eq!(judge(m.path(), &host, &inv).state, State::InSync);
-        std::fs::remove_file(m.path().join("run/nspawn-lifecycle/wired")).unwrap();
+        std::fs::remove_file(
+            m.path()
+                .join("run/nspawn-lifecycle/released/kubelet.service"),
+        )
+        .unwrap();
         let s = judge(m.path(), &host, &inv);
         assert_eq!(checks(&s), [(State::Broken, "gate")], "{s:#?}");
     }

@@ -37,8 +37,9 @@ const METHOD_TIMEOUT: Duration = Duration::from_secs(25);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// The error systemd answers `GetUnit` with for a unit that is not loaded.
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-/// How often [`wait_running`] retries the machine's bus and reads `SystemState`.
-const POLL_EVERY: Duration = Duration::from_millis(100);
+/// How often [`wait_manager`] retries the machine's bus and reads `SystemState`: post-start
+/// waits on it at the start of every boot, so a poll is a connection attempt, not a sleep.
+const POLL_EVERY: Duration = Duration::from_millis(25);
 
 /// How a systemd job ended (the `result` of `JobRemoved`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -775,13 +776,35 @@ impl JobKind {
     }
 }
 
-/// Wait until `machine`'s manager reports `SystemState` `running` or `degraded`, connecting
-/// (again) as often as needed: right after a start the machine's bus may not exist yet. Returns
-/// the connection. Fails at once for a machine in its own user namespace, when the manager
-/// reports `stopping`/`maintenance` (which do not end by waiting), or when the leader exits.
+/// What [`wait_manager`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The machine's manager answers on its bus, whatever its `SystemState` (`initializing` and
+    /// `starting` included: the boot goes on while the caller works).
+    Bus,
+    /// Its `SystemState` is `running` or `degraded` (the boot's jobs are done).
+    Running,
+}
+
+/// [`wait_manager`] until [`Until::Running`].
+pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+    wait_manager(machine, Until::Running, deadline)
+}
+
+/// [`wait_manager`] until [`Until::Bus`]: the earliest moment post-start can talk to the
+/// machine's systemd (its dbus runs, so `basic.target` is reached).
+pub fn wait_bus(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+    wait_manager(machine, Until::Bus, deadline)
+}
+
+/// Wait until `machine`'s manager answers on its bus and, for [`Until::Running`], reports
+/// `SystemState` `running` or `degraded`, connecting (again) as often as needed: right after a
+/// start the machine's bus may not exist yet. Returns the connection. Fails at once for a
+/// machine in its own user namespace, when the manager reports `stopping`/`maintenance` (which
+/// do not end by waiting), or when the leader exits.
 // Over 80 lines because it is one poll loop: connecting, reading the state and deciding whether
 // waiting can still help share the `last`/`polls` bookkeeping that makes its one debug line.
-pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
+pub fn wait_manager(machine: &MachineHandle, until: Until, deadline: Instant) -> Result<Systemd> {
     machine.check_user_namespace()?;
     let started = Instant::now();
     let mut conn: Option<Systemd> = None;
@@ -815,17 +838,23 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
                 Ok(state) => {
                     note(&mut last, format!("SystemState '{state}'"), polls);
                     match state.as_str() {
-                        "running" | "degraded" => {
-                            tracing::info!(machine = %machine.name(), %state, polls,
-                                "machine's systemd is up after {:.2}s", started.elapsed().as_secs_f64());
-                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
-                        }
                         "stopping" | "maintenance" => {
                             return Err(anyhow!(
                                 "machine {}: its systemd reports SystemState '{state}', which \
                                  will not turn into running by waiting",
                                 machine.name()
                             ));
+                        }
+                        "running" | "degraded" => {
+                            tracing::info!(machine = %machine.name(), %state, polls,
+                                "machine's systemd is up after {:.2}s", started.elapsed().as_secs_f64());
+                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
+                        }
+                        _ if until == Until::Bus => {
+                            tracing::info!(machine = %machine.name(), %state, polls,
+                                "machine's systemd answers on its bus after {:.2}s (still booting)",
+                                started.elapsed().as_secs_f64());
+                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
                         }
                         _ => {}
                     }
@@ -852,12 +881,20 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
         if Instant::now() + POLL_EVERY >= deadline {
             return Err(anyhow!(SystemdError::Timeout {
                 bus: format!("machine {}", machine.name()),
-                what: "SystemState running or degraded".into(),
+                what: match until {
+                    Until::Bus => "its systemd to answer on its bus",
+                    Until::Running => "SystemState running or degraded",
+                }
+                .into(),
                 waited: started.elapsed(),
             })
             .context(format!(
-                "machine {} did not finish booting; last seen: {last}",
-                machine.name()
+                "machine {} {}; last seen: {last}",
+                machine.name(),
+                match until {
+                    Until::Bus => "did not get its systemd on its bus",
+                    Until::Running => "did not finish booting",
+                }
             )));
         }
         std::thread::sleep(POLL_EVERY);

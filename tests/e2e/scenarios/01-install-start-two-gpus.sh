@@ -52,7 +52,7 @@ for d in /dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uv
          /dev/dri/card1 /dev/dri/card2 /dev/dri/renderD128 /dev/dri/renderD129; do
     assert_match "$(c "nspawn-bind-${d#/dev/}")" "^Bind=$d(:$d)?$" "$nf"
 done
-for kv in 'PrivateUsers=no' 'NotifyReady=yes' 'Capability=all' 'VirtualEthernet=no' 'BindReadOnly=/lib/modules'; do
+for kv in 'PrivateUsers=no' 'NotifyReady=no' 'Capability=all' 'VirtualEthernet=no' 'BindReadOnly=/lib/modules'; do
     assert_match "$(c "nspawn-${kv%%=*}")" "^$kv" "$nf"
 done
 # The driver root is read-only binds of the host's files, one per file and per SONAME (issue 11);
@@ -119,30 +119,33 @@ info "/dev/char in kube1: $(M ls -l /dev/char 2>&1 | awk 'NR>1{print $(NF-2), $N
 check_cdi_spec kube1 2
 
 # ---- services: gated at boot, started once by post-start, in order ----------------------------
-# The .nspawn file binds the unit gate (src/gate.rs) over both units: the boot skips them, and
-# post-start stops them (nothing to stop), wires the driver, releases the gate and starts
-# containerd, then kubelet -- each once.
+# The .nspawn file binds the unit gate (src/gate.rs) over both units: the boot skips each until
+# post-start creates its own marker; post-start (running while the machine boots) stops them
+# (nothing to stop), wires the driver, releases containerd and starts it, imports, releases
+# kubelet and starts it -- each once.
 assert_eq "$(c containerd-active)" active "$(inner_state containerd.service)"
 assert_eq "$(c kubelet-active)" active "$(inner_state kubelet.service)"
 for unit in containerd kubelet; do
     assert_match "$(c "nspawn-gate-$unit")" "^BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:/run/systemd/system/$unit.service.d/50-nspawn-lifecycle-gate.conf$" "$nf"
-    assert_match "$(c "$unit-gated-by-dropin")" "ConditionPathExists=/run/nspawn-lifecycle/wired" \
+    assert_match "$(c "$unit-gated-by-dropin")" "ConditionPathExists=/run/nspawn-lifecycle/released/%n" \
         "$(M systemctl cat "$unit.service" 2>&1)"
     uj=$(M journalctl -b --no-pager -o cat -u "$unit.service" 2>&1)
     info "$unit.service in kube1's journal this boot: $(printf '%s' "$uj" | tr '\n' '|')"
-    assert_match "$(c "$unit-skipped-at-boot")" 'unmet condition check \(ConditionPathExists=/run/nspawn-lifecycle/wired\)' "$uj"
+    assert_match "$(c "$unit-skipped-at-boot")" "unmet condition check \\(ConditionPathExists=/run/nspawn-lifecycle/released/$unit\\.service\\)" "$uj"
     assert_eq "$(c "$unit-started-once")" 1 "$(printf '%s\n' "$uj" | grep -c '^Started ')"
 done
-assert_cmd "$(c gate-released)" M test -f /run/nspawn-lifecycle/wired
+assert_cmd "$(c gate-released-containerd)" M test -f /run/nspawn-lifecycle/released/containerd.service
+assert_cmd "$(c gate-released-kubelet)" M test -f /run/nspawn-lifecycle/released/kubelet.service
 ts() { H systemctl -M kube1 show -p "$2" --value "$1" 2>/dev/null; }
 c_up=$(ts containerd.service ActiveEnterTimestampMonotonic)       # containerd active
 k_start=$(ts kubelet.service InactiveExitTimestampMonotonic)      # kubelet began starting
 info "machine monotonic usec: containerd active $c_up, kubelet start began $k_start"
 assert_le "$(c containerd-started-before-kubelet)" "$c_up" "$k_start"
-# post-start's own order: both stops first, then the file steps and the gate, then the starts
+# post-start's own order: both stops first, then the file steps and containerd's gate, its start,
+# then kubelet's gate (after the imports) and its start
 hj=$(hook_journal_this_start kube1 "@$(( t0 / 1000 - 1 ))")
-order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit gate: released|started machine=kube1 unit=[a-z]+' | sed 's/machine=kube1 unit=//' | tr '\n' ',')
-assert_eq "$(c post-start-order)" "stopped kubelet,stopped containerd,unit gate: released,started containerd,started kubelet," "$order"
+order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit gate: released [a-z]+|started machine=kube1 unit=[a-z]+' | sed 's/machine=kube1 unit=//' | tr '\n' ',')
+assert_eq "$(c post-start-order)" "stopped kubelet,stopped containerd,unit gate: released containerd,started containerd,unit gate: released kubelet,started kubelet," "$order"
 
 # ---- journald-native fields (issue 16 item 4) ---------------------------------------------------
 # stderr of the hooks is the journal: each line is sent natively, MESSAGE= the same line as the
@@ -164,7 +167,7 @@ info "journalctl -u $u STEP=cdi: $cdi_lines"
 assert_eq "$(c journal-step-cdi-one-line)" 1 "$(printf '%s\n' "$cdi_lines" | grep -c .)"
 assert_match "$(c journal-step-cdi-fields)" '^kube1\|cdi\|\|[0-9]+\|[^|]*nspawn-lifecycle[^|]*\|' "$cdi_lines"
 assert_match "$(c journal-message-is-the-text-line)" '\|[[:space:]]*INFO CDI spec: .* machine=kube1 step=cdi us=[0-9]+$' "$cdi_lines"
-for step in driver-root links ldconfig gate; do
+for step in driver-root links ldconfig gate gate-kubelet; do
     assert_eq "$(c "journal-step-$step")" "kube1|$step" "$(jfields "STEP=$step" | cut -d'|' -f1,2)"
 done
 assert_match "$(c journal-unit-field)" '^kube1\|\|containerd\.service\|\|[^|]*\|[[:space:]]*INFO started machine=kube1 unit=containerd\.service$' \

@@ -78,11 +78,12 @@ EOF
     want_gate="BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:$(esc "/run/systemd/system/$U.d/50-nspawn-lifecycle-gate.conf")"
     assert_cmd "$(c "$k-nspawn-gate-line-escaped")" grep -qxF -- "$want_gate" <<< "$nf"
     assert_cmd "$(c "$k-gate-dropin-inside")" M -m kube1 test -f "/run/systemd/system/$U.d/50-nspawn-lifecycle-gate.conf"
-    assert_match "$(c "$k-gated-by-dropin")" "ConditionPathExists=/run/nspawn-lifecycle/wired" \
+    assert_match "$(c "$k-gated-by-dropin")" "ConditionPathExists=/run/nspawn-lifecycle/released/%n" \
         "$(M -m kube1 systemctl cat -- "$U" 2>&1)"
     uj=$(M -m kube1 journalctl -b --no-pager -o cat -u "$U" 2>&1)
     info "$U in kube1's journal this boot: $(printf '%s' "$uj" | tr '\n' '|')"
-    assert_match "$(c "$k-skipped-at-boot")" 'unmet condition check \(ConditionPathExists=/run/nspawn-lifecycle/wired\)' "$uj"
+    assert_match "$(c "$k-skipped-at-boot")" 'unmet condition check \(ConditionPathExists=/run/nspawn-lifecycle/released/kube' "$uj"
+    assert_cmd "$(c "$k-own-marker")" M -m kube1 test -f "/run/nspawn-lifecycle/released/$U"
     assert_eq "$(c "$k-started-once")" 1 "$(printf '%s\n' "$uj" | grep -c '^Started ')"
     assert_eq "$(c "$k-active")" active "$(inner_state "$U" kube1)"
     assert_eq "$(c "$k-post-start-status")" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
