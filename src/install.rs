@@ -92,6 +92,8 @@ enum Op {
     },
     Remove,
     RemoveDir,
+    /// A directory and everything in it, never following a link (src/driver_tree.rs).
+    RemoveTree,
 }
 
 #[derive(Debug)]
@@ -164,6 +166,9 @@ impl Plan {
                 }
                 Some(Op::Remove) => {
                     remove_if_exists(&f.path)?;
+                }
+                Some(Op::RemoveTree) => {
+                    crate::driver_tree::remove_path(&f.path)?;
                 }
                 Some(Op::RemoveDir) => match std::fs::remove_dir(&f.path) {
                     Ok(()) => {}
@@ -521,7 +526,25 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
     let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
     uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
     helper_removal(ctx, machine, &mut plan)?;
+    tree_removal(&ctx.host, machine, &mut plan);
     Ok(plan)
+}
+
+/// pre-start's driver tree of the machine: hard links of the host's driver files, which would
+/// keep an old driver's files on disk after an upgrade (and the one of older versions on `/run`).
+fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
+    for dir in [
+        crate::layout::TREE_HOST_DIR,
+        crate::layout::LEGACY_TREE_HOST_DIR,
+    ] {
+        let shown = format!("{dir}/{machine}");
+        if host.path(&shown).symlink_metadata().is_ok() {
+            plan.files.push(FileLine {
+                op: Some(Op::RemoveTree),
+                ..FileLine::new(host, &shown, Verb::Remove, "pre-start's driver tree".into())
+            });
+        }
+    }
 }
 
 /// Our drop-in, and its directory when nothing else is in it; whether our drop-in was there.

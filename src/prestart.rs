@@ -26,7 +26,9 @@ pub struct Rendered {
     /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
     pub gate: bool,
     /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
-    pub tree: Option<crate::layout::Tree>,
+    pub tree: Option<crate::driver_tree::Plan>,
+    /// `new` as a value: pre-start adds the binds of files the tree could not link.
+    pub file: NspawnFile,
     /// The machine's share of the host's GPUs (the config's `gpus`).
     pub assignment: Assignment,
 }
@@ -53,12 +55,15 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
             inv.gpus.len()
         );
     }
-    let (new, gate) = (file.to_string(), file.binds_gate());
     let tree = assignment
         .view
         .complete_driver()
-        .map(crate::layout::driver_tree)
+        .map(|d| crate::driver_tree::plan(&ctx.host, d))
         .transpose()?;
+    if let Some(plan) = &tree {
+        file.bind_driver_files(crate::layout::file_binds(&plan.tree)?);
+    }
+    let (new, gate) = (file.to_string(), file.binds_gate());
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -71,6 +76,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         new,
         gate,
         tree,
+        file,
         assignment,
     })
 }
@@ -119,19 +125,14 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    let mut r = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     // The bind's source first: nspawn refuses to start when it is missing.
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
-    if let Some(tree) = &r.tree
-        && crate::driver_tree::ensure(&ctx.host, machine.as_str(), tree)?
-    {
-        let dir = crate::layout::tree_host_path(machine.as_str());
-        tracing::info!(%machine, %dir, entries = tree.len(), "driver tree built");
-    }
+    crate::driver_tree::apply(&ctx.host, machine.as_str(), &mut r)?;
     if write_if_changed(
         &r.host_path,
         r.new.as_bytes(),

@@ -91,11 +91,16 @@ nfiles=$(M find "$DR/usr/lib" -type f | wc -l)
 nmounts=$(M cat /proc/self/mountinfo | awk -v dr="$DR" '$5 == dr || index($5, dr "/") == 1' | wc -l)
 nsoname=$(M find "$DR" -type l | wc -l)
 info "driver root in kube1: $nfiles library files, $nsoname SONAME links, $nmounts mounts"
-# One mount per driver-root bind line of the .nspawn file (tree, files, tools, firmware,
-# sockets) and none per SONAME: the names are links (per-name binds made them files).
+# One mount per driver-root bind line of the .nspawn file (the tree, firmware, sockets) and
+# none per file or SONAME (issue 12): the files are hard links of the host's in pre-start's
+# tree, the names links (per-name binds made them files, per-file binds one mount each).
 nbinds=$(grep -c ':/run/nvidia/driver' <<< "$nf")
 assert_eq "$(c driver-root-one-mount-per-bind-line)" "$nbinds" "$nmounts"
-assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0 -a "$nmounts" -gt "$nfiles"
+assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0
+assert_cmd "$(c driver-root-files-are-not-mounts)" test "$nmounts" -lt "$nfiles"
+lib=usr/lib/x86_64-linux-gnu/libcuda.so.$DRIVER_VERSION
+assert_eq "$(c driver-root-libcuda-is-the-host-inode)" "$(H stat -c %d:%i "/$lib" 2>&1)" \
+    "$(H stat -c %d:%i "/var/lib/nspawn-lifecycle/driver-root/kube1/$lib" 2>&1)"
 assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
 assert_match "$(c nvidia-smi-on-path)" "Driver Version: $DRIVER_VERSION" "$(M /bin/sh -c 'command -v nvidia-smi && nvidia-smi' 2>&1)"
 assert_eq "$(c nvidia-smi-link)" "/run/nvidia/driver/usr/bin/nvidia-smi" "$(M readlink /usr/bin/nvidia-smi 2>&1)"
