@@ -60,7 +60,7 @@ done
 assert_match "$(c nspawn-libcuda-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
 # Issue 12: the SONAME is a link of the host tree, not a bind; the tree is bound read-only.
 assert_no_match "$(c nspawn-no-soname-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
-assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/run/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
+assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/var/lib/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
 assert_no_match "$(c nspawn-no-whole-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu(:|$)' "$nf"
 assert_no_match "$(c nspawn-no-host-nvidia)" '/run/host-nvidia' "$nf"
 assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia/$DRIVER_VERSION:/run/nvidia/driver/lib/firmware/nvidia/$DRIVER_VERSION\$" "$nf"
