@@ -473,30 +473,38 @@ fn matches(fd: &OwnedFd, plan: &Plan) -> Result<bool> {
                 return Ok(false);
             };
             seen += 1;
-            let st = nix::sys::stat::fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                .with_context(|| format!("stat {rel}"))?;
+            // One call per entry: a directory is opened (`O_NOFOLLOW | O_DIRECTORY` refuses
+            // anything else), a link read (`EINVAL` for anything else), a file stat'ed.
+            let stat = || {
+                nix::sys::stat::fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .with_context(|| format!("stat {rel}"))
+            };
             let same = match node {
-                TreeNode::Dir if is_kind(&st, SFlag::S_IFDIR) => {
-                    let sub = nix::fcntl::openat(&dir, name.as_str(), dir_flags(), Mode::empty())
-                        .with_context(|| format!("opening {rel}"))?;
-                    stack.push((rel, sub));
-                    true
+                TreeNode::Dir => {
+                    match nix::fcntl::openat(&dir, name.as_str(), dir_flags(), Mode::empty()) {
+                        Ok(sub) => {
+                            stack.push((rel, sub));
+                            true
+                        }
+                        Err(Errno::ENOTDIR | Errno::ELOOP) => false,
+                        Err(e) => return Err(e).with_context(|| format!("opening {rel}")),
+                    }
                 }
                 TreeNode::Hard(source) => {
+                    let st = stat()?;
                     is_kind(&st, SFlag::S_IFREG) && plan.ids.get(source) == Some(&id(&st))
                 }
                 TreeNode::Bound(source) => {
+                    let st = stat()?;
                     is_kind(&st, SFlag::S_IFREG)
                         && st.st_size == 0
                         && plan.ids.get(source) != Some(&id(&st))
                 }
-                TreeNode::Link(target) if is_kind(&st, SFlag::S_IFLNK) => {
-                    nix::fcntl::readlinkat(&dir, name.as_str())
-                        .with_context(|| format!("readlink {rel}"))?
-                        .to_str()
-                        == Some(target.as_str())
-                }
-                _ => false,
+                TreeNode::Link(target) => match nix::fcntl::readlinkat(&dir, name.as_str()) {
+                    Ok(got) => got.to_str() == Some(target.as_str()),
+                    Err(Errno::EINVAL) => false,
+                    Err(e) => return Err(e).with_context(|| format!("readlink {rel}")),
+                },
             };
             if !same {
                 return Ok(false);
@@ -651,6 +659,26 @@ mod tests {
                 .changed
         );
         assert_eq!(ino(&lib), ino(&host_lib));
+        // A link to a copy where a directory belongs, a file where a SONAME link belongs: both
+        // rebuilt, the copy never followed into.
+        let changed = |host: &HostRoot| {
+            ensure(host, "kube1", &mut plan(host, &driver).unwrap())
+                .unwrap()
+                .changed
+        };
+        let bin = t.join("usr/bin");
+        let copy = dir.path().join("copy");
+        std::fs::rename(&bin, &copy).unwrap();
+        std::os::unix::fs::symlink(&copy, &bin).unwrap();
+        assert!(changed(&host));
+        assert!(std::fs::symlink_metadata(&bin).unwrap().is_dir());
+        assert!(copy.join("nvidia-smi").is_file());
+        let soname = t.join(LIB).join("libcuda.so.1");
+        std::fs::remove_file(&soname).unwrap();
+        std::fs::write(&soname, b"").unwrap();
+        assert!(changed(&host));
+        assert!(std::fs::symlink_metadata(&soname).unwrap().is_symlink());
+        assert!(!changed(&host));
     }
 
     #[test]
