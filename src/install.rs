@@ -875,4 +875,48 @@ mod tests {
         );
         assert_eq!(keep.detail, "still used by systemd-nspawn@kube2.service");
     }
+
+    /// Issue 12: pre-start's driver tree holds hard links of the host's driver files (an old
+    /// driver's stay on disk while it exists): uninstall removes it, and the /run tree of
+    /// earlier versions, never following a link in it; the host's files stay.
+    #[test]
+    fn uninstall_removes_the_driver_tree_and_the_legacy_one() {
+        let m: MachineName = "kube1".parse().unwrap();
+        let dropin = dropin_path(&m);
+        let (d, ctx) = host_with(&[&dropin]);
+        let host_lib = d.path().join("usr/lib/libcuda.so.1.0");
+        std::fs::create_dir_all(host_lib.parent().unwrap()).unwrap();
+        std::fs::write(&host_lib, b"lib").unwrap();
+        let tree = d
+            .path()
+            .join("var/lib/nspawn-lifecycle/driver-root/kube1/usr/lib");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::hard_link(&host_lib, tree.join("libcuda.so.1.0")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("usr"), tree.join("out")).unwrap();
+        let legacy = d.path().join("run/nspawn-lifecycle/driver-root/kube1/usr");
+        std::fs::create_dir_all(&legacy).unwrap();
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let report = plan.report(true, "-");
+        assert!(
+            report.contains(
+                "/var/lib/nspawn-lifecycle/driver-root/kube1: would remove (pre-start's driver tree)"
+            ) && report.contains(
+                "/run/nspawn-lifecycle/driver-root/kube1: would remove (pre-start's driver tree)"
+            ),
+            "{report}"
+        );
+        plan.apply().unwrap();
+        assert!(
+            !d.path()
+                .join("var/lib/nspawn-lifecycle/driver-root/kube1")
+                .exists()
+        );
+        assert!(
+            !d.path()
+                .join("run/nspawn-lifecycle/driver-root/kube1")
+                .exists()
+        );
+        assert_eq!(std::fs::read(&host_lib).unwrap(), b"lib");
+        assert!(d.path().join("usr/lib").is_dir());
+    }
 }
