@@ -57,14 +57,17 @@ for kv in 'PrivateUsers=no' 'NotifyReady=yes' 'Capability=all' 'VirtualEthernet=
 done
 # The driver root is read-only binds of the host's files, one per file and per SONAME (issue 11);
 # no whole host library directory is bound any more.
-assert_match "$(c nspawn-libcuda-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
+# Issue 12: driver files are hard links in the host tree, not binds.
+assert_no_match "$(c nspawn-no-libcuda-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
 # Issue 12: the SONAME is a link of the host tree, not a bind; the tree is bound read-only.
 assert_no_match "$(c nspawn-no-soname-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
 assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/var/lib/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
 assert_no_match "$(c nspawn-no-whole-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu(:|$)' "$nf"
 assert_no_match "$(c nspawn-no-host-nvidia)" '/run/host-nvidia' "$nf"
 assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia/$DRIVER_VERSION:/run/nvidia/driver/lib/firmware/nvidia/$DRIVER_VERSION\$" "$nf"
-assert_match "$(c nspawn-nvidia-smi-bind)" '^BindReadOnly=/usr/bin/nvidia-smi:/run/nvidia/driver/usr/bin/nvidia-smi$' "$nf"
+assert_no_match "$(c nspawn-no-nvidia-smi-bind)" ':/run/nvidia/driver/usr/bin/nvidia-smi$' "$nf"
+assert_eq "$(c driver-tree-nvidia-smi-is-the-host-inode)" "$(H stat -L -c %d:%i /usr/bin/nvidia-smi 2>&1)" \
+    "$(H stat -c %d:%i /var/lib/nspawn-lifecycle/driver-root/kube1/usr/bin/nvidia-smi 2>&1)"
 assert_no_match "$(c nspawn-no-kvm-when-absent)" '/dev/kvm' "$nf"
 assert_no_match "$(c nspawn-no-nonexistent-nodes)" '^Bind=/dev/nvidia[2-9]' "$nf"
 
