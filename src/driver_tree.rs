@@ -1,22 +1,30 @@
 //! The driver tree on the host: pre-start builds each machine's [`layout::Tree`] under
 //! [`layout::TREE_HOST_DIR`]`/<machine>` before the machine boots; its `.nspawn` file binds it
-//! read-only at `/run/nvidia/driver` and the per-file binds land on the mount points it holds.
+//! read-only at `/run/nvidia/driver`, with the directory binds (and any file binds) on the mount
+//! points it holds.
 //!
-//! The tree is made of directories, empty mount-point files and SONAME links relative to their
-//! own directory, so every name resolves inside it wherever it is seen. It is built fresh beside
-//! the current one and swapped in with one `renameat2(RENAME_EXCHANGE)`, so a reader (nspawn)
-//! sees the old tree or the new, never half of one; a tree that is already exactly right is left
-//! alone (the usual restart: nothing is written). Every step goes through directory descriptors
-//! opened with `O_NOFOLLOW` below [`host_dir::open`]'s verified directory, so no link anyone
-//! placed there is followed.
+//! The tree is made of directories, hard links of the host's driver files (the very host inodes:
+//! real files at their standard names, no mount each), and SONAME links relative to their own
+//! directory, so every name resolves inside it wherever it is seen. A file that cannot be linked
+//! — on another filesystem than the tree ([`plan`] sees it from `st_dev`), or refused by the
+//! kernel when linking (`EPERM`, `EMLINK`, …; [`ensure`] names it and the errno in one log line)
+//! — is an empty mount point with a read-only bind of the file instead, as before hard links.
+//! The tree is built fresh beside the current one and swapped in with one
+//! `renameat2(RENAME_EXCHANGE)`, so a reader (nspawn) sees the old tree or the new, never half of
+//! one; a tree that is already exactly right is left alone (the usual restart: nothing is
+//! written). Every step goes through directory descriptors opened with `O_NOFOLLOW` below
+//! [`host_dir::open`]'s verified directory, so no link anyone placed there is followed; the host
+//! driver files are linked without following a link (`linkat` without `AT_SYMLINK_FOLLOW`), and
+//! each new entry is checked to be the inode [`plan`] stat'ed.
 
+use crate::discovery::UserspaceDriver;
 use crate::host::HostRoot;
 use crate::host_dir;
 use crate::layout::{self, Tree, TreeNode};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, RenameFlags};
-use nix::sys::stat::{Mode, SFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -28,8 +36,209 @@ fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
 }
 
-/// Make `machine`'s host tree exactly `tree`. Returns whether anything was written.
-pub fn ensure(host: &HostRoot, machine: &str, tree: &Tree) -> Result<bool> {
+/// A file's identity: device and inode.
+type FileId = (u64, u64);
+
+fn id(st: &FileStat) -> FileId {
+    (st.st_dev, st.st_ino)
+}
+
+fn is_kind(st: &FileStat, kind: SFlag) -> bool {
+    st.st_mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// What pre-start will build: the tree, each driver file placed ([`TreeNode::Hard`] when it is
+/// on the tree's filesystem, else [`TreeNode::Bound`]), and the identity of each host file as
+/// stat'ed now, which the tree's hard links must have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub tree: Tree,
+    ids: BTreeMap<String, FileId>,
+}
+
+/// What [`ensure`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Built {
+    /// Whether anything was written.
+    pub changed: bool,
+    /// Files the kernel refused to link (tree path, errno), bound instead: the plan's tree now
+    /// says so, and the `.nspawn` file must carry their binds ([`layout::file_binds`]).
+    pub unlinked: Vec<(String, Errno)>,
+}
+
+/// Plan `driver`'s tree for the host: stat every host driver file (a regular file; a link, such
+/// as Debian's `/usr/bin/nvidia-smi` → `/etc/alternatives/…`, resolved inside the host root as
+/// the host sees it) and the mount the tree is on: a file on another mount cannot be hard-linked
+/// there (`EXDEV`, whatever `st_dev` says: overlayfs reports the upper layer's device for a
+/// file, a bind mount its source's), so it is bound. Reads only.
+pub fn plan(host: &HostRoot, driver: &UserspaceDriver) -> Result<Plan> {
+    let mut tree = layout::driver_tree(driver)?;
+    let tree_mnt = tree_mount(host)?;
+    let root = open_root(host)?;
+    let mut ids = BTreeMap::new();
+    for node in tree.values_mut() {
+        let TreeNode::Hard(source) = node else {
+            continue;
+        };
+        let rel = source.trim_start_matches('/');
+        let mut st = statx(&root, rel, libc::AT_SYMLINK_NOFOLLOW)
+            .with_context(|| format!("host driver file {source} (stat)"))?;
+        if st.mode & libc::S_IFMT == libc::S_IFLNK {
+            let (fd, _) = resolve(&root, source)?;
+            st = statx(&fd, "", libc::AT_EMPTY_PATH)
+                .with_context(|| format!("host driver file {source} (stat)"))?;
+        }
+        if st.mode & libc::S_IFMT != libc::S_IFREG {
+            bail!(
+                "host driver file {source} is {}, not a regular file (the driver changed \
+                 since discovery?)",
+                kind_name(st.mode)
+            );
+        }
+        ids.insert(source.clone(), (st.dev, st.ino));
+        if st.mnt_id.is_some() && st.mnt_id != tree_mnt {
+            *node = TreeNode::Bound(std::mem::take(source));
+        }
+    }
+    Ok(Plan { tree, ids })
+}
+
+/// What `statx` says of a file: device, inode, mode, and mount id (`None` before Linux 5.8).
+struct Statx {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    mnt_id: Option<u64>,
+}
+
+/// nix 0.32 has no `statx`, and `fstatat` has no mount id.
+#[allow(unsafe_code)]
+fn statx(dir: &impl AsFd, path: &str, flags: libc::c_int) -> nix::Result<Statx> {
+    use std::os::fd::AsRawFd as _;
+    let c = std::ffi::CString::new(path).map_err(|_| Errno::EINVAL)?;
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
+    // SAFETY: `c` is a valid C string, `buf` is a writable statx buffer, the fd is open.
+    let r = unsafe {
+        libc::statx(
+            dir.as_fd().as_raw_fd(),
+            c.as_ptr(),
+            flags,
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    Errno::result(r)?;
+    // SAFETY: statx succeeded and filled the buffer.
+    let b = unsafe { buf.assume_init() };
+    Ok(Statx {
+        dev: libc::makedev(b.stx_dev_major, b.stx_dev_minor),
+        ino: b.stx_ino,
+        mode: u32::from(b.stx_mode),
+        mnt_id: (b.stx_mask & libc::STATX_MNT_ID != 0).then_some(b.stx_mnt_id),
+    })
+}
+
+fn kind_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFREG => "a regular file",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        _ => "of an unknown type",
+    }
+}
+
+/// The mount [`layout::TREE_HOST_DIR`] is on (or will be: its nearest existing ancestor's).
+fn tree_mount(host: &HostRoot) -> Result<Option<u64>> {
+    let mut p = host.path(layout::TREE_HOST_DIR);
+    loop {
+        match nix::fcntl::open(&p, dir_flags(), Mode::empty()) {
+            Ok(fd) => {
+                return Ok(statx(&fd, "", libc::AT_EMPTY_PATH)
+                    .with_context(|| format!("stat {}", p.display()))?
+                    .mnt_id);
+            }
+            Err(Errno::ENOENT) if p.pop() => {}
+            Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
+        }
+    }
+}
+
+fn open_root(host: &HostRoot) -> Result<OwnedFd> {
+    nix::fcntl::open(host.root(), dir_flags(), Mode::empty())
+        .with_context(|| format!("opening the host root {}", host.root().display()))
+}
+
+/// How often an `openat2` the kernel refused with `EAGAIN` (a rename raced with `..`) is retried.
+const OPENAT2_RETRIES: usize = 64;
+
+/// The host file `source` resolved inside the host root (links followed as the host would, never
+/// out of it), as an `O_PATH` descriptor, and its stat.
+fn resolve(root: &OwnedFd, source: &str) -> Result<(OwnedFd, FileStat)> {
+    let how = nix::fcntl::OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(
+            nix::fcntl::ResolveFlag::RESOLVE_IN_ROOT
+                | nix::fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+    let mut tries = 0;
+    let fd = loop {
+        match nix::fcntl::openat2(root, source.trim_start_matches('/'), how) {
+            Err(Errno::EAGAIN) if tries < OPENAT2_RETRIES => tries += 1,
+            r => break r.with_context(|| format!("host driver file {source} (resolving it)"))?,
+        }
+    };
+    let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {source}"))?;
+    Ok((fd, st))
+}
+
+/// pre-start's step: build (or check) the tree `r` binds and, when the kernel refused to link a
+/// file, add its bind to `r`'s `.nspawn` file; without a driver, remove the machine's tree so it
+/// holds no old driver's files.
+pub fn apply(host: &HostRoot, machine: &str, r: &mut crate::render::Rendered) -> Result<()> {
+    let dir = layout::tree_host_path(machine);
+    let Some(plan) = &mut r.tree else {
+        if remove(host, machine)? {
+            tracing::info!(%machine, %dir, "driver tree removed: no NVIDIA driver for this machine");
+        }
+        return Ok(());
+    };
+    let built = ensure(host, machine, plan)?;
+    if !built.unlinked.is_empty() {
+        let named: Vec<String> = built
+            .unlinked
+            .iter()
+            .map(|(p, e)| format!("{p} ({e})"))
+            .collect();
+        tracing::warn!(
+            %machine, %dir,
+            "{} driver files could not be hard-linked into the tree and are bound instead: {}",
+            named.len(),
+            named.join(", ")
+        );
+        let tree: Tree = built
+            .unlinked
+            .iter()
+            .filter_map(|(p, _)| plan.tree.get_key_value(p))
+            .map(|(p, n)| (p.clone(), n.clone()))
+            .collect();
+        r.file.bind_driver_files(layout::file_binds(&tree)?);
+        r.new = r.file.to_string();
+    }
+    if built.changed {
+        let bound = layout::file_binds(&plan.tree)?.len();
+        tracing::info!(%machine, %dir, entries = plan.tree.len(), bound, "driver tree built");
+    }
+    Ok(())
+}
+
+/// Make `machine`'s host tree exactly `plan.tree`; a file the kernel refuses to link becomes a
+/// bound mount point, in the tree and in [`Built::unlinked`].
+pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> {
     let top = host_dir::open(host, layout::TREE_HOST_DIR, DIR_MODE)?;
     let shown = host.path(layout::tree_host_path(machine));
     let (new, old) = (format!(".{machine}.new"), format!(".{machine}.old"));
@@ -38,51 +247,103 @@ pub fn ensure(host: &HostRoot, machine: &str, tree: &Tree) -> Result<bool> {
         remove_tree(top.fd(), leftover)
             .with_context(|| format!("removing {}/{leftover}", top.path().display()))?;
     }
-    let current = match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
-        Ok(fd) => Some(fd),
-        Err(Errno::ENOENT) => None,
-        Err(Errno::ELOOP | Errno::ENOTDIR) => {
-            // Not a directory we made: replaced below, never followed.
-            remove_tree(top.fd(), machine)
-                .with_context(|| format!("removing {}", shown.display()))?;
-            None
-        }
-        Err(e) => return Err(e).with_context(|| format!("opening {}", shown.display())),
-    };
+    let current = open_current(&top, machine, &shown)?;
     if let Some(fd) = &current
-        && read_tree(fd).with_context(|| format!("reading {}", shown.display()))? == *tree
+        && matches(fd, plan).with_context(|| format!("reading {}", shown.display()))?
     {
-        return Ok(false);
+        return Ok(Built::default());
     }
     nix::sys::stat::mkdirat(top.fd(), new.as_str(), Mode::from_bits_truncate(DIR_MODE))
         .with_context(|| format!("creating {}/{new}", top.path().display()))?;
     let fd = nix::fcntl::openat(top.fd(), new.as_str(), dir_flags(), Mode::empty())
         .with_context(|| format!("opening {}/{new}", top.path().display()))?;
     fix_mode(&fd, DIR_MODE)?;
-    build(&fd, tree).with_context(|| format!("building {}/{new}", top.path().display()))?;
-    if current.is_some() {
-        nix::fcntl::renameat2(
-            top.fd(),
-            new.as_str(),
-            top.fd(),
-            machine,
-            RenameFlags::RENAME_EXCHANGE,
-        )
-        .with_context(|| format!("swapping in {}", shown.display()))?;
-        // `new` now holds the old tree.
-        remove_tree(top.fd(), &new)
-            .with_context(|| format!("removing the old {}", shown.display()))?;
+    let unlinked = build(&fd, host, plan)
+        .with_context(|| format!("building {}/{new}", top.path().display()))?;
+    let flags = if current.is_some() {
+        RenameFlags::RENAME_EXCHANGE
     } else {
-        nix::fcntl::renameat2(
-            top.fd(),
-            new.as_str(),
-            top.fd(),
-            machine,
-            RenameFlags::RENAME_NOREPLACE,
-        )
-        .with_context(|| format!("renaming into {}", shown.display()))?;
+        RenameFlags::RENAME_NOREPLACE
+    };
+    nix::fcntl::renameat2(top.fd(), new.as_str(), top.fd(), machine, flags)
+        .with_context(|| format!("swapping in {}", shown.display()))?;
+    // After an exchange `new` holds the old tree.
+    remove_tree(top.fd(), &new).with_context(|| format!("removing the old {}", shown.display()))?;
+    Ok(Built {
+        changed: true,
+        unlinked,
+    })
+}
+
+/// The machine's current tree, if it is a directory; anything else at its name is removed
+/// (replaced below, never followed).
+fn open_current(
+    top: &host_dir::HostDir,
+    machine: &str,
+    shown: &std::path::Path,
+) -> Result<Option<OwnedFd>> {
+    match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(Errno::ELOOP | Errno::ENOTDIR) => {
+            remove_tree(top.fd(), machine)
+                .with_context(|| format!("removing {}", shown.display()))?;
+            Ok(None)
+        }
+        Err(e) => Err(e).with_context(|| format!("opening {}", shown.display())),
     }
-    Ok(true)
+}
+
+/// Remove `machine`'s tree, and what versions before the hard links left on `/run`. Returns
+/// whether there was anything. Creates nothing: a host without a tree stays without one.
+pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
+    let mut any = false;
+    for dir in [layout::TREE_HOST_DIR, layout::LEGACY_TREE_HOST_DIR] {
+        let Some(top) = open_existing(host, dir)? else {
+            continue;
+        };
+        for name in [
+            machine.to_owned(),
+            format!(".{machine}.new"),
+            format!(".{machine}.old"),
+        ] {
+            any |= remove_tree(&top, &name)
+                .with_context(|| format!("removing {}", host.path(dir).join(&name).display()))?;
+        }
+    }
+    Ok(any)
+}
+
+/// Remove the tree at `path` (a host path: `uninstall`), never following a link below its
+/// parent. Returns whether it existed.
+pub fn remove_path(path: &std::path::Path) -> Result<bool> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+    else {
+        bail!("internal error: {} has no parent", path.display());
+    };
+    let fd = match nix::fcntl::open(parent, dir_flags(), Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", parent.display())),
+    };
+    remove_tree(&fd, name).with_context(|| format!("removing {}", path.display()))
+}
+
+/// The directory `abs` under `host`, opened component by component without following a link;
+/// `None` when it (or a component) does not exist.
+fn open_existing(host: &HostRoot, abs: &str) -> Result<Option<OwnedFd>> {
+    let mut fd = nix::fcntl::open(host.root(), dir_flags(), Mode::empty())
+        .with_context(|| format!("opening the host root {}", host.root().display()))?;
+    for name in abs.split('/').filter(|c| !c.is_empty()) {
+        fd = match nix::fcntl::openat(&fd, name, dir_flags(), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => {
+                return Err(e).with_context(|| format!("opening {}", host.path(abs).display()));
+            }
+        };
+    }
+    Ok(Some(fd))
 }
 
 fn fix_mode(fd: &OwnedFd, mode: u32) -> Result<()> {
@@ -90,10 +351,12 @@ fn fix_mode(fd: &OwnedFd, mode: u32) -> Result<()> {
     Ok(())
 }
 
-/// Create every node of `tree` (parents sort before their children) under the directory `top`.
-fn build(top: &OwnedFd, tree: &Tree) -> Result<()> {
-    let mut dirs: BTreeMap<&str, OwnedFd> = BTreeMap::new();
-    for (path, node) in tree {
+/// Create every node of `plan.tree` (parents sort before their children) under the directory
+/// `top`; returns the files it had to bind instead of linking.
+fn build(top: &OwnedFd, host: &HostRoot, plan: &mut Plan) -> Result<Vec<(String, Errno)>> {
+    let mut dirs: BTreeMap<String, OwnedFd> = BTreeMap::new();
+    let mut unlinked = Vec::new();
+    for (path, node) in plan.tree.iter_mut() {
         let (parent, name) = match path.rsplit_once('/') {
             Some((p, n)) => (
                 dirs.get(p)
@@ -109,21 +372,22 @@ fn build(top: &OwnedFd, tree: &Tree) -> Result<()> {
                 let fd = nix::fcntl::openat(parent, name, dir_flags(), Mode::empty())
                     .with_context(|| format!("opening {path}"))?;
                 fix_mode(&fd, DIR_MODE)?;
-                dirs.insert(path, fd);
+                dirs.insert(path.clone(), fd);
             }
-            TreeNode::File => {
-                let fd = nix::fcntl::openat(
-                    parent,
-                    name,
-                    OFlag::O_WRONLY
-                        | OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_CLOEXEC,
-                    Mode::from_bits_truncate(FILE_MODE),
-                )
-                .with_context(|| format!("creating {path}"))?;
-                fix_mode(&fd, FILE_MODE)?;
+            TreeNode::Hard(source) => {
+                let want = plan.ids[source.as_str()];
+                match hard_link(host, source, parent, name, want) {
+                    Ok(()) => {}
+                    Err(Err(e)) => return Err(e.context(format!("linking {source} at {path}"))),
+                    Err(Ok(e)) => {
+                        mount_point(parent, name).with_context(|| format!("creating {path}"))?;
+                        unlinked.push((path.clone(), e));
+                        *node = TreeNode::Bound(std::mem::take(source));
+                    }
+                }
+            }
+            TreeNode::Bound(_) => {
+                mount_point(parent, name).with_context(|| format!("creating {path}"))?;
             }
             TreeNode::Link(target) => {
                 if target.contains('/') || target == ".." || target == "." {
@@ -134,7 +398,46 @@ fn build(top: &OwnedFd, tree: &Tree) -> Result<()> {
             }
         }
     }
+    Ok(unlinked)
+}
+
+/// Why a hard link was not made: `Ok(errno)` when the file is to be bound instead, `Err` when
+/// pre-start must fail.
+type LinkError = std::result::Result<Errno, anyhow::Error>;
+
+/// Hard-link the host file `source` (resolved inside the host root, as [`plan`] did) as `name`
+/// in `parent`, and check it is the inode `want` that [`plan`] stat'ed. `Err(Ok(errno))`: the
+/// kernel refused the link, the file is to be bound instead; `Err(Err(_))`: pre-start fails.
+fn hard_link(
+    host: &HostRoot,
+    source: &str,
+    parent: &OwnedFd,
+    name: &str,
+    want: FileId,
+) -> std::result::Result<(), LinkError> {
+    let root = open_root(host).map_err(Err)?;
+    let (fd, st) = resolve(&root, source).map_err(|e| {
+        Err(e.context("the host file changed since discovery; the next start retries"))
+    })?;
+    if !is_kind(&st, SFlag::S_IFREG) || id(&st) != want {
+        return Err(Err(anyhow::anyhow!(
+            "the host file was replaced while the tree was built; the next start retries"
+        )));
+    }
+    // The very inode stat'ed, by descriptor (needs CAP_DAC_READ_SEARCH, which root has).
+    nix::unistd::linkat(&fd, "", parent, name, AtFlags::AT_EMPTY_PATH).map_err(Ok)?;
     Ok(())
+}
+
+/// An empty file: the mount point of a file bind.
+fn mount_point(parent: &OwnedFd, name: &str) -> Result<()> {
+    let fd = nix::fcntl::openat(
+        parent,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(FILE_MODE),
+    )?;
+    fix_mode(&fd, FILE_MODE)
 }
 
 /// The names in directory `fd` (without `.` and `..`).
@@ -153,13 +456,12 @@ fn names(fd: &OwnedFd) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// What is under the directory `fd`, as a [`Tree`]; anything that is not one of its node kinds
-/// (a non-empty file, a device, a name that is not UTF-8) is recorded as a link to a name no
-/// tree can hold, so it never compares equal.
-fn read_tree(fd: &OwnedFd) -> Result<Tree> {
-    let mut tree = Tree::new();
+/// Whether the tree under the directory `fd` is exactly `plan`: the same names, each directory a
+/// directory, each hard link the host file's inode, each mount point an empty file (and not the
+/// host file: that would be a link where a bind is planned), each SONAME link the same link.
+fn matches(fd: &OwnedFd, plan: &Plan) -> Result<bool> {
+    let mut seen = 0usize;
     let mut stack = vec![(String::new(), fd.try_clone().context("dup")?)];
-    let odd = || TreeNode::Link("/".to_owned());
     while let Some((prefix, dir)) = stack.pop() {
         for name in names(&dir)? {
             let rel = if prefix.is_empty() {
@@ -167,26 +469,49 @@ fn read_tree(fd: &OwnedFd) -> Result<Tree> {
             } else {
                 format!("{prefix}/{name}")
             };
-            let st = nix::sys::stat::fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-                .with_context(|| format!("stat {rel}"))?;
-            let node = match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-                SFlag::S_IFDIR => {
-                    let sub = nix::fcntl::openat(&dir, name.as_str(), dir_flags(), Mode::empty())
-                        .with_context(|| format!("opening {rel}"))?;
-                    stack.push((rel.clone(), sub));
-                    TreeNode::Dir
+            let Some(node) = plan.tree.get(&rel) else {
+                return Ok(false);
+            };
+            seen += 1;
+            // One call per entry: a directory is opened (`O_NOFOLLOW | O_DIRECTORY` refuses
+            // anything else), a link read (`EINVAL` for anything else), a file stat'ed.
+            let stat = || {
+                nix::sys::stat::fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .with_context(|| format!("stat {rel}"))
+            };
+            let same = match node {
+                TreeNode::Dir => {
+                    match nix::fcntl::openat(&dir, name.as_str(), dir_flags(), Mode::empty()) {
+                        Ok(sub) => {
+                            stack.push((rel, sub));
+                            true
+                        }
+                        Err(Errno::ENOTDIR | Errno::ELOOP) => false,
+                        Err(e) => return Err(e).with_context(|| format!("opening {rel}")),
+                    }
                 }
-                SFlag::S_IFREG if st.st_size == 0 => TreeNode::File,
-                SFlag::S_IFLNK => match nix::fcntl::readlinkat(&dir, name.as_str()) {
-                    Ok(t) => t.into_string().map_or_else(|_| odd(), TreeNode::Link),
+                TreeNode::Hard(source) => {
+                    let st = stat()?;
+                    is_kind(&st, SFlag::S_IFREG) && plan.ids.get(source) == Some(&id(&st))
+                }
+                TreeNode::Bound(source) => {
+                    let st = stat()?;
+                    is_kind(&st, SFlag::S_IFREG)
+                        && st.st_size == 0
+                        && plan.ids.get(source) != Some(&id(&st))
+                }
+                TreeNode::Link(target) => match nix::fcntl::readlinkat(&dir, name.as_str()) {
+                    Ok(got) => got.to_str() == Some(target.as_str()),
+                    Err(Errno::EINVAL) => false,
                     Err(e) => return Err(e).with_context(|| format!("readlink {rel}")),
                 },
-                _ => odd(),
             };
-            tree.insert(rel, node);
+            if !same {
+                return Ok(false);
+            }
         }
     }
-    Ok(tree)
+    Ok(seen == plan.tree.len())
 }
 
 /// Remove `name` in `parent` and everything under it, never following a link. Returns whether
@@ -197,7 +522,7 @@ fn remove_tree(parent: &impl AsFd, name: &str) -> Result<bool> {
         Err(Errno::ENOENT) => return Ok(false),
         Err(e) => return Err(e).with_context(|| format!("stat {name}")),
     };
-    if st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFDIR.bits() {
+    if is_kind(&st, SFlag::S_IFDIR) {
         let fd = nix::fcntl::openat(parent, name, dir_flags(), Mode::empty())
             .with_context(|| format!("opening {name}"))?;
         for child in names(&fd)? {
@@ -215,62 +540,305 @@ fn remove_tree(parent: &impl AsFd, name: &str) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::{DriverFile, LibDir};
     use std::os::unix::fs::MetadataExt as _;
+    use std::path::Path;
 
-    fn tree() -> Tree {
-        let mut t = Tree::new();
-        t.insert("usr".into(), TreeNode::Dir);
-        t.insert("usr/lib".into(), TreeNode::Dir);
-        t.insert(
-            "usr/lib/libcuda.so.1".into(),
-            TreeNode::Link("libcuda.so.9".into()),
+    const LIB: &str = "usr/lib/x86_64-linux-gnu";
+
+    /// A host with one library and one tool; the driver discovery would report for it.
+    fn host() -> (tempfile::TempDir, HostRoot, UserspaceDriver) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(LIB)).unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
+        std::fs::write(dir.path().join(LIB).join("libcuda.so.9.1"), b"ELF cuda 9.1").unwrap();
+        std::fs::write(dir.path().join("usr/bin/nvidia-smi"), b"smi").unwrap();
+        let host = HostRoot::new(dir.path());
+        let driver = UserspaceDriver {
+            version: "9.1".into(),
+            lib_dirs: vec![LibDir {
+                path: format!("/{LIB}").parse().unwrap(),
+                triplet: "x86_64-linux-gnu".into(),
+                files: vec![DriverFile {
+                    name: "libcuda.so.9.1".into(),
+                    soname: Some("libcuda.so.1".into()),
+                }],
+            }],
+            binaries: vec!["/usr/bin/nvidia-smi".parse().unwrap()],
+            firmware: None,
+            sockets: vec![],
+        };
+        (dir, host, driver)
+    }
+
+    fn tree_dir(dir: &Path) -> std::path::PathBuf {
+        dir.join("var/lib/nspawn-lifecycle/driver-root/kube1")
+    }
+
+    fn ino(p: &Path) -> u64 {
+        std::fs::symlink_metadata(p).unwrap().ino()
+    }
+
+    /// Issue 12: every driver file in the tree is a hard link of the host file (its inode), so
+    /// the `.nspawn` file binds none of them; the SONAME is the link beside it.
+    #[test]
+    fn driver_files_are_hard_links_of_the_host_files_and_need_no_bind() {
+        let (dir, host, driver) = host();
+        let mut plan = plan(&host, &driver).unwrap();
+        let built = ensure(&host, "kube1", &mut plan).unwrap();
+        assert_eq!(
+            built,
+            Built {
+                changed: true,
+                unlinked: vec![]
+            }
         );
-        t.insert("usr/lib/libcuda.so.9".into(), TreeNode::File);
-        t.insert("run".into(), TreeNode::Dir);
-        t.insert("run/nvidia-persistenced".into(), TreeNode::Dir);
-        t
+        let t = tree_dir(dir.path());
+        let lib = t.join(LIB).join("libcuda.so.9.1");
+        assert_eq!(ino(&lib), ino(&dir.path().join(LIB).join("libcuda.so.9.1")));
+        assert_eq!(std::fs::read(&lib).unwrap(), b"ELF cuda 9.1");
+        assert_eq!(
+            ino(&t.join("usr/bin/nvidia-smi")),
+            ino(&dir.path().join("usr/bin/nvidia-smi"))
+        );
+        assert_eq!(
+            std::fs::read_link(t.join(LIB).join("libcuda.so.1")).unwrap(),
+            Path::new("libcuda.so.9.1")
+        );
+        assert!(layout::file_binds(&plan.tree).unwrap().is_empty());
     }
 
     #[test]
     fn built_once_then_left_alone_then_swapped_when_it_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path());
-        let p = dir.path().join("run/nspawn-lifecycle/driver-root/kube1");
-        assert!(ensure(&host, "kube1", &tree()).unwrap());
-        assert_eq!(
-            std::fs::read_link(p.join("usr/lib/libcuda.so.1")).unwrap(),
-            std::path::Path::new("libcuda.so.9")
+        let (dir, host, driver) = host();
+        let t = tree_dir(dir.path());
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
         );
-        let ino = std::fs::metadata(&p).unwrap().ino();
-        assert!(!ensure(&host, "kube1", &tree()).unwrap());
-        assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino);
-        let mut t = tree();
-        t.remove("usr/lib/libcuda.so.1");
-        assert!(ensure(&host, "kube1", &t).unwrap());
-        assert!(!p.join("usr/lib/libcuda.so.1").exists());
+        let top = ino(&t);
+        assert!(
+            !ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert_eq!(ino(&t), top);
+        // An upgrade as dpkg does it: a new file renamed over the old name. The tree still
+        // holds the old inode until the next pre-start, which sees it and relinks.
+        let host_lib = dir.path().join(LIB).join("libcuda.so.9.1");
+        std::fs::write(dir.path().join(LIB).join(".new"), b"ELF cuda 9.1 rebuilt").unwrap();
+        std::fs::rename(dir.path().join(LIB).join(".new"), &host_lib).unwrap();
+        assert_ne!(ino(&t.join(LIB).join("libcuda.so.9.1")), ino(&host_lib));
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert_eq!(ino(&t.join(LIB).join("libcuda.so.9.1")), ino(&host_lib));
         assert!(
             !dir.path()
-                .join("run/nspawn-lifecycle/driver-root/.kube1.new")
+                .join("var/lib/nspawn-lifecycle/driver-root/.kube1.new")
                 .exists()
         );
-        // Something else put in the tree makes it differ: rebuilt.
-        std::fs::write(p.join("usr/lib/extra"), b"x").unwrap();
-        assert!(ensure(&host, "kube1", &t).unwrap());
-        assert!(!p.join("usr/lib/extra").exists());
+        // Something else put in the tree makes it differ: rebuilt without it.
+        std::fs::write(t.join(LIB).join("extra"), b"x").unwrap();
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert!(!t.join(LIB).join("extra").exists());
+        // A copy of the right content is not the host's file: rebuilt.
+        let lib = t.join(LIB).join("libcuda.so.9.1");
+        std::fs::remove_file(&lib).unwrap();
+        std::fs::write(&lib, b"ELF cuda 9.1 rebuilt").unwrap();
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert_eq!(ino(&lib), ino(&host_lib));
+        // A link to a copy where a directory belongs, a file where a SONAME link belongs: both
+        // rebuilt, the copy never followed into.
+        let changed = |host: &HostRoot| {
+            ensure(host, "kube1", &mut plan(host, &driver).unwrap())
+                .unwrap()
+                .changed
+        };
+        let bin = t.join("usr/bin");
+        let copy = dir.path().join("copy");
+        std::fs::rename(&bin, &copy).unwrap();
+        std::os::unix::fs::symlink(&copy, &bin).unwrap();
+        assert!(changed(&host));
+        assert!(std::fs::symlink_metadata(&bin).unwrap().is_dir());
+        assert!(copy.join("nvidia-smi").is_file());
+        let soname = t.join(LIB).join("libcuda.so.1");
+        std::fs::remove_file(&soname).unwrap();
+        std::fs::write(&soname, b"").unwrap();
+        assert!(changed(&host));
+        assert!(std::fs::symlink_metadata(&soname).unwrap().is_symlink());
+        assert!(!changed(&host));
     }
 
     #[test]
     fn a_link_in_place_of_the_tree_is_replaced_not_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path());
+        let (dir, host, driver) = host();
         let elsewhere = dir.path().join("elsewhere");
         std::fs::create_dir_all(elsewhere.join("keep")).unwrap();
-        let top = dir.path().join("run/nspawn-lifecycle/driver-root");
+        let top = dir.path().join("var/lib/nspawn-lifecycle/driver-root");
         std::fs::create_dir_all(&top).unwrap();
         std::os::unix::fs::symlink(&elsewhere, top.join("kube1")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, top.join(".kube1.new")).unwrap();
-        assert!(ensure(&host, "kube1", &tree()).unwrap());
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
         assert!(elsewhere.join("keep").is_dir());
         assert!(top.join("kube1").symlink_metadata().unwrap().is_dir());
+    }
+
+    /// A driver file that is a link on the host (Debian's `/usr/bin/nvidia-smi` →
+    /// `/etc/alternatives/…`, absolute) resolves inside the host root: the tree links the file it
+    /// names there; one whose target is missing in the host root is refused by name, and the
+    /// real `/etc/shadow` it names is never reached.
+    #[test]
+    fn a_host_driver_file_that_is_a_link_resolves_inside_the_host_root() {
+        let (dir, host, driver) = host();
+        let smi = dir.path().join("usr/bin/nvidia-smi");
+        std::fs::remove_file(&smi).unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/alternatives")).unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/lib/nvidia")).unwrap();
+        let real = dir.path().join("usr/lib/nvidia/nvidia-smi");
+        std::fs::write(&real, b"real smi").unwrap();
+        std::os::unix::fs::symlink(
+            "/usr/lib/nvidia/nvidia-smi",
+            dir.path().join("etc/alternatives/nvidia-smi"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/etc/alternatives/nvidia-smi", &smi).unwrap();
+        ensure(&host, "kube1", &mut plan(&host, &driver).unwrap()).unwrap();
+        assert_eq!(
+            ino(&tree_dir(dir.path()).join("usr/bin/nvidia-smi")),
+            ino(&real)
+        );
+        std::fs::remove_file(&smi).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", &smi).unwrap();
+        let e = format!("{:#}", plan(&host, &driver).unwrap_err());
+        assert!(
+            e.contains("host driver file /usr/bin/nvidia-smi (resolving it)"),
+            "{e}"
+        );
+    }
+
+    /// No driver: the tree (and one older versions left on /run) goes, with the old driver's
+    /// inodes it held; nothing is created on a host that never had one.
+    #[test]
+    fn remove_takes_the_tree_and_the_legacy_one_and_creates_nothing() {
+        let (dir, host, driver) = host();
+        assert!(!remove(&host, "kube1").unwrap());
+        assert!(!dir.path().join("var/lib/nspawn-lifecycle").exists());
+        ensure(&host, "kube1", &mut plan(&host, &driver).unwrap()).unwrap();
+        let legacy = dir
+            .path()
+            .join("run/nspawn-lifecycle/driver-root/kube1/usr");
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(legacy.join("f"), b"").unwrap();
+        assert!(remove(&host, "kube1").unwrap());
+        assert!(!tree_dir(dir.path()).exists());
+        assert!(!legacy.exists());
+        assert!(dir.path().join(LIB).join("libcuda.so.9.1").is_file());
+    }
+
+    /// Root only: a driver file on another filesystem than the tree (here a tmpfs mounted on the
+    /// host's /usr/bin) cannot be hard-linked (EXDEV): it is a mount point with a read-only bind.
+    #[test]
+    fn privileged_a_file_on_another_filesystem_is_bound_instead() {
+        assert!(nix::unistd::geteuid().is_root(), "this test mounts a tmpfs");
+        let (dir, host, driver) = host();
+        let bin = dir.path().join("usr/bin");
+        nix::mount::mount(
+            Some("tmpfs"),
+            &bin,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        struct Umount<'a>(&'a Path);
+        impl Drop for Umount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _u = Umount(&bin);
+        std::fs::write(bin.join("nvidia-smi"), b"smi").unwrap();
+        let mut plan = plan(&host, &driver).unwrap();
+        assert_eq!(
+            plan.tree.get("usr/bin/nvidia-smi"),
+            Some(&TreeNode::Bound("/usr/bin/nvidia-smi".into()))
+        );
+        assert!(ensure(&host, "kube1", &mut plan).unwrap().changed);
+        let mp = tree_dir(dir.path()).join("usr/bin/nvidia-smi");
+        let st = std::fs::symlink_metadata(&mp).unwrap();
+        assert!(st.is_file() && st.len() == 0 && st.ino() != ino(&bin.join("nvidia-smi")));
+        let binds: Vec<_> = layout::file_binds(&plan.tree)
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.source.to_string(), b.target.to_string()))
+            .collect();
+        assert_eq!(
+            binds,
+            [(
+                "/usr/bin/nvidia-smi".to_owned(),
+                "/run/nvidia/driver/usr/bin/nvidia-smi".to_owned()
+            )]
+        );
+        // Unchanged next time: the mount point is not taken for a missing link.
+        assert!(
+            !ensure(&host, "kube1", &mut super::plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+    }
+
+    /// Root only: a file the kernel refuses to link (immutable: EPERM) is bound instead, named
+    /// with its errno in [`Built::unlinked`].
+    #[test]
+    fn privileged_a_file_the_kernel_refuses_to_link_is_bound_and_named() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test sets the immutable flag"
+        );
+        let (dir, host, driver) = host();
+        let smi = dir.path().join("usr/bin/nvidia-smi");
+        let chattr = |flag: &str| {
+            let ok = std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(&smi)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chattr {flag} failed");
+        };
+        chattr("+i");
+        let mut plan = plan(&host, &driver).unwrap();
+        let built = ensure(&host, "kube1", &mut plan);
+        chattr("-i");
+        let built = built.unwrap();
+        assert_eq!(
+            built.unlinked,
+            [("usr/bin/nvidia-smi".to_owned(), Errno::EPERM)]
+        );
+        assert_eq!(
+            plan.tree.get("usr/bin/nvidia-smi"),
+            Some(&TreeNode::Bound("/usr/bin/nvidia-smi".into()))
+        );
+        let mp = tree_dir(dir.path()).join("usr/bin/nvidia-smi");
+        assert_eq!(std::fs::symlink_metadata(&mp).unwrap().len(), 0);
+        // The library beside it is still a link.
+        let lib = tree_dir(dir.path()).join(LIB).join("libcuda.so.9.1");
+        assert_eq!(ino(&lib), ino(&dir.path().join(LIB).join("libcuda.so.9.1")));
     }
 }

@@ -5,19 +5,22 @@
 //! tree's files).
 //!
 //! The driver root `/run/nvidia/driver` is pre-start's host tree ([`driver_tree`]) bound
-//! read-only ([`tree_bind`]), with one read-only bind per host driver file on the tree's mount
-//! points ([`driver_binds`]): each library at `usr/lib/<triplet>/<name>`, each binary at
+//! read-only ([`tree_bind`]): each library at `usr/lib/<triplet>/<name>`, each binary at
 //! `usr/bin/<name>`, the firmware directory at `lib/firmware/nvidia/<version>`, the daemons'
-//! socket directories at `run/<name>`. Each SONAME is a link in the tree to the library file
-//! beside it, as `ldconfig` makes it on a real install. Every name resolves inside the tree, so
-//! the tree works wherever it is seen: at `/run/nvidia/driver` in the machine, or bound at
-//! `/driver-root` in a pod (what the NVIDIA device plugin, GPU Operator and
-//! `nvidia-ctk --driver-root` do). Library files must be real files at their standard names:
-//! `nvidia-ctk` resolves links and mounts a library at its resolved path, so a link to a bound
-//! host directory elsewhere in the tree would move the library in every container (issue 12).
-//! The tree exists complete from the first instant of the boot and changes only with the
-//! machine, so no service can see it half-built or stale. Each mount costs the machine's systemd
-//! a mount unit at boot and an unmount at shutdown, hence no bind per name.
+//! socket directories at `run/<name>`. Each driver file is a hard link of the host file in the
+//! tree ([`TreeNode::Hard`]: the very host inode, a real file at its standard name), or, when it
+//! cannot be linked (another filesystem), an empty mount point with a read-only bind of the file
+//! ([`TreeNode::Bound`], [`file_binds`]); the two directories are binds ([`dir_binds`]). Each
+//! SONAME is a link in the tree to the library file beside it, as `ldconfig` makes it on a real
+//! install. Every name resolves inside the tree, so the tree works wherever it is seen: at
+//! `/run/nvidia/driver` in the machine, or bound at `/driver-root` in a pod (what the NVIDIA
+//! device plugin, GPU Operator and `nvidia-ctk --driver-root` do). Library files must be real
+//! files at their standard names: `nvidia-ctk` resolves links and mounts a library at its
+//! resolved path, so a link to a bound host directory elsewhere in the tree would move the
+//! library in every container (issue 12). The tree exists complete from the first instant of the
+//! boot and changes only with the machine, so no service can see it half-built or stale. Each
+//! mount costs the machine's systemd a mount unit at boot and an unmount at shutdown, hence hard
+//! links rather than a bind per file, and no bind per name.
 
 use crate::discovery::UserspaceDriver;
 use crate::paths::{HostPath, MachinePath};
@@ -71,8 +74,14 @@ fn machine_path(what: &str, p: String) -> Result<MachinePath> {
 
 /// Where pre-start builds each machine's driver tree on the host (`<this>/<machine>`), bound
 /// read-only at [`DRIVER_ROOT`] by the `.nspawn` file. Its own directory, not beside `locks/` or
-/// the unit gate, so no machine name can collide with them.
-pub const TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
+/// the unit gate, so no machine name can collide with them. On a disk filesystem, not the `/run`
+/// tmpfs, so the tree can hold hard links of the driver files (the same filesystem as `/usr` on
+/// a usual host); it outlives a reboot and is checked, and rebuilt if needed, at every pre-start.
+pub const TREE_HOST_DIR: &str = "/var/lib/nspawn-lifecycle/driver-root";
+
+/// Where versions before the hard links built the tree (tmpfs; its mount points are empty
+/// files). pre-start and `uninstall` remove what is left of it.
+pub const LEGACY_TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
 
 /// The host path of `machine`'s driver tree.
 pub fn tree_host_path(machine: &str) -> String {
@@ -80,8 +89,8 @@ pub fn tree_host_path(machine: &str) -> String {
 }
 
 /// The read-only bind of `machine`'s host tree at [`DRIVER_ROOT`]. systemd-nspawn sorts its binds
-/// by target, so this one is made before the per-file binds of [`driver_binds`] inside it, whose
-/// mount points the tree holds.
+/// by target, so this one is made before the binds inside it ([`dir_binds`], [`file_binds`]),
+/// whose mount points the tree holds.
 pub fn tree_bind(machine: &str) -> Result<Bind> {
     Ok(Bind {
         source: host_path("driver tree", tree_host_path(machine))?,
@@ -96,20 +105,26 @@ pub fn tree_bind(machine: &str) -> Result<Bind> {
 pub enum TreeNode {
     /// A directory: a parent of other nodes, or the mount point of a directory bind.
     Dir,
-    /// An empty file: the mount point of a file bind.
-    File,
+    /// A hard link of the host file at this absolute host path: the same inode, so a real file
+    /// for every reader, and no mount.
+    Hard(String),
+    /// An empty file: the mount point of a read-only bind of the host file at this absolute host
+    /// path (one that cannot be hard-linked into the tree: another filesystem).
+    Bound(String),
     /// A relative symlink to a name in the same directory (a SONAME to its library file).
     Link(String),
 }
 
 /// The driver tree: every path of [`DRIVER_ROOT`], relative to it, and what it is on the host.
-/// With the per-file binds inside it, it is the driver root the machine sees.
+/// With the directory binds (and any file binds) inside it, it is the driver root the machine
+/// sees.
 pub type Tree = std::collections::BTreeMap<String, TreeNode>;
 
-/// The tree for `driver`: mount points for every bind of [`driver_binds`], their parent
-/// directories, and each SONAME as a link to its library file beside it (what `ldconfig`
-/// makes on a real install, and what NVIDIA's tools resolve). A name already taken (two host
-/// directories of one triplet: the first wins) is not linked again.
+/// The tree for `driver`: every driver file of [`driver_binds`] as a hard link of its host file
+/// (pre-start turns the ones it cannot link into [`TreeNode::Bound`]), mount points for the
+/// directory binds, their parent directories, and each SONAME as a link to its library file
+/// beside it (what `ldconfig` makes on a real install, and what NVIDIA's tools resolve). A name
+/// already taken (two host directories of one triplet: the first wins) is not linked again.
 pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
     let mut tree = Tree::new();
     let rel = |t: &str| -> String {
@@ -127,7 +142,12 @@ pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
     for b in driver_binds(driver)? {
         let p = rel(b.target.as_str());
         add_parents(&mut tree, &p);
-        tree.insert(p, if b.dir { TreeNode::Dir } else { TreeNode::File });
+        let node = if b.dir {
+            TreeNode::Dir
+        } else {
+            TreeNode::Hard(b.source.to_string())
+        };
+        tree.insert(p, node);
     }
     for e in driver_entries(driver) {
         if e.kind != EntryKind::SonameLink {
@@ -150,11 +170,13 @@ pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
     Ok(tree)
 }
 
-/// The binds inside the driver tree, in a stable order: per library directory (discovery order)
-/// its files, then binaries, firmware, IPC socket directories. SONAME names are links in the
-/// tree ([`driver_tree`]), not binds: each mount costs the machine's systemd a mount unit at boot
-/// and an unmount at shutdown. A path of the tree is bound once: of two host directories for one
-/// triplet the first wins.
+/// The host source of every driver file and directory in the driver root, in a stable order: per
+/// library directory (discovery order) its files, then binaries, firmware, IPC socket
+/// directories. Only the directories are bound into the machine ([`dir_binds`]); a file is a hard
+/// link in the tree, or bound when it cannot be ([`file_binds`]). SONAME names are links in the
+/// tree ([`driver_tree`]), never binds: each mount costs the machine's systemd a mount unit at
+/// boot and an unmount at shutdown. A path of the tree has one source: of two host directories
+/// for one triplet the first wins.
 pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
     let mut binds = Vec::new();
     let mut seen = BTreeSet::new();
@@ -213,6 +235,32 @@ pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
         )?;
     }
     Ok(binds)
+}
+
+/// The binds of whole directories inside the driver tree (firmware, socket directories): a
+/// directory cannot be hard-linked.
+pub fn dir_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
+    Ok(driver_binds(driver)?
+        .into_iter()
+        .filter(|b| b.dir)
+        .collect())
+}
+
+/// The read-only binds of the files `tree` holds as mount points ([`TreeNode::Bound`]), in tree
+/// order.
+pub fn file_binds(tree: &Tree) -> Result<Vec<Bind>> {
+    let mut out = Vec::new();
+    for (rel, node) in tree {
+        if let TreeNode::Bound(source) = node {
+            out.push(Bind {
+                source: host_path("driver file", source.clone())?,
+                target: machine_path("driver file", format!("{DRIVER_ROOT}/{rel}"))?,
+                read_only: true,
+                dir: false,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// What a driver entry is.
@@ -401,13 +449,16 @@ mod tests {
         );
     }
 
-    /// Issue 12: the tree holds the mount point of every bind, its parents, and each SONAME as
-    /// a link to the file beside it; nothing links out of its own directory.
+    /// Issue 12: the tree holds every driver file as a hard link of its host file, the mount
+    /// points of the directory binds, their parents, and each SONAME as a link to the file beside
+    /// it; nothing links out of its own directory. Only the directories are bound, and a file
+    /// the tree cannot link becomes a bound mount point.
     #[test]
     fn the_tree_has_mount_points_and_soname_links_beside_their_files() {
         let tree = driver_tree(&driver()).unwrap();
         let got: Vec<_> = tree.iter().map(|(p, n)| (p.as_str(), n.clone())).collect();
         let l = |t: &str| TreeNode::Link(t.to_owned());
+        let h = |s: &str| TreeNode::Hard(s.to_owned());
         assert_eq!(
             got,
             [
@@ -419,7 +470,7 @@ mod tests {
                 ("run/nvidia-persistenced", TreeNode::Dir),
                 ("usr", TreeNode::Dir),
                 ("usr/bin", TreeNode::Dir),
-                ("usr/bin/nvidia-smi", TreeNode::File),
+                ("usr/bin/nvidia-smi", h("/usr/bin/nvidia-smi")),
                 ("usr/lib", TreeNode::Dir),
                 ("usr/lib/x86_64-linux-gnu", TreeNode::Dir),
                 (
@@ -428,7 +479,7 @@ mod tests {
                 ),
                 (
                     "usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07",
-                    TreeNode::File
+                    h("/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07")
                 ),
                 ("usr/lib/x86_64-linux-gnu/vdpau", TreeNode::Dir),
                 (
@@ -437,15 +488,46 @@ mod tests {
                 ),
                 (
                     "usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07",
-                    TreeNode::File
+                    h("/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.82.07")
                 ),
             ]
+        );
+        let dirs: Vec<_> = dir_binds(&driver())
+            .unwrap()
+            .into_iter()
+            .map(|b| b.target.to_string())
+            .collect();
+        assert_eq!(
+            dirs,
+            [
+                "/run/nvidia/driver/lib/firmware/nvidia/580.82.07",
+                "/run/nvidia/driver/run/nvidia-persistenced"
+            ]
+        );
+        assert!(file_binds(&tree).unwrap().is_empty());
+        let mut t = tree.clone();
+        t.insert(
+            "usr/bin/nvidia-smi".into(),
+            TreeNode::Bound("/usr/bin/nvidia-smi".into()),
+        );
+        let fb: Vec<_> = file_binds(&t)
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.source.to_string(), b.target.to_string(), b.read_only))
+            .collect();
+        assert_eq!(
+            fb,
+            [(
+                "/usr/bin/nvidia-smi".to_owned(),
+                "/run/nvidia/driver/usr/bin/nvidia-smi".to_owned(),
+                true
+            )]
         );
         let b = tree_bind("kube1").unwrap();
         assert_eq!(
             (b.source.as_str(), b.target.as_str(), b.read_only, b.dir),
             (
-                "/run/nspawn-lifecycle/driver-root/kube1",
+                "/var/lib/nspawn-lifecycle/driver-root/kube1",
                 DRIVER_ROOT,
                 true,
                 true

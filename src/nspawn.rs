@@ -135,10 +135,11 @@ impl NspawnFile {
                 for dev in &inv.devices {
                     binds.push(same(&dev.path, false));
                 }
-                // The driver root: pre-start's host tree, read-only, with the per-file binds
-                // on its mount points (src/layout.rs, src/driver_tree.rs).
+                // The driver root: pre-start's host tree of hard links, read-only, with the
+                // directory binds on its mount points (src/layout.rs, src/driver_tree.rs); a
+                // file the tree cannot link is bound by `bind_driver_files`.
                 for b in std::iter::once(layout::tree_bind(machine.as_str())?)
-                    .chain(layout::driver_binds(driver)?)
+                    .chain(layout::dir_binds(driver)?)
                 {
                     binds.push(BindLine {
                         source: b.source,
@@ -178,6 +179,24 @@ impl NspawnFile {
             drop_capabilities: cfg.drop_capabilities.clone(),
             uninstalled: false,
         })
+    }
+
+    /// Bind these driver files (the [`layout::file_binds`] of the tree pre-start builds: files it
+    /// could not hard-link) on their mount points, right after the driver tree's own bind.
+    pub fn bind_driver_files(&mut self, binds: Vec<layout::Bind>) {
+        let Some(at) = self
+            .binds
+            .iter()
+            .position(|b| b.target.as_str() == layout::DRIVER_ROOT)
+        else {
+            return;
+        };
+        let lines = binds.into_iter().map(|b| BindLine {
+            source: b.source,
+            target: b.target,
+            read_only: b.read_only,
+        });
+        self.binds.splice(at + 1..at + 1, lines);
     }
 
     /// What `uninstall` leaves: pre-start's settings for a host without GPUs and without KVM

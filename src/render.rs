@@ -21,7 +21,9 @@ pub struct Rendered {
     /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
     pub gate: bool,
     /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
-    pub tree: Option<crate::layout::Tree>,
+    pub tree: Option<crate::driver_tree::Plan>,
+    /// `new` as a value: pre-start adds the binds of files the tree could not link.
+    pub file: NspawnFile,
     /// The machine's share of the host's GPUs (the config's `gpus`).
     pub assignment: Assignment,
 }
@@ -48,12 +50,15 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
             inv.gpus.len()
         );
     }
-    let (new, gate) = (file.to_string(), file.binds_gate());
     let tree = assignment
         .view
         .complete_driver()
-        .map(crate::layout::driver_tree)
+        .map(|d| crate::driver_tree::plan(&ctx.host, d))
         .transpose()?;
+    if let Some(plan) = &tree {
+        file.bind_driver_files(crate::layout::file_binds(&plan.tree)?);
+    }
+    let (new, gate) = (file.to_string(), file.binds_gate());
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -66,6 +71,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         new,
         gate,
         tree,
+        file,
         assignment,
     })
 }

@@ -4,8 +4,8 @@
 //! Everything goes through a [`MachineRoot`], so a hostile rootfs cannot redirect a write, a
 //! replace or a delete to the host. Each step returns a [`Report`] the caller logs as one line.
 //!
-//! The driver root `/run/nvidia/driver` is not built here: it is pre-start's host tree with the
-//! per-file binds on it, which systemd-nspawn mounts at boot (src/layout.rs,
+//! The driver root `/run/nvidia/driver` is not built here: it is pre-start's host tree of hard
+//! links of the driver files, which systemd-nspawn binds read-only at boot (src/layout.rs,
 //! src/driver_tree.rs), so it exists whole before any service of the machine starts and changes
 //! only with the machine. Post-start checks it against the
 //! host ([`verify_driver_root`]) before anything points into it.
@@ -118,7 +118,8 @@ fn driver_root_parent() -> (&'static str, &'static str) {
     DRIVER_ROOT.rsplit_once('/').unwrap_or(("/", DRIVER_ROOT))
 }
 
-/// What a driver-root path must be: a bind of the host file or directory with this identity.
+/// What a driver-root path must be: the host file or directory with this identity (a hard link
+/// of the file in pre-start's tree, or a bind: both show the host's device and inode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Wanted {
     dev: u64,
@@ -129,66 +130,95 @@ struct Wanted {
 /// Most paths of each kind one verification error spells out.
 const MAX_NAMED: usize = 10;
 
-/// Check the driver root that systemd-nspawn made at this boot from the `.nspawn` file's binds
-/// (src/layout.rs) against the host's driver as discovered now: it is read-only, every bind is
-/// at its path and is the very host file or directory discovery names (same device and inode: a
-/// bind mount shows the inode of its source), every SONAME is the link to the file beside it,
-/// and the tree holds nothing else. Reads only. An error names
-/// what is missing, different or extra: the machine then runs with binds rendered for another
-/// host state (the driver changed after pre-start, or the machine was started without our
-/// pre-start), and only a new start (which renders the binds again) can fix that. Returns the
-/// number of binds checked.
+/// Check the driver root that systemd-nspawn made at this boot from the `.nspawn` file (pre-start's
+/// host tree bound read-only, src/layout.rs, src/driver_tree.rs) against the host's driver as
+/// discovered now: it is read-only, every driver file and directory is at its path and is the
+/// very host file or directory discovery names (same device and inode: a hard link is the host's
+/// inode, a bind mount shows its source's), every SONAME is the link to the file beside it, and
+/// the tree holds nothing else. Reads only. An error names what is missing, different or extra:
+/// the machine then runs with a tree built for another host state (the driver changed after
+/// pre-start, or the machine was started without our pre-start), and only a new start (whose
+/// pre-start rebuilds the tree) can fix that. Returns the number of entries checked.
 pub fn verify_driver_root(
     root: &MachineRoot,
     host: &HostRoot,
     driver: &UserspaceDriver,
 ) -> Result<usize> {
-    let mut wanted: BTreeMap<String, Wanted> = BTreeMap::new();
-    let mut parents: BTreeSet<String> = BTreeSet::new();
-    // SONAME names: links in the tree to the library file beside them (src/layout.rs).
-    let links: BTreeMap<String, String> = crate::layout::driver_tree(driver)?
-        .into_iter()
-        .filter_map(|(p, n)| match n {
-            crate::layout::TreeNode::Link(t) => Some((p, t)),
-            _ => None,
-        })
-        .collect();
-    for p in links.keys() {
-        let comps: Vec<&str> = p.split('/').collect();
-        for i in 1..comps.len() {
-            parents.insert(comps[..i].join("/"));
-        }
-    }
-    for b in driver_binds(driver)? {
-        let rel = b
-            .target
-            .strip_prefix(DRIVER_ROOT)
-            .and_then(|r| r.strip_prefix('/'))
-            .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
-            .to_owned();
-        let hp = host.path(b.source.as_str());
-        let st = std::fs::metadata(&hp)
-            .with_context(|| format!("host driver file {} (stat {})", b.source, hp.display()))?;
-        let comps: Vec<&str> = rel.split('/').collect();
-        for i in 1..comps.len() {
-            parents.insert(comps[..i].join("/"));
-        }
-        wanted.insert(
-            rel.clone(),
-            Wanted {
-                dev: std::os::unix::fs::MetadataExt::dev(&st),
-                ino: std::os::unix::fs::MetadataExt::ino(&st),
-                dir: b.dir,
-            },
-        );
-    }
+    let want = Expected::of(host, driver)?;
+    let top = open_driver_root(root)?;
+    let found = compare_driver_root(top, &want)?;
+    found.into_result(driver)?;
+    Ok(want.files.len() + want.links.len())
+}
 
+/// The driver root as it must be, relative to [`DRIVER_ROOT`].
+struct Expected {
+    /// Driver files and directories: the host identity each must have.
+    files: BTreeMap<String, Wanted>,
+    /// SONAME names: links in the tree to the library file beside them (src/layout.rs).
+    links: BTreeMap<String, String>,
+    /// Directories that only hold the above.
+    parents: BTreeSet<String>,
+}
+
+impl Expected {
+    /// Stat every host source discovery names now.
+    fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
+        let links: BTreeMap<String, String> = crate::layout::driver_tree(driver)?
+            .into_iter()
+            .filter_map(|(p, n)| match n {
+                crate::layout::TreeNode::Link(t) => Some((p, t)),
+                _ => None,
+            })
+            .collect();
+        let mut files = BTreeMap::new();
+        for b in driver_binds(driver)? {
+            let rel = b
+                .target
+                .strip_prefix(DRIVER_ROOT)
+                .and_then(|r| r.strip_prefix('/'))
+                .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
+                .to_owned();
+            let hp = host.path(b.source.as_str());
+            let st = std::fs::metadata(&hp).with_context(|| {
+                format!("host driver file {} (stat {})", b.source, hp.display())
+            })?;
+            let (dev, ino) = (
+                std::os::unix::fs::MetadataExt::dev(&st),
+                std::os::unix::fs::MetadataExt::ino(&st),
+            );
+            files.insert(
+                rel,
+                Wanted {
+                    dev,
+                    ino,
+                    dir: b.dir,
+                },
+            );
+        }
+        let mut parents = BTreeSet::new();
+        for p in links.keys().chain(files.keys()) {
+            let comps: Vec<&str> = p.split('/').collect();
+            for i in 1..comps.len() {
+                parents.insert(comps[..i].join("/"));
+            }
+        }
+        Ok(Expected {
+            files,
+            links,
+            parents,
+        })
+    }
+}
+
+/// The driver root in the machine, which must exist and be read-only.
+fn open_driver_root(root: &MachineRoot) -> Result<MachineDir> {
     let (parent, name) = driver_root_parent();
     let missing_root = || {
         anyhow::anyhow!(
-            "the driver root {DRIVER_ROOT} is not in the machine: it is made by the read-only \
-             binds pre-start renders into the .nspawn file, so this machine was started without \
-             them (by another tool, or with a .nspawn file from before the GPUs or driver \
+            "the driver root {DRIVER_ROOT} is not in the machine: it is pre-start's host tree, \
+             bound read-only by the .nspawn file pre-start renders, so this machine was started \
+             without it (by another tool, or with a .nspawn file from before the GPUs or driver \
              appeared); restart it through its systemd-nspawn@.service unit"
         )
     };
@@ -204,7 +234,6 @@ pub fn verify_driver_root(
         Lookup::Missing => return Err(missing_root()),
         Lookup::NotDir => bail!("{parent} in the machine is not a directory"),
     };
-
     if !top.read_only()? {
         bail!(
             "the driver root {DRIVER_ROOT} in the machine is writable: it must be pre-start's \
@@ -212,13 +241,28 @@ pub fn verify_driver_root(
              it; restart it through its systemd-nspawn@.service unit"
         );
     }
+    Ok(top)
+}
+
+/// What the walk of the driver root found wrong, as machine paths.
+#[derive(Default)]
+struct Mismatch {
+    missing: Vec<String>,
+    different: Vec<String>,
+    extra: Vec<String>,
+}
+
+/// Walk the driver root `top` (never following a link) and compare each entry with `want`.
+fn compare_driver_root(top: MachineDir, want: &Expected) -> Result<Mismatch> {
+    let mut found = Mismatch::default();
     let mut seen = BTreeSet::new();
-    let (mut different, mut extra) = (Vec::new(), Vec::new());
     let mut stack = vec![(String::new(), top)];
     while let Some((prefix, dir)) = stack.pop() {
         for (entry, _) in dir.entries()? {
             let Some(entry) = entry.to_str() else {
-                extra.push(format!("{}/{}", dir.path(), entry.to_string_lossy()));
+                found
+                    .extra
+                    .push(format!("{}/{}", dir.path(), entry.to_string_lossy()));
                 continue;
             };
             let rel = if prefix.is_empty() {
@@ -230,76 +274,79 @@ pub fn verify_driver_root(
                 continue;
             };
             let kind = FileKind::from_stat(&st);
-            if let Some(target) = links.get(&rel) {
-                seen.insert(rel.clone());
+            let right = if let Some(target) = want.links.get(&rel) {
                 // The link's name resolves to its library only through a link to it; that the
                 // library is the host's is checked at the library's own name.
-                let got = dir.read_link(entry)?;
-                if kind != FileKind::Symlink || got.as_deref() != Some(std::ffi::OsStr::new(target))
-                {
-                    different.push(dir.child(entry));
-                }
-            } else if let Some(w) = wanted.get(&rel) {
-                seen.insert(rel.clone());
-                let right_kind = if w.dir {
-                    kind == FileKind::Dir
-                } else {
-                    kind == FileKind::File
-                };
-                if !right_kind || (st.st_dev, st.st_ino) != (w.dev, w.ino) {
-                    different.push(dir.child(entry));
-                }
-            } else if parents.contains(&rel) && kind == FileKind::Dir {
+                kind == FileKind::Symlink
+                    && dir.read_link(entry)?.as_deref() == Some(std::ffi::OsStr::new(target))
+            } else if let Some(w) = want.files.get(&rel) {
+                let want_kind = if w.dir { FileKind::Dir } else { FileKind::File };
+                kind == want_kind && (st.st_dev, st.st_ino) == (w.dev, w.ino)
+            } else if want.parents.contains(&rel) && kind == FileKind::Dir {
                 match dir.open_subdir(entry)? {
-                    Subdir::Dir(sub) => stack.push((rel, sub)),
+                    Subdir::Dir(sub) => stack.push((rel.clone(), sub)),
                     _ => bail!(
                         "{} in the machine changed while it was checked",
                         dir.child(entry)
                     ),
                 }
+                continue;
             } else {
-                extra.push(dir.child(entry));
+                found.extra.push(dir.child(entry));
+                continue;
+            };
+            seen.insert(rel);
+            if !right {
+                found.different.push(dir.child(entry));
             }
         }
     }
-    let missing: Vec<String> = wanted
+    found.missing = want
+        .files
         .keys()
-        .chain(links.keys())
+        .chain(want.links.keys())
         .filter(|k| !seen.contains(*k))
         .map(|k| format!("{DRIVER_ROOT}/{k}"))
         .collect();
-    if missing.is_empty() && different.is_empty() && extra.is_empty() {
-        return Ok(wanted.len() + links.len());
-    }
-    let mut why = Vec::new();
-    for (label, list) in [
-        ("missing", &missing),
-        ("not the host's file", &different),
-        ("not the host's driver", &extra),
-    ] {
-        if list.is_empty() {
-            continue;
-        }
-        let shown: Vec<&str> = list.iter().take(MAX_NAMED).map(String::as_str).collect();
-        let more = list.len().saturating_sub(MAX_NAMED);
-        why.push(format!(
-            "{} {label}: {}{}",
-            list.len(),
-            shown.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
+    Ok(found)
+}
+
+impl Mismatch {
+    /// An error naming every kind of mismatch (at most [`MAX_NAMED`] paths each), if any.
+    fn into_result(self, driver: &UserspaceDriver) -> Result<()> {
+        let mut why = Vec::new();
+        for (label, list) in [
+            ("missing", &self.missing),
+            ("not the host's file", &self.different),
+            ("not the host's driver", &self.extra),
+        ] {
+            if list.is_empty() {
+                continue;
             }
-        ));
+            let shown: Vec<&str> = list.iter().take(MAX_NAMED).map(String::as_str).collect();
+            let more = list.len().saturating_sub(MAX_NAMED);
+            why.push(format!(
+                "{} {label}: {}{}",
+                list.len(),
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if why.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "the driver root {DRIVER_ROOT} does not match the host's NVIDIA driver {} ({}); the \
+             machine was started with a driver tree built for another host state (the driver \
+             changed after pre-start?): restart it so pre-start builds it again",
+            driver.version,
+            why.join("; ")
+        )
     }
-    bail!(
-        "the driver root {DRIVER_ROOT} does not match the host's NVIDIA driver {} ({}); the \
-         machine was started with binds rendered for another host state (the driver changed \
-         after pre-start?): restart it so pre-start renders them again",
-        driver.version,
-        why.join("; ")
-    )
 }
 
 /// Lexically resolve a symlink `target` found in directory `dir` (both machine paths).

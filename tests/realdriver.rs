@@ -194,6 +194,11 @@ fn nvidia_ctk() -> PathBuf {
 
 /// What `nvidia-ctk cdi generate --mode=management` mounts from the same host tree.
 fn theirs(root: &Path) -> FileSet {
+    theirs_in(root, root)
+}
+
+/// The same with the driver's files under `root` and the device nodes under `dev_root`.
+fn theirs_in(root: &Path, dev_root: &Path) -> FileSet {
     let out_dir = tempfile::tempdir().unwrap();
     let spec = out_dir.path().join("ctk.json");
     let mut driver_root = root.display().to_string();
@@ -206,7 +211,7 @@ fn theirs(root: &Path) -> FileSet {
         .arg(nvidia_ctk())
         .args(["cdi", "generate", "--mode=management", "--format=json"])
         .arg(format!("--driver-root={driver_root}"))
-        .arg(format!("--dev-root={driver_root}"))
+        .arg(format!("--dev-root={}", dev_root.display()))
         .arg(format!("--output={}", spec.display()))
         .output()
         .unwrap();
@@ -323,6 +328,7 @@ fn goldens(root: &Path, layout: &str) {
     let file = std::fs::read_to_string(root.join(NSPAWN)).unwrap();
     assert!(!file.contains(&root.display().to_string()), "{file}");
     golden(&format!("realdriver-{layout}.nspawn"), &file);
+    tree_is_the_host_files(root, &file);
     let inv = discovery::discover(&HostRoot::new(root)).unwrap();
     assert_eq!(inv.verdict, Verdict::Complete);
     let spec = cdi::spec(&inv, "nvidia.com/gpu").expect("a spec for a complete driver");
@@ -330,6 +336,65 @@ fn goldens(root: &Path, layout: &str) {
         &format!("cdi-realdriver-{layout}.json"),
         &cdi::render(&spec),
     );
+}
+
+/// `abs` under `root` with its links followed inside `root` (absolute targets start again at it).
+fn in_root(root: &Path, abs: &str) -> PathBuf {
+    let mut p = root.join(abs.trim_start_matches('/'));
+    for _ in 0..40 {
+        match std::fs::read_link(&p) {
+            Ok(t) if t.is_absolute() => p = root.join(t.strip_prefix("/").unwrap()),
+            Ok(t) => p = p.parent().unwrap().join(t),
+            Err(_) => return p,
+        }
+    }
+    panic!("{abs}: too many links");
+}
+
+/// Issue 12: pre-start's tree (the driver root the machine sees, before the directory binds) holds
+/// every library and tool discovery lists as the host's very file (same device and inode: a hard
+/// link), so the `.nspawn` file binds none of them; and NVIDIA's nvidia-ctk, run on the bare
+/// tree, finds every one of them, tools included (in the deb layout too: they are real files in
+/// the tree, not `/etc/alternatives` links).
+fn tree_is_the_host_files(root: &Path, nspawn: &str) {
+    use std::os::unix::fs::MetadataExt as _;
+    let tree = root.join("var/lib/nspawn-lifecycle/driver-root/kube1");
+    let inv = discovery::discover(&HostRoot::new(root)).unwrap();
+    let d = inv.driver.as_ref().unwrap();
+    let mut files = Vec::new();
+    for dir in &d.lib_dirs {
+        for f in &dir.files {
+            let host = format!("{}/{}", dir.path, f.name);
+            let at = format!("usr/lib/{}/{}", dir.triplet, f.name);
+            files.push((host, at));
+        }
+    }
+    for b in &d.binaries {
+        files.push((b.to_string(), format!("usr/bin/{}", basename(b))));
+    }
+    for (host, at) in &files {
+        let h = std::fs::metadata(in_root(root, host)).unwrap();
+        let t = std::fs::symlink_metadata(tree.join(at))
+            .unwrap_or_else(|e| panic!("{at} not in the tree: {e}"));
+        assert!(t.is_file(), "{at} is not a file in the tree");
+        assert_eq!(
+            (t.dev(), t.ino()),
+            (h.dev(), h.ino()),
+            "{at} is not the host's {host}"
+        );
+        assert!(
+            !nspawn.contains(&format!("{host}:")),
+            "{host} is still bound"
+        );
+    }
+    let theirs = theirs_in(&tree, root);
+    let (ours, _) = ours(root);
+    let lost: Vec<_> = differences(&ours, &theirs)
+        .into_iter()
+        .filter(|(kind, side, _)| (kind == "library" || kind == "binary") && side == "only ours")
+        .filter(|d| !intended_library_extras().contains(d))
+        .collect();
+    assert!(lost.is_empty(), "nvidia-ctk on the tree misses {lost:?}");
 }
 
 #[test]

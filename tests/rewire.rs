@@ -290,7 +290,7 @@ fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
     // The tree is read-only in the machine; planted on the host side, it shows there.
     let tree = host
         .path()
-        .join("run/nspawn-lifecycle/driver-root/kube1/usr/lib/x86_64-linux-gnu/libcuda.so");
+        .join("var/lib/nspawn-lifecycle/driver-root/kube1/usr/lib/x86_64-linux-gnu/libcuda.so");
     std::fs::write(&tree, "planted").unwrap();
     let e = format!(
         "{:#}",

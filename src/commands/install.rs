@@ -91,6 +91,8 @@ enum Op {
     },
     Remove,
     RemoveDir,
+    /// A directory and everything in it, never following a link (src/driver_tree.rs).
+    RemoveTree,
 }
 
 #[derive(Debug)]
@@ -163,6 +165,9 @@ impl Plan {
                 }
                 Some(Op::Remove) => {
                     remove_if_exists(&f.path)?;
+                }
+                Some(Op::RemoveTree) => {
+                    crate::driver_tree::remove_path(&f.path)?;
                 }
                 Some(Op::RemoveDir) => match std::fs::remove_dir(&f.path) {
                     Ok(()) => {}
@@ -520,7 +525,25 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
     let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
     uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
     helper_removal(ctx, machine, &mut plan)?;
+    tree_removal(&ctx.host, machine, &mut plan);
     Ok(plan)
+}
+
+/// pre-start's driver tree of the machine: hard links of the host's driver files, which would
+/// keep an old driver's files on disk after an upgrade (and the one of older versions on `/run`).
+fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
+    for dir in [
+        crate::layout::TREE_HOST_DIR,
+        crate::layout::LEGACY_TREE_HOST_DIR,
+    ] {
+        let shown = format!("{dir}/{machine}");
+        if host.path(&shown).symlink_metadata().is_ok() {
+            plan.files.push(FileLine {
+                op: Some(Op::RemoveTree),
+                ..FileLine::new(host, &shown, Verb::Remove, "pre-start's driver tree".into())
+            });
+        }
+    }
 }
 
 /// Our drop-in, and its directory when nothing else is in it; whether our drop-in was there.
@@ -850,5 +873,49 @@ mod tests {
             (helper, Verb::Keep, true)
         );
         assert_eq!(keep.detail, "still used by systemd-nspawn@kube2.service");
+    }
+
+    /// Issue 12: pre-start's driver tree holds hard links of the host's driver files (an old
+    /// driver's stay on disk while it exists): uninstall removes it, and the /run tree of
+    /// earlier versions, never following a link in it; the host's files stay.
+    #[test]
+    fn uninstall_removes_the_driver_tree_and_the_legacy_one() {
+        let m: MachineName = "kube1".parse().unwrap();
+        let dropin = dropin_path(&m);
+        let (d, ctx) = host_with(&[&dropin]);
+        let host_lib = d.path().join("usr/lib/libcuda.so.1.0");
+        std::fs::create_dir_all(host_lib.parent().unwrap()).unwrap();
+        std::fs::write(&host_lib, b"lib").unwrap();
+        let tree = d
+            .path()
+            .join("var/lib/nspawn-lifecycle/driver-root/kube1/usr/lib");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::hard_link(&host_lib, tree.join("libcuda.so.1.0")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("usr"), tree.join("out")).unwrap();
+        let legacy = d.path().join("run/nspawn-lifecycle/driver-root/kube1/usr");
+        std::fs::create_dir_all(&legacy).unwrap();
+        let plan = plan_uninstall(&ctx, &m).unwrap();
+        let report = plan.report(true, "-");
+        assert!(
+            report.contains(
+                "/var/lib/nspawn-lifecycle/driver-root/kube1: would remove (pre-start's driver tree)"
+            ) && report.contains(
+                "/run/nspawn-lifecycle/driver-root/kube1: would remove (pre-start's driver tree)"
+            ),
+            "{report}"
+        );
+        plan.apply().unwrap();
+        assert!(
+            !d.path()
+                .join("var/lib/nspawn-lifecycle/driver-root/kube1")
+                .exists()
+        );
+        assert!(
+            !d.path()
+                .join("run/nspawn-lifecycle/driver-root/kube1")
+                .exists()
+        );
+        assert_eq!(std::fs::read(&host_lib).unwrap(), b"lib");
+        assert!(d.path().join("usr/lib").is_dir());
     }
 }

@@ -22,8 +22,8 @@ use anyhow::{Context as _, Result};
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = check_startable(ctx, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
-    execute(ctx, machine, &plan)
+    let mut plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    execute(ctx, machine, &mut plan)
 }
 
 /// The machine's configuration, once nothing refuses the start: checked before the lock, so a
@@ -44,18 +44,13 @@ fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
 
 /// Carry out pre-start's plan: the device cgroup, then the unit gate and driver tree the file
 /// binds (nspawn refuses to start when a bind's source is missing), then the file itself.
-fn execute(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
+fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     if r.gate && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
-    if let Some(tree) = &r.tree
-        && crate::driver_tree::ensure(&ctx.host, machine.as_str(), tree)?
-    {
-        let dir = crate::layout::tree_host_path(machine.as_str());
-        tracing::info!(%machine, %dir, entries = tree.len(), "driver tree built");
-    }
+    crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
     if write_if_changed(
         &r.host_path,
         r.new.as_bytes(),

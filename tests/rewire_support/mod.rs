@@ -305,8 +305,9 @@ pub fn host_driver_files(host: &Path, driver: &UserspaceDriver) {
     }
 }
 
-/// What systemd-nspawn makes of the `.nspawn` file's driver binds at boot: every bind of
-/// `layout::driver_binds` mounted read-only at its target under the machine root `machine`,
+/// What pre-start and systemd-nspawn make of the driver root at boot: pre-start's host tree (hard
+/// links of the driver files) and the `.nspawn` file's binds (the tree, its directory binds and
+/// any file it could not link) mounted read-only at their targets under the machine root `machine`,
 /// from the host root `host`. Unmounted when dropped (declare it after the tempdirs it uses).
 /// Root only (mount).
 pub struct DriverRootBinds {
@@ -318,13 +319,14 @@ impl DriverRootBinds {
         use nix::mount::{MsFlags, mount};
         use nspawn_lifecycle::layout;
         let mut out = DriverRootBinds { mounts: Vec::new() };
-        // As pre-start and nspawn do: the host tree, then its bind and the per-file binds on
-        // its mount points, in nspawn's order (by target).
-        let tree = layout::driver_tree(driver).unwrap();
+        // As pre-start and nspawn do: the host tree, then its bind and the binds on its mount
+        // points, in nspawn's order (by target).
         let hr = nspawn_lifecycle::host::HostRoot::new(host);
-        nspawn_lifecycle::driver_tree::ensure(&hr, "kube1", &tree).unwrap();
+        let mut plan = nspawn_lifecycle::driver_tree::plan(&hr, driver).unwrap();
+        nspawn_lifecycle::driver_tree::ensure(&hr, "kube1", &mut plan).unwrap();
         let mut binds = vec![layout::tree_bind("kube1").unwrap()];
-        binds.extend(layout::driver_binds(driver).unwrap());
+        binds.extend(layout::dir_binds(driver).unwrap());
+        binds.extend(layout::file_binds(&plan.tree).unwrap());
         binds.sort_by(|a, b| a.target.as_str().cmp(b.target.as_str()));
         for b in binds {
             let target = machine.join(b.target.trim_start_matches('/'));

@@ -57,14 +57,17 @@ for kv in 'PrivateUsers=no' 'NotifyReady=no' 'Capability=all' 'VirtualEthernet=n
 done
 # The driver root is read-only binds of the host's files, one per file and per SONAME (issue 11);
 # no whole host library directory is bound any more.
-assert_match "$(c nspawn-libcuda-bind)" "^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION:/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
+# Issue 12: driver files are hard links in the host tree, not binds.
+assert_no_match "$(c nspawn-no-libcuda-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.$DRIVER_VERSION\$" "$nf"
 # Issue 12: the SONAME is a link of the host tree, not a bind; the tree is bound read-only.
 assert_no_match "$(c nspawn-no-soname-bind)" ":/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda\.so\.1\$" "$nf"
-assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/run/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
+assert_match "$(c nspawn-driver-tree-bind)" "^BindReadOnly=/var/lib/nspawn-lifecycle/driver-root/kube1:/run/nvidia/driver\$" "$nf"
 assert_no_match "$(c nspawn-no-whole-libdir-bind)" '^BindReadOnly=(/usr)?/lib/x86_64-linux-gnu(:|$)' "$nf"
 assert_no_match "$(c nspawn-no-host-nvidia)" '/run/host-nvidia' "$nf"
 assert_match "$(c nspawn-firmware-bind)" "^BindReadOnly=/(usr/)?lib/firmware/nvidia/$DRIVER_VERSION:/run/nvidia/driver/lib/firmware/nvidia/$DRIVER_VERSION\$" "$nf"
-assert_match "$(c nspawn-nvidia-smi-bind)" '^BindReadOnly=/usr/bin/nvidia-smi:/run/nvidia/driver/usr/bin/nvidia-smi$' "$nf"
+assert_no_match "$(c nspawn-no-nvidia-smi-bind)" ':/run/nvidia/driver/usr/bin/nvidia-smi$' "$nf"
+assert_eq "$(c driver-tree-nvidia-smi-is-the-host-inode)" "$(H stat -L -c %d:%i /usr/bin/nvidia-smi 2>&1)" \
+    "$(H stat -c %d:%i /var/lib/nspawn-lifecycle/driver-root/kube1/usr/bin/nvidia-smi 2>&1)"
 assert_no_match "$(c nspawn-no-kvm-when-absent)" '/dev/kvm' "$nf"
 assert_no_match "$(c nspawn-no-nonexistent-nodes)" '^Bind=/dev/nvidia[2-9]' "$nf"
 
@@ -91,11 +94,16 @@ nfiles=$(M find "$DR/usr/lib" -type f | wc -l)
 nmounts=$(M cat /proc/self/mountinfo | awk -v dr="$DR" '$5 == dr || index($5, dr "/") == 1' | wc -l)
 nsoname=$(M find "$DR" -type l | wc -l)
 info "driver root in kube1: $nfiles library files, $nsoname SONAME links, $nmounts mounts"
-# One mount per driver-root bind line of the .nspawn file (tree, files, tools, firmware,
-# sockets) and none per SONAME: the names are links (per-name binds made them files).
+# One mount per driver-root bind line of the .nspawn file (the tree, firmware, sockets) and
+# none per file or SONAME (issue 12): the files are hard links of the host's in pre-start's
+# tree, the names links (per-name binds made them files, per-file binds one mount each).
 nbinds=$(grep -c ':/run/nvidia/driver' <<< "$nf")
 assert_eq "$(c driver-root-one-mount-per-bind-line)" "$nbinds" "$nmounts"
-assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0 -a "$nmounts" -gt "$nfiles"
+assert_cmd "$(c driver-root-sonames-are-links)" test "$nsoname" -gt 0
+assert_cmd "$(c driver-root-files-are-not-mounts)" test "$nmounts" -lt "$nfiles"
+lib=usr/lib/x86_64-linux-gnu/libcuda.so.$DRIVER_VERSION
+assert_eq "$(c driver-root-libcuda-is-the-host-inode)" "$(H stat -c %d:%i "/$lib" 2>&1)" \
+    "$(H stat -c %d:%i "/var/lib/nspawn-lifecycle/driver-root/kube1/$lib" 2>&1)"
 assert_cmd "$(c no-host-nvidia-in-machine)" M test ! -e /run/host-nvidia
 assert_match "$(c nvidia-smi-on-path)" "Driver Version: $DRIVER_VERSION" "$(M /bin/sh -c 'command -v nvidia-smi && nvidia-smi' 2>&1)"
 assert_eq "$(c nvidia-smi-link)" "/run/nvidia/driver/usr/bin/nvidia-smi" "$(M readlink /usr/bin/nvidia-smi 2>&1)"

@@ -43,10 +43,13 @@ assert_eq "$(c reconcile)" 0 "$rc"
 assert_cmd "$(c machine-up)" wait_machine_up kube1 120
 
 nf=$(nspawn_file kube1)
-assert_match "$(c nspawn-binds-libcuda-from-nvidia-current)" \
-    "^BindReadOnly=$LIB/nvidia/current/libcuda\.so\.$REAL:$ROOT$LIB/libcuda\.so\.$REAL\$" "$nf"
-assert_match "$(c nspawn-binds-companion-from-multiarch)" \
-    "^BindReadOnly=$LIB/libnvidia-gpucomp\.so\.$REAL:$ROOT$LIB/libnvidia-gpucomp\.so\.$REAL\$" "$nf"
+# Issue 12: each file is a hard link in pre-start's host tree (the host file's inode), not a bind.
+tree=/var/lib/nspawn-lifecycle/driver-root/kube1
+assert_eq "$(c tree-links-libcuda-from-nvidia-current)" "$(H stat -c %d:%i "$LIB/nvidia/current/libcuda.so.$REAL" 2>&1)" \
+    "$(H stat -c %d:%i "$tree$LIB/libcuda.so.$REAL" 2>&1)"
+assert_eq "$(c tree-links-companion-from-multiarch)" "$(H stat -c %d:%i "$LIB/libnvidia-gpucomp.so.$REAL" 2>&1)" \
+    "$(H stat -c %d:%i "$tree$LIB/libnvidia-gpucomp.so.$REAL" 2>&1)"
+assert_no_match "$(c nspawn-binds-no-driver-file)" ":$ROOT$LIB/lib[^/]*\.so[^/]*\$" "$nf"
 assert_match "$(c nspawn-binds-real-firmware)" "^BindReadOnly=(/usr)?/lib/firmware/nvidia/$REAL:$ROOT/lib/firmware/nvidia/$REAL\$" "$nf"
 assert_no_match "$(c nspawn-binds-no-directory-of-libraries)" "^BindReadOnly=$LIB(/nvidia/current)?:" "$nf"
 
