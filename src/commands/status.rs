@@ -611,6 +611,9 @@ fn in_sync_summary(
         (Verdict::Complete, Some(v)) => {
             s.push_str(&format!("NVIDIA {v}, {} GPU(s)", inv.gpus.len()));
         }
+        _ if mc.gpus == crate::config::Gpus::None => s.push_str(
+            "no NVIDIA GPUs for this machine (gpus: none), no NVIDIA state in the machine",
+        ),
         _ => s.push_str("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
     }
     if observed.services.is_some() {
@@ -1478,6 +1481,36 @@ mod tests {
         .unwrap();
         let s = judge(m.path(), &host, &inv);
         assert_eq!(checks(&s), [(State::Broken, "gate")], "{s:#?}");
+    }
+
+    /// A `gpus: none` machine on a GPU host: its share is empty, and the summary says why rather
+    /// than claiming the host has no GPUs (it said "no NVIDIA GPUs on the host" before).
+    #[test]
+    fn privileged_a_gpus_none_machine_in_sync_says_none_not_a_gpu_less_host() {
+        let (_c, cpu, cpu_inv) = cpu_only();
+        let m = machine();
+        let mut mc = mc(&cpu);
+        mc.gpus = crate::config::Gpus::None;
+        let root = MachineRoot::open(m.path()).unwrap();
+        let facts = inspect_machine(&root, &mc, None).unwrap();
+        let s = evaluate(
+            &"kube1".parse().unwrap(),
+            &mc,
+            &cpu_inv,
+            Observed {
+                unit: Some(running_unit()),
+                machine: Some(facts),
+                services: Some(services("active", "active")),
+                missing_gpus: Vec::new(),
+            },
+        );
+        assert_eq!(s.state, State::InSync, "{s:#?}");
+        assert!(
+            s.summary
+                .contains("no NVIDIA GPUs for this machine (gpus: none)"),
+            "{}",
+            s.summary
+        );
     }
 
     #[test]
