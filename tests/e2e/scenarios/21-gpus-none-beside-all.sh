@@ -71,4 +71,5 @@ assert_eq "$(c kube2-still-eperm)" EPERM "$(mknod_open kube2 195 0)"
 out=$(H "$HP" status kube2 --json 2>&1); rc=$?
 assert_eq "$(c status-kube2-in-sync)" 0 "$rc"
 assert_match "$(c status-kube2-shows-assignment)" '"gpus": "none"' "$out"
+assert_match "$(c status-kube2-summary-says-none)" 'no NVIDIA GPUs for this machine \(gpus: none\)' "$out"
 cleanup
