@@ -227,7 +227,6 @@ pub fn apply(host: &HostRoot, machine: &str, r: &mut crate::render::Rendered) ->
             .map(|(p, n)| (p.clone(), n.clone()))
             .collect();
         r.file.bind_driver_files(layout::file_binds(&tree)?);
-        r.new = r.file.to_string();
     }
     if built.changed {
         let bound = layout::file_binds(&plan.tree)?.len();

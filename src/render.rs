@@ -17,15 +17,20 @@ use std::fmt::Write as _;
 pub struct Rendered {
     pub host_path: std::path::PathBuf,
     pub old: Option<String>,
-    pub new: String,
-    /// Whether `new` binds the unit gate (src/gate.rs), whose host file must then exist.
-    pub gate: bool,
     /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
     pub tree: Option<crate::driver_tree::Plan>,
-    /// `new` as a value: pre-start adds the binds of files the tree could not link.
+    /// The new file: pre-start adds the binds of files the tree could not link, so its text
+    /// ([`Rendered::text`]) and whether it binds the unit gate are read from it, never kept beside.
     pub file: NspawnFile,
     /// The machine's share of the host's GPUs (the config's `gpus`).
     pub assignment: Assignment,
+}
+
+impl Rendered {
+    /// The `.nspawn` file's bytes as pre-start writes them.
+    pub fn text(&self) -> String {
+        self.file.to_string()
+    }
 }
 
 /// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
@@ -58,7 +63,6 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     if let Some(plan) = &tree {
         file.bind_driver_files(crate::layout::file_binds(&plan.tree)?);
     }
-    let (new, gate) = (file.to_string(), file.binds_gate());
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match std::fs::read(&host_path) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -68,8 +72,6 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     Ok(Rendered {
         host_path,
         old,
-        new,
-        gate,
         tree,
         file,
         assignment,
@@ -102,9 +104,10 @@ fn plan_text(r: &Rendered) -> String {
             }
         ),
     };
-    let _ = write!(out, "# {shown} as pre-start would write it:\n{}\n", r.new);
+    let new = r.text();
+    let _ = write!(out, "# {shown} as pre-start would write it:\n{new}\n");
     match &r.old {
-        Some(old) if *old == r.new => out.push_str(&format!("# {shown} is up to date.\n")),
+        Some(old) if *old == new => out.push_str(&format!("# {shown} is up to date.\n")),
         old => {
             let old_text = old.as_deref().unwrap_or("");
             let from = if old.is_some() {
@@ -112,7 +115,7 @@ fn plan_text(r: &Rendered) -> String {
             } else {
                 format!("{shown} (missing)")
             };
-            let diff = similar::TextDiff::from_lines(old_text, &r.new);
+            let diff = similar::TextDiff::from_lines(old_text, &new);
             let _ = write!(
                 out,
                 "{}",

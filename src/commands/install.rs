@@ -350,7 +350,7 @@ fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result
     }
     match crate::render::render(ctx, machine, mc) {
         Ok(r) => {
-            let bytes = r.new.into_bytes();
+            let bytes = r.text().into_bytes();
             write_line(
                 host,
                 &shown,

@@ -47,13 +47,14 @@ fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
 fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
-    if r.gate && gate::write_host_file(&ctx.host)? {
+    if r.file.binds_gate() && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
     crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
+    let new = r.text();
     if write_if_changed(
         &r.host_path,
-        r.new.as_bytes(),
+        new.as_bytes(),
         0o644,
         Point::PreStartMidNspawnWrite,
     )? {
@@ -61,7 +62,7 @@ fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
             %machine,
             file = %r.host_path.display(),
             "{}",
-            describe_change(r.old.as_deref(), &r.new)
+            describe_change(r.old.as_deref(), &new)
         );
     } else {
         tracing::info!(%machine, file = %r.host_path.display(), "unchanged");
