@@ -11,10 +11,6 @@ use crate::paths::{HostPath, MachinePath, bind_escape};
 use std::collections::BTreeSet;
 use std::fmt;
 
-/// The file's host path belongs to [`crate::units`]; re-exported for pre-start, which still
-/// imports it from here.
-pub use crate::units::nspawn_path;
-
 /// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
 pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
 

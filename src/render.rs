@@ -8,7 +8,8 @@ use crate::device_cgroup;
 use crate::discovery::assign::{self, Assignment};
 use crate::discovery::{self, check_complete};
 use crate::machine_name::MachineName;
-use crate::nspawn::{NspawnFile, nspawn_path};
+use crate::nspawn::NspawnFile;
+use crate::units::nspawn_path;
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 

@@ -11,8 +11,9 @@
 use crate::discovery::{self, check_complete};
 use crate::fixture;
 use crate::machine_name::MachineName;
-use crate::nspawn::{NspawnFile, nspawn_path};
+use crate::nspawn::NspawnFile;
 use crate::output::{discovery_text, print_all};
+use crate::units::nspawn_path;
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 
