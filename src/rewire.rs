@@ -51,8 +51,6 @@ const MAX_SPEC_BYTES: usize = 16 << 20;
 const LD_CACHE: (&str, &str) = ("/etc", "ld.so.cache");
 /// Largest `ld.so.cache` we read.
 const MAX_LD_CACHE_BYTES: usize = 64 << 20;
-/// How the cache formats glibc reads begin (the new one, and the old one the new follows).
-const LD_CACHE_MAGICS: [&[u8]; 2] = [b"glibc-ld.so.cache1.1", b"ld.so-1.7.0"];
 const DIR_MODE: u32 = 0o755;
 const SPEC_MODE: u32 = 0o644;
 
@@ -586,22 +584,19 @@ pub fn ld_cache_lists_driver(root: &MachineRoot, driver: &UserspaceDriver) -> Re
     Ok(ld_cache_lists(&cache, &wanted))
 }
 
-/// Whether `cache` (the bytes of an `ld.so.cache`) holds every path in `wanted`
-/// (`/lib/<triplet>/<name>`), written `/lib/…` or `/usr/lib/…` (one dir under usrmerge), as a
-/// whole NUL-terminated string: entries' paths in its string table. A path stored only as the
-/// tail of a longer string is not found, which costs an `ldconfig` run, never a stale cache.
+/// Whether `cache` (the bytes of an `ld.so.cache`) has an entry for every path in `wanted`
+/// (`/lib/<triplet>/<name>`), written `/lib/…` or `/usr/lib/…` (one dir under usrmerge). Read
+/// with the one reader of the format ([`crate::ldcache::each`]); a cache it cannot read lists
+/// nothing, which costs an `ldconfig` run, never a stale cache.
 fn ld_cache_lists(cache: &[u8], wanted: &[String]) -> bool {
-    if wanted.is_empty() || !LD_CACHE_MAGICS.iter().any(|m| cache.starts_with(m)) {
-        return false;
-    }
-    let have: HashSet<&[u8]> = cache
-        .split(|&b| b == 0)
-        .map(|s| match s.strip_prefix(b"/usr") {
-            Some(rest) if rest.starts_with(b"/lib/") => rest,
-            _ => s,
-        })
-        .collect();
-    wanted.iter().all(|w| have.contains(w.as_bytes()))
+    let mut have: HashSet<&str> = HashSet::new();
+    let read = crate::ldcache::each(cache, |e| {
+        have.insert(match e.path.strip_prefix("/usr") {
+            Some(rest) if rest.starts_with("/lib/") => rest,
+            _ => e.path,
+        });
+    });
+    !wanted.is_empty() && read.is_ok() && wanted.iter().all(|w| have.contains(w.as_str()))
 }
 
 /// Whether a `/dev/char` link is an NVIDIA one we may remove: it points at `/dev/nvidia*`
@@ -815,17 +810,26 @@ mod tests {
 
     #[test]
     fn ld_cache_must_list_every_path_whole() {
-        let mut cache = b"glibc-ld.so.cache1.1\x03\x00\x00\x00".to_vec();
-        for s in [
-            "libcuda.so.1",
-            "libGLX_nvidia.so.0",
-            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-            "/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-            "/usr/local/lib/x86_64-linux-gnu/libEGL_nvidia.so.0",
-        ] {
-            cache.extend_from_slice(s.as_bytes());
-            cache.push(0);
-        }
+        use crate::ldcache::{Entry, render};
+        let cache = render(&[
+            Entry::new(
+                0x303,
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            ),
+            Entry::new(
+                0x303,
+                "libnvidia-ml.so.1",
+                "/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            ),
+            Entry::new(
+                0x303,
+                "libEGL_nvidia.so.0",
+                "/usr/local/lib/x86_64-linux-gnu/libEGL_nvidia.so.0",
+            ),
+            // A key whose path is in another directory is no entry of the wanted one.
+            Entry::new(0x303, "libGLX_nvidia.so.0", "/opt/libGLX_nvidia.so.0"),
+        ]);
         let want = |names: &[&str]| -> Vec<String> {
             names
                 .iter()
