@@ -199,6 +199,11 @@ mod armed {
             let n = HITS[point as usize].fetch_add(1, Ordering::SeqCst) + 1;
             if n == nth {
                 eprintln!("failpoint {}: SIGKILL at hit {n}", point.name());
+                // journald reads a service's stderr stream on its own schedule and attributes a
+                // line by the writer's /proc entry (systemd#2913): a line read after the
+                // process is gone can lose its unit. A short pause keeps the writer alive while
+                // journald reads; nothing else runs in it, so the kill is still at this point.
+                std::thread::sleep(Duration::from_millis(100));
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
                 // SIGKILL cannot be blocked or handled; this is never reached.
                 std::process::abort();

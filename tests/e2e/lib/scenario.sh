@@ -84,6 +84,10 @@ unit_journal_since() { # <m> <since>
 }
 # only what the helper itself logged (its stdout/stderr stream or syslog), not the machine's
 # console, which the unit's journal also carries ("[FAILED] Failed to start containerd.service")
+# The identifier systemd gives the hooks' stderr stream when it connects it (the binary's name):
+# unlike the unit, journald does not have to read it from /proc of a writer that may be gone
+# (a line written right before a SIGKILL, systemd#2913).
+HOOK_IDENT=SYSLOG_IDENTIFIER=nspawn-lifecycle-helper
 hook_journal_since() { # <m> <since> [journal match, default: the machine's unit]
     H journalctl --no-pager -o json --output-fields=MESSAGE,_CMDLINE,_EXE,SYSLOG_IDENTIFIER \
         "${3:--u$(unit_of "$1")}" --since "$2" 2>/dev/null | python3 -c '

@@ -124,7 +124,7 @@ for p in $POINTS; do
     # a manual restart sets NRestarts to 0; systemd's own restart after the failure counts 1
     info "$p: healed $(( $(now_ms) - t0 )) ms after the restart began; NRestarts $(uprop NRestarts kube1)"
     assert_le "$(c "$t.restarted-by-systemd")" 1 "$(uprop NRestarts kube1)"
-    assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since")"
+    assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since" "$HOOK_IDENT")"
     assert_match "$(c "$t.systemd-saw-the-kill")" 'code=killed, status=9/KILL' "$(unit_journal_since kube1 "$since")"
 done
 

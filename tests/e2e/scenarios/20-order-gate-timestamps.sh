@@ -129,7 +129,7 @@ for p in $POINTS; do
     H timeout 180 systemctl restart "$UNIT" >/dev/null 2>&1; rc=$?
     disarm
     assert_ne "$(c "$t.start-failed")" 0 "$rc"
-    assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since")"
+    assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since" "$HOOK_IDENT")"
     if wait_machine_up kube1 120; then pass "$(c "$t.healed")"; else fail "$(c "$t.healed")" "unit $(uprop ActiveState kube1)"; continue; fi
     f=$(facts)
     # the killed boot is the one before this one, in the machine's persistent journal
