@@ -26,6 +26,17 @@ if [ -e "$CACHE/root/lib64/ld-linux-x86-64.so.2" ]; then
     exit 0
 fi
 
+# Tests run in parallel: on a cold cache two of them fetch at once, and two apt-get runs in one
+# private apt directory corrupt its package cache ("Problem renaming … pkgcache.bin"). One fetch
+# at a time; whoever waited finds the tree the first one extracted.
+mkdir -p "$(dirname "$CACHE")"
+exec 9>"$CACHE.lock"
+flock 9
+if [ -e "$CACHE/root/lib64/ld-linux-x86-64.so.2" ]; then
+    echo "$CACHE/root"
+    exit 0
+fi
+
 mirror=$(debian_mirror) || true
 [ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources"
 rm -f "$CACHE/apt/status"
