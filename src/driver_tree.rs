@@ -742,6 +742,13 @@ mod tests {
         dir.join("var/lib/nspawn-lifecycle/driver-root/kube1")
     }
 
+    /// Past a coarse timestamp's tick before an edit of a stamped tree, so its ctime moves
+    /// (kernels before 6.13 stamp at most once per jiffy; later ones give a ctime read since its
+    /// last change a fine-grained one).
+    fn tick() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
     fn ino(p: &Path) -> u64 {
         std::fs::symlink_metadata(p).unwrap().ino()
     }
@@ -809,6 +816,7 @@ mod tests {
                 .exists()
         );
         // Something else put in the tree makes it differ: rebuilt without it.
+        tick();
         std::fs::write(t.join(LIB).join("extra"), b"x").unwrap();
         assert!(
             ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
@@ -817,6 +825,7 @@ mod tests {
         );
         assert!(!t.join(LIB).join("extra").exists());
         // A copy of the right content is not the host's file: rebuilt.
+        tick();
         let lib = t.join(LIB).join("libcuda.so.9.1");
         std::fs::remove_file(&lib).unwrap();
         std::fs::write(&lib, b"ELF cuda 9.1 rebuilt").unwrap();
@@ -834,6 +843,7 @@ mod tests {
                 .changed
         };
         let bin = t.join("usr/bin");
+        tick();
         let copy = dir.path().join("copy");
         std::fs::rename(&bin, &copy).unwrap();
         std::os::unix::fs::symlink(&copy, &bin).unwrap();
@@ -841,6 +851,7 @@ mod tests {
         assert!(std::fs::symlink_metadata(&bin).unwrap().is_dir());
         assert!(copy.join("nvidia-smi").is_file());
         let soname = t.join(LIB).join("libcuda.so.1");
+        tick();
         std::fs::remove_file(&soname).unwrap();
         std::fs::write(&soname, b"").unwrap();
         assert!(changed(&host));
@@ -940,8 +951,7 @@ mod tests {
         assert!(changed(&host, &driver));
         for (what, edit) in edits {
             assert!(!changed(&host, &driver), "{what}: before");
-            // Past a coarse timestamp's tick (kernels before 6.13): ctime must move.
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            tick();
             edit();
             assert!(changed(&host, &driver), "{what}: not seen");
             assert_eq!(
@@ -1029,6 +1039,7 @@ mod tests {
         assert!(!changed(&host, &driver));
         assert_eq!(std::fs::read(&stamp).unwrap(), second);
         // A stamp of an earlier tree at the same plan (its top was another directory): walked.
+        tick();
         std::fs::remove_file(tree_dir(dir.path()).join("usr/bin/nvidia-smi")).unwrap();
         assert!(changed(&host, &driver));
         std::fs::write(&stamp, &second).unwrap();
