@@ -12,7 +12,14 @@
 //! The tree is built fresh beside the current one and swapped in with one
 //! `renameat2(RENAME_EXCHANGE)`, so a reader (nspawn) sees the old tree or the new, never half of
 //! one; a tree that is already exactly right is left alone (the usual restart: nothing is
-//! written). Every step goes through directory descriptors opened with `O_NOFOLLOW` below
+//! written). Whether it is right is known without reading the tree back entry by entry: beside
+//! it, a stamp (`.<machine>.stamp`) holds the plan it was built or found to match and the inode
+//! and ctime of each of its directories, which any edit of the tree changes ([`stamp_text`]);
+//! only when the stamp does not match (first start, driver changed, tree edited, stamp missing
+//! or garbage, or removed by post-start when its check of the driver root failed: [`distrust`])
+//! is the tree walked, and rebuilt when it differs. The stamp goes before the tree is changed
+//! and is written last, atomically: a pre-start killed at any point leaves a tree the next one
+//! walks. Every step goes through directory descriptors opened with `O_NOFOLLOW` below
 //! [`host_dir::open`]'s verified directory, so no link anyone placed there is followed; the host
 //! driver files are linked without following a link (`linkat` without `AT_SYMLINK_FOLLOW`), and
 //! each new entry is checked to be the inode [`plan`] stat'ed.
@@ -236,7 +243,8 @@ pub fn apply(host: &HostRoot, machine: &str, r: &mut crate::render::Rendered) ->
 }
 
 /// Make `machine`'s host tree exactly `plan.tree`; a file the kernel refuses to link becomes a
-/// bound mount point, in the tree and in [`Built::unlinked`].
+/// bound mount point, in the tree and in [`Built::unlinked`]. A tree whose stamp matches is not
+/// read; one walked and found right is stamped; one rebuilt is stamped once it is in place.
 pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> {
     let top = host_dir::open(host, layout::TREE_HOST_DIR, DIR_MODE)?;
     let shown = host.path(layout::tree_host_path(machine));
@@ -247,11 +255,24 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
             .with_context(|| format!("removing {}/{leftover}", top.path().display()))?;
     }
     let current = open_current(&top, machine, &shown)?;
-    if let Some(fd) = &current
-        && matches(fd, plan).with_context(|| format!("reading {}", shown.display()))?
-    {
-        return Ok(Built::default());
+    if let Some(fd) = &current {
+        // Taken before the walk below, so an edit after it shows in the next start's stamp.
+        let now = stamp_text(top.fd(), machine, plan);
+        if now
+            .as_deref()
+            .is_some_and(|t| stamp_reads(top.fd(), machine, t))
+        {
+            return Ok(Built::default());
+        }
+        if matches(fd, plan).with_context(|| format!("reading {}", shown.display()))? {
+            if let Some(text) = now {
+                write_stamp(top.fd(), machine, &text)
+                    .with_context(|| format!("stamping {}", shown.display()))?;
+            }
+            return Ok(Built::default());
+        }
     }
+    forget_at(top.fd(), machine).with_context(|| format!("forgetting {}", shown.display()))?;
     nix::sys::stat::mkdirat(top.fd(), new.as_str(), Mode::from_bits_truncate(DIR_MODE))
         .with_context(|| format!("creating {}/{new}", top.path().display()))?;
     let fd = nix::fcntl::openat(top.fd(), new.as_str(), dir_flags(), Mode::empty())
@@ -268,6 +289,16 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
         .with_context(|| format!("swapping in {}", shown.display()))?;
     // After an exchange `new` holds the old tree.
     remove_tree(top.fd(), &new).with_context(|| format!("removing the old {}", shown.display()))?;
+    // Last, once the tree is complete and in place (a kill before leaves no stamp: the next
+    // start walks the tree). A tree with files the kernel refused to link is not stamped: its
+    // plan says hard links where it holds mount points, so it is rebuilt at every start, and a
+    // file that has become linkable is linked.
+    if unlinked.is_empty()
+        && let Some(text) = stamp_text(top.fd(), machine, plan)
+    {
+        write_stamp(top.fd(), machine, &text)
+            .with_context(|| format!("stamping {}", shown.display()))?;
+    }
     Ok(Built {
         changed: true,
         unlinked,
@@ -305,6 +336,8 @@ pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
             machine.to_owned(),
             format!(".{machine}.new"),
             format!(".{machine}.old"),
+            stamp_name(machine),
+            stamp_tmp_name(machine),
         ] {
             any |= remove_tree(&top, &name)
                 .with_context(|| format!("removing {}", host.path(dir).join(&name).display()))?;
@@ -313,8 +346,8 @@ pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
     Ok(any)
 }
 
-/// Remove the tree at `path` (a host path: `uninstall`), never following a link below its
-/// parent. Returns whether it existed.
+/// Remove the tree at `path` (a host path: `uninstall`) and its stamp, never following a link
+/// below its parent. Returns whether the tree existed.
 pub fn remove_path(path: &std::path::Path) -> Result<bool> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
     else {
@@ -325,6 +358,7 @@ pub fn remove_path(path: &std::path::Path) -> Result<bool> {
         Err(Errno::ENOENT) => return Ok(false),
         Err(e) => return Err(e).with_context(|| format!("opening {}", parent.display())),
     };
+    forget_at(&fd, name).with_context(|| format!("removing the stamp of {}", path.display()))?;
     remove_tree(&fd, name).with_context(|| format!("removing {}", path.display()))
 }
 
@@ -513,6 +547,140 @@ fn matches(fd: &OwnedFd, plan: &Plan) -> Result<bool> {
     Ok(seen == plan.tree.len())
 }
 
+/// The stamp beside `machine`'s tree ([`stamp_text`]): the tree as pre-start last built or
+/// walked it.
+fn stamp_name(machine: &str) -> String {
+    format!(".{machine}.stamp")
+}
+
+/// The stamp's temp file ([`atomic::replace_at`]); the machine lock makes the fixed name ours.
+fn stamp_tmp_name(machine: &str) -> String {
+    format!(".{machine}.stamp.tmp")
+}
+
+const STAMP_HEADER: &str = "nspawn-lifecycle driver tree stamp v1\n";
+
+/// What the stamp of `machine`'s tree (in `top`) must say for [`ensure`] to trust the tree
+/// without walking it: `plan` (every entry, its kind, each hard link's host device and inode,
+/// each SONAME link's target) and the device, inode, mode and change time, as they are now, of
+/// the tree's top, of each directory and of each mount point in it. Adding, removing, renaming or
+/// replacing an entry changes its directory's ctime, as a chmod or a write into a mount point
+/// changes the file's own, and a directory put in place of another has another inode: so a stamp
+/// written when the tree was right stops matching at the first edit of the tree since (Linux ≥
+/// 6.13 gives a ctime read since its last change a fine-grained timestamp at the next one).
+/// `None` when one of them cannot be stat'ed or is not of its kind: no stamp matches then.
+fn stamp_text(top: &OwnedFd, machine: &str, plan: &Plan) -> Option<String> {
+    use std::fmt::Write as _;
+    let mut out = String::from(STAMP_HEADER);
+    stamp_stat(&mut out, top, machine, "", SFlag::S_IFDIR)?;
+    for (path, node) in &plan.tree {
+        match node {
+            TreeNode::Dir => {
+                writeln!(out, "dir {path:?}").ok()?;
+                stamp_stat(&mut out, top, machine, path, SFlag::S_IFDIR)?;
+            }
+            TreeNode::Hard(source) => {
+                let (dev, ino) = plan.ids.get(source)?;
+                writeln!(out, "hard {path:?} {source:?} {dev}:{ino}").ok()?;
+            }
+            TreeNode::Bound(source) => {
+                writeln!(out, "bound {path:?} {source:?}").ok()?;
+                stamp_stat(&mut out, top, machine, path, SFlag::S_IFREG)?;
+            }
+            TreeNode::Link(target) => writeln!(out, "link {path:?} {target:?}").ok()?,
+        }
+    }
+    Some(out)
+}
+
+/// One line of [`stamp_text`]: `rel` in `machine`'s tree, which must be of `kind`.
+fn stamp_stat(
+    out: &mut String,
+    top: &OwnedFd,
+    machine: &str,
+    rel: &str,
+    kind: SFlag,
+) -> Option<()> {
+    use std::fmt::Write as _;
+    let path = if rel.is_empty() {
+        machine.to_owned()
+    } else {
+        format!("{machine}/{rel}")
+    };
+    let st = nix::sys::stat::fstatat(top, path.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+    if !is_kind(&st, kind) {
+        return None;
+    }
+    writeln!(
+        out,
+        "stat {rel:?} {}:{} {:o} {}.{:09}",
+        st.st_dev, st.st_ino, st.st_mode, st.st_ctime, st.st_ctime_nsec
+    )
+    .ok()
+}
+
+/// Whether the stamp beside `machine`'s tree says exactly `want`. One that is missing,
+/// unreadable, cut short, longer, garbage or not a file does not: the tree is then walked.
+fn stamp_reads(top: &OwnedFd, machine: &str, want: &str) -> bool {
+    use std::io::Read as _;
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let Ok(fd) = nix::fcntl::openat(top, stamp_name(machine).as_str(), flags, Mode::empty()) else {
+        return false;
+    };
+    let mut buf = Vec::with_capacity(want.len() + 1);
+    let read = std::fs::File::from(fd)
+        .take(want.len() as u64 + 1)
+        .read_to_end(&mut buf);
+    read.is_ok() && buf == want.as_bytes()
+}
+
+/// Write the stamp of `machine`'s tree (in `top`) atomically: whatever was at its name goes
+/// first, then temp file, fsync, rename ([`atomic::replace_at`]). Killed before the rename,
+/// there is no stamp and the next start walks the tree.
+fn write_stamp(top: &OwnedFd, machine: &str, text: &str) -> Result<()> {
+    forget_at(top, machine)?;
+    let tmp = stamp_tmp_name(machine);
+    let fd = nix::fcntl::openat(
+        top,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(FILE_MODE),
+    )
+    .with_context(|| format!("creating {tmp}"))?;
+    crate::atomic::replace_at(
+        top,
+        std::fs::File::from(fd),
+        &tmp,
+        &stamp_name(machine),
+        text.as_bytes(),
+        FILE_MODE,
+        None,
+    )
+}
+
+/// Remove the stamp of `machine`'s tree (in `top`) and a temp file of it a killed pre-start
+/// left, whatever they are. Returns whether there was a stamp.
+fn forget_at(top: &impl AsFd, machine: &str) -> Result<bool> {
+    remove_tree(top, &stamp_tmp_name(machine))?;
+    remove_tree(top, &stamp_name(machine))
+}
+
+/// post-start found `machine`'s driver root wrong (`err`, from `rewire::verify_driver_root`):
+/// remove the stamp of its host tree, so the next pre-start walks the tree entry by entry
+/// instead of trusting it (and rebuilds what differs). Returns `err`, with a failure to remove
+/// the stamp added to it.
+pub fn distrust(host: &HostRoot, machine: &str, err: anyhow::Error) -> anyhow::Error {
+    let forgot = open_existing(host, layout::TREE_HOST_DIR)
+        .and_then(|top| top.map_or(Ok(false), |top| forget_at(&top, machine)));
+    match forgot {
+        Ok(_) => err,
+        Err(e) => err.context(format!(
+            "and the stamp of {} could not be removed ({e:#})",
+            host.path(layout::tree_host_path(machine)).display()
+        )),
+    }
+}
+
 /// Remove `name` in `parent` and everything under it, never following a link. Returns whether
 /// it existed.
 fn remove_tree(parent: &impl AsFd, name: &str) -> Result<bool> {
@@ -572,6 +740,13 @@ mod tests {
 
     fn tree_dir(dir: &Path) -> std::path::PathBuf {
         dir.join("var/lib/nspawn-lifecycle/driver-root/kube1")
+    }
+
+    /// Past a coarse timestamp's tick before an edit of a stamped tree, so its ctime moves
+    /// (kernels before 6.13 stamp at most once per jiffy; later ones give a ctime read since its
+    /// last change a fine-grained one).
+    fn tick() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 
     fn ino(p: &Path) -> u64 {
@@ -641,6 +816,7 @@ mod tests {
                 .exists()
         );
         // Something else put in the tree makes it differ: rebuilt without it.
+        tick();
         std::fs::write(t.join(LIB).join("extra"), b"x").unwrap();
         assert!(
             ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
@@ -649,6 +825,7 @@ mod tests {
         );
         assert!(!t.join(LIB).join("extra").exists());
         // A copy of the right content is not the host's file: rebuilt.
+        tick();
         let lib = t.join(LIB).join("libcuda.so.9.1");
         std::fs::remove_file(&lib).unwrap();
         std::fs::write(&lib, b"ELF cuda 9.1 rebuilt").unwrap();
@@ -666,6 +843,7 @@ mod tests {
                 .changed
         };
         let bin = t.join("usr/bin");
+        tick();
         let copy = dir.path().join("copy");
         std::fs::rename(&bin, &copy).unwrap();
         std::os::unix::fs::symlink(&copy, &bin).unwrap();
@@ -673,11 +851,218 @@ mod tests {
         assert!(std::fs::symlink_metadata(&bin).unwrap().is_dir());
         assert!(copy.join("nvidia-smi").is_file());
         let soname = t.join(LIB).join("libcuda.so.1");
+        tick();
         std::fs::remove_file(&soname).unwrap();
         std::fs::write(&soname, b"").unwrap();
         assert!(changed(&host));
         assert!(std::fs::symlink_metadata(&soname).unwrap().is_symlink());
         assert!(!changed(&host));
+    }
+
+    fn top_dir(dir: &Path) -> std::path::PathBuf {
+        dir.join("var/lib/nspawn-lifecycle/driver-root")
+    }
+
+    fn stamp_path(dir: &Path) -> std::path::PathBuf {
+        top_dir(dir).join(".kube1.stamp")
+    }
+
+    /// What the stamp says for the tree as it is now.
+    fn stamp_now(dir: &Path, host: &HostRoot, driver: &UserspaceDriver) -> String {
+        let top = nix::fcntl::open(&top_dir(dir), dir_flags(), Mode::empty()).unwrap();
+        stamp_text(&top, "kube1", &plan(host, driver).unwrap()).unwrap()
+    }
+
+    fn changed(host: &HostRoot, driver: &UserspaceDriver) -> bool {
+        ensure(host, "kube1", &mut plan(host, driver).unwrap())
+            .unwrap()
+            .changed
+    }
+
+    /// A stamp that matches is trusted: the tree is not walked. Here a stamp forged for a tree
+    /// edited by hand hides the edit (which only a walk would see); without it the walk sees the
+    /// edit and the tree is rebuilt.
+    #[test]
+    fn a_matching_stamp_is_trusted_without_walking_the_tree() {
+        let (dir, host, driver) = host();
+        assert!(changed(&host, &driver));
+        let stamp = stamp_path(dir.path());
+        assert_eq!(
+            std::fs::read_to_string(&stamp).unwrap(),
+            stamp_now(dir.path(), &host, &driver)
+        );
+        let extra = tree_dir(dir.path()).join(LIB).join("extra");
+        std::fs::write(&extra, b"x").unwrap();
+        std::fs::write(&stamp, stamp_now(dir.path(), &host, &driver)).unwrap();
+        assert!(!changed(&host, &driver));
+        assert!(extra.exists());
+        std::fs::remove_file(&stamp).unwrap();
+        assert!(changed(&host, &driver));
+        assert!(!extra.exists());
+        assert!(stamp.is_file());
+    }
+
+    /// Each edit of the tree by hand changes its directory's ctime (or a directory's inode): the
+    /// stamp no longer matches, the walk sees the edit and the tree is rebuilt and stamped again.
+    #[test]
+    fn a_tree_edited_by_hand_is_rebuilt_despite_its_stamp() {
+        let (dir, host, driver) = host();
+        let t = tree_dir(dir.path());
+        let lib = t.join(LIB);
+        type Edit = Box<dyn Fn()>;
+        let edits: Vec<(&str, Edit)> = vec![
+            ("entry removed", {
+                let p = t.join("usr/bin/nvidia-smi");
+                Box::new(move || std::fs::remove_file(&p).unwrap())
+            }),
+            ("entry added", {
+                let p = lib.join("extra");
+                Box::new(move || std::fs::write(&p, b"x").unwrap())
+            }),
+            ("entry added at the top", {
+                let p = t.join("extra");
+                Box::new(move || std::fs::create_dir(&p).unwrap())
+            }),
+            ("link retargeted", {
+                let p = lib.join("libcuda.so.1");
+                Box::new(move || {
+                    std::fs::remove_file(&p).unwrap();
+                    std::os::unix::fs::symlink("libcuda.so.9.2", &p).unwrap();
+                })
+            }),
+            ("hard link replaced by a copy", {
+                let p = lib.join("libcuda.so.9.1");
+                Box::new(move || {
+                    std::fs::remove_file(&p).unwrap();
+                    std::fs::write(&p, b"ELF cuda 9.1").unwrap();
+                })
+            }),
+            ("directory replaced by a copy", {
+                let (bin, copy) = (t.join("usr/bin"), t.join("usr/bin.copy"));
+                Box::new(move || {
+                    std::fs::create_dir(&copy).unwrap();
+                    std::fs::write(copy.join("nvidia-smi"), b"smi").unwrap();
+                    std::fs::remove_file(bin.join("nvidia-smi")).unwrap();
+                    std::fs::remove_dir(&bin).unwrap();
+                    std::fs::rename(&copy, &bin).unwrap();
+                })
+            }),
+        ];
+        assert!(changed(&host, &driver));
+        for (what, edit) in edits {
+            assert!(!changed(&host, &driver), "{what}: before");
+            tick();
+            edit();
+            assert!(changed(&host, &driver), "{what}: not seen");
+            assert_eq!(
+                std::fs::read_to_string(stamp_path(dir.path())).unwrap(),
+                stamp_now(dir.path(), &host, &driver),
+                "{what}"
+            );
+        }
+        assert!(!t.join("extra").exists() && !lib.join("extra").exists());
+        assert_eq!(
+            std::fs::read_link(lib.join("libcuda.so.1")).unwrap(),
+            Path::new("libcuda.so.9.1")
+        );
+        assert_eq!(
+            ino(&lib.join("libcuda.so.9.1")),
+            ino(&dir.path().join(LIB).join("libcuda.so.9.1"))
+        );
+    }
+
+    /// A stamp that is garbage, cut short, too long, empty or not a file is no error: the tree
+    /// is walked (left alone when right, rebuilt when not) and stamped again.
+    #[test]
+    fn a_corrupt_stamp_means_a_walk_not_an_error() {
+        let (dir, host, driver) = host();
+        assert!(changed(&host, &driver));
+        let stamp = stamp_path(dir.path());
+        let good = std::fs::read(&stamp).unwrap();
+        let garbage: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"\xff\x00 not a stamp".to_vec(),
+            good[..good.len() / 2].to_vec(),
+            [good.as_slice(), b"x"].concat(),
+        ];
+        for bytes in garbage {
+            std::fs::write(&stamp, &bytes).unwrap();
+            assert!(!changed(&host, &driver));
+            assert_eq!(std::fs::read(&stamp).unwrap(), good);
+        }
+        std::fs::remove_file(&stamp).unwrap();
+        std::fs::create_dir_all(stamp.join("sub")).unwrap();
+        assert!(!changed(&host, &driver));
+        assert_eq!(std::fs::read(&stamp).unwrap(), good);
+        std::fs::remove_file(&stamp).unwrap();
+        nix::unistd::mkfifo(&stamp, Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(!changed(&host, &driver));
+        assert_eq!(std::fs::read(&stamp).unwrap(), good);
+        // Garbage and an edited tree: rebuilt.
+        std::fs::write(&stamp, b"garbage").unwrap();
+        std::fs::remove_file(tree_dir(dir.path()).join("usr/bin/nvidia-smi")).unwrap();
+        assert!(changed(&host, &driver));
+        assert!(tree_dir(dir.path()).join("usr/bin/nvidia-smi").is_file());
+    }
+
+    /// What a pre-start killed at any point leaves is repaired by the next: the stamp goes
+    /// before the tree changes and is written last, so a tree without its stamp is walked.
+    #[test]
+    fn a_kill_while_building_or_stamping_is_repaired_by_the_next_start() {
+        let (dir, host, driver) = host();
+        let top = top_dir(dir.path());
+        let stamp = stamp_path(dir.path());
+        assert!(changed(&host, &driver));
+        let first = std::fs::read(&stamp).unwrap();
+        // Killed mid-build after a driver upgrade: half a new tree, a temp stamp, the old tree
+        // unstamped (the stamp went first).
+        let host_lib = dir.path().join(LIB).join("libcuda.so.9.1");
+        std::fs::write(dir.path().join(LIB).join(".new"), b"ELF cuda 9.1 rebuilt").unwrap();
+        std::fs::rename(dir.path().join(LIB).join(".new"), &host_lib).unwrap();
+        std::fs::create_dir_all(top.join(".kube1.new/usr")).unwrap();
+        std::fs::write(top.join(".kube1.stamp.tmp"), &first[..10]).unwrap();
+        std::fs::remove_file(&stamp).unwrap();
+        assert!(changed(&host, &driver));
+        assert!(!top.join(".kube1.new").exists() && !top.join(".kube1.stamp.tmp").exists());
+        assert_eq!(
+            ino(&tree_dir(dir.path()).join(LIB).join("libcuda.so.9.1")),
+            ino(&host_lib)
+        );
+        let second = std::fs::read(&stamp).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(
+            String::from_utf8(second.clone()).unwrap(),
+            stamp_now(dir.path(), &host, &driver)
+        );
+        // Killed after the swap, before the stamp: the new tree is walked, found right, stamped.
+        std::fs::remove_file(&stamp).unwrap();
+        assert!(!changed(&host, &driver));
+        assert_eq!(std::fs::read(&stamp).unwrap(), second);
+        // A stamp of an earlier tree at the same plan (its top was another directory): walked.
+        tick();
+        std::fs::remove_file(tree_dir(dir.path()).join("usr/bin/nvidia-smi")).unwrap();
+        assert!(changed(&host, &driver));
+        std::fs::write(&stamp, &second).unwrap();
+        assert!(!changed(&host, &driver));
+        assert_ne!(std::fs::read(&stamp).unwrap(), second);
+    }
+
+    /// post-start's verification of the driver root failed: the stamp goes (the error is
+    /// returned as it was), so the next pre-start walks the tree; no tree directory is fine.
+    #[test]
+    fn distrust_removes_the_stamp_and_keeps_the_error() {
+        let (dir, host, driver) = host();
+        let e = distrust(&host, "kube1", anyhow::anyhow!("driver root wrong"));
+        assert_eq!(format!("{e:#}"), "driver root wrong");
+        assert!(!top_dir(dir.path()).exists());
+        assert!(changed(&host, &driver));
+        let stamp = stamp_path(dir.path());
+        assert!(stamp.is_file());
+        let e = distrust(&host, "kube1", anyhow::anyhow!("driver root wrong"));
+        assert_eq!(format!("{e:#}"), "driver root wrong");
+        assert!(!stamp.exists());
+        assert!(!changed(&host, &driver));
+        assert!(stamp.is_file());
     }
 
     #[test]
@@ -744,10 +1129,23 @@ mod tests {
             .join("run/nspawn-lifecycle/driver-root/kube1/usr");
         std::fs::create_dir_all(&legacy).unwrap();
         std::fs::write(legacy.join("f"), b"").unwrap();
+        assert!(stamp_path(dir.path()).is_file());
         assert!(remove(&host, "kube1").unwrap());
         assert!(!tree_dir(dir.path()).exists());
+        assert!(!stamp_path(dir.path()).exists());
         assert!(!legacy.exists());
         assert!(dir.path().join(LIB).join("libcuda.so.9.1").is_file());
+    }
+
+    /// `uninstall`'s removal takes the stamp beside the tree too.
+    #[test]
+    fn remove_path_takes_the_stamp_too() {
+        let (dir, host, driver) = host();
+        assert!(changed(&host, &driver));
+        assert!(stamp_path(dir.path()).is_file());
+        assert!(remove_path(&tree_dir(dir.path())).unwrap());
+        assert!(!stamp_path(dir.path()).exists() && !tree_dir(dir.path()).exists());
+        assert!(!remove_path(&tree_dir(dir.path())).unwrap());
     }
 
     /// Root only: a driver file on another filesystem than the tree (here a tmpfs mounted on the
@@ -826,6 +1224,8 @@ mod tests {
         let built = ensure(&host, "kube1", &mut plan);
         chattr("-i");
         let built = built.unwrap();
+        // Not stamped: its plan says a hard link where it holds a mount point.
+        assert!(!stamp_path(dir.path()).exists());
         assert_eq!(
             built.unlinked,
             [("usr/bin/nvidia-smi".to_owned(), Errno::EPERM)]

@@ -607,7 +607,9 @@ impl Work for Wiring<'_> {
             FileStep::DriverRoot => (
                 format!(
                     "driver root: {} binds of driver {} checked against the host",
-                    rewire::verify_driver_root(self.root, self.host, driver)?,
+                    rewire::verify_driver_root(self.root, self.host, driver).map_err(|e| {
+                        crate::driver_tree::distrust(self.host, self.machine.as_str(), e)
+                    })?,
                     driver.version
                 ),
                 false,
