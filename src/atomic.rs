@@ -11,61 +11,63 @@
 
 use crate::failpoint::{self, Point};
 use anyhow::{Context as _, Result};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 use nix::unistd::UnlinkatFlags;
-use std::io::Write as _;
+use std::hash::{BuildHasher as _, Hasher as _};
+use std::io::{Read as _, Write as _};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{
-    FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
-};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 
-/// Replace `path` with `contents` atomically unless it already holds exactly those bytes.
-/// `point` names the moment between the temp file's fsync and the rename for crash tests.
-/// Returns whether the file was written.
-pub fn write_if_changed(path: &Path, contents: &[u8], mode: u32, point: Point) -> Result<bool> {
-    let dir = path
-        .parent()
-        .with_context(|| format!("{} has no parent directory", path.display()))?;
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} has no file name", path.display()))?
-        .to_string_lossy()
-        .into_owned();
+/// Replace `name` in the directory `dir` with `contents` atomically unless it already holds
+/// exactly those bytes and `mode`. `shown` is the directory's host path, for messages; `point`
+/// names the moment between the temp file's fsync and the rename for crash tests. Returns
+/// whether the file was written. (Host files: [`crate::host::HostRoot::write_if_changed`].)
+pub fn write_if_changed(
+    dir: &OwnedFd,
+    shown: &Path,
+    name: &str,
+    contents: &[u8],
+    mode: u32,
+    point: Point,
+) -> Result<bool> {
+    let path = shown.join(name);
     // A leading dot and a non-.json/.nspawn suffix keep half-written files invisible to readers
     // that scan the directory (nspawn, the CDI cache).
     let prefix = format!(".{name}.");
-    remove_dead_temps(dir, &prefix)?;
-    match std::fs::read(path) {
-        Ok(old) if old == contents => {
-            let meta =
-                std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
-            if meta.permissions().mode() & 0o7777 == mode {
-                return Ok(false);
-            }
-        }
+    remove_dead_temps(dir, shown, &prefix)?;
+    match read_at(dir, name) {
+        Ok((old, old_mode)) if old == contents && old_mode == mode => return Ok(false),
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(Errno::ENOENT) => {}
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
-    fs_err::create_dir_all(dir)?;
-    let dir_fd: OwnedFd = std::fs::File::open(dir)
-        .with_context(|| format!("opening directory {}", dir.display()))?
-        .into();
-    let tmp = locked_temp(dir, &prefix)?;
-    let tmp_name = tmp
-        .path()
-        .file_name()
-        .with_context(|| format!("{} has no file name", tmp.path().display()))?
-        .to_string_lossy()
-        .into_owned();
-    // From here on `replace_at` owns the temp file: it renames it or unlinks it, so the
-    // tempfile crate's own clean-up (by path, after the fact) must not run.
-    let (file, temp_path) = tmp.into_parts();
-    let _ = temp_path.keep();
-    replace_at(&dir_fd, file, &tmp_name, &name, contents, mode, Some(point))
+    let (tmp, tmp_name) = locked_temp(dir, shown, &prefix)?;
+    replace_at(dir, tmp, &tmp_name, name, contents, mode, Some(point))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(true)
+}
+
+/// The bytes and permission bits of `name` in `dir` (following a symlink there, as a reader
+/// would).
+fn read_at(dir: &OwnedFd, name: &str) -> nix::Result<(Vec<u8>, u32)> {
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut file = std::fs::File::from(fd);
+    let meta = file.metadata().map_err(errno)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(errno)?;
+    Ok((bytes, meta.permissions().mode() & 0o7777))
+}
+
+fn errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 /// The steps every atomic write shares, host or machine: `tmp` (the file `tmp_name` in `dir`,
@@ -99,99 +101,119 @@ pub fn replace_at(
     nix::unistd::fsync(dir).context("fsync the directory")
 }
 
-/// A new temp file `<prefix>XXXXXX.tmp` in `dir`, flock-ed by us. A cleaner may lock and unlink
-/// a temp file in the instant between its creation and our lock; then it has no link left and
-/// we make another.
-fn locked_temp(dir: &Path, prefix: &str) -> Result<tempfile::NamedTempFile> {
+/// A new temp file `<prefix>XXXXXXXXXXXXXXXX.tmp` in `dir`, created with `O_EXCL` and flock-ed
+/// by us, and its name. A cleaner may lock and unlink a temp file in the instant between its
+/// creation and our lock; then it has no link left and we make another.
+fn locked_temp(dir: &OwnedFd, shown: &Path, prefix: &str) -> Result<(std::fs::File, String)> {
     for _ in 0..16 {
-        let tmp = tempfile::Builder::new()
-            .prefix(prefix)
-            .suffix(".tmp")
-            .tempfile_in(dir)
-            .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-        if tmp.as_file().try_lock().is_err() {
+        // Random per call: std's hasher keys are seeded from the OS and differ per instance.
+        let random = std::hash::RandomState::new().build_hasher().finish();
+        let name = format!("{prefix}{random:016x}.tmp");
+        let fd = match nix::fcntl::openat(
+            dir,
+            name.as_str(),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::EEXIST) => continue,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("creating a temporary file in {}", shown.display()));
+            }
+        };
+        let file = std::fs::File::from(fd);
+        if file.try_lock().is_err() {
             continue;
         }
-        let links = tmp
-            .as_file()
+        let links = file
             .metadata()
-            .with_context(|| format!("stat {}", tmp.path().display()))?
+            .with_context(|| format!("stat {}", shown.join(&name).display()))?
             .nlink();
         if links > 0 {
-            return Ok(tmp);
+            return Ok((file, name));
         }
     }
     anyhow::bail!(
         "could not create a temporary file in {} that stayed in place",
-        dir.display()
+        shown.display()
     )
 }
 
 /// Remove the temp files `<prefix>*.tmp` in `dir` that no live writer holds.
-fn remove_dead_temps(dir: &Path, prefix: &str) -> Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
-    let mut removed = false;
-    for e in entries {
-        let e = e.with_context(|| format!("listing {}", dir.display()))?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !(name.starts_with(prefix) && name.ends_with(".tmp")) {
+fn remove_dead_temps(dir: &OwnedFd, shown: &Path, prefix: &str) -> Result<()> {
+    let listing = || format!("listing {}", shown.display());
+    // A fresh open file description: a dup would share the read offset.
+    let mut entries = nix::dir::Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(listing)?;
+    let mut dead = Vec::new();
+    for e in entries.iter() {
+        let e = e.with_context(listing)?;
+        let Ok(name) = e.file_name().to_str() else {
             continue;
-        }
-        let path = e.path();
-        let Ok(ft) = e.file_type() else { continue };
-        if ft.is_symlink() || ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
-            continue;
-        }
-        // Opened without following a symlink swapped in meanwhile.
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(_) => continue,
         };
+        if name.starts_with(prefix) && name.ends_with(".tmp") {
+            dead.push(name.to_owned());
+        }
+    }
+    let mut removed = false;
+    for name in dead {
+        // A device node is never opened (opening one can act).
+        let regular = nix::sys::stat::fstatat(dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG);
+        if !regular {
+            continue;
+        }
+        // Opened without following a symlink swapped in meanwhile, and without blocking on a
+        // FIFO; only a regular file nobody holds is removed.
+        let Ok(fd) = nix::fcntl::openat(
+            dir,
+            name.as_str(),
+            OFlag::O_RDONLY
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_NOCTTY
+                | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let file = std::fs::File::from(fd);
         if !file.metadata().is_ok_and(|m| m.is_file()) || file.try_lock().is_err() {
             continue;
         }
-        match std::fs::remove_file(&path) {
+        let path = shown.join(&name);
+        match nix::unistd::unlinkat(dir, name.as_str(), UnlinkatFlags::NoRemoveDir) {
             Ok(()) => {
                 tracing::info!(file = %path.display(), "removed a temporary file a killed run left");
                 removed = true;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(Errno::ENOENT) => {}
             Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
         }
     }
     if removed {
-        fsync_dir(dir)?;
+        nix::unistd::fsync(dir).with_context(|| format!("fsync directory {}", shown.display()))?;
     }
     Ok(())
 }
 
-/// Remove `path` if it exists and fsync its directory. Returns whether something was removed.
-pub fn remove_if_exists(path: &Path) -> Result<bool> {
-    match std::fs::remove_file(path) {
+/// Remove `name` from `dir` if it exists (never a directory) and fsync `dir`. Returns whether
+/// something was removed. (Host files: [`crate::host::HostRoot::remove_file`].)
+pub fn remove_at(dir: &OwnedFd, name: &str) -> Result<bool> {
+    match nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) => {
-            if let Some(dir) = path.parent() {
-                fsync_dir(dir)?;
-            }
+            nix::unistd::fsync(dir).context("fsync the directory")?;
             Ok(true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+        Err(Errno::ENOENT) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-}
-
-fn fsync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("fsync directory {}", dir.display()))
 }
 
 #[cfg(test)]
@@ -200,22 +222,28 @@ mod tests {
 
     const P: Point = Point::PreStartMidNspawnWrite;
 
+    /// Through the host root, as every caller writes.
+    fn write(p: &Path, contents: &[u8], mode: u32) -> Result<bool> {
+        let h = crate::host::HostRoot::new("/");
+        h.write_if_changed(p, contents, mode, P)
+    }
+
     #[test]
     fn writes_once_then_leaves_the_file_alone() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sub/kube1.nspawn");
-        assert!(write_if_changed(&p, b"a\n", 0o644, P).unwrap());
+        assert!(write(&p, b"a\n", 0o644).unwrap());
         let ino = std::fs::metadata(&p).unwrap().ino();
-        assert!(!write_if_changed(&p, b"a\n", 0o644, P).unwrap());
+        assert!(!write(&p, b"a\n", 0o644).unwrap());
         assert_eq!(
             std::fs::metadata(&p).unwrap().ino(),
             ino,
             "unchanged file was replaced"
         );
-        assert!(write_if_changed(&p, b"b\n", 0o644, P).unwrap());
+        assert!(write(&p, b"b\n", 0o644).unwrap());
         assert_eq!(std::fs::read(&p).unwrap(), b"b\n");
         assert!(
-            write_if_changed(&p, b"b\n", 0o600, P).unwrap(),
+            write(&p, b"b\n", 0o600).unwrap(),
             "mode change must rewrite"
         );
         let leftovers: Vec<_> = std::fs::read_dir(p.parent().unwrap())
@@ -223,8 +251,9 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(leftovers, vec![std::ffi::OsString::from("kube1.nspawn")]);
-        assert!(remove_if_exists(&p).unwrap());
-        assert!(!remove_if_exists(&p).unwrap());
+        let h = crate::host::HostRoot::new("/");
+        assert!(h.remove_file(&p).unwrap());
+        assert!(!h.remove_file(&p).unwrap());
     }
 
     /// The shared steps: a rename that fails (the name is a non-empty directory) leaves the
@@ -267,12 +296,12 @@ mod tests {
         std::fs::write(&other, b"not ours to judge").unwrap();
         // Unchanged bytes still clear what a killed writer left.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(!write_if_changed(&p, b"old\n", 0o644, P).unwrap());
+        assert!(!write(&p, b"old\n", 0o644).unwrap());
         assert!(!dead.exists(), "a dead writer's temp file was left");
         assert!(live.exists(), "a live writer's temp file was removed");
         assert!(other.exists(), "another file's temp file was removed");
         drop(holder);
-        assert!(write_if_changed(&p, b"new\n", 0o644, P).unwrap());
+        assert!(write(&p, b"new\n", 0o644).unwrap());
         assert!(!live.exists());
         assert_eq!(std::fs::read(&p).unwrap(), b"new\n");
     }

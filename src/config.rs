@@ -298,11 +298,12 @@ impl Default for Config {
 impl Config {
     /// Load `explicit` (must exist) or the default file under the host root (may be missing).
     pub fn load(host: &HostRoot, explicit: Option<&Path>) -> Result<Config> {
-        let (path, required) = match explicit {
-            Some(p) => (p.to_path_buf(), true),
-            None => (host.path(DEFAULT_PATH), false),
+        // `--config` names a file of the operator's, as given; the default one is the host's.
+        let (opened, path, required) = match explicit {
+            Some(p) => (open_nonblocking(p), p.to_path_buf(), true),
+            None => (host.open_read(DEFAULT_PATH), host.path(DEFAULT_PATH), false),
         };
-        let text = match read_small(&path) {
+        let text = match opened.and_then(read_small) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
                 return Ok(Config::default());
@@ -392,8 +393,7 @@ impl Config {
                 .map_err(|e| bad_input(format!("{key}.directory: {e}")))?;
         }
         for (i, m) in mc.mounts.iter().enumerate() {
-            let p = host.path(&m.source);
-            if std::fs::symlink_metadata(&p).is_err() {
+            if host.symlink_metadata(&m.source).is_err() {
                 return Err(bad_input(format!(
                     "{key}.mounts[{i}].source: \"{}\" does not exist on the host",
                     m.source
@@ -582,15 +582,19 @@ impl std::str::FromStr for CdiKind {
 /// Largest config file read: a real one is a few hundred bytes per machine.
 pub const MAX_CONFIG_FILE: u64 = 1 << 20;
 
-/// The bytes of a regular file of at most [`MAX_CONFIG_FILE`] bytes. Opened non-blocking, so a
-/// FIFO in its place is refused instead of waiting for a writer forever.
-fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::{Error, ErrorKind, Read as _};
+/// Open `path` for reading, non-blocking, so a FIFO in its place is refused by [`read_small`]
+/// instead of waiting for a writer forever.
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::File::options()
+    std::fs::File::options()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+        .open(path)
+}
+
+/// The bytes of a regular file of at most [`MAX_CONFIG_FILE`] bytes, opened non-blocking.
+fn read_small(f: std::fs::File) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read as _};
     if !f.metadata()?.is_file() {
         return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
     }

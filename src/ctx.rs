@@ -15,14 +15,14 @@ pub struct Ctx {
 impl Ctx {
     /// The host tree `--host-root` names and the configuration loaded from it.
     pub(crate) fn load(cli: &Cli) -> Result<Ctx> {
-        let host = HostRoot::new(&cli.host_root);
         // A mistyped --host-root must not become an empty host with verdict "none" and new files.
-        if !host.root().is_dir() {
-            return Err(crate::error::bad_input(format!(
-                "--host-root {}: not a directory",
-                host.root().display()
-            )));
-        }
+        let host = HostRoot::open(&cli.host_root).map_err(|e| {
+            crate::error::bad_input(format!(
+                "--host-root {}: not a directory that can be opened ({})",
+                cli.host_root.display(),
+                e.root_cause()
+            ))
+        })?;
         let config = Config::load(&host, cli.config.as_deref())?;
         Ok(Ctx { host, config })
     }

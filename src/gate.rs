@@ -60,15 +60,14 @@ pub fn dropin(unit: &UnitName) -> MachinePath {
 
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
 pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
-    let path = host.path(HOST_FILE);
     let dir = Path::new(HOST_FILE)
         .parent()
         .context("gate file has a parent")?;
     // Ours, root-owned and writable by root alone (shared with the lock directory): verified, so
     // the drop-in nspawn binds into the machine cannot have been swapped by another user.
     crate::host_dir::open(host, &dir.to_string_lossy(), crate::host_dir::PARENT_MODE)?;
-    crate::atomic::write_if_changed(
-        &path,
+    host.write_if_changed(
+        HOST_FILE,
         CONTENT.as_bytes(),
         0o644,
         Point::PreStartMidGateWrite,

@@ -57,8 +57,9 @@ pub fn open(host: &HostRoot, abs: &str, mode: u32) -> Result<HostDir> {
     if !abs.starts_with('/') || names.is_empty() || names.iter().any(|c| *c == "." || *c == "..") {
         bail!("internal error: {abs:?} is not a plain absolute directory path");
     }
-    let mut fd = nix::fcntl::open(
-        host.root(),
+    let mut fd = nix::fcntl::openat(
+        host.fd(),
+        ".",
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )

@@ -59,7 +59,7 @@ pub fn candidates(machine: &MachineName, mc: &MachineConfig) -> Vec<(String, Ima
 pub fn find(host: &HostRoot, machine: &MachineName, mc: &MachineConfig) -> Result<Image> {
     let all = candidates(machine, mc);
     for (path, kind) in &all {
-        let Ok(md) = std::fs::metadata(host.path(path)) else {
+        let Ok(md) = host.metadata(path) else {
             continue;
         };
         let fits = match kind {
@@ -97,7 +97,8 @@ pub fn check_not_shifted(host: &HostRoot, machine: &MachineName, image: &Image) 
     if image.kind != ImageKind::Directory {
         return Ok(());
     }
-    let md = std::fs::metadata(host.path(&image.path))
+    let md = host
+        .metadata(&image.path)
         .with_context(|| format!("stat {}", image.path))?;
     if md.uid() == 0 && md.gid() == 0 {
         return Ok(());

@@ -69,7 +69,8 @@ impl FileKind {
         }
     }
 
-    fn from_dirent(t: nix::dir::Type) -> FileKind {
+    /// The kind a directory entry's `d_type` names.
+    pub(crate) fn from_dirent(t: nix::dir::Type) -> FileKind {
         use nix::dir::Type;
         match t {
             Type::Directory => FileKind::Dir,
@@ -80,6 +81,18 @@ impl FileKind {
             Type::Socket => FileKind::Socket,
             Type::File => FileKind::File,
         }
+    }
+
+    pub fn is_file(self) -> bool {
+        self == FileKind::File
+    }
+
+    pub fn is_dir(self) -> bool {
+        self == FileKind::Dir
+    }
+
+    pub fn is_symlink(self) -> bool {
+        self == FileKind::Symlink
     }
 
     /// A short word for messages and listings.
@@ -182,7 +195,9 @@ pub struct MachineDir {
     tree: RootKind,
 }
 
-fn in_root() -> ResolveFlag {
+/// Resolve a path as if the directory were `/`, refusing `/proc` magic links (shared with the host
+/// side, [`crate::host::HostRoot`]).
+pub(crate) fn in_root() -> ResolveFlag {
     ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
 }
 
@@ -198,7 +213,11 @@ const OPENAT2_RETRIES: usize = 64;
 /// `openat2`, retried on `EAGAIN`: with `RESOLVE_IN_ROOT`/`RESOLVE_BENEATH` the kernel answers
 /// `EAGAIN` when any rename or mount elsewhere in the system raced with resolving a `..`
 /// (the machine's own `/var/run → ../run` has one), and asks the caller to retry.
-fn openat2(dirfd: &OwnedFd, path: &str, how: OpenHow) -> nix::Result<OwnedFd> {
+pub(crate) fn openat2<P: ?Sized + nix::NixPath>(
+    dirfd: &OwnedFd,
+    path: &P,
+    how: OpenHow,
+) -> nix::Result<OwnedFd> {
     let mut tries = 0;
     loop {
         match nix::fcntl::openat2(dirfd, path, how) {

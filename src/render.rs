@@ -40,7 +40,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     let inv = discovery::discover(&ctx.host)?;
     let assignment = assign::for_machine(&ctx.config, machine, mc, &inv)?;
     check_complete(&assignment.view)?;
-    let has_lib_modules = ctx.host.path("/lib/modules").is_dir();
+    let has_lib_modules = ctx.host.is_dir("/lib/modules");
     let mut file = NspawnFile::render(
         machine,
         &assignment.view,
@@ -65,7 +65,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
         file.bind_driver_files(crate::layout::file_binds(&plan.tree)?);
     }
     let host_path = ctx.host.path(nspawn_path(machine));
-    let old = match std::fs::read(&host_path) {
+    let old = match ctx.host.read(nspawn_path(machine)) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("reading {}", host_path.display())),

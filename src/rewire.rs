@@ -177,9 +177,12 @@ impl Expected {
                 .and_then(|r| r.strip_prefix('/'))
                 .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
                 .to_owned();
-            let hp = host.path(b.source.as_str());
-            let st = std::fs::metadata(&hp).with_context(|| {
-                format!("host driver file {} (stat {})", b.source, hp.display())
+            let st = host.metadata(b.source.as_str()).with_context(|| {
+                format!(
+                    "host driver file {} (stat {})",
+                    b.source,
+                    host.path(b.source.as_str()).display()
+                )
             })?;
             let (dev, ino) = (
                 std::os::unix::fs::MetadataExt::dev(&st),

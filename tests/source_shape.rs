@@ -2,6 +2,10 @@
 //! mixes steps a reader has to tell apart; where one is long on purpose (a grammar's match arms,
 //! a table of test cases, one poll loop), the comment right above it says so, starting "Long on
 //! purpose" or "Over 80 lines".
+//!
+//! And the host side goes through its descriptor (`HostRoot`, src/host.rs): no product code in
+//! `src/` hands a joined host path (`host.path(…)`) to `std::fs`/`fs_err` or to a `Path` method
+//! that touches the filesystem.
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
 
@@ -72,20 +76,28 @@ fn said_why(lines: &[&str], i: usize) -> bool {
         })
         .any(|l| l.contains("Long on purpose") || l.contains("Over 80 lines"))
 }
-
-#[test]
-fn no_function_in_src_is_over_80_lines_without_saying_why() {
+/// Every `.rs` file under `src/`, sorted: (path relative to the crate, text).
+fn src_files() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     files.sort();
+    files
+        .iter()
+        .map(|path| {
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            (rel, std::fs::read_to_string(path).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn no_function_in_src_is_over_80_lines_without_saying_why() {
     let mut offenders = Vec::new();
-    for path in &files {
-        let text = std::fs::read_to_string(path).unwrap();
+    for (rel, text) in src_files() {
         let lines: Vec<&str> = text.lines().collect();
         for (name, i, len) in functions(&text) {
             if len > MAX_LINES && !said_why(&lines, i) {
-                let rel = path.strip_prefix(root).unwrap().display();
                 offenders.push(format!("{rel}:{} {name}: {len} lines", i + 1));
             }
         }
@@ -110,4 +122,128 @@ fn the_measure_counts_bodies_and_skips_declarations() {
     let commented = format!("// Long on purpose: a table.\n#[test]\n{long}");
     let lines: Vec<&str> = commented.lines().collect();
     assert!(said_why(&lines, 2));
+}
+
+/// Files whose host accesses still go by joined path, and why. Keep it short.
+const PATH_ALLOWED: &[(&str, &str)] = &[(
+    "src/driver_tree.rs",
+    "rewritten on the prestart branch; its host accesses move to the descriptor after that merge",
+)];
+
+/// `Path` methods that go to the filesystem.
+const FS_METHODS: &[&str] = &[
+    "exists(",
+    "is_dir(",
+    "is_file(",
+    "is_symlink(",
+    "metadata(",
+    "symlink_metadata(",
+    "read_dir(",
+    "read_link(",
+    "canonicalize(",
+    "try_exists(",
+];
+
+/// The text from `open` (just after a `(`) to its matching `)`, exclusive.
+fn call_args(text: &str, open: usize) -> &str {
+    let mut depth = 1;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[open..open + i];
+                }
+            }
+            _ => {}
+        }
+    }
+    &text[open..]
+}
+
+/// Whether `s` holds `.path(` with an argument: a joined host path (`host.path("/etc")`), not a
+/// path accessor such as `dir.path()`.
+fn has_joined_path(s: &str) -> bool {
+    s.match_indices(".path(")
+        .any(|(i, m)| !call_args(s, i + m.len()).trim().is_empty())
+}
+
+/// The product code of a source file: everything before its `#[cfg(test)] mod`.
+fn product(text: &str) -> &str {
+    text.find("\n#[cfg(test)]\nmod ")
+        .map_or(text, |i| &text[..i])
+}
+
+/// The places in `text` where a joined host path reaches the filesystem by string.
+fn path_uses(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for prefix in ["fs::", "fs_err::"] {
+        for (i, _) in text.match_indices(prefix) {
+            let before = text[..i].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &text[i..];
+            let Some(open) = rest.find('(') else { continue };
+            let callee = &rest[..open];
+            if !callee
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            {
+                continue;
+            }
+            if has_joined_path(call_args(rest, open + 1)) {
+                found.push(format!("{callee}({}", call_args(rest, open + 1)));
+            }
+        }
+    }
+    for (i, m) in text.match_indices(".path(") {
+        let args = call_args(text, i + m.len());
+        if args.trim().is_empty() {
+            continue;
+        }
+        let after = text[i + m.len() + args.len() + 1..].trim_start();
+        if let Some(method) = after
+            .strip_prefix('.')
+            .and_then(|a| FS_METHODS.iter().find(|f| a.starts_with(**f)))
+        {
+            found.push(format!(".path({args}).{method}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn host_files_are_reached_through_the_host_descriptor() {
+    let mut offenders = Vec::new();
+    for (rel, text) in src_files() {
+        if PATH_ALLOWED.iter().any(|(f, _)| *f == rel) {
+            continue;
+        }
+        for u in path_uses(product(&text)) {
+            offenders.push(format!("{rel}: {u}"));
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "open host files through the HostRoot (host.read(..), host.metadata(..), ...), not by \
+         joined path:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn the_path_check_tells_joined_paths_from_accessors() {
+    let bad = "let t = std::fs::read_to_string(\n    ctx.host.path(&dropin),\n)?;\n\
+               if host.path(\"/lib/modules\").is_dir() {}\n\
+               fs_err::write(host.path(x), b)?;\n";
+    assert_eq!(path_uses(bad).len(), 3, "{:?}", path_uses(bad));
+    let good = "std::fs::read(dir.path().join(\"x\"))?;\nlet p = host.path(\"/etc\");\n\
+                format!(\"{}\", host.path(x).display());\nmyfs::read(host.path(x));\n";
+    assert_eq!(path_uses(good), Vec::<String>::new());
+    assert_eq!(
+        product("fn a() {}\n#[cfg(test)]\nmod tests {}\n"),
+        "fn a() {}"
+    );
 }

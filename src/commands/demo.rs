@@ -42,7 +42,7 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
         .context("creating a temporary directory for the example host")?;
     fixture::materialize(text, dir.path())
         .with_context(|| format!("building example host {example}"))?;
-    let host = crate::host::HostRoot::new(dir.path());
+    let host = crate::host::HostRoot::open(dir.path())?;
     let machine: MachineName = "kube1".parse().map_err(anyhow::Error::msg)?;
     let mc = crate::config::Config::default().machine(&host, &machine)?;
     let inv = discovery::discover(&host)?;
@@ -55,7 +55,7 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
     let path = nspawn_path(&machine);
     match check_complete(&inv) {
         Ok(()) => {
-            let has_lib_modules = host.path("/lib/modules").is_dir();
+            let has_lib_modules = host.is_dir("/lib/modules");
             let file = NspawnFile::render(
                 &machine,
                 &inv,

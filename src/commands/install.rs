@@ -30,7 +30,6 @@
 //!   rootfs back.
 
 use crate::Ctx;
-use crate::atomic::{remove_if_exists, write_if_changed};
 use crate::config::{Gpus, MachineConfig};
 use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
@@ -49,7 +48,7 @@ use crate::units::{
 };
 use anyhow::{Context as _, Result};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 // ---------------------------------------------------------------------------------------------
 // Plans: what would change, file by file.
@@ -97,10 +96,8 @@ enum Op {
 
 #[derive(Debug)]
 struct FileLine {
-    /// The path as the host sees it (`/etc/…`).
+    /// The path as the host sees it (`/etc/…`), resolved inside the host root to act on it.
     shown: String,
-    /// The path under the host root.
-    path: PathBuf,
     verb: Verb,
     detail: String,
     op: Option<Op>,
@@ -118,10 +115,9 @@ struct Plan {
 
 impl FileLine {
     /// A line that changes nothing; `op` and `unit_file` are set by the callers that need them.
-    fn new(host: &HostRoot, shown: &str, verb: Verb, detail: String) -> FileLine {
+    fn new(shown: &str, verb: Verb, detail: String) -> FileLine {
         FileLine {
             shown: shown.to_owned(),
-            path: host.path(shown),
             verb,
             detail,
             op: None,
@@ -130,10 +126,10 @@ impl FileLine {
     }
 
     /// A line removing the file `shown`.
-    fn removing(host: &HostRoot, shown: &str, detail: &str) -> FileLine {
+    fn removing(shown: &str, detail: &str) -> FileLine {
         FileLine {
             op: Some(Op::Remove),
-            ..FileLine::new(host, shown, Verb::Remove, detail.to_owned())
+            ..FileLine::new(shown, Verb::Remove, detail.to_owned())
         }
     }
 }
@@ -156,20 +152,21 @@ impl Plan {
         self.files.iter().any(|f| f.op.is_some() && f.unit_file)
     }
 
-    fn apply(&self) -> Result<()> {
+    fn apply(&self, host: &HostRoot) -> Result<()> {
         for f in &self.files {
             match &f.op {
                 None => {}
                 Some(Op::Write { bytes, mode, point }) => {
-                    write_if_changed(&f.path, bytes, *mode, *point)?;
+                    host.write_if_changed(&f.shown, bytes, *mode, *point)?;
                 }
                 Some(Op::Remove) => {
-                    remove_if_exists(&f.path)?;
+                    host.remove_file(&f.shown)?;
                 }
                 Some(Op::RemoveTree) => {
-                    crate::driver_tree::remove_path(&f.path)?;
+                    // driver_tree takes a joined path; it opens it component by component.
+                    crate::driver_tree::remove_path(&host.path(&f.shown))?;
                 }
-                Some(Op::RemoveDir) => match std::fs::remove_dir(&f.path) {
+                Some(Op::RemoveDir) => match host.remove_dir(&f.shown) {
                     Ok(()) => {}
                     // Something appeared meanwhile: it is not ours to remove.
                     Err(e)
@@ -178,7 +175,9 @@ impl Plan {
                             std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
                         ) => {}
                     Err(e) => {
-                        return Err(e).with_context(|| format!("removing {}", f.path.display()));
+                        return Err(e).with_context(|| {
+                            format!("removing {}", host.path(&f.shown).display())
+                        });
                     }
                 },
             }
@@ -214,25 +213,27 @@ impl Plan {
     }
 }
 
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
+fn read_optional(host: &HostRoot, shown: &str) -> Result<Option<Vec<u8>>> {
+    match host.read(shown) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => Err(e).with_context(|| format!("reading {}", host.path(shown).display())),
     }
 }
 
-fn read_text(path: &Path) -> Result<Option<String>> {
-    read_optional(path)?
+fn read_text(host: &HostRoot, shown: &str) -> Result<Option<String>> {
+    read_optional(host, shown)?
         .map(|b| {
-            String::from_utf8(b).map_err(|_| bad_input(format!("{} is not UTF-8", path.display())))
+            String::from_utf8(b)
+                .map_err(|_| bad_input(format!("{} is not UTF-8", host.path(shown).display())))
         })
         .transpose()
 }
 
-fn mode_of(path: &Path) -> Result<u32> {
-    Ok(std::fs::metadata(path)
-        .with_context(|| format!("stat {}", path.display()))?
+fn mode_of(host: &HostRoot, shown: &str) -> Result<u32> {
+    Ok(host
+        .metadata(shown)
+        .with_context(|| format!("stat {}", host.path(shown).display()))?
         .permissions()
         .mode()
         & 0o7777)
@@ -248,10 +249,9 @@ fn write_line(
     point: Point,
     detail: impl FnOnce(Option<&[u8]>) -> String,
 ) -> Result<FileLine> {
-    let path = host.path(shown);
-    let old = read_optional(&path)?;
+    let old = read_optional(host, shown)?;
     let same = match &old {
-        Some(o) => *o == bytes && mode_of(&path)? == mode,
+        Some(o) => *o == bytes && mode_of(host, shown)? == mode,
         None => false,
     };
     let verb = match (&old, same) {
@@ -266,7 +266,6 @@ fn write_line(
     };
     Ok(FileLine {
         shown: shown.to_owned(),
-        path,
         verb,
         detail,
         op: (!same).then_some(Op::Write { bytes, mode, point }),
@@ -282,21 +281,21 @@ fn is_driver_incomplete(err: &anyhow::Error) -> bool {
 
 /// The drop-ins in `dir` other than ours (and `override.conf`, when `skip_override`: it has its
 /// own line), sorted the way systemd applies them.
-fn other_dropins(dir: &Path, skip_override: bool) -> Result<Vec<(String, PathBuf)>> {
+fn other_dropins(host: &HostRoot, dir: &str, skip_override: bool) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
+    let entries = match host.read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", host.path(dir).display())),
     };
-    for e in entries {
-        let e = e.with_context(|| format!("listing {}", dir.display()))?;
-        let name = e.file_name().to_string_lossy().into_owned();
+    for (name, _) in entries {
+        let name = name.to_string_lossy().into_owned();
         if name.ends_with(".conf")
             && name != DROPIN_NAME
             && !(skip_override && name == LEGACY_OVERRIDE)
         {
-            out.push((name, e.path()));
+            let shown = format!("{dir}/{name}");
+            out.push((name, shown));
         }
     }
     out.sort();
@@ -343,7 +342,7 @@ fn helper_copy(host: &HostRoot, helper: &HostPath, exe: &[u8]) -> Result<FileLin
 fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<FileLine> {
     let host = &ctx.host;
     let shown = nspawn_path(machine);
-    let old = read_text(&host.path(&shown))?;
+    let old = read_text(host, &shown)?;
     let foreign = old.as_deref().filter(|t| !is_ours_nspawn(t.as_bytes()));
     if let Some(text) = foreign {
         refuse_lost_settings(mc, &shown, text)?;
@@ -369,7 +368,6 @@ fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result
             )
         }
         Err(e) if is_driver_incomplete(&e) => Ok(FileLine::new(
-            host,
             &shown,
             Verb::Skip,
             format!(
@@ -448,8 +446,7 @@ fn dropin_write(
 /// kept (with a warning when it overrides or repeats ours).
 fn override_migration(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<()> {
     let shown = format!("{}/{LEGACY_OVERRIDE}", dropin_dir(machine));
-    let path = host.path(&shown);
-    let Some(text) = read_text(&path)? else {
+    let Some(text) = read_text(host, &shown)? else {
         return Ok(());
     };
     let m = migrate_override(&text, machine);
@@ -461,11 +458,11 @@ fn override_migration(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -
         "kept, not managed by nspawn-lifecycle: {}",
         m.kept.join(" | ")
     );
-    let mode = mode_of(&path)?;
+    let mode = mode_of(host, &shown)?;
     let line = |verb, detail: String, op| FileLine {
         op,
         unit_file: true,
-        ..FileLine::new(host, &shown, verb, detail)
+        ..FileLine::new(&shown, verb, detail)
     };
     plan.files.push(match m.rewrite {
         None => {
@@ -502,8 +499,8 @@ fn override_migration(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -
 fn overlap_warnings(host: &HostRoot, machine: &MachineName) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     for (dir, skip_override) in [(dropin_dir(machine), true), (template_dropin_dir(), false)] {
-        for (name, path) in other_dropins(&host.path(&dir), skip_override)? {
-            let Some(text) = read_text(&path)? else {
+        for (name, shown) in other_dropins(host, &dir, skip_override)? {
+            let Some(text) = read_text(host, &shown)? else {
                 continue;
             };
             let o = overlaps(&text, machine, name.as_str() > DROPIN_NAME);
@@ -537,10 +534,10 @@ fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
         crate::layout::LEGACY_TREE_HOST_DIR,
     ] {
         let shown = format!("{dir}/{machine}");
-        if host.path(&shown).symlink_metadata().is_ok() {
+        if host.symlink_metadata(&shown).is_ok() {
             plan.files.push(FileLine {
                 op: Some(Op::RemoveTree),
-                ..FileLine::new(host, &shown, Verb::Remove, "pre-start's driver tree".into())
+                ..FileLine::new(&shown, Verb::Remove, "pre-start's driver tree".into())
             });
         }
     }
@@ -549,11 +546,11 @@ fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
 /// Our drop-in, and its directory when nothing else is in it; whether our drop-in was there.
 fn dropin_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<bool> {
     let shown = dropin_path(machine);
-    match read_optional(&host.path(&shown))? {
+    match read_optional(host, &shown)? {
         Some(b) if b.starts_with(DROPIN_HEADER.as_bytes()) => {
             plan.files.push(FileLine {
                 unit_file: true,
-                ..FileLine::removing(host, &shown, "")
+                ..FileLine::removing(&shown, "")
             });
             let only = std::ffi::OsStr::new(DROPIN_NAME);
             plan.files
@@ -581,7 +578,7 @@ fn uninstalled_nspawn(
 ) -> Result<()> {
     let host = &ctx.host;
     let shown = nspawn_path(machine);
-    let ours = match read_optional(&host.path(&shown))? {
+    let ours = match read_optional(host, &shown)? {
         Some(b) if is_ours_nspawn(&b) => true,
         Some(_) => {
             plan.warnings.push(format!(
@@ -595,7 +592,7 @@ fn uninstalled_nspawn(
         return Ok(());
     }
     let mc = ctx.config.machine(host, machine)?;
-    let has_lib_modules = host.path("/lib/modules").is_dir();
+    let has_lib_modules = host.is_dir("/lib/modules");
     let text = NspawnFile::uninstalled(machine, &mc, has_lib_modules).to_string();
     plan.files.push(write_line(
         host,
@@ -617,21 +614,17 @@ fn uninstalled_nspawn(
 fn helper_removal(ctx: &Ctx, machine: &MachineName, plan: &mut Plan) -> Result<()> {
     let host = &ctx.host;
     let helper = ctx.config.helper_path().to_string();
-    if !host.path(&helper).exists() {
+    if !host.exists(&helper) {
         return Ok(());
     }
     let users = helper_users(ctx, &helper, &dropin_path(machine))?;
     if !users.is_empty() {
         let detail = format!("still used by {}", users.join(", "));
-        plan.files
-            .push(FileLine::new(host, &helper, Verb::Keep, detail));
+        plan.files.push(FileLine::new(&helper, Verb::Keep, detail));
         return Ok(());
     }
-    plan.files.push(FileLine::removing(
-        host,
-        &helper,
-        "no machine uses it any more",
-    ));
+    plan.files
+        .push(FileLine::removing(&helper, "no machine uses it any more"));
     let parent = Path::new(&helper)
         .parent()
         .map(|p| p.to_string_lossy().into_owned())
@@ -648,41 +641,44 @@ fn helper_removal(ctx: &Ctx, machine: &MachineName, plan: &mut Plan) -> Result<(
 /// A line removing the directory `dir` when nothing but `only` is in it; none when anything
 /// else is, or it cannot be listed.
 fn remove_dir_if_only(host: &HostRoot, dir: &str, only: &std::ffi::OsStr) -> Option<FileLine> {
-    let alone = std::fs::read_dir(host.path(dir))
-        .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == only))
+    let alone = host
+        .read_dir(dir)
+        .map(|d| d.iter().all(|(name, _)| name == only))
         .unwrap_or(false);
     alone.then(|| FileLine {
         op: Some(Op::RemoveDir),
-        ..FileLine::new(host, dir, Verb::Remove, "empty".into())
+        ..FileLine::new(dir, Verb::Remove, "empty".into())
     })
 }
 
 /// Units (other than `machine`'s drop-in being removed) whose drop-ins call the helper.
 fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
     let needle = exec_escape(helper);
-    let unit_dir = ctx.host.path(UNIT_DIR);
+    let host = &ctx.host;
     let mut users = Vec::new();
-    let entries = match std::fs::read_dir(&unit_dir) {
+    let entries = match host.read_dir(UNIT_DIR) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(users),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", unit_dir.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("listing {}", host.path(UNIT_DIR).display()));
+        }
     };
     let mut dirs: Vec<_> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .into_iter()
+        .map(|(name, _)| name.to_string_lossy().into_owned())
         .filter(|n| dropin_dir_machine(n).is_some())
         .collect();
     dirs.sort();
     for d in dirs {
-        let Ok(files) = std::fs::read_dir(unit_dir.join(&d)) else {
+        let Ok(files) = host.read_dir(format!("{UNIT_DIR}/{d}")) else {
             continue;
         };
-        for f in files.filter_map(|e| e.ok()) {
-            let shown = format!("{UNIT_DIR}/{d}/{}", f.file_name().to_string_lossy());
+        for (name, _) in files {
+            let shown = format!("{UNIT_DIR}/{d}/{}", name.to_string_lossy());
             if shown == except || !shown.ends_with(".conf") {
                 continue;
             }
-            let text = std::fs::read(f.path()).unwrap_or_default();
+            let text = host.read(&shown).unwrap_or_default();
             if String::from_utf8_lossy(&text).contains(&needle) {
                 users.push(d.trim_end_matches(".d").to_owned());
                 break;
@@ -731,7 +727,7 @@ fn execute(
         }
     }
     if !dry_run {
-        plan.apply()?;
+        plan.apply(&ctx.host)?;
     }
     let mut reload_err = None;
     let reload_word = match (reload_needed, dry_run, ctx.host.is_real_root()) {
@@ -904,7 +900,7 @@ mod tests {
             ),
             "{report}"
         );
-        plan.apply().unwrap();
+        plan.apply(&ctx.host).unwrap();
         assert!(
             !d.path()
                 .join("var/lib/nspawn-lifecycle/driver-root/kube1")

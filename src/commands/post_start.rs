@@ -328,23 +328,7 @@ fn bind_driver_root(
             std::fs::File::create(&target).map(drop)
         }
         .with_context(|| format!("rewire-root: mount point {}", b.target))?;
-        let source = host.path(b.source.as_str());
-        mount(
-            Some(&source),
-            target.as_str(),
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .with_context(|| format!("rewire-root: binding {} at {}", source.display(), b.target))?;
-        mount(
-            None::<&str>,
-            target.as_str(),
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .with_context(|| format!("rewire-root: read-only {}", b.target))?;
+        bind_read_only(host, b.source.as_str(), &target, &b.target)?;
     }
     // The SONAME links of pre-start's host tree, then the tree read-only, as nspawn binds it.
     for (rel, node) in crate::layout::driver_tree(driver)? {
@@ -363,6 +347,34 @@ fn bind_driver_root(
     )
     .with_context(|| format!("rewire-root: read-only {}", crate::layout::DRIVER_ROOT))?;
     Ok(())
+}
+
+/// Bind the host file `source` (resolved inside the host root, bound through its descriptor)
+/// read-only at `target`; `shown` names the target in messages.
+#[cfg(feature = "failpoints")]
+fn bind_read_only(host: &HostRoot, source: &str, target: &str, shown: &str) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    use std::os::fd::AsRawFd as _;
+    let display = host.path(source);
+    let pinned = host
+        .pin(source)
+        .with_context(|| format!("rewire-root: opening {}", display.display()))?;
+    mount(
+        Some(format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str()),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .with_context(|| format!("rewire-root: binding {} at {shown}", display.display()))?;
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .with_context(|| format!("rewire-root: read-only {shown}"))
 }
 
 /// A machine rootfs on disk with no systemd in it. Nothing runs there, so no unit is active and

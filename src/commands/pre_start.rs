@@ -2,7 +2,6 @@
 //! file, its unit gate, driver tree and device cgroup, under the machine's lock.
 
 use crate::Ctx;
-use crate::atomic::write_if_changed;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
 use crate::device_cgroup;
@@ -52,8 +51,8 @@ fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
     }
     crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
     let new = r.text();
-    if write_if_changed(
-        &r.host_path,
+    if ctx.host.write_if_changed(
+        crate::units::nspawn_path(machine),
         new.as_bytes(),
         0o644,
         Point::PreStartMidNspawnWrite,
@@ -76,7 +75,7 @@ fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
 /// systemd of its own to ask.
 fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
     let dropin = crate::units::dropin_path(machine);
-    match std::fs::read_to_string(ctx.host.path(&dropin)) {
+    match ctx.host.read_to_string(&dropin) {
         Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("reading {dropin}")),

@@ -61,12 +61,11 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 
 /// The machine's configuration, once it is installed and this is the real host (exit 2 if not).
 fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
-    let dropin = ctx.host.path(dropin_path(machine));
-    if !dropin.is_file() {
+    if !ctx.host.is_file(dropin_path(machine)) {
         return Err(bad_input(format!(
             "machine {machine} is not installed: {} does not exist; run \
              `nspawn-lifecycle-helper install {machine}` first",
-            dropin.display()
+            ctx.host.path(dropin_path(machine)).display()
         )));
     }
     if !ctx.host.is_real_root() {

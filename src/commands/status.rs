@@ -996,21 +996,21 @@ fn observe(
 
 /// Whether `machine` is installed: our drop-in is on the host.
 fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
-    ctx.host.path(units::dropin_path(machine)).is_file()
+    ctx.host.is_file(units::dropin_path(machine))
 }
 
 /// Every installed machine (those with our drop-in), sorted by name.
 pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
-    let dir = ctx.host.path(units::UNIT_DIR);
     let mut out = Vec::new();
-    let entries = match std::fs::read_dir(&dir) {
+    let entries = match ctx.host.read_dir(units::UNIT_DIR) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("listing {}", ctx.host.path(units::UNIT_DIR).display()));
+        }
     };
-    for e in entries {
-        let e = e.with_context(|| format!("listing {}", dir.display()))?;
-        let name = e.file_name();
+    for (name, _) in entries {
         let Some(m) = name.to_str().and_then(units::dropin_dir_machine) else {
             continue;
         };

@@ -20,12 +20,13 @@
 use super::parse::{self, PciAddress};
 use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict};
 use crate::host::HostRoot;
+use crate::machine_root::FileKind;
 use crate::paths::HostPath;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{FileType, Metadata};
+use std::fs::Metadata;
 use std::io::{ErrorKind, Read as _};
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
 /// Largest /proc or /sys file discovery reads.
 pub const MAX_PROC_FILE: u64 = 1 << 20;
@@ -212,7 +213,7 @@ struct Scan<'a> {
     reasons: Vec<String>,
     /// Library dirs listed while looking for libcuda, kept for the driver-file pass: listing a
     /// big directory is the costliest step of discovery, and once is enough.
-    listings: BTreeMap<String, Vec<(String, FileType)>>,
+    listings: BTreeMap<String, Vec<(String, FileKind)>>,
 }
 
 impl Scan<'_> {
@@ -574,7 +575,7 @@ impl Scan<'_> {
                 continue;
             };
             // A library dir holds hundreds of entries: pick libcuda's before sorting.
-            let mut cudas: Vec<(&str, FileType)> = listing
+            let mut cudas: Vec<(&str, FileKind)> = listing
                 .iter()
                 .filter(|(n, _)| n.strip_prefix("libcuda.so.").is_some_and(parse::is_version))
                 .map(|(n, k)| (n.as_str(), *k))
@@ -889,12 +890,12 @@ impl Scan<'_> {
     fn links_by_target(
         &self,
         at: &str,
-        entries: &[(String, FileType)],
+        entries: &[(String, FileKind)],
     ) -> BTreeMap<String, Vec<String>> {
         let mut links: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, kind) in entries {
             if kind.is_symlink()
-                && let Ok(target) = std::fs::read_link(self.host.path(format!("{at}/{name}")))
+                && let Ok(target) = self.host.read_link(format!("{at}/{name}"))
                 && let Some(t) = target.to_str()
             {
                 links.entry(t.to_owned()).or_default().push(name.clone());
@@ -904,8 +905,10 @@ impl Scan<'_> {
     }
 
     fn elf(&self, abs: &str) -> Result<Result<parse::ElfInfo, parse::ParseError>> {
-        let p = self.host.path(abs);
-        let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+        let f = self
+            .host
+            .open_read(abs)
+            .with_context(|| format!("opening {}", self.host.path(abs).display()))?;
         Ok(parse::elf_info(&f))
     }
 
@@ -916,11 +919,7 @@ impl Scan<'_> {
     fn read(&self, abs: &str, limit: u64) -> Result<Option<Vec<u8>>> {
         let p = self.host.path(abs);
         // Non-blocking: opening a FIFO for reading would otherwise wait for a writer forever.
-        let f = match std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&p)
-        {
+        let f = match self.host.open_read(abs) {
             Ok(f) => f,
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 return Ok(None);
@@ -961,24 +960,22 @@ impl Scan<'_> {
 
     /// Like [`Self::list`] but in directory order (callers sort what they keep: sorting a whole
     /// library dir costs more than the rest of its scan), with each entry's type as the
-    /// directory reports it (`d_type`; std falls back to an `lstat` of that entry where the
-    /// filesystem does not say). Never follows a symlink.
-    fn list_typed(&self, abs: &str) -> Result<Option<Vec<(String, FileType)>>> {
-        let p = self.host.path(abs);
-        let rd = match std::fs::read_dir(&p) {
+    /// directory reports it (`d_type`, or an `lstat` of that entry where the filesystem does
+    /// not say). Never follows a symlink.
+    fn list_typed(&self, abs: &str) -> Result<Option<Vec<(String, FileKind)>>> {
+        let rd = match self.host.read_dir(abs) {
             Ok(rd) => rd,
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 return Ok(None);
             }
-            Err(e) => return Err(e).with_context(|| format!("listing {}", p.display())),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("listing {}", self.host.path(abs).display()));
+            }
         };
         let mut entries = Vec::new();
-        for entry in rd {
-            let entry = entry.with_context(|| format!("listing {}", p.display()))?;
-            let kind = entry
-                .file_type()
-                .with_context(|| format!("stat {}", entry.path().display()))?;
-            match entry.file_name().into_string() {
+        for (name, kind) in rd {
+            match name.into_string() {
                 Ok(n) => entries.push((n, kind)),
                 Err(n) => tracing::debug!("skipping non-UTF-8 name {n:?} in {abs}"),
             }
@@ -987,13 +984,12 @@ impl Scan<'_> {
     }
 
     fn lstat(&self, abs: &str) -> Result<Option<Metadata>> {
-        let p = self.host.path(abs);
-        match std::fs::symlink_metadata(&p) {
+        match self.host.symlink_metadata(abs) {
             Ok(m) => Ok(Some(m)),
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 Ok(None)
             }
-            Err(e) => Err(e).with_context(|| format!("stat {}", p.display())),
+            Err(e) => Err(e).with_context(|| format!("stat {}", self.host.path(abs).display())),
         }
     }
 
@@ -1041,7 +1037,7 @@ impl Scan<'_> {
                 if hops > MAX_SYMLINKS {
                     return Ok(None);
                 }
-                let target = std::fs::read_link(self.host.path(&candidate)).with_context(|| {
+                let target = self.host.read_link(&candidate).with_context(|| {
                     format!("readlink {}", self.host.path(&candidate).display())
                 })?;
                 let Some(t) = target.to_str() else {

@@ -171,6 +171,20 @@ pub fn elf_info(data: &[u8]) {
     }
 }
 
+/// A host root where nothing exists: a directory opened, then removed, so every lookup under
+/// it finds nothing (the root is a descriptor, no path names it any more).
+fn empty_host() -> &'static HostRoot {
+    static HOST: std::sync::OnceLock<HostRoot> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("nspawn-lifecycle-fuzz-host-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let host = HostRoot::new(&dir);
+        std::fs::remove_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        host
+    })
+}
+
 /// The JSON config file: whatever it accepts resolves for a machine later without surprises
 /// (the helper does that on every start without re-checking the JSON): settings come out, or
 /// the one host-dependent check (mount sources exist) fails as bad input. Every accepted mount
@@ -178,10 +192,10 @@ pub fn elf_info(data: &[u8]) {
 pub fn config(data: &[u8]) {
     if let Ok(cfg) = Config::parse(data) {
         assert!(cfg.helper_path().starts_with('/'), "{cfg:?}");
-        let host = HostRoot::new("/nonexistent-nspawn-lifecycle-fuzz-host");
+        let host = empty_host();
         for name in ["kube1", "gpu-node_01.example"] {
             let machine: MachineName = name.parse().unwrap_or_else(|e| panic!("{e}"));
-            match cfg.machine(&host, &machine) {
+            match cfg.machine(host, &machine) {
                 Ok(mc) => {
                     assert!(mc.directory.starts_with('/'), "{mc:?}");
                     for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
