@@ -113,6 +113,29 @@ mod tests {
         );
     }
 
+    /// The rendered units, pinned: tests/golden/host-*.{service,conf} (UPDATE_GOLDEN=1 rewrites).
+    #[test]
+    fn units_match_golden() {
+        let helper: HostPath = crate::config::DEFAULT_HELPER_PATH.parse().unwrap();
+        for (name, text) in [
+            ("host-nspawn-lifecycle-host.service", unit(&helper)),
+            (
+                "host-gate-kubelet.service.conf",
+                gate_dropin(&"kubelet.service".parse().unwrap()),
+            ),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden")
+                .join(name);
+            if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+                std::fs::write(&path, &text).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(text, want, "{} differs (UPDATE_GOLDEN=1)", path.display());
+        }
+    }
+
     #[test]
     fn exec_start_escapes_the_helper_path() {
         let text = unit(&"/opt/a%b$c/helper".parse().unwrap());

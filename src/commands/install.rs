@@ -988,6 +988,79 @@ mod tests {
         (dir, Ctx { host, config })
     }
 
+    /// Issue 15: install --host writes the helper, both gate drop-ins, the oneshot and its
+    /// enabling link; a second run changes nothing; uninstall --host takes away exactly those
+    /// (and empty drop-in directories); a file of the operator's at one of the paths is refused.
+    #[test]
+    fn install_host_writes_the_units_and_uninstall_host_removes_them() {
+        let (d, ctx) = host_with(&[]);
+        let plan = plan_install_host(&ctx, b"exe").unwrap();
+        let lines: Vec<_> = plan.report(true, "-").lines().map(str::to_owned).collect();
+        assert_eq!(
+            lines,
+            [
+                "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper: would create (copy of the running helper, 3 bytes)",
+                "/etc/systemd/system/containerd.service.d/50-nspawn-lifecycle-gate.conf: would create",
+                "/etc/systemd/system/kubelet.service.d/50-nspawn-lifecycle-gate.conf: would create",
+                "/etc/systemd/system/nspawn-lifecycle-host.service: would create",
+                "/etc/systemd/system/multi-user.target.wants/nspawn-lifecycle-host.service: would create (enables nspawn-lifecycle-host.service in multi-user.target)",
+                "systemd: -",
+                "install --host: dry run, nothing written; 5 files would change",
+            ]
+        );
+        assert!(plan.needs_reload());
+        plan.apply().unwrap();
+        let unit = d
+            .path()
+            .join("etc/systemd/system/nspawn-lifecycle-host.service");
+        assert_eq!(
+            std::fs::read_to_string(&unit).unwrap(),
+            crate::host_unit::unit(ctx.config.helper_path())
+        );
+        assert_eq!(
+            std::fs::read_link(
+                d.path().join(
+                    "etc/systemd/system/multi-user.target.wants/nspawn-lifecycle-host.service"
+                )
+            )
+            .unwrap(),
+            Path::new("/etc/systemd/system/nspawn-lifecycle-host.service")
+        );
+        assert_eq!(plan_install_host(&ctx, b"exe").unwrap().changes(), 0);
+
+        // A machine's uninstall keeps the helper host mode calls.
+        let m: MachineName = "kube1".parse().unwrap();
+        let keep = plan_uninstall(&ctx, &m).unwrap();
+        let helper = keep.files.last().unwrap();
+        assert_eq!(
+            (helper.verb, helper.detail.as_str()),
+            (Verb::Keep, "still used by nspawn-lifecycle-host.service")
+        );
+
+        // An operator's own drop-in in kubelet's directory stays, and so does the directory.
+        let own = d
+            .path()
+            .join("etc/systemd/system/kubelet.service.d/10-own.conf");
+        std::fs::write(&own, "[Service]\n").unwrap();
+        let plan = plan_uninstall_host(&ctx).unwrap();
+        assert_eq!(plan.changes(), 7, "{}", plan.report(true, "-"));
+        plan.apply().unwrap();
+        assert!(own.is_file());
+        assert!(!unit.exists());
+        assert!(
+            !d.path()
+                .join("etc/systemd/system/containerd.service.d")
+                .exists()
+        );
+        assert!(!d.path().join("usr/local/lib/nspawn-lifecycle").exists());
+        assert_eq!(plan_uninstall_host(&ctx).unwrap().changes(), 0);
+
+        std::fs::write(&unit, "[Unit]\n").unwrap();
+        let err = plan_install_host(&ctx, b"exe").unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("was not written by install --host"));
+    }
+
     /// The plan is a value: what uninstall would do is read from it without running it.
     #[test]
     fn uninstall_plan_removes_directories_only_when_nothing_else_is_in_them() {
