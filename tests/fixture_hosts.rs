@@ -1278,3 +1278,24 @@ fn privileged_a_dropin_installed_for_other_gpus_is_refused_until_install() {
         assert_same_tree_except(&before, root, &[LOCKS], "a refused pre-start");
     }
 }
+
+/// Issue 15: `host plan` reads the same discovery, host settings and plan `host post-start`
+/// runs, and writes nothing: with GPUs the host steps (no driver root, `/dev/char` links only),
+/// the host's own lock and paths; without GPUs the cleanup; while the driver is incomplete the
+/// report and then exit 3. `host post-start` refuses a `--host-root` (exit 2).
+#[test]
+fn host_plan_reports_the_host_steps_and_writes_nothing() {
+    for (name, exit) in [("two-gpus", 0), ("cpu-only", 0), ("version-mismatch", 3)] {
+        let dir = host(name);
+        let before = snapshot(dir.path(), &[]);
+        let out = run(dir.path(), &["host", "plan"]);
+        assert_eq!(code(&out), exit, "{name}: {}", text(&out.stderr));
+        let shown = text(&out.stdout).replace(&dir.path().display().to_string(), "<host>");
+        golden(&format!("host-plan-{name}.txt"), &shown);
+        assert_same_tree(&before, &snapshot(dir.path(), &[]), "host plan");
+    }
+    let dir = host("two-gpus");
+    let out = run(dir.path(), &["host", "post-start"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--host-root"));
+}

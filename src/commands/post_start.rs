@@ -290,7 +290,11 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
         ));
     }
     let spec_path = format!("{}/{spec_file}", hc.cdi_dir);
+    let complete = check_complete(&inv).context("host plan");
     match (inv.complete_driver(), &spec) {
+        _ if complete.is_err() => out.push_str(
+            "NVIDIA state incomplete: host post-start refuses (exit 3) and changes nothing\n",
+        ),
         (Some(driver), Some(_)) => {
             out.push_str(&format!(
                 "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {spec_path} (hooks run {})\n\
@@ -303,14 +307,14 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
             ));
         }
         _ => out.push_str(&format!(
-            "no NVIDIA GPUs (or the driver is incomplete): remove our /dev/char links and \
+            "no NVIDIA GPUs: remove our /dev/char links and \
              {spec_path}; if the gate drop-ins are installed, release both and start \
              {} and {}\n",
             hc.containerd_unit, hc.kubelet_unit
         )),
     }
     print!("{out}");
-    check_complete(&inv).context("host plan")
+    complete
 }
 
 /// Run `target`'s plan over its root and systemd, and log what was wired.
