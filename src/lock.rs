@@ -106,12 +106,7 @@ impl Drop for CancelOnSignal {
 
 /// Take `machine`'s lock, waiting at most `timeout`.
 pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result<MachineLock> {
-    take(
-        host,
-        &format!("machine {machine}"),
-        &format!("{machine}.lock"),
-        timeout,
-    )
+    take(host, Some(machine), &format!("{machine}.lock"), timeout)
 }
 
 /// The lock file of host mode (issue 15), in the same directory as the machines' locks. No
@@ -121,12 +116,21 @@ pub const HOST_LOCK_NAME: &str = "host";
 
 /// Take host mode's lock ([`HOST_LOCK_NAME`]), waiting at most `timeout`.
 pub fn lock_host(host: &HostRoot, timeout: Duration) -> Result<MachineLock> {
-    take(host, "host mode", HOST_LOCK_NAME, timeout)
+    take(host, None, HOST_LOCK_NAME, timeout)
 }
 
-/// Take the lock file `name` of [`LOCK_DIR`]; `who` (`machine kube1`, `host mode`) starts every
-/// message.
-fn take(host: &HostRoot, who: &str, name: &str, timeout: Duration) -> Result<MachineLock> {
+/// Take the lock file `name` of [`LOCK_DIR`], `machine`'s or (`None`) host mode's, which starts
+/// every message (`machine kube1: …`, `host mode: …`).
+fn take(
+    host: &HostRoot,
+    machine: Option<&MachineName>,
+    name: &str,
+    timeout: Duration,
+) -> Result<MachineLock> {
+    let who = match machine {
+        Some(m) => format!("machine {m}"),
+        None => "host mode".to_owned(),
+    };
     let dir = crate::host_dir::open(host, LOCK_DIR, LOCK_DIR_MODE)
         .with_context(|| format!("{who}: lock directory"))?;
     let path = dir.path().join(name);
@@ -169,12 +173,14 @@ fn take(host: &HostRoot, who: &str, name: &str, timeout: Duration) -> Result<Mac
         }
         if !logged && (holder.is_some() || start.elapsed() >= NAME_HOLDER_GRACE) {
             let holder = Holder(holder);
-            let noun = if name == HOST_LOCK_NAME {
-                "host mode"
-            } else {
-                "machine"
-            };
-            tracing::info!(lock = %path.display(), %holder, "{who}: waiting for the {noun} lock");
+            match machine {
+                Some(machine) => {
+                    tracing::info!(%machine, lock = %path.display(), %holder, "waiting for the machine lock")
+                }
+                None => {
+                    tracing::info!(lock = %path.display(), %holder, "waiting for the host mode lock")
+                }
+            }
             logged = true;
         }
         std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
