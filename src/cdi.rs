@@ -195,6 +195,39 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
     Some(spec)
 }
 
+/// Host mode's spec (issue 15): [`spec`] for a driver installed on the host itself, whose driver
+/// root is `/` (NVIDIA's convention for a host driver): every driver file is bound from its real
+/// host path (the source of its bind in [`layout::driver_binds`], where a machine has the
+/// driver root `/run/nvidia/driver`), and the hooks run the helper at `hook` (its installed host
+/// path) instead of [`layout::HOOK_BINARY`], which exists only in a machine. Devices, edits,
+/// options and the CDI version are [`spec`]'s: one renderer for both. An error only if a driver
+/// path has no bind (a bug).
+pub fn spec_on_host(inv: &Inventory, kind: &str, hook: &str) -> anyhow::Result<Option<Spec>> {
+    let (Some(mut spec), Some(driver)) = (spec(inv, kind), inv.complete_driver()) else {
+        return Ok(None);
+    };
+    let binds = layout::driver_binds(driver)?;
+    for m in &mut spec.container_edits.mounts {
+        if m.kind.is_some() {
+            continue;
+        }
+        let host = binds.iter().find_map(|b| {
+            let rest = m.host_path.strip_prefix(b.target.as_str())?;
+            (rest.is_empty() || rest.starts_with('/')).then(|| format!("{}{rest}", b.source))
+        });
+        m.host_path = host.ok_or_else(|| {
+            anyhow::anyhow!(
+                "CDI mount source {} is not in any driver bind (a bug)",
+                m.host_path
+            )
+        })?;
+    }
+    for h in &mut spec.container_edits.hooks {
+        hook.clone_into(&mut h.path);
+    }
+    Ok(Some(spec))
+}
+
 /// One device per GPU name (index and UUID, each once, in index order) with the GPU's node and
 /// its DRI nodes, then `all` with every one of those nodes; `None` when no GPU has a node.
 fn gpu_devices(inv: &Inventory) -> Option<Vec<Device>> {

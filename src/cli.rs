@@ -36,6 +36,11 @@ pub enum Command {
     #[command(subcommand)]
     NspawnLifecycle(Phase),
 
+    /// Host mode: the same NVIDIA rewiring for a kubelet and containerd that run on the host
+    /// itself, not in a machine (see `install --host`).
+    #[command(subcommand)]
+    Host(HostCommand),
+
     /// Show what this host has right now: NVIDIA device nodes, GPUs, driver versions and files,
     /// /dev/kvm, and the verdict (none, complete, incomplete) that decides what the hooks do.
     Discover {
@@ -70,8 +75,16 @@ pub enum Command {
     /// Install or upgrade this helper for MACHINE in place: copy it to its stable path, write the
     /// unit drop-in and .nspawn file, migrate older layouts, reload systemd if a unit file changed.
     /// Never touches the machine's rootfs or running services.
+    ///
+    /// With --host instead of MACHINE: host mode's oneshot nspawn-lifecycle-host.service (runs
+    /// `host post-start` at every boot) and the unit gate drop-ins of the host's containerd and
+    /// kubelet.
     Install {
-        machine: MachineName,
+        #[arg(required_unless_present = "host")]
+        machine: Option<MachineName>,
+        /// Install host mode instead of a machine's hooks.
+        #[arg(long, conflicts_with_all = ["machine", "print_dropin"])]
+        host: bool,
         /// Report what would change without writing anything.
         #[arg(long)]
         dry_run: bool,
@@ -83,8 +96,14 @@ pub enum Command {
 
     /// Remove what install added for MACHINE (drop-in, rendered .nspawn file, and the helper copy
     /// once no machine uses it), then reload systemd. Leaves the rootfs and a running machine alone.
+    ///
+    /// With --host instead of MACHINE: remove host mode's unit and gate drop-ins.
     Uninstall {
-        machine: MachineName,
+        #[arg(required_unless_present = "host")]
+        machine: Option<MachineName>,
+        /// Uninstall host mode instead of a machine's hooks.
+        #[arg(long, conflicts_with = "machine")]
+        host: bool,
         /// Report what would be removed without removing anything.
         #[arg(long)]
         dry_run: bool,
@@ -134,6 +153,21 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         machine_root: PathBuf,
     },
+}
+
+/// Host mode (issue 15): post-start's sequence against the host's own root and systemd.
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// With NVIDIA GPUs: stop kubelet and containerd on the host, rebuild the /dev/char links,
+    /// run ldconfig if the host's cache lacks the driver, write the CDI spec into /var/run/cdi,
+    /// release containerd's gate and start it, import staged images, release kubelet's gate and
+    /// start it. Without GPUs: remove our /dev/char links and CDI spec. Exit 3 while NVIDIA
+    /// state is incomplete, 4 when host mode's lock is held too long.
+    PostStart,
+
+    /// Print what `host post-start` would do on this host now (paths, units, steps). Writes
+    /// nothing.
+    Plan,
 }
 
 /// The hooks of `cdi-hook` (see src/cdi_hook.rs). This shape is what CDI specs written by
@@ -245,6 +279,45 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("completions"), "{help}");
         assert!(!help.contains("manpages"), "{help}");
+    }
+
+    #[test]
+    fn install_and_uninstall_take_a_machine_or_host() {
+        let cli = Cli::try_parse_from(["x", "install", "--host", "--dry-run"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Install {
+                machine: None,
+                host: true,
+                dry_run: true,
+                ..
+            }
+        ));
+        let cli = Cli::try_parse_from(["x", "uninstall", "kube1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Uninstall { machine: Some(ref m), host: false, .. } if m.as_str() == "kube1"
+        ));
+        for bad in [
+            &["x", "install"][..],
+            &["x", "install", "kube1", "--host"],
+            &["x", "install", "--host", "--print-dropin"],
+            &["x", "uninstall"],
+            &["x", "uninstall", "kube1", "--host"],
+        ] {
+            assert_eq!(
+                Cli::try_parse_from(bad).unwrap_err().exit_code(),
+                2,
+                "{bad:?}"
+            );
+        }
+        for (word, post) in [("post-start", true), ("plan", false)] {
+            let cli = Cli::try_parse_from(["x", "host", word]).unwrap();
+            assert_eq!(
+                matches!(cli.command, Command::Host(HostCommand::PostStart)),
+                post
+            );
+        }
     }
 
     #[test]

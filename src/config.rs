@@ -30,6 +30,9 @@ struct File {
     defaults: Settings,
     #[serde(default)]
     machines: BTreeMap<String, Settings>,
+    /// Host mode (issue 15): its settings alone, `defaults` are the machines'.
+    #[serde(default)]
+    host: Settings,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -283,6 +286,7 @@ pub struct Config {
     helper_path: HostPath,
     defaults: Settings,
     machines: BTreeMap<String, Settings>,
+    host: Settings,
 }
 
 impl Default for Config {
@@ -291,6 +295,7 @@ impl Default for Config {
             helper_path: fixed(DEFAULT_HELPER_PATH),
             defaults: Settings::default(),
             machines: BTreeMap::new(),
+            host: Settings::default(),
         }
     }
 }
@@ -330,9 +335,11 @@ impl Config {
             helper_path,
             defaults: file.defaults,
             machines: file.machines,
+            host: file.host,
         };
         // Resolve every machine once so errors surface at load time, naming the key.
         cfg.settings_checked("defaults", &cfg.defaults)?;
+        cfg.host()?;
         let mut lists = Vec::new();
         for (name, s) in &cfg.machines {
             let merged = cfg.defaults.clone().overlay(s.clone());
@@ -375,6 +382,30 @@ impl Config {
     /// Stable path of the installed helper.
     pub fn helper_path(&self) -> &HostPath {
         &self.helper_path
+    }
+
+    /// Settings for host mode (issue 15): the `host` section over the built-in defaults (the
+    /// config's `defaults` are the machines'). Keys that only mean something for a machine
+    /// (its rootfs, binds, capabilities, share of the GPUs) are refused, naming the key: the
+    /// host has every GPU and is its own root.
+    pub fn host(&self) -> Result<MachineConfig> {
+        let h = &self.host;
+        for (set, key) in [
+            (h.directory.is_some(), "directory"),
+            (h.mounts.is_some(), "mounts"),
+            (h.drop_capabilities.is_some(), "dropCapabilities"),
+            (h.gpus.is_some(), "gpus"),
+            (h.require.is_some(), "require"),
+            (h.boot_timeout_seconds.is_some(), "bootTimeoutSeconds"),
+        ] {
+            if set {
+                return Err(bad_input(format!(
+                    "host.{key}: a machine setting; host mode works on the host itself, with \
+                     every GPU it has"
+                )));
+            }
+        }
+        self.settings_checked("host", h)
     }
 
     /// Settings for `machine`, checking that extra mount sources exist on the host.
@@ -713,6 +744,40 @@ mod tests {
         assert_eq!(cfg.helper_path(), DEFAULT_HELPER_PATH);
         assert_eq!(mc.import_max_images, 20);
         assert_eq!(mc.import_budget, Duration::from_secs(600));
+    }
+
+    /// Issue 15: host mode reads its own `host` section, never the machines' `defaults`, and
+    /// refuses a machine-only key at load time, naming it.
+    #[test]
+    fn host_mode_has_a_section_of_its_own() {
+        let cfg = Config::parse(
+            br#"{"defaults": {"kubeletUnit": "k3s.service", "gpus": "none"},
+                 "host": {"stagedImagesDir": "/srv/images", "jobTimeoutSeconds": 7}}"#,
+        )
+        .unwrap();
+        let hc = cfg.host().unwrap();
+        assert_eq!(hc.kubelet_unit, "kubelet.service");
+        assert_eq!(hc.staged_images_dir, "/srv/images");
+        assert_eq!(hc.cdi_dir, "/var/run/cdi");
+        assert_eq!(hc.job_timeout, Duration::from_secs(7));
+        assert_eq!(hc.gpus, Gpus::All);
+        assert_eq!(
+            Config::default().host().unwrap().staged_images_dir,
+            "/var/lib/nspawn-lifecycle/images"
+        );
+        for key in [
+            r#""gpus": "none""#,
+            r#""directory": "/x""#,
+            r#""mounts": []"#,
+        ] {
+            let text = format!(r#"{{"host": {{{key}}}}}"#);
+            let err = Config::parse(text.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{key}");
+            let name = key.split('"').nth(1).unwrap();
+            assert!(format!("{err:#}").contains(&format!("host.{name}: a machine setting")));
+        }
+        let err = Config::parse(br#"{"host": {"cdiDir": "relative"}}"#).unwrap_err();
+        assert!(format!("{err:#}").contains("host.cdiDir"), "{err:#}");
     }
 
     /// The import bounds: defaults keep a start inside the drop-in's `TimeoutStartSec=30min`

@@ -58,6 +58,20 @@ pub fn dropin(unit: &UnitName) -> MachinePath {
         .expect("a unit name holds no '/', control character or space, so the path is valid")
 }
 
+/// Host mode (issue 15): where `install --host` puts the same drop-in ([`CONTENT`]) for the
+/// host's own `unit`, persistent in the host's unit directory. Its markers are the host's
+/// [`marker`]s, in the host's `/run` (a tmpfs): after every reboot the host's containerd and
+/// kubelet wait for `host post-start` again, so neither starts against the spec of a driver
+/// that was replaced before the reboot.
+pub fn host_dropin(unit: &UnitName) -> MachinePath {
+    format!(
+        "{}/{unit}.d/50-nspawn-lifecycle-gate.conf",
+        crate::units::UNIT_DIR
+    )
+    .parse()
+    .expect("a unit name holds no '/', control character or space, so the path is valid")
+}
+
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
 pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
     let dir = Path::new(HOST_FILE)

@@ -256,6 +256,21 @@ impl HostRoot {
             .with_context(|| format!("removing {}", self.path(abs).display()))
     }
 
+    /// Make `abs` a symlink to `target`, atomically (a temp link renamed over it), creating its
+    /// missing parent directories (`0o755`).
+    pub fn symlink(&self, abs: impl AsRef<Path>, target: &str) -> Result<()> {
+        let abs = abs.as_ref();
+        let (parent, name) = split(abs)?;
+        let dir = self.create_dir_all(parent, 0o755)?;
+        let tmp = format!(".{name}.tmp");
+        crate::atomic::remove_at(&dir, &tmp)
+            .with_context(|| format!("removing {}", self.path(parent).join(&tmp).display()))?;
+        nix::unistd::symlinkat(target, &dir, tmp.as_str())
+            .with_context(|| format!("linking {} to {target}", self.path(abs).display()))?;
+        nix::fcntl::renameat(&dir, tmp.as_str(), &dir, name)
+            .with_context(|| format!("renaming to {}", self.path(abs).display()))
+    }
+
     /// Remove the empty directory `abs` (`rmdir`).
     pub fn remove_dir(&self, abs: impl AsRef<Path>) -> io::Result<()> {
         let (parent, name) = split(abs.as_ref())

@@ -18,6 +18,7 @@ pub mod fixture;
 pub mod gate;
 pub mod host;
 pub mod host_dir;
+pub mod host_unit;
 pub mod image;
 pub mod layout;
 pub mod ldcache;

@@ -106,12 +106,36 @@ impl Drop for CancelOnSignal {
 
 /// Take `machine`'s lock, waiting at most `timeout`.
 pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result<MachineLock> {
+    take(host, Some(machine), &format!("{machine}.lock"), timeout)
+}
+
+/// The lock file of host mode (issue 15), in the same directory as the machines' locks. No
+/// `.lock` suffix, so no machine name can ever be it: host mode and every machine's hooks hold
+/// locks of their own and never wait for each other.
+pub const HOST_LOCK_NAME: &str = "host";
+
+/// Take host mode's lock ([`HOST_LOCK_NAME`]), waiting at most `timeout`.
+pub fn lock_host(host: &HostRoot, timeout: Duration) -> Result<MachineLock> {
+    take(host, None, HOST_LOCK_NAME, timeout)
+}
+
+/// Take the lock file `name` of [`LOCK_DIR`], `machine`'s or (`None`) host mode's, which starts
+/// every message (`machine kube1: …`, `host mode: …`).
+fn take(
+    host: &HostRoot,
+    machine: Option<&MachineName>,
+    name: &str,
+    timeout: Duration,
+) -> Result<MachineLock> {
+    let who = match machine {
+        Some(m) => format!("machine {m}"),
+        None => "host mode".to_owned(),
+    };
     let dir = crate::host_dir::open(host, LOCK_DIR, LOCK_DIR_MODE)
-        .with_context(|| format!("machine {machine}: lock directory"))?;
-    let name = format!("{machine}.lock");
-    let path = dir.path().join(&name);
-    let file = open_lock_file(dir.fd(), &name, &path)
-        .with_context(|| format!("machine {machine}: lock file"))?;
+        .with_context(|| format!("{who}: lock directory"))?;
+    let path = dir.path().join(name);
+    let file =
+        open_lock_file(dir.fd(), name, &path).with_context(|| format!("{who}: lock file"))?;
     let _signals = CancelOnSignal::install()?;
     let start = Instant::now();
     let mut file = file;
@@ -130,7 +154,7 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
             return Err(classified(
                 Kind::Lock,
                 format!(
-                    "machine {machine}: interrupted while waiting for lock {} (held by {})",
+                    "{who}: interrupted while waiting for lock {} (held by {})",
                     path.display(),
                     Holder(holder)
                 ),
@@ -140,7 +164,7 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
             return Err(classified(
                 Kind::Lock,
                 format!(
-                    "machine {machine}: lock {} still held by {} after {}s",
+                    "{who}: lock {} still held by {} after {}s",
                     path.display(),
                     Holder(holder),
                     timeout.as_secs_f32()
@@ -149,7 +173,14 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
         }
         if !logged && (holder.is_some() || start.elapsed() >= NAME_HOLDER_GRACE) {
             let holder = Holder(holder);
-            tracing::info!(%machine, lock = %path.display(), %holder, "waiting for the machine lock");
+            match machine {
+                Some(machine) => {
+                    tracing::info!(%machine, lock = %path.display(), %holder, "waiting for the machine lock")
+                }
+                None => {
+                    tracing::info!(lock = %path.display(), %holder, "waiting for the host mode lock")
+                }
+            }
             logged = true;
         }
         std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
@@ -230,6 +261,27 @@ impl std::fmt::Display for Holder {
 mod tests {
     use super::*;
     use crate::error::exit_code;
+
+    /// Issue 15: host mode's lock is its own file, which no machine's lock can be (not even a
+    /// machine named `host`), and a second host mode waits for the first.
+    #[test]
+    fn host_mode_has_a_lock_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let held = lock_host(&host, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            held.path(),
+            dir.path().join("run/nspawn-lifecycle/locks/host")
+        );
+        let m = lock(&host, &"host".parse().unwrap(), Duration::from_millis(50)).unwrap();
+        assert_ne!(m.path(), held.path());
+        let err = lock_host(&host, Duration::from_millis(120)).unwrap_err();
+        assert_eq!(exit_code(&err), 4);
+        let msg = format!("{err:#}");
+        assert!(msg.starts_with("host mode: lock "), "{msg}");
+        drop(held);
+        lock_host(&host, Duration::from_millis(50)).unwrap();
+    }
 
     #[test]
     fn same_machine_waits_then_times_out_naming_the_holder() {

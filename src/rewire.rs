@@ -535,7 +535,21 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
         .map(desired_lib_links)
         .unwrap_or_default();
     sync_all_lib_links(root, &desired, &mut report)?;
+    dev_char_links(root, inv, &mut report)?;
+    Ok(report)
+}
 
+/// Host mode (issue 15): the host's driver is installed at its standard paths (driver root `/`),
+/// so its library links are the driver installer's and `ldconfig`'s, never ours; only the
+/// `/dev/char/<major>:<minor>` links are made (stale NVIDIA ones removed), as in a machine.
+pub fn rebuild_dev_char(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
+    let mut report = Report::new("/dev/char links");
+    dev_char_links(root, inv, &mut report)?;
+    Ok(report)
+}
+
+/// `/dev/char/<major>:<minor>` for every NVIDIA node of `inv`; stale NVIDIA ones removed.
+fn dev_char_links(root: &MachineRoot, inv: &Inventory, report: &mut Report) -> Result<()> {
     let dev_char = root.create_dir_all(DEV_CHAR, DIR_MODE)?;
     let mut wanted = BTreeMap::new();
     for d in &inv.devices {
@@ -545,8 +559,7 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
                 .or_insert_with(|| d.path.to_string());
         }
     }
-    sync_dev_char(&dev_char, &wanted, &mut report)?;
-    Ok(report)
+    sync_dev_char(&dev_char, &wanted, report)
 }
 
 /// Whether the report of [`rebuild_links`] changed a library link (anything outside
@@ -757,9 +770,28 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
     }
 
     sync_all_lib_links(root, &BTreeMap::new(), &mut report)?;
+    cleanup_dev_char_and_cdi(root, cdi_dir, cdi_file_name, &mut report)?;
+    Ok(report)
+}
 
+/// Host mode's [`cleanup`] (issue 15): our NVIDIA `/dev/char` links and our CDI spec. Nothing of
+/// the driver: the host's is its installer's, and a `/run/nvidia/driver` on the host is someone
+/// else's (the GPU operator's driver container), never ours.
+pub fn cleanup_host(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result<Report> {
+    let mut report = Report::new("cleanup");
+    check_spec_name(cdi_file_name)?;
+    cleanup_dev_char_and_cdi(root, cdi_dir, cdi_file_name, &mut report)?;
+    Ok(report)
+}
+
+fn cleanup_dev_char_and_cdi(
+    root: &MachineRoot,
+    cdi_dir: &str,
+    cdi_file_name: &str,
+    report: &mut Report,
+) -> Result<()> {
     if let Some(dev_char) = open_dir_if_dir(root, DEV_CHAR)? {
-        sync_dev_char(&dev_char, &BTreeMap::new(), &mut report)?;
+        sync_dev_char(&dev_char, &BTreeMap::new(), report)?;
     }
 
     if let Some(d) = open_dir_if_dir(root, cdi_dir)? {
@@ -779,7 +811,7 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
         }
         d.sync()?;
     }
-    Ok(report)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1255,3 +1255,64 @@ fn a_share_of_the_gpus_lists_exactly_them_and_follows_renumbering() {
         check_golden(case, &text);
     }
 }
+
+/// Issue 15: host mode's spec (driver root `/`) is the machine's with every driver file bound
+/// from its real host path and the hooks run by the installed helper: it passes the same
+/// schema, strict loader, injection, 0.5.x rules and library reading, names no path of a
+/// machine's driver root, and is pinned by a golden file.
+#[test]
+fn host_mode_specs_pass_the_same_checks_with_host_paths() {
+    let head = schema(".");
+    let v052 = schema("v0.5.2");
+    let helper = "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper";
+    for (case, inv) in cases() {
+        let spec = cdi::spec_on_host(&inv, KIND, helper).unwrap().unwrap();
+        let text = cdi::render(&spec);
+        let doc: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(schema_errors(&head, &doc), Vec::<String>::new(), "{case}");
+        assert_eq!(schema_errors(&v052, &doc), Vec::<String>::new(), "{case}");
+        check_cdi_05x(&doc).unwrap_or_else(|e| panic!("{case}: CDI 0.5.x: {e}"));
+        strict_load(&text).unwrap_or_else(|e| panic!("{case}: strict load: {e}"));
+        library_reads_what_was_written(&text).unwrap_or_else(|e| panic!("{case}: {e}"));
+        inject(&text, &[format!("{KIND}=all")]).unwrap_or_else(|e| panic!("{case}: {e}"));
+
+        let machine = cdi::spec(&inv, KIND).unwrap();
+        assert_eq!(spec.devices, machine.devices, "{case}: the same devices");
+        assert_eq!(spec.cdi_version, machine.cdi_version, "{case}");
+        let driver = inv.driver.as_ref().unwrap();
+        let mut host_files: BTreeSet<String> = BTreeSet::new();
+        for d in &driver.lib_dirs {
+            host_files.extend(d.files.iter().map(|f| format!("{}/{}", d.path, f.name)));
+        }
+        host_files.extend(driver.binaries.iter().map(|b| b.to_string()));
+        let dirs: Vec<String> = driver.sockets.iter().map(|s| s.to_string()).collect();
+        let mounts = &spec.container_edits.mounts;
+        assert_eq!(mounts.len(), machine.container_edits.mounts.len(), "{case}");
+        for (m, mm) in mounts.iter().zip(&machine.container_edits.mounts) {
+            assert_eq!(
+                (&m.container_path, &m.options, &m.kind),
+                (&mm.container_path, &mm.options, &mm.kind),
+                "{case}"
+            );
+            if m.kind.is_some() {
+                continue;
+            }
+            assert!(
+                !m.host_path.starts_with("/run/nvidia/driver"),
+                "{case}: {m:?}"
+            );
+            let known = host_files.contains(&m.host_path)
+                || dirs
+                    .iter()
+                    .any(|d| m.host_path.starts_with(&format!("{d}/")))
+                || driver.firmware.as_ref().is_some_and(|f| *f == m.host_path);
+            assert!(known, "{case}: {} is no host driver file", m.host_path);
+        }
+        for h in &spec.container_edits.hooks {
+            assert_eq!(h.path, helper, "{case}");
+        }
+        if case == "2gpu-drm" {
+            check_golden("host-2gpu-drm", &text);
+        }
+    }
+}

@@ -1278,3 +1278,121 @@ fn privileged_a_dropin_installed_for_other_gpus_is_refused_until_install() {
         assert_same_tree_except(&before, root, &[LOCKS], "a refused pre-start");
     }
 }
+
+/// Issue 15: `host plan` reads the same discovery, host settings and plan `host post-start`
+/// runs, and writes nothing: with GPUs the host steps (no driver root, `/dev/char` links only),
+/// the host's own lock and paths; without GPUs the cleanup; while the driver is incomplete the
+/// report and then exit 3. `host post-start` refuses a `--host-root` (exit 2).
+#[test]
+fn host_plan_reports_the_host_steps_and_writes_nothing() {
+    for (name, exit) in [("two-gpus", 0), ("cpu-only", 0), ("version-mismatch", 3)] {
+        let dir = host(name);
+        let before = snapshot(dir.path(), &[]);
+        let out = run(dir.path(), &["host", "plan"]);
+        assert_eq!(code(&out), exit, "{name}: {}", text(&out.stderr));
+        let shown = text(&out.stdout).replace(&dir.path().display().to_string(), "<host>");
+        golden(&format!("host-plan-{name}.txt"), &shown);
+        assert_same_tree(&before, &snapshot(dir.path(), &[]), "host plan");
+    }
+    let dir = host("two-gpus");
+    let out = run(dir.path(), &["host", "post-start"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--host-root"));
+}
+
+/// Services that must not be reached: the host file steps never call systemd.
+struct NoSystemd;
+
+impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
+    fn stop(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("stop {unit}")
+    }
+    fn start(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("start {unit}")
+    }
+    fn is_active(&self, unit: &str) -> anyhow::Result<bool> {
+        panic!("is-active {unit}")
+    }
+    fn run(
+        &self,
+        _: &str,
+        argv: &[&str],
+        _: Option<std::os::fd::BorrowedFd<'_>>,
+        _: std::time::Duration,
+    ) -> anyhow::Result<nspawn_lifecycle::systemd::TransientOutcome> {
+        panic!("run {argv:?}")
+    }
+}
+
+/// Issue 15: host mode's real file steps on a host tree (the example two-gpus host as `/`):
+/// `/dev/char` links to the host's NVIDIA nodes, the host spec in `/var/run/cdi` with host
+/// paths, containerd's gate marker in the host's `/run`; the host's driver files and library
+/// links untouched; then the no-GPU cleanup removes exactly the links and the spec.
+#[test]
+fn host_file_steps_wire_and_clean_a_host_tree() {
+    use nspawn_lifecycle::commands::post_start::{FileStep, Wiring, Work as _};
+    use nspawn_lifecycle::{cdi, config, discovery, failpoint, host, machine_root, rewire};
+    let dir = host("two-gpus");
+    let hroot = host::HostRoot::new(dir.path());
+    let hc = config::Config::default().host().unwrap();
+    let inv = discovery::discover(&hroot).unwrap();
+    let helper = config::DEFAULT_HELPER_PATH;
+    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, helper)
+        .unwrap()
+        .unwrap();
+    let json = cdi::render(&spec);
+    let root = machine_root::MachineRoot::open(dir.path()).unwrap();
+    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
+    let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
+    let libs_before = snapshot(&libs, &[]);
+    let wiring = Wiring {
+        machine: "the host",
+        mc: &hc,
+        host: &hroot,
+        root: &root,
+        inv: &inv,
+        spec_file: &spec_file,
+        json: json.as_bytes(),
+        services: &NoSystemd,
+    };
+    let links = wiring.file(FileStep::DevChar).unwrap();
+    assert!(!links.library_links_changed, "{}", links.line);
+    for d in inv
+        .devices
+        .iter()
+        .filter(|d| d.path.starts_with("/dev/nvidia"))
+    {
+        let link = dir.path().join(format!("dev/char/{}:{}", d.major, d.minor));
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new(d.path.as_str())
+        );
+    }
+    // The host's ld.so.cache lists the driver already: no ldconfig (NoSystemd would panic).
+    let ld = wiring.ldconfig(links.library_links_changed).unwrap();
+    assert!(ld.starts_with("ldconfig: not needed"), "{ld}");
+    wiring.file(FileStep::Cdi).unwrap();
+    let written = dir.path().join("var/run/cdi").join(&spec_file);
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), json);
+    assert!(!json.contains("/run/nvidia/driver"));
+    wiring
+        .release(
+            &hc.containerd_unit,
+            failpoint::Point::PostStartMidGateRelease,
+        )
+        .unwrap();
+    assert!(
+        dir.path()
+            .join("run/nspawn-lifecycle/released/containerd.service")
+            .is_file()
+    );
+    assert_same_tree(&libs_before, &snapshot(&libs, &[]), "host library dir");
+
+    let report = rewire::cleanup_host(&root, &hc.cdi_dir, &spec_file).unwrap();
+    assert!(!written.exists(), "{report}");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("dev/char"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{report}");
+    assert_same_tree(&libs_before, &snapshot(&libs, &[]), "host library dir");
+}

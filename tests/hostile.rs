@@ -350,7 +350,7 @@ fn machine_config() -> MachineConfig {
 /// the machine's own (its bytes start with "machine"), never a host decoy.
 fn import_step(root: &MachineRoot, mc: &MachineConfig) -> anyhow::Result<(usize, usize)> {
     let ctr = Ctr::default();
-    let r = post_start::import_images(&"kube1".parse().unwrap(), root, mc, &ctr);
+    let r = post_start::import_images("kube1", root, mc, &ctr);
     for bytes in ctr.read.borrow().iter() {
         assert!(bytes.starts_with("machine"), "ctr read {bytes:?}");
     }

@@ -90,6 +90,8 @@ enum Op {
     },
     Remove,
     RemoveDir,
+    /// A symlink to this target (replacing whatever link was there).
+    Symlink(String),
     /// A directory and everything in it, never following a link (src/driver_tree.rs).
     RemoveTree,
 }
@@ -108,7 +110,8 @@ struct FileLine {
 #[derive(Debug)]
 struct Plan {
     command: &'static str,
-    machine: MachineName,
+    /// The machine, or `--host`.
+    subject: String,
     files: Vec<FileLine>,
     warnings: Vec<String>,
 }
@@ -135,10 +138,10 @@ impl FileLine {
 }
 
 impl Plan {
-    fn new(command: &'static str, machine: &MachineName) -> Plan {
+    fn new(command: &'static str, subject: &str) -> Plan {
         Plan {
             command,
-            machine: machine.clone(),
+            subject: subject.to_owned(),
             files: Vec::new(),
             warnings: Vec::new(),
         }
@@ -166,6 +169,7 @@ impl Plan {
                     // driver_tree takes a joined path; it opens it component by component.
                     crate::driver_tree::remove_path(&host.path(&f.shown))?;
                 }
+                Some(Op::Symlink(target)) => host.symlink(&f.shown, target)?,
                 Some(Op::RemoveDir) => match host.remove_dir(&f.shown) {
                     Ok(()) => {}
                     // Something appeared meanwhile: it is not ours to remove.
@@ -208,7 +212,7 @@ impl Plan {
                 if n == 1 { "" } else { "s" }
             ),
         };
-        s.push_str(&format!("{} {}: {what}\n", self.command, self.machine));
+        s.push_str(&format!("{} {}: {what}\n", self.command, self.subject));
         s
     }
 }
@@ -311,7 +315,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     // `-U` start is bad input, refused before anything is written.
     crate::image::require(host, machine, &mc)?;
     let helper = ctx.config.helper_path();
-    let mut plan = Plan::new("install", machine);
+    let mut plan = Plan::new("install", machine.as_str());
     plan.files.push(helper_copy(host, helper, exe)?);
     plan.files.push(nspawn_render(ctx, machine, &mc)?);
     plan.files
@@ -518,7 +522,7 @@ fn overlap_warnings(host: &HostRoot, machine: &MachineName) -> Result<Vec<String
 /// `uninstall`'s plan: our drop-in away, the `.nspawn` file without GPU binds, the helper away
 /// when no machine uses it any more. Files install did not write are left alone with a warning.
 fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
-    let mut plan = Plan::new("uninstall", machine);
+    let mut plan = Plan::new("uninstall", machine.as_str());
     let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
     uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
     helper_removal(ctx, machine, &mut plan)?;
@@ -612,12 +616,17 @@ fn uninstalled_nspawn(
 
 /// The helper and the directory install made for it, unless another machine's hooks call it.
 fn helper_removal(ctx: &Ctx, machine: &MachineName, plan: &mut Plan) -> Result<()> {
+    helper_removal_except(ctx, &dropin_path(machine), plan)
+}
+
+/// [`helper_removal`] once the unit file `except` (being removed) no longer calls it.
+fn helper_removal_except(ctx: &Ctx, except: &str, plan: &mut Plan) -> Result<()> {
     let host = &ctx.host;
     let helper = ctx.config.helper_path().to_string();
     if !host.exists(&helper) {
         return Ok(());
     }
-    let users = helper_users(ctx, &helper, &dropin_path(machine))?;
+    let users = helper_users(ctx, &helper, except)?;
     if !users.is_empty() {
         let detail = format!("still used by {}", users.join(", "));
         plan.files.push(FileLine::new(&helper, Verb::Keep, detail));
@@ -663,6 +672,15 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
             return Err(e).with_context(|| format!("listing {}", host.path(UNIT_DIR).display()));
         }
     };
+    // Host mode's unit (issue 15) calls it too.
+    let host_unit = crate::host_unit::unit_path();
+    if host_unit != except
+        && host
+            .read(&host_unit)
+            .is_ok_and(|t| String::from_utf8_lossy(&t).contains(&needle))
+    {
+        users.push(crate::host_unit::UNIT.to_owned());
+    }
     let mut dirs: Vec<_> = entries
         .into_iter()
         .map(|(name, _)| name.to_string_lossy().into_owned())
@@ -701,7 +719,7 @@ pub struct HostSystemd<'a> {
 /// plan made again under it) when something will be written.
 fn execute(
     ctx: &Ctx,
-    machine: &MachineName,
+    subject: &Subject<'_>,
     dry_run: bool,
     systemd: &HostSystemd<'_>,
     make_plan: &dyn Fn() -> Result<Plan>,
@@ -709,14 +727,22 @@ fn execute(
     let mut plan = make_plan()?;
     let mut _lock = None;
     if !dry_run && plan.changes() > 0 {
-        let timeout = ctx.config.machine(&ctx.host, machine)?.lock_timeout;
-        _lock = Some(lock::lock(&ctx.host, machine, timeout)?);
+        _lock = Some(match subject {
+            Subject::Machine(machine) => {
+                let timeout = ctx.config.machine(&ctx.host, machine)?.lock_timeout;
+                lock::lock(&ctx.host, machine, timeout)?
+            }
+            Subject::Host => lock::lock_host(&ctx.host, ctx.config.host()?.lock_timeout)?,
+        });
         plan = make_plan()?;
     }
     let mut reload_needed = plan.needs_reload();
     let mut owed = "";
     if !reload_needed && ctx.host.is_real_root() {
-        let unit = unit_name(machine);
+        let unit = match subject {
+            Subject::Machine(machine) => unit_name(machine),
+            Subject::Host => crate::host_unit::UNIT.to_owned(),
+        };
         match (systemd.pending)(&unit) {
             Ok(p) => {
                 reload_needed = p;
@@ -754,6 +780,140 @@ fn execute(
     }
 }
 
+/// What install or uninstall works on: a machine's hooks, or host mode's units.
+enum Subject<'a> {
+    Machine(&'a MachineName),
+    Host,
+}
+
+/// `install --host`'s plan (issue 15): the helper, the gate drop-ins of the host's containerd
+/// and kubelet, then the oneshot and its enabling link: a run killed in between leaves units
+/// gated by a unit that exists or none, never a unit calling a helper that is not there. A file
+/// at one of these paths that install did not write is bad input (exit 2): it is the
+/// operator's, and ours would replace it.
+fn plan_install_host(ctx: &Ctx, exe: &[u8]) -> Result<Plan> {
+    use crate::host_unit;
+    let host = &ctx.host;
+    let hc = ctx.config.host()?;
+    let helper = ctx.config.helper_path();
+    let mut plan = Plan::new("install", "--host");
+    plan.files.push(helper_copy(host, helper, exe)?);
+    let mut files = Vec::new();
+    for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
+        let shown = crate::gate::host_dropin(unit).to_string();
+        files.push((
+            shown,
+            host_unit::gate_dropin(unit),
+            Point::InstallMidDropinWrite,
+        ));
+    }
+    files.push((
+        host_unit::unit_path(),
+        host_unit::unit(helper),
+        Point::InstallMidDropinWrite,
+    ));
+    for (shown, text, point) in files {
+        if let Some(old) = read_optional(host, &shown)?
+            && !old.starts_with(host_unit::HEADER.as_bytes())
+        {
+            return Err(bad_input(format!(
+                "{shown} exists and was not written by install --host; move it away first"
+            )));
+        }
+        plan.files.push(write_line(
+            host,
+            &shown,
+            text.into_bytes(),
+            0o644,
+            true,
+            point,
+            |old| {
+                if old.is_some() {
+                    "rewritten".into()
+                } else {
+                    String::new()
+                }
+            },
+        )?);
+    }
+    let link = host_unit::wants_link();
+    let target = host_unit::unit_path();
+    let current = host.read_link(&link).ok();
+    let mut line = FileLine::new(&link, Verb::Unchanged, String::new());
+    if current.as_deref() != Some(Path::new(&target)) {
+        line.verb = if current.is_some() {
+            Verb::Update
+        } else {
+            Verb::Create
+        };
+        line.detail = format!("enables {} in {}", host_unit::UNIT, host_unit::WANTED_BY);
+        line.op = Some(Op::Symlink(target));
+        line.unit_file = true;
+    }
+    plan.files.push(line);
+    Ok(plan)
+}
+
+/// `uninstall --host`'s plan: the enabling link, the oneshot and the gate drop-ins that install
+/// wrote (their directories when nothing else is in them), and the helper when no machine uses
+/// it. A file there that install did not write is left alone with a warning.
+fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
+    use crate::host_unit;
+    let host = &ctx.host;
+    let hc = ctx.config.host()?;
+    let mut plan = Plan::new("uninstall", "--host");
+    let link = host_unit::wants_link();
+    if host.read_link(&link).is_ok_and(|t| t == Path::new(&host_unit::unit_path())) {
+        plan.files.push(FileLine {
+            unit_file: true,
+            ..FileLine::removing(&link, "")
+        });
+    }
+    let mut shown = vec![host_unit::unit_path()];
+    for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
+        shown.push(crate::gate::host_dropin(unit).to_string());
+    }
+    for file in shown {
+        match read_optional(host, &file)? {
+            Some(b) if b.starts_with(host_unit::HEADER.as_bytes()) => {
+                plan.files.push(FileLine {
+                    unit_file: true,
+                    ..FileLine::removing(&file, "")
+                });
+                let (dir, name) = file.rsplit_once('/').unwrap_or(("/", &file));
+                if dir != UNIT_DIR {
+                    plan.files
+                        .extend(remove_dir_if_only(host, dir, std::ffi::OsStr::new(name)));
+                }
+            }
+            Some(_) => plan.warnings.push(format!(
+                "{file} was not written by install --host; left alone"
+            )),
+            None => {}
+        }
+    }
+    helper_removal_except(ctx, &host_unit::unit_path(), &mut plan)?;
+    Ok(plan)
+}
+
+/// `install --host`: see [`plan_install_host`].
+pub fn install_host(ctx: &Ctx, dry_run: bool, systemd: &HostSystemd<'_>) -> Result<()> {
+    let exe =
+        std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
+    execute(ctx, &Subject::Host, dry_run, systemd, &|| {
+        plan_install_host(ctx, &exe)
+    })
+    .context("install --host")
+}
+
+/// `uninstall --host`: see [`plan_uninstall_host`].
+pub fn uninstall_host(ctx: &Ctx, dry_run: bool, systemd: &HostSystemd<'_>) -> Result<()> {
+    execute(ctx, &Subject::Host, dry_run, systemd, &|| {
+        plan_uninstall_host(ctx)
+    })
+    .context("uninstall --host")
+}
+
 /// `install <MACHINE>`: see the module docs and DESIGN §1.
 pub fn install(
     ctx: &Ctx,
@@ -763,7 +923,7 @@ pub fn install(
 ) -> Result<()> {
     let exe =
         std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
-    execute(ctx, machine, dry_run, systemd, &|| {
+    execute(ctx, &Subject::Machine(machine), dry_run, systemd, &|| {
         plan_install(ctx, machine, &exe)
     })
     .with_context(|| format!("install of {machine}"))
@@ -788,7 +948,7 @@ pub fn uninstall(
     dry_run: bool,
     systemd: &HostSystemd<'_>,
 ) -> Result<()> {
-    execute(ctx, machine, dry_run, systemd, &|| {
+    execute(ctx, &Subject::Machine(machine), dry_run, systemd, &|| {
         plan_uninstall(ctx, machine)
     })
     .with_context(|| format!("uninstall of {machine}"))
@@ -808,6 +968,79 @@ mod tests {
         let host = HostRoot::new(dir.path());
         let config = crate::config::Config::load(&host, None).unwrap();
         (dir, Ctx { host, config })
+    }
+
+    /// Issue 15: install --host writes the helper, both gate drop-ins, the oneshot and its
+    /// enabling link; a second run changes nothing; uninstall --host takes away exactly those
+    /// (and empty drop-in directories); a file of the operator's at one of the paths is refused.
+    #[test]
+    fn install_host_writes_the_units_and_uninstall_host_removes_them() {
+        let (d, ctx) = host_with(&[]);
+        let plan = plan_install_host(&ctx, b"exe").unwrap();
+        let lines: Vec<_> = plan.report(true, "-").lines().map(str::to_owned).collect();
+        assert_eq!(
+            lines,
+            [
+                "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper: would create (copy of the running helper, 3 bytes)",
+                "/etc/systemd/system/containerd.service.d/50-nspawn-lifecycle-gate.conf: would create",
+                "/etc/systemd/system/kubelet.service.d/50-nspawn-lifecycle-gate.conf: would create",
+                "/etc/systemd/system/nspawn-lifecycle-host.service: would create",
+                "/etc/systemd/system/multi-user.target.wants/nspawn-lifecycle-host.service: would create (enables nspawn-lifecycle-host.service in multi-user.target)",
+                "systemd: -",
+                "install --host: dry run, nothing written; 5 files would change",
+            ]
+        );
+        assert!(plan.needs_reload());
+        plan.apply(&ctx.host).unwrap();
+        let unit = d
+            .path()
+            .join("etc/systemd/system/nspawn-lifecycle-host.service");
+        assert_eq!(
+            std::fs::read_to_string(&unit).unwrap(),
+            crate::host_unit::unit(ctx.config.helper_path())
+        );
+        assert_eq!(
+            std::fs::read_link(
+                d.path().join(
+                    "etc/systemd/system/multi-user.target.wants/nspawn-lifecycle-host.service"
+                )
+            )
+            .unwrap(),
+            Path::new("/etc/systemd/system/nspawn-lifecycle-host.service")
+        );
+        assert_eq!(plan_install_host(&ctx, b"exe").unwrap().changes(), 0);
+
+        // A machine's uninstall keeps the helper host mode calls.
+        let m: MachineName = "kube1".parse().unwrap();
+        let keep = plan_uninstall(&ctx, &m).unwrap();
+        let helper = keep.files.last().unwrap();
+        assert_eq!(
+            (helper.verb, helper.detail.as_str()),
+            (Verb::Keep, "still used by nspawn-lifecycle-host.service")
+        );
+
+        // An operator's own drop-in in kubelet's directory stays, and so does the directory.
+        let own = d
+            .path()
+            .join("etc/systemd/system/kubelet.service.d/10-own.conf");
+        std::fs::write(&own, "[Service]\n").unwrap();
+        let plan = plan_uninstall_host(&ctx).unwrap();
+        assert_eq!(plan.changes(), 7, "{}", plan.report(true, "-"));
+        plan.apply(&ctx.host).unwrap();
+        assert!(own.is_file());
+        assert!(!unit.exists());
+        assert!(
+            !d.path()
+                .join("etc/systemd/system/containerd.service.d")
+                .exists()
+        );
+        assert!(!d.path().join("usr/local/lib/nspawn-lifecycle").exists());
+        assert_eq!(plan_uninstall_host(&ctx).unwrap().changes(), 0);
+
+        std::fs::write(&unit, "[Unit]\n").unwrap();
+        let err = plan_install_host(&ctx, b"exe").unwrap_err();
+        assert_eq!(crate::error::exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("was not written by install --host"));
     }
 
     /// The plan is a value: what uninstall would do is read from it without running it.

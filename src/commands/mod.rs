@@ -11,7 +11,7 @@ pub mod reconcile;
 pub mod status;
 
 use crate::Ctx;
-use crate::cli::{Cli, Command, Phase};
+use crate::cli::{Cli, Command, HostCommand, Phase};
 use anyhow::Result;
 
 /// Run one parsed command line and give the process exit code on success: 0, or for `status`
@@ -77,16 +77,10 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json } => discover::discover(&ctx, json),
         Command::Plan { machine } => plan::plan(&ctx, &machine),
-        Command::Install {
-            machine,
-            print_dropin: true,
-            ..
-        } => install::print_dropin(&ctx, &machine),
-        Command::Install {
-            machine, dry_run, ..
-        } => install::install(&ctx, &machine, dry_run, &HOST_SYSTEMD),
-        Command::Uninstall { machine, dry_run } => {
-            install::uninstall(&ctx, &machine, dry_run, &HOST_SYSTEMD)
+        Command::Host(HostCommand::PostStart) => post_start::host_post_start(&ctx),
+        Command::Host(HostCommand::Plan) => post_start::host_plan(&ctx),
+        command @ (Command::Install { .. } | Command::Uninstall { .. }) => {
+            install_or_uninstall(&ctx, command)
         }
         Command::Demo { .. }
         | Command::Completions { .. }
@@ -104,6 +98,38 @@ pub fn run(cli: Cli) -> Result<()> {
             machine,
             machine_root,
         } => post_start::rewire_root(&ctx, &machine, &machine_root),
+    }
+}
+
+/// `install` and `uninstall`, of a machine or (`--host`) of host mode.
+fn install_or_uninstall(ctx: &Ctx, command: Command) -> Result<()> {
+    match command {
+        Command::Install {
+            host: true,
+            dry_run,
+            ..
+        } => install::install_host(ctx, dry_run, &HOST_SYSTEMD),
+        Command::Install {
+            machine: Some(machine),
+            print_dropin: true,
+            ..
+        } => install::print_dropin(ctx, &machine),
+        Command::Install {
+            machine: Some(machine),
+            dry_run,
+            ..
+        } => install::install(ctx, &machine, dry_run, &HOST_SYSTEMD),
+        Command::Uninstall {
+            host: true,
+            dry_run,
+            ..
+        } => install::uninstall_host(ctx, dry_run, &HOST_SYSTEMD),
+        Command::Uninstall {
+            machine: Some(machine),
+            dry_run,
+            ..
+        } => install::uninstall(ctx, &machine, dry_run, &HOST_SYSTEMD),
+        _ => unreachable!("the command line requires a machine without --host"),
     }
 }
 

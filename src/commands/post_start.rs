@@ -114,6 +114,62 @@ impl Services for MachineServices<'_> {
     }
 }
 
+/// Where post-start works (issue 15): a machine, or the host itself (host mode, for nodes whose
+/// kubelet and containerd run directly on the host). The one thing that differs between the two;
+/// everything else is the same [`plan`], [`execute`] and [`Wiring`]:
+///
+/// | | machine | host |
+/// |---|---|---|
+/// | root | the machine's, by its leader's descriptor | the host's `/` ([`MachineRoot::open`]) |
+/// | bus | the machine's systemd | the host's systemd |
+/// | lock | `locks/<machine>.lock` | `locks/host` ([`lock::lock_host`]) |
+/// | driver root | `/run/nvidia/driver`, checked | `/`, the host's install |
+/// | links | library, tool and `/dev/char` links | `/dev/char` links only |
+/// | CDI spec | [`cdi::spec`] | [`cdi::spec_on_host`] (host paths, installed helper as hook) |
+/// | gate drop-in | the machine's `/run/systemd/system` | the host's `/etc/systemd/system` |
+///
+/// Units, CDI directory, staged images directory, gate markers and timeouts come from the
+/// config (`machines.<name>`/`defaults`, or `host`) and resolve in the target's root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Machine,
+    Host,
+}
+
+/// How host mode names itself in messages and log lines (the `machine` field).
+pub const HOST_LABEL: &str = "the host";
+
+impl Target {
+    /// The file steps between the stops and `ldconfig`.
+    fn file_steps(self) -> &'static [FileStep] {
+        match self {
+            Target::Machine => &[FileStep::DriverRoot, FileStep::Links],
+            Target::Host => &[FileStep::DevChar],
+        }
+    }
+
+    /// Whether `unit`'s gate drop-in is in place (the unit waits for its marker this boot).
+    fn is_gated(self, root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+        match self {
+            Target::Machine => gate::is_gated(root, unit),
+            Target::Host => Ok(root.kind_of(&gate::host_dropin(unit))?.is_some()),
+        }
+    }
+
+    /// Remove our NVIDIA state from a root without GPUs.
+    fn cleanup(
+        self,
+        root: &MachineRoot,
+        mc: &MachineConfig,
+        spec_file: &str,
+    ) -> Result<rewire::Report> {
+        match self {
+            Target::Machine => rewire::cleanup(root, &mc.cdi_dir, spec_file),
+            Target::Host => rewire::cleanup_host(root, &mc.cdi_dir, spec_file),
+        }
+    }
+}
+
 /// ExecStartPost=: see the module documentation.
 pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
@@ -125,10 +181,11 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         )));
     }
     let total = Instant::now();
-    let _lock = timed(machine, "lock", || {
+    let who = machine.as_str();
+    let _lock = timed(who, "lock", || {
         lock::lock(&ctx.host, machine, mc.lock_timeout)
     })?;
-    let host_inv = timed(machine, "discover", || discovery::discover(&ctx.host))?;
+    let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     // The machine's share of the host (the config's `gpus`): all it is wired for.
     let inv = assign::for_machine(&ctx.config, machine, &mc, &host_inv)
         .with_context(|| format!("post-start of {machine}"))?
@@ -136,70 +193,193 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     check_complete(&inv).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
-    let handle = timed(machine, "find machine", || {
+    let handle = timed(who, "find machine", || {
         MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
     })?;
     let root = handle.root();
     let spec_file = cdi::spec_file_name(&mc.cdi_kind);
 
     let spec = cdi::spec(&inv, &mc.cdi_kind);
-    let (Some(driver), Some(spec)) = (inv.complete_driver(), spec) else {
-        return without_gpus(machine, &mc, &handle, &spec_file);
+    let (Some(_), Some(spec)) = (inv.complete_driver(), spec) else {
+        // The start returns once the boot is done, as it did when post-start ran after it
+        // (`NotifyReady=yes`): the boot starts this machine's services itself.
+        let running = || systemd::wait_running(&handle, Instant::now() + mc.boot_timeout);
+        return without_gpus(who, Target::Machine, &mc, root, &spec_file, running);
     };
     // The boot goes on meanwhile: the unit gate holds both services until their markers exist.
-    let sd = timed(machine, "wait bus", || {
+    let sd = timed(who, "wait bus", || {
         systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout)
     })?;
     failpoint::hit(Point::AfterBus);
-    let services = MachineServices {
-        sd: &sd,
-        job_timeout: mc.job_timeout,
+    let json = cdi::render(&spec);
+    wire(who, Target::Machine, &mc, &ctx.host, root, &inv, &json, &sd)?;
+    tracing::debug!(
+        machine = who,
+        step = "post-start",
+        us = micros(total.elapsed()),
+        "step timing"
+    );
+    Ok(())
+}
+
+/// `host post-start` (issue 15): post-start of the host itself, [`Target::Host`]. Run by
+/// `nspawn-lifecycle-host.service` at boot (see `install --host`) and by hand after a driver
+/// change. The same discovery, incomplete verdict (exit 3), lock discipline (a lock of its
+/// own), plan, executor, failure points, restore-on-failure and no-GPU cleanup as a machine's.
+pub fn host_post_start(ctx: &Ctx) -> Result<()> {
+    let hc = ctx.config.host()?;
+    if !ctx.host.is_real_root() {
+        return Err(crate::error::bad_input(format!(
+            "host post-start works on the running host through its systemd; --host-root {} is \
+             only for host plan",
+            ctx.host.root().display()
+        )));
+    }
+    let total = Instant::now();
+    let who = HOST_LABEL;
+    let _lock = timed(who, "lock", || lock::lock_host(&ctx.host, hc.lock_timeout))?;
+    let inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
+    check_complete(&inv).context("host post-start")?;
+    let root = MachineRoot::open(ctx.host.root())?;
+    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
+    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
+    let sd = Systemd::host(Instant::now() + hc.job_timeout)?;
+    failpoint::hit(Point::AfterBus);
+    let (Some(_), Some(spec)) = (inv.complete_driver(), spec) else {
+        // No boot to wait for: this runs as a unit of the host's own boot.
+        return without_gpus(who, Target::Host, &hc, &root, &spec_file, move || Ok(sd));
     };
     let json = cdi::render(&spec);
+    wire(who, Target::Host, &hc, &ctx.host, &root, &inv, &json, &sd)?;
+    tracing::debug!(
+        machine = who,
+        step = "post-start",
+        us = micros(total.elapsed()),
+        "step timing"
+    );
+    Ok(())
+}
+
+/// `host plan` (issue 15): what `host post-start` would do on this host now, from the same
+/// values it runs ([`plan`] of [`Target::Host`], the host settings, discovery). Writes nothing;
+/// works under `--host-root`. Exit 3, after the report, while the NVIDIA state is incomplete.
+pub fn host_plan(ctx: &Ctx) -> Result<()> {
+    let hc = ctx.config.host()?;
+    let inv = discovery::discover(&ctx.host)?;
+    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
+    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
+    let root = MachineRoot::open(ctx.host.root())?;
+    let mut out = format!(
+        "host mode on {} (the host's systemd)\nlock: {}/{}\n",
+        ctx.host.root().display(),
+        lock::LOCK_DIR,
+        lock::HOST_LOCK_NAME
+    );
+    for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
+        let gated = Target::Host.is_gated(&root, unit)?;
+        out.push_str(&format!(
+            "{unit}: gate drop-in {} ({}), marker {}{}\n",
+            gate::host_dropin(unit),
+            if gated { "installed" } else { "not installed" },
+            gate::marker(unit),
+            if gate::is_released(&root, unit)? {
+                " (exists)"
+            } else {
+                ""
+            }
+        ));
+    }
+    let spec_path = format!("{}/{spec_file}", hc.cdi_dir);
+    let complete = check_complete(&inv).context("host plan");
+    match (inv.complete_driver(), &spec) {
+        _ if complete.is_err() => out.push_str(
+            "NVIDIA state incomplete: host post-start refuses (exit 3) and changes nothing\n",
+        ),
+        (Some(driver), Some(_)) => {
+            out.push_str(&format!(
+                "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {spec_path} (hooks run {})\n\
+                 staged images: {}\nsteps: {}\n",
+                driver.version,
+                inv.gpus.len(),
+                ctx.config.helper_path(),
+                hc.staged_images_dir,
+                plan(&hc, Target::Host)
+            ));
+        }
+        _ => out.push_str(&format!(
+            "no NVIDIA GPUs: remove our /dev/char links and \
+             {spec_path}; if the gate drop-ins are installed, release both and start \
+             {} and {}\n",
+            hc.containerd_unit, hc.kubelet_unit
+        )),
+    }
+    print!("{out}");
+    complete
+}
+
+/// Run `target`'s plan over its root and systemd, and log what was wired.
+#[allow(clippy::too_many_arguments)]
+fn wire(
+    who: &str,
+    target: Target,
+    mc: &MachineConfig,
+    host: &HostRoot,
+    root: &MachineRoot,
+    inv: &Inventory,
+    json: &str,
+    sd: &Systemd,
+) -> Result<()> {
+    let services = MachineServices {
+        sd,
+        job_timeout: mc.job_timeout,
+    };
+    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
     let wiring = Wiring {
-        machine,
-        mc: &mc,
-        host: &ctx.host,
+        machine: who,
+        mc,
+        host,
         root,
-        inv: &inv,
+        inv,
         spec_file: &spec_file,
         json: json.as_bytes(),
         services: &services,
     };
     let started = Instant::now();
-    execute(&plan(&mc), machine, &wiring, &services)?;
-    tracing::debug!(%machine, step = "post-start", us = micros(total.elapsed()), "step timing");
+    execute(&plan(mc, target), who, &wiring, &services)?;
     tracing::info!(
-        %machine,
+        machine = who,
         "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
         started.elapsed().as_secs_f64(),
-        driver.version,
+        wiring.driver()?.version,
         inv.gpus.len()
     );
     Ok(())
 }
 
-/// post-start of a machine without NVIDIA devices: services are left alone; only stale NVIDIA
-/// state is removed so pods cannot be handed GPUs that are gone. Unless pre-start still saw GPUs
-/// and gated the services (they went in between): then nothing else would ever start them this
-/// boot, so both gates are released and both services started.
+/// post-start without NVIDIA devices: services are left alone; only stale NVIDIA state is
+/// removed so pods cannot be handed GPUs that are gone. Unless the services are gated and the
+/// GPUs went since (pre-start still saw them, or the host's gate drop-ins are installed): then
+/// nothing else would ever start them this boot, so both gates are released and both services
+/// started, on the systemd `running` gives once it may.
 fn without_gpus(
-    machine: &MachineName,
+    who: &str,
+    target: Target,
     mc: &MachineConfig,
-    handle: &MachineHandle,
+    root: &MachineRoot,
     spec_file: &str,
+    running: impl FnOnce() -> Result<Systemd>,
 ) -> Result<()> {
-    let root = handle.root();
-    let report = rewire::cleanup(root, &mc.cdi_dir, spec_file)
-        .with_context(|| format!("post-start of {machine}: removing stale NVIDIA state"))?;
+    let report = target
+        .cleanup(root, mc, spec_file)
+        .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
     let why = if mc.gpus == crate::config::Gpus::None {
         "no NVIDIA GPUs for this machine (gpus: none)"
     } else {
         "no NVIDIA GPUs on the host"
     };
-    tracing::info!(%machine, "{why}; {report}");
+    tracing::info!(machine = who, "{why}; {report}");
     let gated =
-        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
+        target.is_gated(root, &mc.kubelet_unit)? || target.is_gated(root, &mc.containerd_unit)?;
     if gated {
         gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
         gate::release(
@@ -208,9 +388,7 @@ fn without_gpus(
             Point::PostStartMidKubeletGateRelease,
         )?;
     }
-    // The start returns once the boot is done, as it did when post-start ran after it
-    // (`NotifyReady=yes`): the boot starts this machine's services itself.
-    let sd = systemd::wait_running(handle, Instant::now() + mc.boot_timeout)?;
+    let sd = running()?;
     if gated {
         let services = MachineServices {
             sd: &sd,
@@ -219,8 +397,8 @@ fn without_gpus(
         for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
             services
                 .start(unit)
-                .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
-            tracing::info!(%machine, %unit, "started (gated at boot while the host had GPUs)");
+                .with_context(|| format!("post-start of {who}: starting {unit}"))?;
+            tracing::info!(machine = who, %unit, "started (gated at boot while the host had GPUs)");
         }
     }
     Ok(())
@@ -253,7 +431,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     let json = cdi::render(&spec);
     let services = OnDisk { dir };
     let wiring = Wiring {
-        machine,
+        machine: machine.as_str(),
         mc: &mc,
         host: &ctx.host,
         root: &root,
@@ -262,7 +440,12 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         json: json.as_bytes(),
         services: &services,
     };
-    execute(&plan(&mc), machine, &wiring, &services)
+    execute(
+        &plan(&mc, Target::Machine),
+        machine.as_str(),
+        &wiring,
+        &services,
+    )
 }
 
 /// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,
@@ -438,7 +621,7 @@ impl Services for OnDisk<'_> {
 
 /// Run `f` and log how long it took: one debug line per step (`step timing`, fields `step` and
 /// `us`), which `tests/bench/e2e-bench.sh` reads to time the rewiring apart from the services.
-fn timed<T>(machine: &MachineName, step: &str, f: impl FnOnce() -> T) -> T {
+fn timed<T>(machine: &str, step: &str, f: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = f();
     tracing::debug!(%machine, step, us = micros(started.elapsed()), "step timing");
@@ -454,6 +637,8 @@ fn micros(d: Duration) -> u64 {
 pub enum FileStep {
     DriverRoot,
     Links,
+    /// Host mode's links ([`Target::Host`]): `/dev/char` only.
+    DevChar,
     Cdi,
 }
 
@@ -462,6 +647,7 @@ impl FileStep {
         match self {
             FileStep::DriverRoot => "driver root",
             FileStep::Links => "library and /dev/char links",
+            FileStep::DevChar => "/dev/char links",
             FileStep::Cdi => "CDI spec",
         }
     }
@@ -471,6 +657,7 @@ impl FileStep {
         match self {
             FileStep::DriverRoot => "driver-root",
             FileStep::Links => "links",
+            FileStep::DevChar => "dev-char",
             FileStep::Cdi => "cdi",
         }
     }
@@ -536,38 +723,44 @@ impl std::fmt::Display for Plan {
 /// The order of DESIGN §5 and issue 12: both services stopped (which also cancels a start job
 /// the boot still has queued for either), the driver wired, containerd released and started,
 /// the staged images imported, kubelet released and started.
-pub fn plan(mc: &MachineConfig) -> Plan {
+/// The target ([`Target`]) changes only the file steps before `ldconfig`.
+pub fn plan(mc: &MachineConfig, target: Target) -> Plan {
     let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
+    let stops = [
+        Step::Stop(kubelet.clone(), Point::AfterKubeletStop),
+        Step::Stop(containerd.clone(), Point::AfterContainerdStop),
+    ];
+    let files = target.file_steps().iter().map(|f| Step::File(*f));
     Plan {
-        steps: vec![
-            Step::Stop(kubelet.clone(), Point::AfterKubeletStop),
-            Step::Stop(containerd.clone(), Point::AfterContainerdStop),
-            Step::File(FileStep::DriverRoot),
-            Step::File(FileStep::Links),
-            Step::Ldconfig,
-            Step::File(FileStep::Cdi),
-            Step::Release {
-                unit: containerd.clone(),
-                point: Point::PostStartMidGateRelease,
-                key: "gate",
-            },
-            Step::Start {
-                unit: containerd.clone(),
-                before: None,
-                after: Some(Point::AfterContainerdStart),
-            },
-            Step::Import(mc.staged_images_dir.clone()),
-            Step::Release {
-                unit: kubelet.clone(),
-                point: Point::PostStartMidKubeletGateRelease,
-                key: "gate-kubelet",
-            },
-            Step::Start {
-                unit: kubelet.clone(),
-                before: Some(Point::BeforeKubeletStart),
-                after: None,
-            },
-        ],
+        steps: stops
+            .into_iter()
+            .chain(files)
+            .chain(vec![
+                Step::Ldconfig,
+                Step::File(FileStep::Cdi),
+                Step::Release {
+                    unit: containerd.clone(),
+                    point: Point::PostStartMidGateRelease,
+                    key: "gate",
+                },
+                Step::Start {
+                    unit: containerd.clone(),
+                    before: None,
+                    after: Some(Point::AfterContainerdStart),
+                },
+                Step::Import(mc.staged_images_dir.clone()),
+                Step::Release {
+                    unit: kubelet.clone(),
+                    point: Point::PostStartMidKubeletGateRelease,
+                    key: "gate-kubelet",
+                },
+                Step::Start {
+                    unit: kubelet.clone(),
+                    before: Some(Point::BeforeKubeletStart),
+                    after: None,
+                },
+            ])
+            .collect(),
     }
 }
 
@@ -593,7 +786,7 @@ pub trait Work {
 
 /// The real machine: its rootfs, the inventory it is wired for and its systemd.
 pub struct Wiring<'a> {
-    pub machine: &'a MachineName,
+    pub machine: &'a str,
     pub mc: &'a MachineConfig,
     pub host: &'a HostRoot,
     pub root: &'a MachineRoot,
@@ -620,7 +813,7 @@ impl Work for Wiring<'_> {
                 format!(
                     "driver root: {} binds of driver {} checked against the host",
                     rewire::verify_driver_root(self.root, self.host, driver).map_err(|e| {
-                        crate::driver_tree::distrust(self.host, self.machine.as_str(), e)
+                        crate::driver_tree::distrust(self.host, self.machine, e)
                     })?,
                     driver.version
                 ),
@@ -628,6 +821,10 @@ impl Work for Wiring<'_> {
             ),
             FileStep::Links => {
                 let report = rewire::rebuild_links(self.root, self.inv)?;
+                (report.to_string(), rewire::library_links_changed(&report))
+            }
+            FileStep::DevChar => {
+                let report = rewire::rebuild_dev_char(self.root, self.inv)?;
                 (report.to_string(), rewire::library_links_changed(&report))
             }
             FileStep::Cdi => {
@@ -690,12 +887,7 @@ fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> 
 /// The one executor: run `plan`'s steps in order. On a failure, start again only the services
 /// that were running before their stop (in the plan's start order; see the module
 /// documentation) and return the error.
-pub fn execute(
-    plan: &Plan,
-    machine: &MachineName,
-    work: &dyn Work,
-    services: &dyn Services,
-) -> Result<()> {
+pub fn execute(plan: &Plan, machine: &str, work: &dyn Work, services: &dyn Services) -> Result<()> {
     let mut run = Run {
         machine,
         work,
@@ -722,7 +914,7 @@ pub fn execute(
 
 /// The state of one run of a plan.
 struct Run<'a> {
-    machine: &'a MachineName,
+    machine: &'a str,
     work: &'a dyn Work,
     services: &'a dyn Services,
     /// What ran before post-start stopped it: the only services a failure puts back.
@@ -761,7 +953,7 @@ impl Run<'_> {
             Step::File(file) => {
                 let done =
                     timed(machine, file.name(), || self.work.file(*file)).with_context(what)?;
-                if *file == FileStep::Links {
+                if matches!(file, FileStep::Links | FileStep::DevChar) {
                     self.library_links_changed = done.library_links_changed;
                 }
                 (file.key(), done.line)
@@ -822,7 +1014,7 @@ impl Run<'_> {
 /// Best-effort starts after a failure of the services in `units`, which ran before post-start
 /// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
 /// an operator had stopped them), say why nothing is started.
-fn start_again(machine: &MachineName, plan: &Plan, services: &dyn Services, units: &[&UnitName]) {
+fn start_again(machine: &str, plan: &Plan, services: &dyn Services, units: &[&UnitName]) {
     if units.is_empty() {
         let names: Vec<String> = plan
             .steps
@@ -876,7 +1068,7 @@ const NAME_MAX: usize = 255;
 /// every time, and a tarball staged since the last start waits at most a few starts.
 /// Returns (imported, set aside).
 pub fn import_images(
-    machine: &MachineName,
+    machine: &str,
     root: &MachineRoot,
     mc: &MachineConfig,
     services: &dyn Services,
@@ -906,7 +1098,7 @@ pub fn import_images(
 }
 
 /// The staged `*.tar` regular files of `dir`, least recently imported (oldest mtime) first.
-fn staged_queue(machine: &MachineName, dir: &MachineDir) -> Result<Vec<String>> {
+fn staged_queue(machine: &str, dir: &MachineDir) -> Result<Vec<String>> {
     let mut queue = Vec::new();
     for (name, _) in dir.entries()? {
         let name = match name.into_string() {
@@ -945,7 +1137,7 @@ fn staged_queue(machine: &MachineName, dir: &MachineDir) -> Result<Vec<String>> 
 
 /// One start's imports, within its bounds (see [`import_images`]).
 struct Imports<'a> {
-    machine: &'a MachineName,
+    machine: &'a str,
     mc: &'a MachineConfig,
     services: &'a dyn Services,
     dir: &'a MachineDir,
@@ -1330,21 +1522,84 @@ mod tests {
     }
 
     fn sequence(fake: &Fake, fail: Option<FileStep>) -> (Result<()>, Vec<String>) {
-        let m: MachineName = "kube1".parse().unwrap();
+        let m = "kube1";
         let work = FakeWork {
             fake,
             fail,
             import_fails: false,
         };
-        let r = execute(&plan(&cfg()), &m, &work, fake);
+        let r = execute(&plan(&cfg(), Target::Machine), m, &work, fake);
         (r, fake.log())
+    }
+
+    /// Issue 15: host mode is the same plan with the host's file steps: no driver root to check
+    /// (the host's is `/`), `/dev/char` links only; every other step is the machine's.
+    #[test]
+    fn the_host_plan_differs_only_in_its_file_steps() {
+        let (machine, host) = (plan(&cfg(), Target::Machine), plan(&cfg(), Target::Host));
+        assert_eq!(
+            host.to_string(),
+            "stop kubelet.service → stop containerd.service → /dev/char links → ldconfig → CDI \
+             spec → release containerd.service → start containerd.service → import staged images \
+             from /var/lib/nspawn-lifecycle/images → release kubelet.service → start \
+             kubelet.service"
+        );
+        let others = |p: &Plan| -> Vec<Step> {
+            p.steps
+                .iter()
+                .filter(|s| !matches!(s, Step::File(f) if *f != FileStep::Cdi))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(others(&machine), others(&host));
+    }
+
+    /// Issue 15: the one executor runs the host plan with the same rules: on a gated boot each
+    /// service starts once after its own gate; a failed `/dev/char` step on a running host puts
+    /// both services back and names the step.
+    #[test]
+    fn the_host_plan_runs_through_the_same_executor() {
+        let fake = Fake::gated_boot();
+        let work = FakeWork {
+            fake: &fake,
+            fail: None,
+            import_fails: false,
+        };
+        execute(&plan(&cfg(), Target::Host), HOST_LABEL, &work, &fake).unwrap();
+        assert_eq!(
+            fake.log(),
+            [
+                "stop kubelet.service",
+                "stop containerd.service",
+                "file /dev/char links",
+                "file ldconfig",
+                "file CDI spec",
+                "file unit gate",
+                "start containerd.service",
+                "import",
+                "file kubelet's unit gate",
+                "start kubelet.service",
+            ]
+        );
+        let fake = Fake::default();
+        let work = FakeWork {
+            fake: &fake,
+            fail: Some(FileStep::DevChar),
+            import_fails: false,
+        };
+        let err = execute(&plan(&cfg(), Target::Host), HOST_LABEL, &work, &fake).unwrap_err();
+        assert_eq!(
+            format!("{err}"),
+            "post-start of the host: step '/dev/char links'"
+        );
+        assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
     }
 
     /// Issue 13: the plan is a plain value, in the order of DESIGN §5 and issue 12.
     #[test]
     fn the_plan_is_a_value_in_the_order_of_the_design() {
         assert_eq!(
-            plan(&cfg()).to_string(),
+            plan(&cfg(), Target::Machine).to_string(),
             "stop kubelet.service → stop containerd.service → driver root → library and /dev/char \
              links → ldconfig → CDI spec → release containerd.service → start containerd.service \
              → import staged images from /var/lib/nspawn-lifecycle/images → release \
@@ -1425,13 +1680,13 @@ mod tests {
     #[test]
     fn import_problems_never_keep_kubelet_down() {
         let fake = Fake::default();
-        let m: MachineName = "kube1".parse().unwrap();
+        let m = "kube1";
         let work = FakeWork {
             fake: &fake,
             fail: None,
             import_fails: true,
         };
-        execute(&plan(&cfg()), &m, &work, &fake).unwrap();
+        execute(&plan(&cfg(), Target::Machine), m, &work, &fake).unwrap();
         assert_eq!(fake.log().last().unwrap(), "start kubelet.service");
     }
 
@@ -1489,8 +1744,8 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", images.join("link.tar")).unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
         let fake = Fake::failing(&["<bad"]);
-        let m: MachineName = "kube1".parse().unwrap();
-        let (ok, bad) = import_images(&m, &root, &cfg(), &fake).unwrap();
+        let m = "kube1";
+        let (ok, bad) = import_images(m, &root, &cfg(), &fake).unwrap();
         assert_eq!((ok, bad), (1, 1));
         assert_eq!(fake.log(), [format!("{CTR} <bad"), format!("{CTR} <good")]);
         assert_eq!(std::fs::read(images.join("good.tar")).unwrap(), b"good");
@@ -1507,7 +1762,7 @@ mod tests {
         assert!(images.join("link.tar").is_symlink());
         // Nothing left to import: a second run only retries nothing that failed.
         let fake = Fake::default();
-        assert_eq!(import_images(&m, &root, &cfg(), &fake).unwrap(), (1, 0));
+        assert_eq!(import_images(m, &root, &cfg(), &fake).unwrap(), (1, 0));
     }
 
     /// Issue 10 item 4: at most `importMaxImages` imports per start; the rest stay in place and
@@ -1524,8 +1779,8 @@ mod tests {
         let mut mc = cfg();
         mc.import_max_images = 2;
         let fake = Fake::default();
-        let m: MachineName = "kube1".parse().unwrap();
-        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        let m = "kube1";
+        let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
         assert_eq!(r.unwrap(), (2, 0));
         assert_eq!(fake.log(), [format!("{CTR} <a"), format!("{CTR} <b")]);
         for n in ["a", "b", "c", "d", "e"] {
@@ -1543,7 +1798,7 @@ mod tests {
         // The next start takes the least recently imported first: the three left behind.
         let fake = Fake::default();
         mc.import_max_images = 3;
-        assert_eq!(import_images(&m, &root, &mc, &fake).unwrap(), (3, 0));
+        assert_eq!(import_images(m, &root, &mc, &fake).unwrap(), (3, 0));
         assert_eq!(
             fake.log(),
             [
@@ -1555,7 +1810,7 @@ mod tests {
         // 0 imports nothing and says so.
         mc.import_max_images = 0;
         let fake = Fake::default();
-        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
         assert_eq!(r.unwrap(), (0, 0));
         assert!(fake.log().is_empty());
         assert!(logs.contains("left 5 staged image(s)"), "{logs}");
@@ -1578,9 +1833,9 @@ mod tests {
             run_takes: Duration::from_millis(1200),
             ..Fake::default()
         };
-        let m: MachineName = "kube1".parse().unwrap();
+        let m = "kube1";
         let started = Instant::now();
-        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
         assert!(
             started.elapsed() < Duration::from_secs(3),
             "{:?}",
@@ -1613,14 +1868,14 @@ mod tests {
         stage(&images, "a.tar", b"a", 20);
         stage(&images, "b.tar", b"b", 10);
         let root = MachineRoot::open(dir.path()).unwrap();
-        let m: MachineName = "kube1".parse().unwrap();
+        let m = "kube1";
         let mut mc = cfg();
         mc.import_budget = Duration::from_secs(3);
         let fake = Fake {
             run_takes: Duration::from_millis(1900),
             ..Fake::default()
         };
-        let (r, logs) = logged(|| import_images(&m, &root, &mc, &fake));
+        let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
         assert_eq!(r.unwrap(), (1, 0));
         assert!(images.join("b.tar").is_file(), "{logs}");
         assert!(!images.join("failed").exists(), "{logs}");
@@ -1637,7 +1892,7 @@ mod tests {
             ..Fake::default()
         };
         mc.import_max_images = 1;
-        assert_eq!(import_images(&m, &root, &mc, &fake).unwrap(), (0, 1));
+        assert_eq!(import_images(m, &root, &mc, &fake).unwrap(), (0, 1));
         assert_eq!(std::fs::read(images.join("failed/b.tar")).unwrap(), b"b");
     }
 
@@ -1673,8 +1928,8 @@ mod tests {
             .collect();
         let root = MachineRoot::open(dir.path()).unwrap();
         let fake = Fake::failing(&["<bad"]);
-        let m: MachineName = "kube1".parse().unwrap();
-        let (r, logs) = logged(|| import_images(&m, &root, &cfg(), &fake));
+        let m = "kube1";
+        let (r, logs) = logged(|| import_images(m, &root, &cfg(), &fake));
         assert_eq!(r.unwrap(), (0, 5));
         for (i, call) in fake.log().iter().enumerate() {
             assert_eq!(call, &format!("{CTR} <bad{i}"));
@@ -1706,8 +1961,8 @@ mod tests {
         std::fs::write(images.join(raw), b"x").unwrap();
         let root = MachineRoot::open(dir.path()).unwrap();
         let fake = Fake::default();
-        let m: MachineName = "kube1".parse().unwrap();
-        let (r, logs) = logged(|| import_images(&m, &root, &cfg(), &fake));
+        let m = "kube1";
+        let (r, logs) = logged(|| import_images(m, &root, &cfg(), &fake));
         assert_eq!(r.unwrap(), (0, 0));
         assert!(fake.log().is_empty());
         assert!(
