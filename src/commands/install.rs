@@ -863,7 +863,10 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
     let hc = ctx.config.host()?;
     let mut plan = Plan::new("uninstall", "--host");
     let link = host_unit::wants_link();
-    if host.read_link(&link).is_ok_and(|t| t == Path::new(&host_unit::unit_path())) {
+    if host
+        .read_link(&link)
+        .is_ok_and(|t| t == Path::new(&host_unit::unit_path()))
+    {
         plan.files.push(FileLine {
             unit_file: true,
             ..FileLine::removing(&link, "")
