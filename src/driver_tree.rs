@@ -81,17 +81,17 @@ pub struct Built {
 pub fn plan(host: &HostRoot, driver: &UserspaceDriver) -> Result<Plan> {
     let mut tree = layout::driver_tree(driver)?;
     let tree_mnt = tree_mount(host)?;
-    let root = open_root(host)?;
+    let root = host.fd();
     let mut ids = BTreeMap::new();
     for node in tree.values_mut() {
         let TreeNode::Hard(source) = node else {
             continue;
         };
         let rel = source.trim_start_matches('/');
-        let mut st = statx(&root, rel, libc::AT_SYMLINK_NOFOLLOW)
+        let mut st = statx(root, rel, libc::AT_SYMLINK_NOFOLLOW)
             .with_context(|| format!("host driver file {source} (stat)"))?;
         if st.mode & libc::S_IFMT == libc::S_IFLNK {
-            let (fd, _) = resolve(&root, source)?;
+            let (fd, _) = resolve(host, source)?;
             st = statx(&fd, "", libc::AT_EMPTY_PATH)
                 .with_context(|| format!("host driver file {source} (stat)"))?;
         }
@@ -161,44 +161,28 @@ fn kind_name(mode: u32) -> &'static str {
 
 /// The mount [`layout::TREE_HOST_DIR`] is on (or will be: its nearest existing ancestor's).
 fn tree_mount(host: &HostRoot) -> Result<Option<u64>> {
-    let mut p = host.path(layout::TREE_HOST_DIR);
+    let mut p = std::path::PathBuf::from(layout::TREE_HOST_DIR);
     loop {
-        match nix::fcntl::open(&p, dir_flags(), Mode::empty()) {
+        match host.open_dir(&p) {
             Ok(fd) => {
                 return Ok(statx(&fd, "", libc::AT_EMPTY_PATH)
-                    .with_context(|| format!("stat {}", p.display()))?
+                    .with_context(|| format!("stat {}", host.path(&p).display()))?
                     .mnt_id);
             }
-            Err(Errno::ENOENT) if p.pop() => {}
-            Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.pop() => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("opening {}", host.path(&p).display()));
+            }
         }
     }
 }
 
-fn open_root(host: &HostRoot) -> Result<OwnedFd> {
-    nix::fcntl::open(host.root(), dir_flags(), Mode::empty())
-        .with_context(|| format!("opening the host root {}", host.root().display()))
-}
-
-/// How often an `openat2` the kernel refused with `EAGAIN` (a rename raced with `..`) is retried.
-const OPENAT2_RETRIES: usize = 64;
-
 /// The host file `source` resolved inside the host root (links followed as the host would, never
 /// out of it), as an `O_PATH` descriptor, and its stat.
-fn resolve(root: &OwnedFd, source: &str) -> Result<(OwnedFd, FileStat)> {
-    let how = nix::fcntl::OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-        .resolve(
-            nix::fcntl::ResolveFlag::RESOLVE_IN_ROOT
-                | nix::fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS,
-        );
-    let mut tries = 0;
-    let fd = loop {
-        match nix::fcntl::openat2(root, source.trim_start_matches('/'), how) {
-            Err(Errno::EAGAIN) if tries < OPENAT2_RETRIES => tries += 1,
-            r => break r.with_context(|| format!("host driver file {source} (resolving it)"))?,
-        }
-    };
+fn resolve(host: &HostRoot, source: &str) -> Result<(OwnedFd, FileStat)> {
+    let fd = host
+        .pin(source)
+        .with_context(|| format!("host driver file {source} (resolving it)"))?;
     let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {source}"))?;
     Ok((fd, st))
 }
@@ -348,24 +332,24 @@ pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
 
 /// Remove the tree at `path` (a host path: `uninstall`) and its stamp, never following a link
 /// below its parent. Returns whether the tree existed.
-pub fn remove_path(path: &std::path::Path) -> Result<bool> {
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
-    else {
-        bail!("internal error: {} has no parent", path.display());
+pub fn remove_path(host: &HostRoot, abs: &str) -> Result<bool> {
+    let Some((parent, name)) = abs.rsplit_once('/').filter(|(_, n)| !n.is_empty()) else {
+        bail!("internal error: {abs} has no parent");
     };
-    let fd = match nix::fcntl::open(parent, dir_flags(), Mode::empty()) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT) => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("opening {}", parent.display())),
+    let Some(fd) = open_existing(host, parent)? else {
+        return Ok(false);
     };
-    forget_at(&fd, name).with_context(|| format!("removing the stamp of {}", path.display()))?;
-    remove_tree(&fd, name).with_context(|| format!("removing {}", path.display()))
+    let shown = host.path(abs);
+    forget_at(&fd, name).with_context(|| format!("removing the stamp of {}", shown.display()))?;
+    remove_tree(&fd, name).with_context(|| format!("removing {}", shown.display()))
 }
 
 /// The directory `abs` under `host`, opened component by component without following a link;
 /// `None` when it (or a component) does not exist.
 fn open_existing(host: &HostRoot, abs: &str) -> Result<Option<OwnedFd>> {
-    let mut fd = nix::fcntl::open(host.root(), dir_flags(), Mode::empty())
+    let mut fd = host
+        .fd()
+        .try_clone()
         .with_context(|| format!("opening the host root {}", host.root().display()))?;
     for name in abs.split('/').filter(|c| !c.is_empty()) {
         fd = match nix::fcntl::openat(&fd, name, dir_flags(), Mode::empty()) {
@@ -448,8 +432,7 @@ fn hard_link(
     name: &str,
     want: FileId,
 ) -> std::result::Result<(), LinkError> {
-    let root = open_root(host).map_err(Err)?;
-    let (fd, st) = resolve(&root, source).map_err(|e| {
+    let (fd, st) = resolve(host, source).map_err(|e| {
         Err(e.context("the host file changed since discovery; the next start retries"))
     })?;
     if !is_kind(&st, SFlag::S_IFREG) || id(&st) != want {
@@ -1143,9 +1126,10 @@ mod tests {
         let (dir, host, driver) = host();
         assert!(changed(&host, &driver));
         assert!(stamp_path(dir.path()).is_file());
-        assert!(remove_path(&tree_dir(dir.path())).unwrap());
+        let tree = "/var/lib/nspawn-lifecycle/driver-root/kube1";
+        assert!(remove_path(&host, tree).unwrap());
         assert!(!stamp_path(dir.path()).exists() && !tree_dir(dir.path()).exists());
-        assert!(!remove_path(&tree_dir(dir.path())).unwrap());
+        assert!(!remove_path(&host, tree).unwrap());
     }
 
     /// Root only: a driver file on another filesystem than the tree (here a tmpfs mounted on the

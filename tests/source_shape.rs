@@ -125,10 +125,7 @@ fn the_measure_counts_bodies_and_skips_declarations() {
 }
 
 /// Files whose host accesses still go by joined path, and why. Keep it short.
-const PATH_ALLOWED: &[(&str, &str)] = &[(
-    "src/driver_tree.rs",
-    "rewritten on the prestart branch; its host accesses move to the descriptor after that merge",
-)];
+const PATH_ALLOWED: &[(&str, &str)] = &[];
 
 /// `Path` methods that go to the filesystem.
 const FS_METHODS: &[&str] = &[

@@ -166,8 +166,7 @@ impl Plan {
                     host.remove_file(&f.shown)?;
                 }
                 Some(Op::RemoveTree) => {
-                    // driver_tree takes a joined path; it opens it component by component.
-                    crate::driver_tree::remove_path(&host.path(&f.shown))?;
+                    crate::driver_tree::remove_path(host, &f.shown)?;
                 }
                 Some(Op::Symlink(target)) => host.symlink(&f.shown, target)?,
                 Some(Op::RemoveDir) => match host.remove_dir(&f.shown) {
