@@ -196,30 +196,24 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let handle = timed(who, "find machine", || {
         MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
     })?;
-    let root = handle.root();
-    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
-
-    let spec = cdi::spec(&inv, &mc.cdi_kind);
-    let (Some(_), Some(spec)) = (inv.complete_driver(), spec) else {
-        // The start returns once the boot is done, as it did when post-start ran after it
-        // (`NotifyReady=yes`): the boot starts this machine's services itself.
-        let running = || systemd::wait_running(&handle, Instant::now() + mc.boot_timeout);
-        return without_gpus(who, Target::Machine, &mc, root, &spec_file, running);
+    let run = TargetRun {
+        who,
+        target: Target::Machine,
+        mc: &mc,
+        host: &ctx.host,
+        root: handle.root(),
+        inv: &inv,
     };
-    // The boot goes on meanwhile: the unit gate holds both services until their markers exist.
-    let sd = timed(who, "wait bus", || {
-        systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout)
-    })?;
-    failpoint::hit(Point::AfterBus);
-    let json = cdi::render(&spec);
-    wire(who, Target::Machine, &mc, &ctx.host, root, &inv, &json, &sd)?;
-    tracing::debug!(
-        machine = who,
-        step = "post-start",
-        us = micros(total.elapsed()),
-        "step timing"
-    );
-    Ok(())
+    run.finish(
+        cdi::spec(&inv, &mc.cdi_kind),
+        total,
+        // Without GPUs the start returns once the boot is done, as it did when post-start ran
+        // after it (`NotifyReady=yes`): the boot starts this machine's services itself.
+        || systemd::wait_running(&handle, Instant::now() + mc.boot_timeout),
+        // With them, the boot goes on meanwhile: the unit gate holds both services until their
+        // markers exist.
+        || systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout),
+    )
 }
 
 /// `host post-start` (issue 15): post-start of the host itself, [`Target::Host`]. Run by
@@ -241,23 +235,18 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     let inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     check_complete(&inv).context("host post-start")?;
     let root = MachineRoot::open(ctx.host.root())?;
-    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
-    let sd = Systemd::host(Instant::now() + hc.job_timeout)?;
-    failpoint::hit(Point::AfterBus);
-    let (Some(_), Some(spec)) = (inv.complete_driver(), spec) else {
-        // No boot to wait for: this runs as a unit of the host's own boot.
-        return without_gpus(who, Target::Host, &hc, &root, &spec_file, move || Ok(sd));
+    let run = TargetRun {
+        who,
+        target: Target::Host,
+        mc: &hc,
+        host: &ctx.host,
+        root: &root,
+        inv: &inv,
     };
-    let json = cdi::render(&spec);
-    wire(who, Target::Host, &hc, &ctx.host, &root, &inv, &json, &sd)?;
-    tracing::debug!(
-        machine = who,
-        step = "post-start",
-        us = micros(total.elapsed()),
-        "step timing"
-    );
-    Ok(())
+    // No boot to wait for: this runs as a unit of the host's own boot.
+    let bus = || Systemd::host(Instant::now() + hc.job_timeout);
+    run.finish(spec, total, bus, bus)
 }
 
 /// `host plan` (issue 15): what `host post-start` would do on this host now, from the same
@@ -317,91 +306,114 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
     complete
 }
 
-/// Run `target`'s plan over its root and systemd, and log what was wired.
-#[allow(clippy::too_many_arguments)]
-fn wire(
-    who: &str,
+/// One post-start run: whom it is for and what it works on, a machine or the host.
+struct TargetRun<'a> {
+    who: &'a str,
     target: Target,
-    mc: &MachineConfig,
-    host: &HostRoot,
-    root: &MachineRoot,
-    inv: &Inventory,
-    json: &str,
-    sd: &Systemd,
-) -> Result<()> {
-    let services = MachineServices {
-        sd,
-        job_timeout: mc.job_timeout,
-    };
-    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
-    let wiring = Wiring {
-        machine: who,
-        mc,
-        host,
-        root,
-        inv,
-        spec_file: &spec_file,
-        json: json.as_bytes(),
-        services: &services,
-    };
-    let started = Instant::now();
-    execute(&plan(mc, target), who, &wiring, &services)?;
-    tracing::info!(
-        machine = who,
-        "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
-        started.elapsed().as_secs_f64(),
-        wiring.driver()?.version,
-        inv.gpus.len()
-    );
-    Ok(())
+    mc: &'a MachineConfig,
+    host: &'a HostRoot,
+    root: &'a MachineRoot,
+    inv: &'a Inventory,
 }
 
-/// post-start without NVIDIA devices: services are left alone; only stale NVIDIA state is
-/// removed so pods cannot be handed GPUs that are gone. Unless the services are gated and the
-/// GPUs went since (pre-start still saw them, or the host's gate drop-ins are installed): then
-/// nothing else would ever start them this boot, so both gates are released and both services
-/// started, on the systemd `running` gives once it may.
-fn without_gpus(
-    who: &str,
-    target: Target,
-    mc: &MachineConfig,
-    root: &MachineRoot,
-    spec_file: &str,
-    running: impl FnOnce() -> Result<Systemd>,
-) -> Result<()> {
-    let report = target
-        .cleanup(root, mc, spec_file)
-        .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
-    let why = if mc.gpus == crate::config::Gpus::None {
-        "no NVIDIA GPUs for this machine (gpus: none)"
-    } else {
-        "no NVIDIA GPUs on the host"
-    };
-    tracing::info!(machine = who, "{why}; {report}");
-    let gated =
-        target.is_gated(root, &mc.kubelet_unit)? || target.is_gated(root, &mc.containerd_unit)?;
-    if gated {
-        gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
-        gate::release(
-            root,
-            &mc.kubelet_unit,
-            Point::PostStartMidKubeletGateRelease,
-        )?;
+impl TargetRun<'_> {
+    /// The part both targets share once they have discovered and locked: without a complete
+    /// driver (or nothing to put in a spec) [`TargetRun::without_gpus`] on the systemd
+    /// `running` gives; otherwise [`TargetRun::wire`] on the one `bus` gives.
+    fn finish(
+        &self,
+        spec: Option<cdi::Spec>,
+        total: Instant,
+        running: impl FnOnce() -> Result<Systemd>,
+        bus: impl FnOnce() -> Result<Systemd>,
+    ) -> Result<()> {
+        let (Some(_), Some(spec)) = (self.inv.complete_driver(), spec) else {
+            return self.without_gpus(running);
+        };
+        let sd = timed(self.who, "wait bus", bus)?;
+        failpoint::hit(Point::AfterBus);
+        self.wire(&cdi::render(&spec), &sd)?;
+        tracing::debug!(
+            machine = self.who,
+            step = "post-start",
+            us = micros(total.elapsed()),
+            "step timing"
+        );
+        Ok(())
     }
-    let sd = running()?;
-    if gated {
+
+    /// Run the target's plan over its root and systemd, and log what was wired.
+    fn wire(&self, json: &str, sd: &Systemd) -> Result<()> {
+        let (who, mc) = (self.who, self.mc);
         let services = MachineServices {
-            sd: &sd,
+            sd,
             job_timeout: mc.job_timeout,
         };
-        for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
-            services
-                .start(unit)
-                .with_context(|| format!("post-start of {who}: starting {unit}"))?;
-            tracing::info!(machine = who, %unit, "started (gated at boot while the host had GPUs)");
-        }
+        let spec_file = cdi::spec_file_name(&mc.cdi_kind);
+        let wiring = Wiring {
+            machine: who,
+            mc,
+            host: self.host,
+            root: self.root,
+            inv: self.inv,
+            spec_file: &spec_file,
+            json: json.as_bytes(),
+            services: &services,
+        };
+        let started = Instant::now();
+        execute(&plan(mc, self.target), who, &wiring, &services)?;
+        tracing::info!(
+            machine = who,
+            "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
+            started.elapsed().as_secs_f64(),
+            wiring.driver()?.version,
+            self.inv.gpus.len()
+        );
+        Ok(())
     }
-    Ok(())
+
+    /// post-start without NVIDIA devices: services are left alone; only stale NVIDIA state is
+    /// removed so pods cannot be handed GPUs that are gone. Unless the services are gated and
+    /// the GPUs went since (pre-start still saw them, or the host's gate drop-ins are
+    /// installed): then nothing else would ever start them this boot, so both gates are
+    /// released and both services started, on the systemd `running` gives once it may.
+    fn without_gpus(&self, running: impl FnOnce() -> Result<Systemd>) -> Result<()> {
+        let (who, target, mc, root) = (self.who, self.target, self.mc, self.root);
+        let spec_file = cdi::spec_file_name(&mc.cdi_kind);
+        let report = target
+            .cleanup(root, mc, &spec_file)
+            .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
+        let why = if mc.gpus == crate::config::Gpus::None {
+            "no NVIDIA GPUs for this machine (gpus: none)"
+        } else {
+            "no NVIDIA GPUs on the host"
+        };
+        tracing::info!(machine = who, "{why}; {report}");
+        let gated = target.is_gated(root, &mc.kubelet_unit)?
+            || target.is_gated(root, &mc.containerd_unit)?;
+        if gated {
+            gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
+            gate::release(
+                root,
+                &mc.kubelet_unit,
+                Point::PostStartMidKubeletGateRelease,
+            )?;
+        }
+        let sd = running()?;
+        if gated {
+            let services = MachineServices {
+                sd: &sd,
+                job_timeout: mc.job_timeout,
+            };
+            for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
+                services
+                    .start(unit)
+                    .with_context(|| format!("post-start of {who}: starting {unit}"))?;
+                tracing::info!(machine = who, %unit, "started (gated at boot while the host had GPUs)");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `rewire-root` (failpoints builds only): post-start's plan and executor, exactly as the product
