@@ -9,7 +9,8 @@
 #           /var/lib/machines/kube1 = overlay(same cache, tmpfs upper); real containerd,
 #           kubelet.service stand-in (sleep infinity); kube2 likewise for the two-machine scenario
 #
-# Usage: harness.sh [deps|build|up|down|shell|scenarios|run]     (default: run)
+# Usage: harness.sh [deps|build|up|down|shell|scenarios|run] [NN ...]   (default: run, every scenario;
+#        scenario numbers or names after run/scenarios select, as E2E_SCENARIOS does)
 #   run = deps build up scenarios down + teardown check; always tears down (trap), also on error.
 # Output: `PASS <name>` / `FAIL <name>: <detail>` / `SKIP <name>: <why>` per assertion, then
 #   `N passed, N failed, N skipped`. Exit status is non-zero iff something failed.
@@ -465,6 +466,11 @@ run() {
 }
 
 cmd=${1:-run}; shift || true
+# `run 01 08` and `scenarios 01 08` select like E2E_SCENARIOS="01 08" (they used to be ignored,
+# and ran everything)
+if { [ "$cmd" = run ] || [ "$cmd" = scenarios ]; } && [ $# -gt 0 ]; then
+    E2E_SCENARIOS="$*"; set --
+fi
 case "$cmd" in
     deps|build|up|down|shell|scenarios|run|check_clean) "$cmd" "$@";;
     _scenario) _scenario "$@";;
