@@ -426,13 +426,15 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     let inv =
         assign::for_machine(&ctx.config, machine, &mc, &discovery::discover(&ctx.host)?)?.view;
     check_complete(&inv)?;
-    // Before the machine root is opened: a descriptor opened in the old mount namespace would
-    // not see (nor accept) the mounts made in the new one.
+    // Before the machine root and the host root are opened (again): a descriptor opened in the
+    // old mount namespace would not see the mounts made in the new one, and a bind from it is
+    // refused (EINVAL: its source is not in this namespace).
     private_mount_namespace()?;
+    let host = HostRoot::open(ctx.host.root())?;
     let root = MachineRoot::open(dir)?;
     root.refuse_host_root(std::path::Path::new("/"))?;
     if let Some(driver) = inv.complete_driver() {
-        bind_driver_root(&root, &ctx.host, driver)?;
+        bind_driver_root(&root, &host, driver)?;
     }
     let spec_file = cdi::spec_file_name(&mc.cdi_kind);
     let Some(spec) = cdi::spec(&inv, &mc.cdi_kind) else {
@@ -445,7 +447,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     let wiring = Wiring {
         machine: machine.as_str(),
         mc: &mc,
-        host: &ctx.host,
+        host: &host,
         root: &root,
         inv: &inv,
         spec_file: &spec_file,
