@@ -894,6 +894,18 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
             None => {}
         }
     }
+    // The markers host post-start left in the host's /run (a tmpfs, so they outlive the gate until
+    // the next reboot): a later install --host would otherwise let containerd and kubelet start
+    // before host post-start wrote this boot's spec.
+    for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
+        let marker = crate::gate::marker(unit).to_string();
+        if read_optional(host, &marker)?
+            .is_some_and(|b| b.starts_with(b"nspawn-lifecycle post-start released"))
+        {
+            plan.files
+                .push(FileLine::removing(&marker, "gate marker of this boot"));
+        }
+    }
     helper_removal_except(ctx, &host_unit::unit_path(), &mut plan)?;
     Ok(plan)
 }
@@ -1026,10 +1038,20 @@ mod tests {
             .path()
             .join("etc/systemd/system/kubelet.service.d/10-own.conf");
         std::fs::write(&own, "[Service]\n").unwrap();
+        let marker = d
+            .path()
+            .join("run/nspawn-lifecycle/released/kubelet.service");
+        std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+        std::fs::write(
+            &marker,
+            "nspawn-lifecycle post-start released kubelet.service this boot\n",
+        )
+        .unwrap();
         let plan = plan_uninstall_host(&ctx).unwrap();
-        assert_eq!(plan.changes(), 7, "{}", plan.report(true, "-"));
+        assert_eq!(plan.changes(), 8, "{}", plan.report(true, "-"));
         plan.apply(&ctx.host).unwrap();
         assert!(own.is_file());
+        assert!(!marker.exists());
         assert!(!unit.exists());
         assert!(
             !d.path()
