@@ -93,6 +93,12 @@ pub fn is_gated(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&dropin(unit))?.is_some())
 }
 
+/// [`is_gated`] for host mode: whether `install --host` put the drop-in ([`host_dropin`]) on
+/// the host's own `unit` (`root` is the host's).
+pub fn is_gated_on_host(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+    Ok(root.kind_of(&host_dropin(unit))?.is_some())
+}
+
 /// Whether `unit` may start this boot (its marker exists).
 pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&marker(unit))?.is_some())
