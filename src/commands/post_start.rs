@@ -152,7 +152,7 @@ impl Target {
     fn is_gated(self, root: &MachineRoot, unit: &UnitName) -> Result<bool> {
         match self {
             Target::Machine => gate::is_gated(root, unit),
-            Target::Host => Ok(root.kind_of(&gate::host_dropin(unit))?.is_some()),
+            Target::Host => gate::is_gated_on_host(root, unit),
         }
     }
 
@@ -837,10 +837,12 @@ impl Work for Wiring<'_> {
                 let report = rewire::rebuild_links(self.root, self.inv)?;
                 (report.to_string(), rewire::library_links_changed(&report))
             }
-            FileStep::DevChar => {
-                let report = rewire::rebuild_dev_char(self.root, self.inv)?;
-                (report.to_string(), rewire::library_links_changed(&report))
-            }
+            // Only /dev/char links: no library link of ours changes ldconfig's verdict on the
+            // host, whose cache alone decides (ld_cache_current).
+            FileStep::DevChar => (
+                rewire::rebuild_dev_char(self.root, self.inv)?.to_string(),
+                false,
+            ),
             FileStep::Cdi => {
                 let kind = self.mc.cdi_kind.clone();
                 let report =
@@ -967,6 +969,7 @@ impl Run<'_> {
             Step::File(file) => {
                 let done =
                     timed(machine, file.name(), || self.work.file(*file)).with_context(what)?;
+                // Starts true (ldconfig runs unless a links step says nothing changed).
                 if matches!(file, FileStep::Links | FileStep::DevChar) {
                     self.library_links_changed = done.library_links_changed;
                 }
@@ -1351,6 +1354,10 @@ mod tests {
         runs: RefCell<Vec<Run>>,
         /// How long each `run` takes.
         run_takes: Duration,
+        /// File steps report no library link changed (default: changed).
+        links_unchanged: bool,
+        /// What each `ldconfig` step was told about the links.
+        ldconfig_told: RefCell<Vec<bool>>,
     }
 
     /// One `run`: its deadline and its stdin's `(st_dev, st_ino)`.
@@ -1367,6 +1374,8 @@ mod tests {
                 released: RefCell::new(vec!["kubelet.service".into(), "containerd.service".into()]),
                 runs: RefCell::default(),
                 run_takes: Duration::ZERO,
+                links_unchanged: false,
+                ldconfig_told: RefCell::default(),
             }
         }
     }
@@ -1509,10 +1518,11 @@ mod tests {
             }
             Ok(FileDone {
                 line: String::new(),
-                library_links_changed: true,
+                library_links_changed: !self.fake.links_unchanged,
             })
         }
-        fn ldconfig(&self, _: bool) -> Result<String> {
+        fn ldconfig(&self, links_changed: bool) -> Result<String> {
+            self.fake.ldconfig_told.borrow_mut().push(links_changed);
             self.fake.log.borrow_mut().push("file ldconfig".into());
             Ok(String::new())
         }
@@ -1571,6 +1581,26 @@ mod tests {
     /// Issue 15: the one executor runs the host plan with the same rules: on a gated boot each
     /// service starts once after its own gate; a failed `/dev/char` step on a running host puts
     /// both services back and names the step.
+    /// ldconfig hears from the links step of either target whether a library link changed
+    /// (the host's is its `/dev/char` step): nothing changed, it may skip when the cache is
+    /// current; no links step ran, it must assume a change.
+    #[test]
+    fn ldconfig_hears_from_each_targets_links_step() {
+        for target in [Target::Machine, Target::Host] {
+            let fake = Fake {
+                links_unchanged: true,
+                ..Fake::default()
+            };
+            let work = FakeWork {
+                fake: &fake,
+                fail: None,
+                import_fails: false,
+            };
+            execute(&plan(&cfg(), target), "kube1", &work, &fake).unwrap();
+            assert_eq!(*fake.ldconfig_told.borrow(), [false], "{target:?}");
+        }
+    }
+
     #[test]
     fn the_host_plan_runs_through_the_same_executor() {
         let fake = Fake::gated_boot();
