@@ -10,13 +10,16 @@ ORACLE=/usr/local/lib/e2e-oracle
 ORACLE_DR=/run/nvidia/driver
 
 # oracle_install <machine>: copy nvidia-ctk into the machine; fails the check when it is missing.
-oracle_install() {
+oracle_install() { oracle_install_in "$(mroot "$1")"; }
+# oracle_install_in <root dir>: the same into any root seen from outside (scenario 23: the host
+# container's, "$RUN/host"); inside that root it is $ORACLE/nvidia-ctk.
+oracle_install_in() {
     local src=${E2E_NVIDIA_CTK:-$E2E_SRC/../../../shared/tools/nvidia-container-toolkit/nvidia-ctk}
     if [ ! -x "$src" ]; then
         fail "$(c nvidia-ctk-present)" "no nvidia-ctk at $src (set E2E_NVIDIA_CTK)"
         return 1
     fi
-    mkdir -p "$(mroot "$1")$ORACLE" && cp "$src" "$(mroot "$1")$ORACLE/nvidia-ctk"
+    mkdir -p "$1$ORACLE" && cp "$src" "$1$ORACLE/nvidia-ctk"
     pass "$(c nvidia-ctk-present)"
 }
 

@@ -25,8 +25,9 @@ STAGED=/var/lib/nspawn-lifecycle/images
 MARKERS=/run/nspawn-lifecycle/released
 IMG=docker.io/library/e2e-hello:1
 NEW_VERSION=580.95.05
-CTK=/usr/local/lib/e2e-oracle/nvidia-ctk
-CTK_SRC=${E2E_NVIDIA_CTK:-$E2E_SRC/../../../shared/tools/nvidia-container-toolkit/nvidia-ctk}
+# shellcheck source=../lib/oracle.sh
+. "$E2E_SRC/lib/oracle.sh"
+CTK=$ORACLE/nvidia-ctk
 
 # put the host back as prepare_host made it (other scenarios assume a masked containerd)
 restore_host() {
@@ -56,10 +57,9 @@ Description=kubelet stand-in on the host (e2e scenario 23)
 [Service]
 ExecStart=/bin/sleep infinity
 EOF
-mkdir -p $STAGED $(dirname "$CTK")"
+mkdir -p $STAGED"
 cp "$RUN/support/images/e2e-hello.tar" "$RUN/host$STAGED/"
-if [ -x "$CTK_SRC" ]; then cp "$CTK_SRC" "$RUN/host$CTK"; pass "$(c nvidia-ctk-present)"
-else fail "$(c nvidia-ctk-present)" "no nvidia-ctk at $CTK_SRC (set E2E_NVIDIA_CTK)"; fi
+oracle_install_in "$RUN/host"
 
 # shellcheck disable=SC2016  # expanded by the shell in the host container
 dangling_links() { H sh -c 'for l in /dev/char/*; do t=$(readlink "$l"); case "$t" in *nvidia*) [ -e "$l" ] || echo "${l##*/}";; esac; done'; }
