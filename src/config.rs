@@ -58,6 +58,7 @@ struct Settings {
     /// only "did not match any variant").
     gpus: Option<serde_json::Value>,
     require: Option<bool>,
+    containerd_at_boot: Option<bool>,
 }
 
 /// Which of the host's GPUs a machine gets (`gpus`).
@@ -278,6 +279,11 @@ pub struct MachineConfig {
     /// `require`: a listed GPU missing on the host holds the start back (exit 3) instead of a
     /// start with the GPUs that are there.
     pub require: bool,
+    /// `containerdAtBoot` (default true): pre-start releases containerd's gate for the boot
+    /// ahead, so the machine's own boot starts containerd as a bare boot would, against the
+    /// driver root pre-start has just built or checked (issue 12). false: containerd waits for
+    /// post-start's wiring too, as kubelet always does (the order before issue 12).
+    pub containerd_at_boot: bool,
 }
 
 /// The whole loaded configuration.
@@ -396,6 +402,7 @@ impl Config {
             (h.drop_capabilities.is_some(), "dropCapabilities"),
             (h.gpus.is_some(), "gpus"),
             (h.require.is_some(), "require"),
+            (h.containerd_at_boot.is_some(), "containerdAtBoot"),
             (h.boot_timeout_seconds.is_some(), "bootTimeoutSeconds"),
         ] {
             if set {
@@ -470,6 +477,7 @@ impl Config {
             drop_capabilities: check_capabilities(key, s.drop_capabilities.as_deref())?,
             gpus: check_gpus(key, s.gpus.as_ref())?,
             require: s.require.unwrap_or(false),
+            containerd_at_boot: s.containerd_at_boot.unwrap_or(true),
         })
     }
 }
@@ -662,6 +670,7 @@ impl Settings {
             drop_capabilities: other.drop_capabilities.or(self.drop_capabilities),
             gpus: other.gpus.or(self.gpus),
             require: other.require.or(self.require),
+            containerd_at_boot: other.containerd_at_boot.or(self.containerd_at_boot),
         }
     }
 }

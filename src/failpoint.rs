@@ -45,6 +45,8 @@ pub enum Point {
     PreStartMidGateWrite,
     /// pre-start: the `.nspawn` file's temp file is written and synced, not yet renamed.
     PreStartMidNspawnWrite,
+    /// pre-start: containerd's marker for the next boot, between its temp file and the rename.
+    PreStartMidGateRelease,
     /// install: the helper copy's temp file is written, not yet renamed.
     InstallMidHelperCopy,
     /// install: the `.nspawn` file's temp file is written, not yet renamed.
@@ -58,7 +60,7 @@ pub enum Point {
 }
 
 /// Every point, in the order a run meets them.
-pub const ALL: [Point; 18] = [
+pub const ALL: [Point; 19] = [
     Point::AfterLock,
     Point::AfterBus,
     Point::AfterKubeletStop,
@@ -72,6 +74,7 @@ pub const ALL: [Point; 18] = [
     Point::BeforeKubeletStart,
     Point::PreStartMidGateWrite,
     Point::PreStartMidNspawnWrite,
+    Point::PreStartMidGateRelease,
     Point::InstallMidHelperCopy,
     Point::InstallMidNspawnWrite,
     Point::InstallMidDropinWrite,
@@ -96,6 +99,7 @@ impl Point {
             Point::BeforeKubeletStart => "post-start-before-kubelet-start",
             Point::PreStartMidGateWrite => "pre-start-mid-gate-write",
             Point::PreStartMidNspawnWrite => "pre-start-mid-nspawn-write",
+            Point::PreStartMidGateRelease => "pre-start-mid-gate-release",
             Point::InstallMidHelperCopy => "install-mid-helper-copy",
             Point::InstallMidNspawnWrite => "install-mid-nspawn-write",
             Point::InstallMidDropinWrite => "install-mid-dropin-write",

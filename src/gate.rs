@@ -22,9 +22,10 @@
 //! every boot is gated afresh.
 
 use crate::failpoint::Point;
-use crate::machine_root::{MachineRoot, split_parent};
+use crate::host::HostRoot;
+use crate::machine_root::MachineRoot;
 use crate::paths::{HostPath, MachinePath, UnitName};
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use std::path::Path;
 
 /// Host file pre-start writes and the `.nspawn` file binds into the machine.
@@ -99,25 +100,135 @@ pub fn is_gated_on_host(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&host_dropin(unit))?.is_some())
 }
 
-/// Whether `unit` may start this boot (its marker exists).
+/// Whether `unit` may start this boot as the tree at `root` sees it (its marker exists at
+/// [`marker`]): a machine's view (status), or the host's own (host plan).
 pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&marker(unit))?.is_some())
 }
 
-/// Create `unit`'s marker in the machine (a no-op when it is there): from now on a start of
-/// `unit` is no longer skipped. `point` is the failpoint between its temp file and the rename.
-/// Returns whether it wrote.
-pub fn release(root: &MachineRoot, unit: &UnitName, point: Point) -> Result<bool> {
-    let path = marker(unit);
-    let (dir, name) = split_parent(path.as_str())?;
-    root.create_dir_all(&dir, 0o755)?
-        .write_file(
-            name,
-            format!("nspawn-lifecycle post-start released {unit} this boot\n").as_bytes(),
+/// Where the host keeps a machine's markers. The `.nspawn` file binds this directory read-only at
+/// [`MARKER_DIR`] in the machine, so what the drop-in's `ConditionPathExists=` looks at is the
+/// host's: pre-start can release containerd before the machine boots ([`prepare_boot`]), and
+/// only the helper (on the host) ever creates or removes a marker. pre-start empties it at every
+/// start, so every boot is gated afresh, as the machine's own `/run` tmpfs used to make it.
+pub fn machine_marker_dir(machine: &str) -> String {
+    format!("{MACHINES_DIR}/{machine}/released")
+}
+
+/// The host directory of per-machine runtime state (under `/run`: gone with a host reboot).
+pub const MACHINES_DIR: &str = "/run/nspawn-lifecycle/machines";
+
+/// [`machine_marker_dir`] as the `.nspawn` renderer takes it.
+pub fn machine_marker_source(machine: &str) -> HostPath {
+    machine_marker_dir(machine)
+        .parse()
+        .expect("a machine name holds no '/', control character or space, so the path is valid")
+}
+
+/// [`MARKER_DIR`] as the `.nspawn` renderer takes it.
+pub fn marker_target() -> MachinePath {
+    MARKER_DIR.parse().expect("MARKER_DIR is a valid path")
+}
+
+/// One target's markers, as host paths: a machine's ([`machine_marker_dir`], what its `/run`
+/// shows at [`MARKER_DIR`]) or the host's own ([`MARKER_DIR`], host mode).
+pub struct Markers<'a> {
+    host: &'a HostRoot,
+    dir: String,
+}
+
+impl<'a> Markers<'a> {
+    /// The markers of `machine`, kept on the host.
+    pub fn of_machine(host: &'a HostRoot, machine: &str) -> Self {
+        Markers {
+            host,
+            dir: machine_marker_dir(machine),
+        }
+    }
+
+    /// The host's own markers (host mode).
+    pub fn of_host(host: &'a HostRoot) -> Self {
+        Markers {
+            host,
+            dir: MARKER_DIR.to_owned(),
+        }
+    }
+
+    /// The host path of `unit`'s marker.
+    pub fn path(&self, unit: &UnitName) -> String {
+        format!("{}/{unit}", self.dir)
+    }
+
+    /// Whether `unit` may start this boot (its marker exists).
+    pub fn is_released(&self, unit: &UnitName) -> Result<bool> {
+        let path = self.path(unit);
+        match self.host.symlink_metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("reading the gate marker {path}")),
+        }
+    }
+
+    /// Create `unit`'s marker (a no-op when it is there): from now on a start of `unit` is no
+    /// longer skipped. `point` is the failpoint between its temp file and the rename. Returns
+    /// whether it wrote.
+    pub fn release(&self, unit: &UnitName, point: Point) -> Result<bool> {
+        let path = self.path(unit);
+        crate::host_dir::open(self.host, &self.dir, crate::host_dir::PARENT_MODE)?;
+        self.host
+            .write_if_changed(
+                &path,
+                format!("nspawn-lifecycle post-start released {unit} this boot\n").as_bytes(),
+                0o644,
+                point,
+            )
+            .with_context(|| format!("releasing the unit gate of {unit} ({path})"))
+    }
+}
+
+/// pre-start, before every start of `machine` whose `.nspawn` file binds the gate: empty the
+/// machine's marker directory (a new boot is gated afresh) and, with `containerd`, release that
+/// unit for the boot ahead: pre-start has just built or checked the driver root the file binds,
+/// so containerd may start as early as a bare boot would start it (issue 12). kubelet's marker
+/// stays post-start's: kubelet waits for the staged images, which need the running machine.
+/// Returns the markers' directory.
+pub fn prepare_boot(
+    host: &HostRoot,
+    machine: &str,
+    containerd: Option<&UnitName>,
+) -> Result<String> {
+    let dir = machine_marker_dir(machine);
+    // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
+    crate::host_dir::open(host, &dir, crate::host_dir::PARENT_MODE)?;
+    let entries = host
+        .read_dir(&dir)
+        .with_context(|| format!("listing {dir}"))?;
+    // Checked before anything is removed: a refusal leaves the directory as it was.
+    if let Some((name, _)) = entries
+        .iter()
+        .find(|(_, kind)| *kind == crate::machine_root::FileKind::Dir)
+    {
+        bail!(
+            "{dir}/{} is a directory, which nspawn-lifecycle never puts there; remove it",
+            name.to_string_lossy()
+        );
+    }
+    // containerd's marker, when it stays, is rewritten only if its bytes differ: a second
+    // pre-start writes nothing.
+    let kept = containerd.map(|u| std::ffi::OsString::from(u.as_str()));
+    for (name, _) in entries.iter().filter(|(n, _)| Some(n) != kept.as_ref()) {
+        host.remove_file(format!("{dir}/{}", name.to_string_lossy()))?;
+    }
+    if let Some(unit) = containerd {
+        host.write_if_changed(
+            format!("{dir}/{unit}"),
+            format!("nspawn-lifecycle pre-start released {unit} for the next boot\n").as_bytes(),
             0o644,
-            point,
+            Point::PreStartMidGateRelease,
         )
-        .with_context(|| format!("releasing the unit gate of {unit} ({path} in the machine)"))
+        .with_context(|| format!("releasing the unit gate of {unit} ({dir}/{unit})"))?;
+    }
+    Ok(dir)
 }
 
 #[cfg(test)]
@@ -167,38 +278,83 @@ mod tests {
     }
 
     #[test]
-    fn release_creates_each_units_marker_once() {
+    fn release_creates_each_units_marker_once_on_the_host() {
         let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
         let root = MachineRoot::open(dir.path()).unwrap();
         let kubelet: UnitName = "kubelet.service".parse().unwrap();
         let containerd: UnitName = "containerd.service".parse().unwrap();
         assert!(!is_gated(&root, &kubelet).unwrap());
         let p = Point::PostStartMidGateRelease;
-        assert!(release(&root, &containerd, p).unwrap());
-        assert!(
-            !release(&root, &containerd, p).unwrap(),
-            "second release writes nothing"
-        );
-        assert!(is_released(&root, &containerd).unwrap());
-        assert!(
-            !is_released(&root, &kubelet).unwrap(),
-            "containerd's marker is not kubelet's"
-        );
-        assert!(
-            dir.path()
-                .join("run/nspawn-lifecycle/released/containerd.service")
-                .is_file()
-        );
-        assert!(release(&root, &kubelet, p).unwrap());
-        assert!(
-            dir.path()
-                .join("run/nspawn-lifecycle/released/kubelet.service")
-                .is_file()
-        );
+        for (markers, dir_there) in [
+            (
+                Markers::of_machine(&host, "kube1"),
+                "run/nspawn-lifecycle/machines/kube1/released",
+            ),
+            (Markers::of_host(&host), "run/nspawn-lifecycle/released"),
+        ] {
+            assert!(markers.release(&containerd, p).unwrap());
+            assert!(
+                !markers.release(&containerd, p).unwrap(),
+                "second release writes nothing"
+            );
+            assert!(markers.is_released(&containerd).unwrap());
+            assert!(
+                !markers.is_released(&kubelet).unwrap(),
+                "containerd's marker is not kubelet's"
+            );
+            assert!(
+                dir.path()
+                    .join(dir_there)
+                    .join("containerd.service")
+                    .is_file()
+            );
+            assert!(markers.release(&kubelet, p).unwrap());
+            assert!(dir.path().join(dir_there).join("kubelet.service").is_file());
+        }
+        // What a tree sees at MARKER_DIR: here the host's own markers.
+        assert!(is_released(&root, &kubelet).unwrap());
         let d = dir.path().join("run/systemd/system/kubelet.service.d");
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("50-nspawn-lifecycle-gate.conf"), CONTENT).unwrap();
         assert!(is_gated(&root, &kubelet).unwrap());
+    }
+
+    /// Every start begins gated: pre-start empties the machine's markers, then releases
+    /// containerd alone when asked; kubelet's marker of the last boot is gone.
+    #[test]
+    fn prepare_boot_empties_the_markers_and_releases_containerd_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let kubelet: UnitName = "kubelet.service".parse().unwrap();
+        let containerd: UnitName = "containerd.service".parse().unwrap();
+        let markers = Markers::of_machine(&host, "kube1");
+        let p = Point::PostStartMidGateRelease;
+        markers.release(&containerd, p).unwrap();
+        markers.release(&kubelet, p).unwrap();
+        let there = dir
+            .path()
+            .join("run/nspawn-lifecycle/machines/kube1/released");
+        std::os::unix::fs::symlink("/etc/passwd", there.join("planted")).unwrap();
+        assert_eq!(
+            prepare_boot(&host, "kube1", Some(&containerd)).unwrap(),
+            "/run/nspawn-lifecycle/machines/kube1/released"
+        );
+        assert!(markers.is_released(&containerd).unwrap());
+        assert!(!markers.is_released(&kubelet).unwrap());
+        assert!(!there.join("planted").exists() && std::fs::read_to_string("/etc/passwd").is_ok());
+        assert!(
+            std::fs::read_to_string(there.join("containerd.service"))
+                .unwrap()
+                .starts_with("nspawn-lifecycle pre-start released containerd.service")
+        );
+        prepare_boot(&host, "kube1", None).unwrap();
+        assert_eq!(std::fs::read_dir(&there).unwrap().count(), 0);
+        // A directory there is nobody's doing of ours: named, never removed.
+        std::fs::create_dir(there.join("odd")).unwrap();
+        let err = format!("{:#}", prepare_boot(&host, "kube1", None).unwrap_err());
+        assert!(err.contains("kube1/released/odd is a directory"), "{err}");
+        assert!(there.join("odd").is_dir());
     }
 
     /// The drop-in's `%n` is the unit's name as systemd spells it, escapes included.

@@ -150,7 +150,9 @@ impl NspawnFile {
                     target: hook.target,
                     read_only: hook.read_only,
                 });
-                // containerd and kubelet wait at boot for post-start (src/gate.rs).
+                // containerd and kubelet wait at boot for their markers (src/gate.rs), which
+                // the host keeps: pre-start empties them before the boot and may release
+                // containerd, post-start releases the rest.
                 for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
                     binds.push(BindLine {
                         source: gate::host_file(),
@@ -158,6 +160,11 @@ impl NspawnFile {
                         read_only: true,
                     });
                 }
+                binds.push(BindLine {
+                    source: gate::machine_marker_source(machine.as_str()),
+                    target: gate::marker_target(),
+                    read_only: true,
+                });
                 format!(
                     "NVIDIA driver {}, {} GPU{}",
                     driver.version,

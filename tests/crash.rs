@@ -285,6 +285,27 @@ fn pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals() {
     );
     assert_eq!(leftovers(host.path()), Vec::<PathBuf>::new());
 
+    // Killed mid-write of containerd's marker for the boot ahead (after the driver tree, before
+    // the .nspawn file): no marker and no .nspawn file, so no boot can start on it; one temp
+    // file; the rerun writes both, the marker holding pre-start's words.
+    let host = fixture_host("two-gpus", false);
+    let released = host
+        .path()
+        .join("run/nspawn-lifecycle/machines/kube1/released");
+    killed(host.path(), &args, Point::PreStartMidGateRelease.name());
+    assert!(!released.join("containerd.service").exists());
+    assert!(!host.path().join(NSPAWN).exists());
+    assert_eq!(leftovers(host.path()).len(), 1);
+    ok(host.path(), &args);
+    assert_eq!(std::fs::read(host.path().join(NSPAWN)).unwrap(), new);
+    assert!(
+        std::fs::read_to_string(released.join("containerd.service"))
+            .unwrap()
+            .starts_with("nspawn-lifecycle pre-start released containerd.service")
+    );
+    assert!(!released.join("kubelet.service").exists());
+    assert_eq!(leftovers(host.path()), Vec::<PathBuf>::new());
+
     // Killed right after taking the lock: nothing written, the lock free again.
     let host = fixture_host("two-gpus", false);
     killed(host.path(), &args, Point::AfterLock.name());

@@ -1345,10 +1345,12 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
     let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
     let libs_before = snapshot(&libs, &[]);
+    let markers = nspawn_lifecycle::gate::Markers::of_host(&hroot);
     let wiring = Wiring {
         machine: "the host",
         mc: &hc,
         host: &hroot,
+        markers: &markers,
         root: &root,
         inv: &inv,
         spec_file: &spec_file,

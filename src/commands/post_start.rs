@@ -156,6 +156,14 @@ impl Target {
         }
     }
 
+    /// Where the target's gate markers live (host paths, see [`gate::Markers`]).
+    fn markers<'a>(self, host: &'a HostRoot, who: &str) -> gate::Markers<'a> {
+        match self {
+            Target::Machine => gate::Markers::of_machine(host, who),
+            Target::Host => gate::Markers::of_host(host),
+        }
+    }
+
     /// Remove our NVIDIA state from a root without GPUs.
     fn cleanup(
         self,
@@ -292,7 +300,7 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
                 inv.gpus.len(),
                 ctx.config.helper_path(),
                 hc.staged_images_dir,
-                plan(&hc, Target::Host)
+                plan(&hc, Target::Host, Order::Gated)
             ));
         }
         _ => out.push_str(&format!(
@@ -350,10 +358,18 @@ impl TargetRun<'_> {
             job_timeout: mc.job_timeout,
         };
         let spec_file = cdi::spec_file_name(&mc.cdi_kind);
+        let markers = self.target.markers(self.host, who);
+        let order = Order::of(self.target, &markers, mc)?;
+        if order == Order::ContainerdReleased {
+            tracing::info!(machine = who, unit = %mc.containerd_unit,
+                "released before post-start began ({}): not stopped, started with the boot",
+                markers.path(&mc.containerd_unit));
+        }
         let wiring = Wiring {
             machine: who,
             mc,
             host: self.host,
+            markers: &markers,
             root: self.root,
             inv: self.inv,
             spec_file: &spec_file,
@@ -361,7 +377,7 @@ impl TargetRun<'_> {
             services: &services,
         };
         let started = Instant::now();
-        execute(&plan(mc, self.target), who, &wiring, &services)?;
+        execute(&plan(mc, self.target, order), who, &wiring, &services)?;
         tracing::info!(
             machine = who,
             "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
@@ -392,12 +408,9 @@ impl TargetRun<'_> {
         let gated = target.is_gated(root, &mc.kubelet_unit)?
             || target.is_gated(root, &mc.containerd_unit)?;
         if gated {
-            gate::release(root, &mc.containerd_unit, Point::PostStartMidGateRelease)?;
-            gate::release(
-                root,
-                &mc.kubelet_unit,
-                Point::PostStartMidKubeletGateRelease,
-            )?;
+            let markers = target.markers(self.host, who);
+            markers.release(&mc.containerd_unit, Point::PostStartMidGateRelease)?;
+            markers.release(&mc.kubelet_unit, Point::PostStartMidKubeletGateRelease)?;
         }
         let sd = running()?;
         if gated {
@@ -444,10 +457,14 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     };
     let json = cdi::render(&spec);
     let services = OnDisk { dir };
+    // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves them.
+    gate::prepare_boot(&host, machine.as_str(), None)?;
+    let markers = gate::Markers::of_machine(&host, machine.as_str());
     let wiring = Wiring {
         machine: machine.as_str(),
         mc: &mc,
         host: &host,
+        markers: &markers,
         root: &root,
         inv: &inv,
         spec_file: &spec_file,
@@ -455,7 +472,8 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         services: &services,
     };
     execute(
-        &plan(&mc, Target::Machine),
+        // The crash tests kill every point of the gated order, the one with the most steps.
+        &plan(&mc, Target::Machine, Order::Gated),
         machine.as_str(),
         &wiring,
         &services,
@@ -734,29 +752,55 @@ impl std::fmt::Display for Plan {
     }
 }
 
-/// The order of DESIGN §5 and issue 12: both services stopped (which also cancels a start job
-/// the boot still has queued for either), the driver wired, containerd released and started,
-/// the staged images imported, kubelet released and started.
+/// When containerd may start: what post-start finds when it begins ([`Order::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Both services wait for post-start: the order of DESIGN §5.
+    Gated,
+    /// containerd's marker was there before post-start began: pre-start released it for this
+    /// boot, over the driver root it had just built and checked (`containerdAtBoot`, issue 12),
+    /// or an earlier post-start of this boot released it after a full wiring. containerd is
+    /// then neither stopped nor held: the CDI spec it reads is rewritten atomically under it
+    /// and kubelet, which alone hands GPUs to pods, still waits for all of post-start.
+    ContainerdReleased,
+}
+
+impl Order {
+    /// What `markers` say now, before any step: only a machine's containerd is ever released
+    /// before post-start (host mode has no pre-start).
+    pub fn of(target: Target, markers: &gate::Markers, mc: &MachineConfig) -> Result<Order> {
+        Ok(
+            if target == Target::Machine && markers.is_released(&mc.containerd_unit)? {
+                Order::ContainerdReleased
+            } else {
+                Order::Gated
+            },
+        )
+    }
+}
+
+/// The order of DESIGN §5 and issue 12: kubelet stopped, containerd too unless it was released
+/// before post-start began ([`Order`]; a stop also cancels a start job the boot still has
+/// queued), the driver wired, containerd released and started (or, already released, waited
+/// for: the boot's own start job), the staged images imported, kubelet released and started.
 /// The target ([`Target`]) changes only the file steps before `ldconfig`.
-pub fn plan(mc: &MachineConfig, target: Target) -> Plan {
+pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
     let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
-    let stops = [
-        Step::Stop(kubelet.clone(), Point::AfterKubeletStop),
-        Step::Stop(containerd.clone(), Point::AfterContainerdStop),
-    ];
+    let gated = order == Order::Gated;
+    let stops = std::iter::once(Step::Stop(kubelet.clone(), Point::AfterKubeletStop))
+        .chain(gated.then(|| Step::Stop(containerd.clone(), Point::AfterContainerdStop)));
     let files = target.file_steps().iter().map(|f| Step::File(*f));
+    let release_containerd = gated.then(|| Step::Release {
+        unit: containerd.clone(),
+        point: Point::PostStartMidGateRelease,
+        key: "gate",
+    });
     Plan {
         steps: stops
-            .into_iter()
             .chain(files)
+            .chain([Step::Ldconfig, Step::File(FileStep::Cdi)])
+            .chain(release_containerd)
             .chain(vec![
-                Step::Ldconfig,
-                Step::File(FileStep::Cdi),
-                Step::Release {
-                    unit: containerd.clone(),
-                    point: Point::PostStartMidGateRelease,
-                    key: "gate",
-                },
                 Step::Start {
                     unit: containerd.clone(),
                     before: None,
@@ -803,6 +847,7 @@ pub struct Wiring<'a> {
     pub machine: &'a str,
     pub mc: &'a MachineConfig,
     pub host: &'a HostRoot,
+    pub markers: &'a gate::Markers<'a>,
     pub root: &'a MachineRoot,
     pub inv: &'a Inventory,
     pub spec_file: &'a str,
@@ -880,8 +925,8 @@ impl Work for Wiring<'_> {
     }
 
     fn release(&self, unit: &UnitName, point: Point) -> Result<String> {
-        Ok(if gate::release(self.root, unit, point)? {
-            format!("unit gate: released {unit} ({})", gate::marker(unit))
+        Ok(if self.markers.release(unit, point)? {
+            format!("unit gate: released {unit} ({})", self.markers.path(unit))
         } else {
             format!("unit gate: {unit} already released")
         })
@@ -1552,7 +1597,7 @@ mod tests {
             fail,
             import_fails: false,
         };
-        let r = execute(&plan(&cfg(), Target::Machine), m, &work, fake);
+        let r = execute(&plan(&cfg(), Target::Machine, Order::Gated), m, &work, fake);
         (r, fake.log())
     }
 
@@ -1560,7 +1605,10 @@ mod tests {
     /// (the host's is `/`), `/dev/char` links only; every other step is the machine's.
     #[test]
     fn the_host_plan_differs_only_in_its_file_steps() {
-        let (machine, host) = (plan(&cfg(), Target::Machine), plan(&cfg(), Target::Host));
+        let (machine, host) = (
+            plan(&cfg(), Target::Machine, Order::Gated),
+            plan(&cfg(), Target::Host, Order::Gated),
+        );
         assert_eq!(
             host.to_string(),
             "stop kubelet.service → stop containerd.service → /dev/char links → ldconfig → CDI \
@@ -1596,7 +1644,7 @@ mod tests {
                 fail: None,
                 import_fails: false,
             };
-            execute(&plan(&cfg(), target), "kube1", &work, &fake).unwrap();
+            execute(&plan(&cfg(), target, Order::Gated), "kube1", &work, &fake).unwrap();
             assert_eq!(*fake.ldconfig_told.borrow(), [false], "{target:?}");
         }
     }
@@ -1609,7 +1657,13 @@ mod tests {
             fail: None,
             import_fails: false,
         };
-        execute(&plan(&cfg(), Target::Host), HOST_LABEL, &work, &fake).unwrap();
+        execute(
+            &plan(&cfg(), Target::Host, Order::Gated),
+            HOST_LABEL,
+            &work,
+            &fake,
+        )
+        .unwrap();
         assert_eq!(
             fake.log(),
             [
@@ -1631,7 +1685,13 @@ mod tests {
             fail: Some(FileStep::DevChar),
             import_fails: false,
         };
-        let err = execute(&plan(&cfg(), Target::Host), HOST_LABEL, &work, &fake).unwrap_err();
+        let err = execute(
+            &plan(&cfg(), Target::Host, Order::Gated),
+            HOST_LABEL,
+            &work,
+            &fake,
+        )
+        .unwrap_err();
         assert_eq!(
             format!("{err}"),
             "post-start of the host: step '/dev/char links'"
@@ -1643,11 +1703,101 @@ mod tests {
     #[test]
     fn the_plan_is_a_value_in_the_order_of_the_design() {
         assert_eq!(
-            plan(&cfg(), Target::Machine).to_string(),
+            plan(&cfg(), Target::Machine, Order::Gated).to_string(),
             "stop kubelet.service → stop containerd.service → driver root → library and /dev/char \
              links → ldconfig → CDI spec → release containerd.service → start containerd.service \
              → import staged images from /var/lib/nspawn-lifecycle/images → release \
              kubelet.service → start kubelet.service"
+        );
+    }
+
+    /// Issue 12: containerd released by pre-start for this boot is neither stopped nor released
+    /// again; kubelet still waits for every step.
+    #[test]
+    fn with_containerd_released_before_post_start_only_kubelet_waits() {
+        assert_eq!(
+            plan(&cfg(), Target::Machine, Order::ContainerdReleased).to_string(),
+            "stop kubelet.service → driver root → library and /dev/char links → ldconfig → CDI \
+             spec → start containerd.service → import staged images from \
+             /var/lib/nspawn-lifecycle/images → release kubelet.service → start kubelet.service"
+        );
+        // A boot where the gate let containerd through (its marker came from pre-start) and
+        // kept kubelet: containerd is started by the boot and never stopped, kubelet starts once
+        // after its own marker.
+        let fake = Fake::gated_boot();
+        fake.released.borrow_mut().push("containerd.service".into());
+        fake.running.borrow_mut().push("containerd.service".into());
+        let work = FakeWork {
+            fake: &fake,
+            fail: None,
+            import_fails: false,
+        };
+        let p = plan(&cfg(), Target::Machine, Order::ContainerdReleased);
+        execute(&p, "kube1", &work, &fake).unwrap();
+        let log = fake.log();
+        assert!(
+            !log.iter().any(|l| l == "stop containerd.service"),
+            "{log:?}"
+        );
+        assert!(!log.iter().any(|l| l == "file unit gate"), "{log:?}");
+        let at = |l: &str| log.iter().position(|x| x == l).unwrap();
+        assert!(
+            at("file CDI spec") < at("start containerd.service"),
+            "{log:?}"
+        );
+        assert!(at("start containerd.service") < at("import"), "{log:?}");
+        assert!(
+            at("file kubelet's unit gate") < at("start kubelet.service"),
+            "{log:?}"
+        );
+        assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
+        // A failed step leaves containerd running (it was never stopped) and starts nothing.
+        let fake = Fake::gated_boot();
+        fake.released.borrow_mut().push("containerd.service".into());
+        fake.running.borrow_mut().push("containerd.service".into());
+        let work = FakeWork {
+            fake: &fake,
+            fail: Some(FileStep::DriverRoot),
+            import_fails: false,
+        };
+        assert!(execute(&p, "kube1", &work, &fake).is_err());
+        assert_eq!(fake.running(), ["containerd.service"]);
+        assert!(
+            !fake.log().iter().any(|l| l.starts_with("start ")),
+            "{:?}",
+            fake.log()
+        );
+    }
+
+    /// Which order post-start takes comes from the machine's markers alone, and host mode
+    /// (no pre-start) always takes the gated one.
+    #[test]
+    fn the_order_is_read_from_containerds_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let mc = cfg();
+        let markers = Target::Machine.markers(&host, "kube1");
+        assert_eq!(
+            Order::of(Target::Machine, &markers, &mc).unwrap(),
+            Order::Gated
+        );
+        gate::prepare_boot(&host, "kube1", Some(&mc.containerd_unit)).unwrap();
+        assert_eq!(
+            Order::of(Target::Machine, &markers, &mc).unwrap(),
+            Order::ContainerdReleased
+        );
+        let on_host = Target::Host.markers(&host, HOST_LABEL);
+        on_host
+            .release(&mc.containerd_unit, Point::PostStartMidGateRelease)
+            .unwrap();
+        assert_eq!(
+            Order::of(Target::Host, &on_host, &mc).unwrap(),
+            Order::Gated
+        );
+        gate::prepare_boot(&host, "kube1", None).unwrap();
+        assert_eq!(
+            Order::of(Target::Machine, &markers, &mc).unwrap(),
+            Order::Gated
         );
     }
 
@@ -1730,7 +1880,13 @@ mod tests {
             fail: None,
             import_fails: true,
         };
-        execute(&plan(&cfg(), Target::Machine), m, &work, &fake).unwrap();
+        execute(
+            &plan(&cfg(), Target::Machine, Order::Gated),
+            m,
+            &work,
+            &fake,
+        )
+        .unwrap();
         assert_eq!(fake.log().last().unwrap(), "start kubelet.service");
     }
 

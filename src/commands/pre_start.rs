@@ -22,7 +22,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = check_startable(ctx, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let mut plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
-    execute(ctx, machine, &mut plan)
+    execute(ctx, machine, &mc, &mut plan)
 }
 
 /// The machine's configuration, once nothing refuses the start: checked before the lock, so a
@@ -43,13 +43,28 @@ fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
 
 /// Carry out pre-start's plan: the device cgroup, then the unit gate and driver tree the file
 /// binds (nspawn refuses to start when a bind's source is missing), then the file itself.
-fn execute(ctx: &Ctx, machine: &MachineName, r: &mut Rendered) -> Result<()> {
+fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendered) -> Result<()> {
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     if r.file.binds_gate() && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
     crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
+    if r.file.binds_gate() {
+        // The driver root the file binds is built and checked: containerd may start with the
+        // boot (unless the config keeps it for post-start); kubelet waits for post-start.
+        let containerd = mc.containerd_at_boot.then_some(&mc.containerd_unit);
+        let dir = gate::prepare_boot(&ctx.host, machine.as_str(), containerd)
+            .with_context(|| format!("pre-start of {machine}: unit gate"))?;
+        match containerd {
+            Some(unit) => {
+                tracing::info!(%machine, step = "gate", "unit gate: released {unit} for the boot ({dir}/{unit})")
+            }
+            None => {
+                tracing::info!(%machine, step = "gate", "unit gate: {dir} emptied; containerd and kubelet wait for post-start")
+            }
+        }
+    }
     let new = r.text();
     if ctx.host.write_if_changed(
         crate::units::nspawn_path(machine),
