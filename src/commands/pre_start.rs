@@ -58,7 +58,7 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
             .with_context(|| format!("pre-start of {machine}: unit gate"))?;
         match containerd {
             Some(unit) => {
-                tracing::info!(%machine, step = "gate", "unit gate: released {unit} for the boot ({dir}/{unit})")
+                tracing::info!(%machine, step = "gate", "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree it binds is checked complete")
             }
             None => {
                 tracing::info!(%machine, step = "gate", "unit gate: {dir} emptied; containerd and kubelet wait for post-start")

@@ -126,34 +126,46 @@ info "/dev/char in kube1: $(M ls -l /dev/char 2>&1 | awk 'NR>1{print $(NF-2), $N
 # ---- CDI -------------------------------------------------------------------------------------
 check_cdi_spec kube1 2
 
-# ---- services: gated at boot, started once by post-start, in order ----------------------------
-# The .nspawn file binds the unit gate (src/gate.rs) over both units: the boot skips each until
-# post-start creates its own marker; post-start (running while the machine boots) stops them
-# (nothing to stop), wires the driver, releases containerd and starts it, imports, releases
-# kubelet and starts it -- each once.
+# ---- services: containerd with the boot, kubelet gated until post-start, in order ---------------
+# The .nspawn file binds the unit gate (src/gate.rs) over both units, and the host's marker
+# directory of this machine read-only where the gate looks. pre-start emptied it and released
+# containerd (its driver root is built and checked), so the boot starts containerd itself;
+# kubelet is skipped at boot until post-start (running while the machine boots) has wired the
+# driver, waited for containerd, imported and released it -- each starts once.
 assert_eq "$(c containerd-active)" active "$(inner_state containerd.service)"
 assert_eq "$(c kubelet-active)" active "$(inner_state kubelet.service)"
+assert_match "$(c nspawn-markers-bound)" "^BindReadOnly=/run/nspawn-lifecycle/machines/kube1/released:/run/nspawn-lifecycle/released$" "$nf"
 for unit in containerd kubelet; do
     assert_match "$(c "nspawn-gate-$unit")" "^BindReadOnly=/run/nspawn-lifecycle/unit-gate.conf:/run/systemd/system/$unit.service.d/50-nspawn-lifecycle-gate.conf$" "$nf"
     assert_match "$(c "$unit-gated-by-dropin")" "ConditionPathExists=/run/nspawn-lifecycle/released/%n" \
         "$(M systemctl cat "$unit.service" 2>&1)"
     uj=$(M journalctl -b --no-pager -o cat -u "$unit.service" 2>&1)
     info "$unit.service in kube1's journal this boot: $(printf '%s' "$uj" | tr '\n' '|')"
-    assert_match "$(c "$unit-skipped-at-boot")" "unmet condition check \\(ConditionPathExists=/run/nspawn-lifecycle/released/$unit\\.service\\)" "$uj"
+    skipped="unmet condition check \\(ConditionPathExists=/run/nspawn-lifecycle/released/$unit\\.service\\)"
+    if [ "$unit" = kubelet ]; then
+        assert_match "$(c "$unit-skipped-at-boot")" "$skipped" "$uj"
+    else
+        assert_no_match "$(c "$unit-not-skipped-at-boot")" "$skipped" "$uj"
+    fi
     assert_eq "$(c "$unit-started-once")" 1 "$(printf '%s\n' "$uj" | grep -c '^Started ')"
+    assert_cmd "$(c "gate-released-$unit")" M test -f "/run/nspawn-lifecycle/released/$unit.service"
 done
-assert_cmd "$(c gate-released-containerd)" M test -f /run/nspawn-lifecycle/released/containerd.service
-assert_cmd "$(c gate-released-kubelet)" M test -f /run/nspawn-lifecycle/released/kubelet.service
+assert_match "$(c containerd-released-by-pre-start)" '^nspawn-lifecycle pre-start released containerd.service' \
+    "$(H cat /run/nspawn-lifecycle/machines/kube1/released/containerd.service 2>&1)"
+assert_match "$(c kubelet-released-by-post-start)" '^nspawn-lifecycle post-start released kubelet.service' \
+    "$(H cat /run/nspawn-lifecycle/machines/kube1/released/kubelet.service 2>&1)"
+# the machine cannot release a unit itself: its markers are the host's, bound read-only
+assert_not_cmd "$(c markers-read-only-in-machine)" M touch /run/nspawn-lifecycle/released/kubelet.service
 ts() { H systemctl -M kube1 show -p "$2" --value "$1" 2>/dev/null; }
 c_up=$(ts containerd.service ActiveEnterTimestampMonotonic)       # containerd active
 k_start=$(ts kubelet.service InactiveExitTimestampMonotonic)      # kubelet began starting
 info "machine monotonic usec: containerd active $c_up, kubelet start began $k_start"
 assert_le "$(c containerd-started-before-kubelet)" "$c_up" "$k_start"
-# post-start's own order: both stops first, then the file steps and containerd's gate, its start,
-# then kubelet's gate (after the imports) and its start
+# the hooks' own order: pre-start releases containerd; post-start stops kubelet (a start job the
+# boot queued), waits for containerd, then kubelet's gate (after the imports) and its start
 hj=$(hook_journal_this_start kube1 "@$(( t0 / 1000 - 1 ))")
 order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit gate: released [a-z]+|started machine=kube1 unit=[a-z]+' | sed 's/machine=kube1 unit=//' | tr '\n' ',')
-assert_eq "$(c post-start-order)" "stopped kubelet,stopped containerd,unit gate: released containerd,started containerd,unit gate: released kubelet,started kubelet," "$order"
+assert_eq "$(c hooks-order)" "unit gate: released containerd,stopped kubelet,started containerd,unit gate: released kubelet,started kubelet," "$order"
 
 # ---- journald-native fields (issue 16 item 4) ---------------------------------------------------
 # stderr of the hooks is the journal: each line is sent natively, MESSAGE= the same line as the

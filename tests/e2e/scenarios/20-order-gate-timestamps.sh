@@ -1,20 +1,29 @@
 # shellcheck shell=bash
 # Scenario 20 (issue 12, "the order of post-start"): post-start runs while the machine boots
-# (NotifyReady=no), and the unit gate holds each service until its own precondition. Proven from
-# timestamps, over 20 restarts and with a crash point at each post-start step:
+# (NotifyReady=no), and the unit gate holds each service until its own precondition. pre-start
+# releases containerd for the boot ahead once the driver tree the .nspawn file binds is checked
+# complete (containerdAtBoot, the default), so the boot starts containerd; kubelet waits for all
+# of post-start. The driver root a service sees is that tree, bound read-only: nothing but
+# pre-start (before the start, under the machine's lock) changes it, so post-start's own check of
+# it later in the same start (which fails the start otherwise) holds for the moment containerd
+# began too. Proven from timestamps, over 20 restarts and with a crash point at each step of the
+# order (pre-start's marker write included; the two points only the gated order has, with
+# containerdAtBoot false):
 # - the new order: post-start (ExecStartPost=) begins before the machine's systemd finished its
 #   boot (its manager's FinishTimestamp; 0 = not yet finished when read);
 # - containerd and kubelet each begin starting (InactiveExitTimestamp, realtime µs, in the
 #   machine's systemd) only after their own gate marker exists (the marker's ctime: the rename
 #   that makes it appear, /run/nspawn-lifecycle/released/<unit> in the machine's /run), and each
 #   starts once per boot (one "Started" line in the machine's journal this boot);
-# - post-start's own log, in stream order: the driver root checked (its binds complete: the step
-#   fails otherwise) and the links, ldconfig and CDI steps done before containerd's marker, the
-#   imports before kubelet's marker;
+# - the hooks' own log, in stream order: pre-start's release of containerd (saying the tree is
+#   checked complete), then post-start's driver root check, links, ldconfig and CDI steps, the
+#   wait for containerd, the imports, kubelet's marker (gated order: the file steps before
+#   containerd's marker, which post-start then makes);
 # - killed at each post-start point under systemd (failpoints build): in the killed boot (read
 #   back from the machine's persistent journal once Restart=on-failure brought it up again),
-#   containerd never started unless the kill came after its marker, kubelet never started at all
-#   (every point is before post-start's start of kubelet); the healed boot holds all of the above.
+#   containerd started at most once (never, in the gated order, unless the kill came after its
+#   marker), kubelet never started at all (every point is before post-start's start of kubelet);
+#   a pre-start killed at its marker write boots nothing; the healed boot holds all of the above.
 scenario "post-start overlaps the boot; each service waits for its own gate marker" --needs-helper
 baseline
 
@@ -73,7 +82,14 @@ order_violations() {
     # post-start's own lines, in stream order
     n=$(printf '%s\n' "$hj" | grep -oE 'driver root: [0-9]+ binds|step=links|step=ldconfig|step=cdi|unit gate: released [a-z]+|imported|started machine=kube1 unit=[a-z]+' \
         | sed -E 's/driver root: [0-9]+ binds/root/; s/unit gate: released containerd/gate-c/; s/unit gate: released kubelet/gate-k/; s/started machine=kube1 unit=//' | uniq | tr '\n' ',')
-    [[ $n == root,step=links,step=ldconfig,step=cdi,gate-c,containerd,imported,gate-k,kubelet, ]] || v+=" post-start-log-order($n)"
+    # containerd released by pre-start (the default), or by post-start (containerdAtBoot false)
+    if [[ $n == gate-c,* ]]; then
+        [[ $n == gate-c,root,step=links,step=ldconfig,step=cdi,containerd,imported,gate-k,kubelet, ]] || v+=" hooks-log-order($n)"
+        grep -q 'unit gate: released containerd.service for the boot ahead .*the driver tree it binds is checked complete' <<< "$hj" \
+            || v+=" pre-start-release-without-tree-check"
+    else
+        [[ $n == root,step=links,step=ldconfig,step=cdi,gate-c,containerd,imported,gate-k,kubelet, ]] || v+=" hooks-log-order($n)"
+    fi
     for u in containerd kubelet; do
         n=$(M journalctl -b --no-pager -o cat -u "$u.service" 2>/dev/null | grep -c '^Started ')
         [ "$n" = 1 ] || v+=" $u-started-$n-times-this-boot"
@@ -110,17 +126,24 @@ if [ -z "${HELPER_FAILPOINTS:-}" ]; then
 fi
 arm()    { H sh -c "printf '[Service]\nEnvironment=NSPAWN_LIFECYCLE_FAILPOINT=%s\n' '$1' > '$ARMED'" && H systemctl daemon-reload; }
 disarm() { H rm -f "$ARMED"; H systemctl daemon-reload; }
-cleanup() { disarm; H umount "$HP" 2>/dev/null; }
+cleanup() { disarm; H rm -f /etc/nspawn-lifecycle/config.json; H umount "$HP" 2>/dev/null; }
 trap cleanup EXIT
 H mount --bind "$HP_FAILPOINTS" "$HP" || { fail "$(c mount-failpoints-build)" "cannot bind $HP_FAILPOINTS over $HP"; exit 0; }
 POINTS=$("$HELPER_FAILPOINTS" failpoints | grep '^post-start-')
+GATED_ONLY="post-start-after-containerd-stop post-start-mid-gate-release"
+CFG=/etc/nspawn-lifecycle/config.json
+gated_order() { H sh -c "mkdir -p ${CFG%/*} && echo '{\"defaults\": {\"containerdAtBoot\": false}}' > $CFG"; }
+default_order() { H rm -f "$CFG"; }
 info "post-start points: $(echo $POINTS)"
 assert_cmd "$(c new-points-listed)" grep -qx 'post-start-after-bus' <<< "$POINTS"
 assert_cmd "$(c kubelet-gate-point-listed)" grep -qx 'post-start-mid-kubelet-gate-release' <<< "$POINTS"
 containerd_may_run=0
 for p in $POINTS; do
     t=${p#post-start-}
-    # containerd may have started in the killed boot only once its marker was there
+    # containerd may have started in the killed boot only once its marker was there: from the
+    # boot on when pre-start released it, after post-start's release in the gated order
+    gated=0
+    case " $GATED_ONLY " in *" $p "*) gated=1; gated_order;; esac
     [ "$p" = post-start-after-containerd-start ] && containerd_may_run=1
     arm "$p"
     since="@$(H date +%s)"
@@ -128,6 +151,7 @@ for p in $POINTS; do
     H systemctl reset-failed "$UNIT" 2>/dev/null
     H timeout 180 systemctl restart "$UNIT" >/dev/null 2>&1; rc=$?
     disarm
+    default_order
     assert_ne "$(c "$t.start-failed")" 0 "$rc"
     assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since" "$HOOK_IDENT")"
     if wait_machine_up kube1 120; then pass "$(c "$t.healed")"; else fail "$(c "$t.healed")" "unit $(uprop ActiveState kube1)"; continue; fi
@@ -140,7 +164,7 @@ for p in $POINTS; do
         || { fail "$(c "$t.killed-boot-in-journal")" "boots: $(echo $boots); now $(fact boot "$f")"; continue; }
     for u in containerd kubelet; do
         n=$(M journalctl -b "$prev" --no-pager -o cat -u "$u.service" 2>/dev/null | grep -c '^Started ')
-        if [ "$u" = containerd ] && [ "$containerd_may_run" = 1 ]; then
+        if [ "$u" = containerd ] && { [ "$gated" = 0 ] || [ "$containerd_may_run" = 1 ]; }; then
             assert_le "$(c "$t.killed-boot-$u-at-most-once")" "$n" 1
         else
             assert_eq "$(c "$t.killed-boot-$u-never-started")" 0 "$n"
@@ -149,6 +173,23 @@ for p in $POINTS; do
     v=$(order_violations "$f" "$(hook_journal_this_start kube1 "$since")")
     assert_eq "$(c "$t.healed-boot-order-held")" "" "$v"
 done
+# pre-start killed writing containerd's marker for the boot ahead: the start fails before nspawn
+# runs (no boot in the machine's journal for it); Restart=on-failure's pre-start heals it
+p=pre-start-mid-gate-release; t=${p}
+assert_cmd "$(c "$t.listed")" grep -qx "$p" <<< "$("$HELPER_FAILPOINTS" failpoints)"
+arm "$p"
+since="@$(H date +%s)"
+nboots=$(M journalctl --list-boots --no-pager 2>/dev/null | grep -c .)
+H systemctl reset-failed "$UNIT" 2>/dev/null
+H timeout 180 systemctl restart "$UNIT" >/dev/null 2>&1; rc=$?
+disarm
+assert_ne "$(c "$t.start-failed")" 0 "$rc"
+assert_match "$(c "$t.killed-at-the-point")" "failpoint $p: SIGKILL" "$(hook_journal_since kube1 "$since" "$HOOK_IDENT")"
+if wait_machine_up kube1 120; then pass "$(c "$t.healed")"; else fail "$(c "$t.healed")" "unit $(uprop ActiveState kube1)"; fi
+assert_eq "$(c "$t.one-boot-the-healed-one")" $((nboots + 1)) "$(M journalctl --list-boots --no-pager 2>/dev/null | grep -c .)"
+assert_eq "$(c "$t.healed-boot-order-held")" "" "$(order_violations "$(facts)" "$(hook_journal_this_start kube1 "$since")")"
+assert_eq "$(c "$t.no-temp-left")" "" "$(H find /run/nspawn-lifecycle/machines -name '*.tmp' 2>&1)"
+
 trap - EXIT
 cleanup
 out=$(reconcile kube1 2>&1); rc=$?
