@@ -30,15 +30,28 @@
 #   order alternating) with a daemon-reload between; plus a per-restart breakdown from the unit's
 #   µs timestamps and the hooks' `step timing` lines (NSPAWN_LIFECYCLE_LOG=nspawn_lifecycle=debug
 #   through an extra drop-in, present for both variants).
+# ordered (issue 12's floor; BENCH_ORDERED=1, the default, 0 leaves it out): a third interleaved
+#   variant, "bare, in the required order": exactly bare (no hooks of ours, the bare drop-in and
+#   .nspawn, `systemctl restart`), plus one drop-in in the machine for its kubelet unit,
+#       [Unit]  After=containerd.service  Requires=containerd.service
+#   so that systemd alone starts kubelet only once containerd's start job is done (containerd is
+#   Type=notify: active once it sent READY=1). ordered vs bare is the floor the order the issue
+#   requires sets, with no hook in the way; ours vs ordered is what our hooks add on top of it.
+#   The drop-in is checked after each restart (kubelet's After=/Requires=/DropInPaths over the
+#   machine's bus): present in ordered's boots only, or the run dies. For every variant the
+#   breakdown also has containerd's and kubelet's start (InactiveExitTimestamp) and active
+#   (ActiveEnterTimestamp) times in the machine, in ms after nspawn started (`in:` rows).
 #
 # HELPER_B (optional): a second binary (e.g. before/after a change). reconcile then interleaves a
 #   third variant, oursB (the same drop-in with HELPER_B in the hooks, `HELPER_B reconcile`), and
 #   BENCH_PARTS=ab compares post-start alone, A (HELPER) and B alternating, in steady state.
 # Knobs: HELPER (required), BENCH_N (10), BENCH_PARTS ("rewire reconcile"; also "ab"), BENCH_OUT (output dir,
-#   default target/e2e-bench/<date>), BENCH_SETTLE (seconds before each restart, 2), E2E_GPUS (8),
+#   default target/e2e-bench/<date>), BENCH_SETTLE (seconds before each restart, 2), BENCH_ORDERED (1), E2E_GPUS (8),
 #   E2E_EXTRA_LIBS (192), and every harness knob.
 # Output in BENCH_OUT: samples.csv (part,variant,iter,metric,ms), facts.json (machine, date,
-#   command, load), summary.md (the table: median, min, p90), summary.json.
+#   command, load), summary.md (the table: median, min, p90), summary.json. A restart's `stop`
+#   segment is the stop of the machine the previous restart started: `stop-by-machine.py BENCH_LOG
+#   SAMPLES_CSV` (BENCH_LOG: this script's stderr) re-attributes each stop to that machine.
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -57,6 +70,8 @@ if [ -n "${HELPER_B:-}" ]; then HELPER_B=$(readlink -f "$HELPER_B"); fi
 N=${BENCH_N:-10}
 PARTS=${BENCH_PARTS:-rewire reconcile}
 SETTLE=${BENCH_SETTLE:-2}
+ORDERED=${BENCH_ORDERED:-1}
+case "$ORDERED" in 0|1) ;; *) echo "BENCH_ORDERED must be 0 or 1, not '$ORDERED'" >&2; exit 2;; esac
 OUT=${BENCH_OUT:-$REPO/target/e2e-bench/$(date +%Y%m%dT%H%M%S)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -139,7 +154,7 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "?")
 json.dump({
   "date": sh("date -Iseconds"),
-  "command": "HELPER=$HELPER${HELPER_B:+ HELPER_B=$HELPER_B} BENCH_N=$N BENCH_PARTS='$PARTS' tests/bench/e2e-bench.sh",
+  "command": "HELPER=$HELPER${HELPER_B:+ HELPER_B=$HELPER_B} BENCH_N=$N BENCH_ORDERED=$ORDERED BENCH_PARTS='$PARTS' tests/bench/e2e-bench.sh",
   "git": sh("git -C '$REPO' rev-parse HEAD") + (" (dirty)" if sh("git -C '$REPO' status --porcelain -- src tests") else ""),
   "helper": "$hv", "helper_sha256": sh("sha256sum '$HELPER' | cut -c1-16"),
   "helper_b_sha256": sh("sha256sum '${HELPER_B:-}' | cut -c1-16") if "${HELPER_B:-}" else None,
@@ -276,12 +291,32 @@ part_rewire() {
 # ---------------------------------------------------------------------------------------------
 # Item 4.
 NSPAWN=/etc/systemd/nspawn/kube1.nspawn
-use_dropin() { # use_dropin ours|oursB|bare
-    H cp "$BENCHDIR/$1.conf" "$DROPIN"
+# The ordered variant's drop-in for kubelet, in the machine's rootfs (/etc, which persists across
+# its boots), written just before ordered's restart and removed before any other's. The running
+# machine does not see it (nothing reloads it) and its next boot does. Not a bind in a .nspawn
+# file of its own (as the unit gate is): that would add a mount to ordered's machine, and a
+# machine's stop and boot cost follow its mounts (issue 11), so it would differ from bare by more
+# than the order. restart_once checks the result in each booted machine (check_order).
+ORDER_DROPIN=/etc/systemd/system/kubelet.service.d/60-e2e-bench-ordered.conf
+ordered_dropin() { # ordered_dropin on|off
+    local f; f=$(mroot kube1)$ORDER_DROPIN
+    if [ "$1" = on ]; then
+        mkdir -p "${f%/*}"
+        printf '[Unit]\nAfter=containerd.service\nRequires=containerd.service\n' > "$f"
+    else
+        rm -f "$f"
+        if [ -d "${f%/*}" ]; then rmdir --ignore-fail-on-non-empty "${f%/*}"; fi
+    fi
+}
+
+use_dropin() { # use_dropin ours|oursB|bare|ordered
+    case "$1" in ordered) H cp "$BENCHDIR/bare.conf" "$DROPIN"; ordered_dropin on;;
+                 *) H cp "$BENCHDIR/$1.conf" "$DROPIN"; ordered_dropin off;; esac
     # the .nspawn file each variant's machine has: ours as pre-start renders it (so pre-start
-    # finds it up to date, as on every restart of a node whose host did not change); bare
-    # without the unit gate, which only our post-start would ever release; oursB (HELPER_B, a
-    # build from before the gate when measuring it) the same as bare, which is what it renders
+    # finds it up to date, as on every restart of a node whose host did not change); bare (and
+    # ordered) without the unit gate, which only our post-start would ever release; oursB
+    # (HELPER_B, a build from before the gate when measuring it) the same as bare, which is what
+    # it renders
     case "$1" in ours) H cp "$BENCHDIR/ours.nspawn" "$NSPAWN";; *) H cp "$BENCHDIR/bare.nspawn" "$NSPAWN";; esac
     H systemctl daemon-reload
     local pre post
@@ -292,9 +327,26 @@ use_dropin() { # use_dropin ours|oursB|bare
         oursB) [[ $pre == *"$HPB nspawn-lifecycle pre-start"* && $post == *"$HPB nspawn-lifecycle post-start"* \
                   && $pre != *"$HP "* && $post != *"$HP "* ]] \
                   || die "the hooks of HELPER_B are not in effect: $pre $post";;
-        bare) [[ $pre != *nspawn-lifecycle* && $post != *nspawn-lifecycle* ]] \
-                  || die "the bare drop-in still runs our hooks: $pre $post";;
+        bare|ordered) [[ $pre != *nspawn-lifecycle* && $post != *nspawn-lifecycle* ]] \
+                  || die "the $1 variant's drop-in still runs our hooks: $pre $post";;
     esac
+}
+
+# check_order <variant>: kubelet in the booted machine is ordered after containerd and requires
+# it, through ORDER_DROPIN, in the ordered variant's boots, and in no other variant's
+check_order() {
+    local p=/org/freedesktop/systemd1/unit/kubelet_2eservice out after req paths
+    out=$(H busctl -M kube1 get-property org.freedesktop.systemd1 "$p" org.freedesktop.systemd1.Unit \
+        After Requires DropInPaths) || die "$1: cannot read kubelet's After=/Requires= in kube1"
+    { read -r after; read -r req; read -r paths; } <<< "$out"
+    if [ "$1" = ordered ]; then
+        [[ $after == *'"containerd.service"'* && $req == *'"containerd.service"'* \
+           && $paths == *"\"$ORDER_DROPIN\""* ]] \
+            || die "ordered: kubelet in kube1 is not ordered after containerd: After=$after Requires=$req DropInPaths=$paths"
+    else
+        [[ $after != *'"containerd.service"'* && $paths != *"$ORDER_DROPIN"* ]] \
+            || die "$1: kubelet in kube1 is ordered after containerd (the ordered drop-in leaked): After=$after DropInPaths=$paths"
+    fi
 }
 
 # props: the unit's timestamps (µs, realtime) and its exec records, as JSON lines
@@ -310,7 +362,15 @@ props() {
         done' sh "$UNIT"
 }
 
-restart_once() { # restart_once ours|bare <iter>
+# inner_ts <unit>: "<InactiveExitTimestamp> <ActiveEnterTimestamp>" (µs, realtime) of a unit in
+# kube1: when its last start began and when it became active
+inner_ts() {
+    local p=/org/freedesktop/systemd1/unit/${1//./_2e}
+    H busctl -M kube1 get-property org.freedesktop.systemd1 "$p" org.freedesktop.systemd1.Unit \
+        InactiveExitTimestamp ActiveEnterTimestamp 2>/dev/null | awk '$1 == "t" { printf "%s ", $2 }'
+}
+
+restart_once() { # restart_once ours|oursB|bare|ordered <iter>
     local v=$1 i=$2 out rc t_start t_end since
     wait_machine_up kube1 120 || die "kube1 is not up before $v #$i"
     sleep "$SETTLE"
@@ -334,18 +394,22 @@ restart_once() { # restart_once ours|bare <iter>
         [ "$(inner_state kubelet.service kube1)" = active ] && [ "$(inner_state containerd.service kube1)" = active ] && break
         sleep 0.1
     done
-    k_us=$(H busctl -M kube1 --json=short get-property org.freedesktop.systemd1 \
-        /org/freedesktop/systemd1/unit/kubelet_2eservice org.freedesktop.systemd1.Unit ActiveEnterTimestamp 2>/dev/null \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"])' 2>/dev/null)
-    [ -n "$k_us" ] && [ "$k_us" -gt "$t_start" ] || die "$v #$i: kubelet in kube1 not active after the restart (ActiveEnterTimestamp '$k_us')"
+    local k_begin c_begin c_us
+    read -r k_begin k_us <<< "$(inner_ts kubelet.service)"
+    if [ -z "$k_us" ] || [ "$k_us" -le "$t_start" ]; then
+        die "$v #$i: kubelet in kube1 not active after the restart (ActiveEnterTimestamp '$k_us')"
+    fi
+    read -r c_begin c_us <<< "$(inner_ts containerd.service)"
     sample reconcile "$v" "$i" serving "$(us_to_ms $((k_us - t_start)))"
     sample reconcile "$v" "$i" wall "$(us_to_ms $((t_end - t_start)))"
     sample reconcile "$v" "$i" load1 "$l1"
+    check_order "$v"
     local p; p=$(props)
-    # breakdown from the unit's own timestamps
-    python3 - "$v" "$i" "$t_start" "$t_end" <<EOF >> "$CSV"
+    # breakdown from the unit's own timestamps, and containerd's and kubelet's in the machine
+    python3 - "$v" "$i" "$t_start" "$t_end" "${c_begin:-0}" "${c_us:-0}" "${k_begin:-0}" "$k_us" <<EOF >> "$CSV"
 import json, sys
 v, i, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+c_begin, c_active, k_begin, k_active = (int(x) for x in sys.argv[5:9])
 P = {}
 for line in """$p""".splitlines():
     k, _, j = line.partition(" ")
@@ -370,9 +434,20 @@ if post:
 else:
     seg("seg:nspawn-boot-to-ready", P["ExecMainStartTimestamp"], P["ActiveEnterTimestamp"])
 seg("seg:active-to-return", P["ActiveEnterTimestamp"], t1)
+# in the machine, ms after nspawn started (not after the call: the stop before belongs to the
+# previous restart's machine); kubelet minus containerd may be negative (bare starts both at once)
+def at(name, a, b):
+    if a and b: out.append("reconcile,%s,%s,in:%s,%s" % (v, i, name, ms(a, b)))
+n0 = P["ExecMainStartTimestamp"]
+at("containerd start begins", n0, c_begin)
+at("containerd active", n0, c_active)
+at("kubelet start begins", n0, k_begin)
+at("kubelet active", n0, k_active)
+at("containerd's own start-up", c_begin, c_active)
+at("kubelet active after containerd active", c_active, k_active)
 print("\n".join(out))
 EOF
-    if [ "$v" != bare ]; then
+    if [[ $v == ours* ]]; then
         local j step us
         j=$(H journalctl --no-pager -o cat -u "$UNIT" --since "@$since" 2>/dev/null | grep 'step timing' || true)
         while IFS=$'\t' read -r step us; do
@@ -390,6 +465,7 @@ part_reconcile() {
     # restart returns when the machine's boot is done (ours says no: post-start overlaps the boot)
     H sh -c "grep -v 'unit-gate.conf' '$BENCHDIR/ours.nspawn' | sed 's/^NotifyReady=no$/NotifyReady=yes/' > '$BENCHDIR/bare.nspawn'"
     local variants=(bare ours)
+    [ "$ORDERED" = 0 ] || variants=(bare ordered ours)
     if [ -n "$HPB" ]; then
         # the same drop-in with HELPER_B in the hooks
         H sh -c "sed 's|$HP nspawn-lifecycle|$HPB nspawn-lifecycle|' '$BENCHDIR/ours.conf' > '$BENCHDIR/oursB.conf'"
@@ -407,7 +483,7 @@ part_reconcile() {
             use_dropin "$v"; restart_once "$v" "$i"
         done
     done
-    use_dropin ours
+    use_dropin ours     # also removes the ordered variant's drop-in from the machine's rootfs
     sample reconcile meta 0 load-end "$(load | cut -d' ' -f1)"
 }
 
