@@ -594,6 +594,26 @@ fn uninstall_removes_exactly_what_install_added() {
     assert_eq!(after, before);
 }
 
+/// The unit gate's markers pre-start keeps on the host for the machine go with uninstall.
+#[test]
+fn uninstall_removes_the_machines_gate_markers() {
+    let h = tempfile::tempdir().unwrap();
+    let example = nspawn_lifecycle::fixture::example("two-gpus").unwrap();
+    nspawn_lifecycle::fixture::materialize(example, h.path()).unwrap();
+    let root = h.path();
+    ok(root, &["install", "kube1"]);
+    ok(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    let markers = root.join("run/nspawn-lifecycle/machines/kube1/released");
+    assert!(markers.join("containerd.service").is_file());
+    let out = ok(root, &["uninstall", "kube1"]);
+    assert!(
+        out.contains("/run/nspawn-lifecycle/machines/kube1: removed (the unit gate's markers)")
+            || out.contains("/run/nspawn-lifecycle/machines/kube1: remove"),
+        "{out}"
+    );
+    assert!(!root.join("run/nspawn-lifecycle/machines/kube1").exists());
+}
+
 /// Issue 10 item 9: a start of the stock unit after uninstall must not run with `-U` (which
 /// chowns the rootfs to a private UID range), so the `.nspawn` file stays, without GPU binds;
 /// and install takes that file back as its own.

@@ -530,17 +530,22 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
 }
 
 /// pre-start's driver tree of the machine: hard links of the host's driver files, which would
-/// keep an old driver's files on disk after an upgrade (and the one of older versions on `/run`).
+/// keep an old driver's files on disk after an upgrade (and the one of older versions on `/run`);
+/// and the machine's unit-gate markers on the host (pre-start's and post-start's).
 fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
-    for dir in [
-        crate::layout::TREE_HOST_DIR,
-        crate::layout::LEGACY_TREE_HOST_DIR,
+    for (dir, what) in [
+        (crate::layout::TREE_HOST_DIR, "pre-start's driver tree"),
+        (
+            crate::layout::LEGACY_TREE_HOST_DIR,
+            "pre-start's driver tree",
+        ),
+        (crate::gate::MACHINES_DIR, "the unit gate's markers"),
     ] {
         let shown = format!("{dir}/{machine}");
         if host.symlink_metadata(&shown).is_ok() {
             plan.files.push(FileLine {
                 op: Some(Op::RemoveTree),
-                ..FileLine::new(&shown, Verb::Remove, "pre-start's driver tree".into())
+                ..FileLine::new(&shown, Verb::Remove, what.into())
             });
         }
     }
