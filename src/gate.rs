@@ -1,4 +1,4 @@
-//! The unit gate: in a GPU machine, containerd and kubelet wait at boot for post-start.
+//! The unit gate: in a GPU machine, containerd and kubelet wait at boot for their preconditions.
 //!
 //! Without it a restart boots the machine's containerd and kubelet, post-start stops both to
 //! rewire the driver and starts them again: two starts and two stops per restart, and a kubelet
@@ -8,18 +8,21 @@
 //! directory for both units, so each unit has a marker of its own ([`marker`]): a start of the
 //! unit before its marker exists is skipped by systemd ("unmet condition").
 //!
-//! post-start runs while the machine boots (the `.nspawn` file says `NotifyReady=no`), so each
-//! marker is created exactly when that unit's precondition holds (DESIGN §5, issue 12):
-//! containerd's once the driver is wired (driver root checked, links, `ldconfig`, CDI spec),
-//! kubelet's once the staged images are imported too. A boot that reaches either unit before
-//! then skips it; one that reaches it after finds it allowed, which is safe by construction. One
-//! marker for both would let a boot that reaches kubelet after the wiring start it before the
-//! images are imported.
+//! The markers are host files ([`machine_marker_dir`], bound read-only at [`MARKER_DIR`] in the
+//! machine): only the helper creates or removes one, and nothing of it is written into the
+//! machine's rootfs. Each is created exactly when that unit's precondition holds (DESIGN §5,
+//! issue 12): containerd's by pre-start, once the driver tree the `.nspawn` file binds is built
+//! and checked ([`prepare_boot`], `containerdAtBoot`, the default), so the boot starts containerd
+//! as a bare boot would; or, with `containerdAtBoot: false`, by post-start once the driver is
+//! wired (driver root checked, links, `ldconfig`, CDI spec). kubelet's always by post-start,
+//! once the staged images are imported too. A boot that reaches a unit before its marker skips
+//! it; one that reaches it after finds it allowed, which is safe by construction. One marker for
+//! both would let a boot that reaches kubelet after the wiring start it before the images are
+//! imported.
 //!
-//! Nothing in the machine rootfs changes: the drop-ins live in the machine's `/run` (a tmpfs
-//! nspawn creates at each start) and vanish with the bind when the `.nspawn` file no longer
-//! names them (uninstall, or a host without NVIDIA GPUs). The markers live in the same tmpfs, so
-//! every boot is gated afresh.
+//! The drop-ins live in the machine's `/run` (a tmpfs nspawn creates at each start) and vanish
+//! with the bind when the `.nspawn` file no longer names them (uninstall, or a host without
+//! NVIDIA GPUs). pre-start empties the markers before every start, so every boot is gated afresh.
 
 use crate::failpoint::Point;
 use crate::host::HostRoot;

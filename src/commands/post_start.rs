@@ -5,7 +5,10 @@
 //! answers on its bus (issue 12). Order (DESIGN §5): stop kubelet → stop containerd → check the
 //! driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
 //! containerd's unit gate → start containerd → import staged images → release kubelet's unit gate
-//! → start kubelet. In a GPU machine the gate (src/gate.rs) holds each service until its own
+//! → start kubelet. When pre-start released containerd for this boot (`containerdAtBoot`, the
+//! default; [`Order::ContainerdReleased`]) the boot starts containerd itself: post-start neither
+//! stops nor releases it, and its start of containerd waits for the boot's start job.
+//! In a GPU machine the gate (src/gate.rs) holds each service until its own
 //! marker exists, so a boot that reaches a service first skips it, and one that reaches it later
 //! finds its precondition met; the stops cancel a start job the boot still has queued for either
 //! (waiting on its `After=` units) and find nothing running, so each service starts once, from
