@@ -46,9 +46,63 @@ pub fn nspawn_path(machine: &MachineName) -> String {
     format!("{NSPAWN_DIR}/{machine}.nspawn")
 }
 
+/// Whether this process is a hook of a start of `machine`'s unit (its `ExecStartPre=` or
+/// `ExecStartPost=`), as opposed to a command run by hand. During the unit's start no earlier boot
+/// of the machine runs, so the unit gate's markers are this boot's: pre-start resets them and
+/// post-start takes containerd's release by pre-start as this boot's. Run by hand (from any other
+/// cgroup) the machine may be running: pre-start leaves the markers alone and post-start takes the
+/// gated order, stopping and restarting both services as it always did.
+pub fn runs_in_its_start(machine: &MachineName) -> bool {
+    // A /proc magic path, not a host-root one.
+    match std::fs::read_to_string("/proc/self/cgroup") {
+        Ok(text) => in_unit_cgroup(&text, &unit_name(machine)),
+        Err(e) => {
+            tracing::warn!(%machine, "reading /proc/self/cgroup: {e}; taken as run by hand");
+            false
+        }
+    }
+}
+
+/// Whether `/proc/self/cgroup` (`text`) puts this process in `unit`'s cgroup: its own, or the
+/// `.control` subgroup systemd runs the control processes of a delegated unit (nspawn's) in.
+fn in_unit_cgroup(text: &str, unit: &str) -> bool {
+    text.lines().any(|line| {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        matches!(comps.as_slice(), [.., last] if *last == unit)
+            || matches!(comps.as_slice(), [.., u, ".control"] if *u == unit)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_machines_own_unit_is_its_start() {
+        let unit = "systemd-nspawn@kube1.service";
+        let slice = "0::/system.slice/system-systemd\\x2dnspawn.slice";
+        assert!(in_unit_cgroup(&format!("{slice}/{unit}\n"), unit));
+        assert!(in_unit_cgroup(&format!("{slice}/{unit}/.control\n"), unit));
+        assert!(in_unit_cgroup(
+            &format!("12:pids:/\n1:name=systemd:/system.slice/{unit}\n"),
+            unit
+        ));
+        // By hand from a login session, another machine's start, the machine's own payload.
+        assert!(!in_unit_cgroup(
+            "0::/user.slice/user-0.slice/session-3.scope\n",
+            unit
+        ));
+        assert!(!in_unit_cgroup(
+            &format!("{slice}/systemd-nspawn@kube2.service\n"),
+            unit
+        ));
+        assert!(!in_unit_cgroup(
+            &format!("{slice}/{unit}/payload/system.slice/x.service\n"),
+            unit
+        ));
+        assert!(!in_unit_cgroup("", unit));
+    }
 
     #[test]
     fn paths_are_exact() {

@@ -209,6 +209,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     })?;
     let run = TargetRun {
         who,
+        in_its_start: crate::units::runs_in_its_start(machine),
         target: Target::Machine,
         mc: &mc,
         host: &ctx.host,
@@ -249,6 +250,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
     let run = TargetRun {
         who,
+        in_its_start: false,
         target: Target::Host,
         mc: &hc,
         host: &ctx.host,
@@ -320,6 +322,8 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
 /// One post-start run: whom it is for and what it works on, a machine or the host.
 struct TargetRun<'a> {
     who: &'a str,
+    /// Whether this is the `ExecStartPost=` of the machine unit's start ([`Order::of`]).
+    in_its_start: bool,
     target: Target,
     mc: &'a MachineConfig,
     host: &'a HostRoot,
@@ -362,7 +366,7 @@ impl TargetRun<'_> {
         };
         let spec_file = cdi::spec_file_name(&mc.cdi_kind);
         let markers = self.target.markers(self.host, who);
-        let order = Order::of(self.target, &markers, mc)?;
+        let order = Order::of(self.target, &markers, mc, self.in_its_start)?;
         if order == Order::ContainerdReleased {
             tracing::info!(machine = who, unit = %mc.containerd_unit,
                 "released before post-start began ({}): not stopped, started with the boot",
@@ -760,20 +764,29 @@ impl std::fmt::Display for Plan {
 pub enum Order {
     /// Both services wait for post-start: the order of DESIGN §5.
     Gated,
-    /// containerd's marker was there before post-start began: pre-start released it for this
-    /// boot, over the driver root it had just built and checked (`containerdAtBoot`, issue 12),
-    /// or an earlier post-start of this boot released it after a full wiring. containerd is
-    /// then neither stopped nor held: the CDI spec it reads is rewritten atomically under it
-    /// and kubelet, which alone hands GPUs to pods, still waits for all of post-start.
+    /// post-start runs in the unit's start and containerd's marker was there before it began:
+    /// pre-start released it for this boot, over the driver root it had just built and checked
+    /// (`containerdAtBoot`, issue 12), and the boot starts it. containerd is then neither
+    /// stopped nor held: the CDI spec it reads is written atomically beside it, and kubelet,
+    /// which alone hands GPUs to pods, still waits for all of post-start.
     ContainerdReleased,
 }
 
 impl Order {
-    /// What `markers` say now, before any step: only a machine's containerd is ever released
-    /// before post-start (host mode has no pre-start).
-    pub fn of(target: Target, markers: &gate::Markers, mc: &MachineConfig) -> Result<Order> {
+    /// The order for this run, before any step: only a machine's containerd is ever released
+    /// before post-start (host mode has no pre-start), and only a boot's: run by hand
+    /// (`in_its_start` false), post-start stops and restarts both services as it always did.
+    pub fn of(
+        target: Target,
+        markers: &gate::Markers,
+        mc: &MachineConfig,
+        in_its_start: bool,
+    ) -> Result<Order> {
         Ok(
-            if target == Target::Machine && markers.is_released(&mc.containerd_unit)? {
+            if target == Target::Machine
+                && in_its_start
+                && markers.is_released(&mc.containerd_unit)?
+            {
                 Order::ContainerdReleased
             } else {
                 Order::Gated
@@ -1772,36 +1785,30 @@ mod tests {
         );
     }
 
-    /// Which order post-start takes comes from the machine's markers alone, and host mode
-    /// (no pre-start) always takes the gated one.
+    /// Which order post-start takes comes from the machine's markers, in its unit's start only;
+    /// host mode (no pre-start) always takes the gated one.
     #[test]
     fn the_order_is_read_from_containerds_marker() {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
         let mc = cfg();
         let markers = Target::Machine.markers(&host, "kube1");
-        assert_eq!(
-            Order::of(Target::Machine, &markers, &mc).unwrap(),
-            Order::Gated
-        );
+        let of = |t, m, start| Order::of(t, m, &mc, start).unwrap();
+        assert_eq!(of(Target::Machine, &markers, true), Order::Gated);
         gate::prepare_boot(&host, "kube1", Some(&mc.containerd_unit)).unwrap();
         assert_eq!(
-            Order::of(Target::Machine, &markers, &mc).unwrap(),
+            of(Target::Machine, &markers, true),
             Order::ContainerdReleased
         );
+        // By hand on a running machine: both services stopped and started, as always.
+        assert_eq!(of(Target::Machine, &markers, false), Order::Gated);
         let on_host = Target::Host.markers(&host, HOST_LABEL);
         on_host
             .release(&mc.containerd_unit, Point::PostStartMidGateRelease)
             .unwrap();
-        assert_eq!(
-            Order::of(Target::Host, &on_host, &mc).unwrap(),
-            Order::Gated
-        );
+        assert_eq!(of(Target::Host, &on_host, true), Order::Gated);
         gate::prepare_boot(&host, "kube1", None).unwrap();
-        assert_eq!(
-            Order::of(Target::Machine, &markers, &mc).unwrap(),
-            Order::Gated
-        );
+        assert_eq!(of(Target::Machine, &markers, true), Order::Gated);
     }
 
     #[test]

@@ -50,7 +50,9 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
     crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
-    if r.file.binds_gate() && !starts_a_boot(ctx, machine) {
+    // Under --host-root no machine runs from the tree: the markers are the boot ahead's.
+    let starts_a_boot = !ctx.host.is_real_root() || crate::units::runs_in_its_start(machine);
+    if r.file.binds_gate() && !starts_a_boot {
         tracing::info!(%machine, step = "gate",
             "unit gate: markers left alone (pre-start run outside {}'s start; a running boot \
              keeps its own)", crate::units::unit_name(machine));
@@ -127,65 +129,5 @@ fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result
     Ok(())
 }
 
-/// Whether this pre-start is the `ExecStartPre=` of a start of the machine's unit, so no boot of
-/// the machine runs and the gate's markers are the boot ahead's to reset. A pre-start run by hand
-/// (from any other cgroup) may meet a running machine, whose kubelet marker must stay: it leaves
-/// them alone. Under `--host-root` no machine runs from the tree.
-fn starts_a_boot(ctx: &Ctx, machine: &MachineName) -> bool {
-    if !ctx.host.is_real_root() {
-        return true;
-    }
-    // A /proc magic path, not a host-root one.
-    match std::fs::read_to_string("/proc/self/cgroup") {
-        Ok(text) => in_unit_cgroup(&text, &crate::units::unit_name(machine)),
-        Err(e) => {
-            tracing::warn!(%machine, "reading /proc/self/cgroup: {e}; markers left alone");
-            false
-        }
-    }
-}
-
-/// Whether `/proc/self/cgroup` (`text`) puts this process in `unit`'s cgroup: its own, or the
-/// `.control` subgroup systemd runs the control processes of a delegated unit (nspawn's) in.
-fn in_unit_cgroup(text: &str, unit: &str) -> bool {
-    text.lines().any(|line| {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-        matches!(comps.as_slice(), [.., last] if *last == unit)
-            || matches!(comps.as_slice(), [.., u, ".control"] if *u == unit)
-    })
-}
-
 /// How long pre-start waits for the host's systemd to answer.
 const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-#[cfg(test)]
-mod tests {
-    use super::in_unit_cgroup;
-
-    #[test]
-    fn only_the_machines_own_unit_starts_a_boot() {
-        let unit = "systemd-nspawn@kube1.service";
-        let slice = "0::/system.slice/system-systemd\\x2dnspawn.slice";
-        assert!(in_unit_cgroup(&format!("{slice}/{unit}\n"), unit));
-        assert!(in_unit_cgroup(&format!("{slice}/{unit}/.control\n"), unit));
-        assert!(in_unit_cgroup(
-            &format!("12:pids:/\n1:name=systemd:/system.slice/{unit}\n"),
-            unit
-        ));
-        // By hand from a login session, another machine's start, the machine's own payload.
-        assert!(!in_unit_cgroup(
-            "0::/user.slice/user-0.slice/session-3.scope\n",
-            unit
-        ));
-        assert!(!in_unit_cgroup(
-            &format!("{slice}/systemd-nspawn@kube2.service\n"),
-            unit
-        ));
-        assert!(!in_unit_cgroup(
-            &format!("{slice}/{unit}/payload/system.slice/x.service\n"),
-            unit
-        ));
-        assert!(!in_unit_cgroup("", unit));
-    }
-}
