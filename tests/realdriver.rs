@@ -14,6 +14,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "realdriver/host.rs"]
+mod realdriver_host;
 use common::run_helper as run;
 use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{self, Verdict};
@@ -27,40 +29,6 @@ use std::process::{Command, Output};
 
 const VERSION: &str = "550.163.01";
 const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
-
-/// Everything of the host but the driver's userspace files, which fetch.sh lays in: two GPUs of
-/// the driver's version, their nodes, and nvidia-persistenced's socket. No merged-/usr links: the
-/// `deb` layout makes them (trixie), the `run` layout keeps a real /lib.
-const BASE: &str = "\
-# Two GPUs with a real 550.163.01 userspace driver (tests/realdriver/fetch.sh)
-dir /usr/lib/x86_64-linux-gnu
-dir /usr/bin
-elf /usr/lib/x86_64-linux-gnu/libc.so.6 x86_64 libc.so.6
-dir /etc
-dir /run/lock
-dir /var/lib/machines/kube1
-chr /dev/null 1:3
-file /proc/devices <<END
-Character devices:
-  1 mem
-195 nvidia
-226 drm
-508 nvidia-uvm
-
-Block devices:
-  7 loop
-END
-nvidia-kernel 550.163.01 x86_64
-nvidia-gpu 0000:3b:00.0 0 GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120 NVIDIA L4
-nvidia-gpu 0000:86:00.0 1 GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254 NVIDIA L4
-chr /dev/nvidia0 195:0
-chr /dev/nvidia1 195:1
-chr /dev/nvidiactl 195:255
-chr /dev/nvidia-uvm 508:0
-chr /dev/nvidia-uvm-tools 508:1
-dir /run/nvidia-persistenced
-sock /run/nvidia-persistenced/socket
-";
 
 fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -80,7 +48,8 @@ fn ok(what: &str, out: &Output) {
     );
 }
 
-/// The host: BASE materialized, then the real driver laid in by fetch.sh in `layout`.
+/// The host: `realdriver/host.rs`'s BASE materialized, then the real driver laid in by fetch.sh in
+/// `layout`.
 fn real_host(layout: &str) -> tempfile::TempDir {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -90,13 +59,8 @@ fn real_host(layout: &str) -> tempfile::TempDir {
         .prefix(&format!("realdriver-{layout}."))
         .tempdir()
         .unwrap();
-    fixture::materialize(BASE, dir.path()).unwrap();
-    let out = Command::new(manifest().join("tests/realdriver/fetch.sh"))
-        .args(["install", layout])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    ok(&format!("tests/realdriver/fetch.sh install {layout}"), &out);
+    fixture::materialize(realdriver_host::BASE, dir.path()).unwrap();
+    realdriver_host::install(layout, dir.path()).unwrap();
     std::fs::create_dir_all(dir.path().join("run/nspawn-lifecycle")).unwrap();
     std::fs::DirBuilder::new()
         .mode(0o700)

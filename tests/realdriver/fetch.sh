@@ -6,6 +6,8 @@
 # have them after either install method.
 #
 #   fetch.sh fetch                  download the pinned .debs into the cache (no-op once cached)
+#   fetch.sh cached                 exit 0 if every pinned .deb is cached, else name the missing
+#                                   ones and exit 1 (never downloads)
 #   fetch.sh install run|deb ROOT   lay the driver into ROOT (created if absent; may be an existing
 #                                   host tree such as the e2e harness's fake host), fetching first
 #   fetch.sh uninstall run|deb ROOT remove every file and link `install` made there (directories
@@ -325,6 +327,12 @@ main() {
     local cmd=${1:-}
     case $cmd in
         fetch) with_lock do_fetch ;;
+        cached)
+            local p missing=()
+            for p in "${PACKAGES[@]}"; do [ -s "$(deb_file "$p")" ] || missing+=("${p%%=*}"); done
+            [ ${#missing[@]} = 0 ] ||
+                die "${#missing[@]} of ${#PACKAGES[@]} pinned packages not cached in $CACHE/debs (${missing[*]}): run $0 fetch"
+            ;;
         version) echo "$DRIVER_VERSION" ;;
         list-debs) ensure; for p in "${PACKAGES[@]}"; do deb_file "$p"; echo; done ;;
         install | uninstall)
@@ -349,7 +357,7 @@ main() {
                 "$0" install "$l" "$2/$l"
             done
             ;;
-        *) die "usage: fetch.sh fetch | install run|deb ROOT | uninstall run|deb ROOT | build DIR | version | list-debs" ;;
+        *) die "usage: fetch.sh fetch | cached | install run|deb ROOT | uninstall run|deb ROOT | build DIR | version | list-debs" ;;
     esac
 }
 main "$@"

@@ -1,10 +1,13 @@
 //! The hosts measured, as fixture text (see `src/fixture.rs` for the format): the shipped
-//! examples where one fits, and bigger ones derived from the eight-GPU example so that a series
-//! differs in one dimension only.
+//! examples where one fits, bigger ones derived from the eight-GPU example so that a series
+//! differs in one dimension only, and the real-driver hosts of `tests/realdriver.rs` (NVIDIA's
+//! real userspace laid over their fixture text by `tests/realdriver/fetch.sh`).
 
+use crate::realdriver;
 use anyhow::{Context as _, Result, bail};
 use nspawn_lifecycle::fixture;
 use std::fmt::Write as _;
+use std::process::Command;
 
 /// Driver version of the eight-GPU example; the synthetic libraries carry it too.
 const VERSION: &str = "580.95.05";
@@ -12,6 +15,8 @@ const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 /// Driver files the example's `nvidia-libs` line makes (23 in the dir, the EGL platform library
 /// among them, 1 in `vdpau/`).
 pub const EXAMPLE_DRIVER_FILES: usize = 24;
+/// Driver files discovery finds in either layout of the real driver (tests/golden/realdriver-*.discover.json).
+const REAL_DRIVER_FILES: usize = 30;
 /// MIG: GPU instances per GPU (an H100 splits into at most 7), each with one compute instance.
 const MIG_INSTANCES: u32 = 7;
 
@@ -25,10 +30,13 @@ pub struct BenchHost {
     pub driver_files: Option<usize>,
     /// Whether it belongs to the 8-GPU series plotted against the number of library files.
     pub file_series: bool,
+    /// The layout (`run`, `deb`) in which fetch.sh lays the real driver over `text`, if any.
+    pub realdriver: Option<&'static str>,
 }
 
 /// Every host, in the order they are measured and reported, each with `system_libs` unrelated
-/// libraries beside the driver (see [`with_system_libs`]).
+/// libraries beside the driver (see [`system_lib_lines`]), in its ld.so.cache too: the fixture's
+/// `ldcache` line writes it, or fetch.sh's `ldconfig -r` for the real-driver hosts.
 pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
     let example = |name: &str| -> Result<String> {
         fixture::example(name)
@@ -43,6 +51,7 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             text: example("cpu-only")?,
             driver_files: None,
             file_series: false,
+            realdriver: None,
         },
         BenchHost {
             name: "1gpu".into(),
@@ -50,6 +59,7 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             text: example("one-gpu")?,
             driver_files: Some(EXAMPLE_DRIVER_FILES),
             file_series: false,
+            realdriver: None,
         },
         BenchHost {
             name: "8gpu".into(),
@@ -58,6 +68,7 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             text: eight.clone(),
             driver_files: Some(EXAMPLE_DRIVER_FILES),
             file_series: true,
+            realdriver: None,
         },
         BenchHost {
             name: "16gpu-mig".into(),
@@ -68,6 +79,7 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             text: with_more_gpus_and_mig(&eight, 16)?,
             driver_files: Some(EXAMPLE_DRIVER_FILES),
             file_series: false,
+            realdriver: None,
         },
     ];
     for files in [50, 200, 800] {
@@ -80,19 +92,54 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             text: with_extra_libs(&eight, files - EXAMPLE_DRIVER_FILES)?,
             driver_files: Some(files),
             file_series: true,
+            realdriver: None,
+        });
+    }
+    for layout in ["run", "deb"] {
+        hosts.push(BenchHost {
+            name: format!("realdriver-{layout}"),
+            about: format!(
+                "tests/realdriver.rs's host: 2 L4, NVIDIA's real 550.163.01 userspace (Debian trixie's packages) in fetch.sh's {layout} layout"
+            ),
+            text: realdriver::BASE.to_owned(),
+            driver_files: Some(REAL_DRIVER_FILES),
+            file_series: false,
+            realdriver: Some(layout),
         });
     }
     for h in &mut hosts {
-        h.text = with_system_libs(&h.text, system_libs)?;
+        h.text = if h.realdriver.is_some() {
+            // fetch.sh's `ldconfig -r` puts them in the cache with the driver.
+            h.text.clone() + &system_lib_lines(system_libs)
+        } else {
+            insert_before_ldcache(&h.text, &system_lib_lines(system_libs))?
+        };
     }
     Ok(hosts)
 }
 
-/// `base` with `n` unrelated libraries in the multiarch dir, each with its SONAME link and an
-/// ld.so.cache entry. A host's library dir is not just the driver: discovery lists all of it,
-/// and `ldconfig -p` prints the whole cache (a Debian 12 host has ~500 entries, a desktop-ish
-/// GPU host more), so the default of 500 keeps both comparisons honest.
-pub fn with_system_libs(base: &str, n: usize) -> Result<String> {
+/// Fails, naming fetch.sh and what to run, unless the real driver's packages are cached: a
+/// benchmark downloads nothing, and a host it cannot build is an error, never a skipped row.
+pub fn require_realdriver_cache() -> Result<()> {
+    let out = Command::new(realdriver::fetch_sh())
+        .arg("cached")
+        .output()
+        .with_context(|| format!("running {}", realdriver::fetch_sh().display()))?;
+    if !out.status.success() {
+        bail!(
+            "the realdriver-* hosts need NVIDIA's packages cached by tests/realdriver/fetch.sh \
+             (run `tests/realdriver/fetch.sh fetch` once, or leave those hosts out with --hosts): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `n` unrelated libraries for the multiarch dir, each with its SONAME link, as fixture lines. A
+/// host's library dir is not just the driver: discovery lists all of it, and `ldconfig -p` prints
+/// the whole cache (a Debian 12 host has ~500 entries, a desktop-ish GPU host more), so the
+/// default of 500 keeps both comparisons honest.
+fn system_lib_lines(n: usize) -> String {
     let mut extra = String::new();
     for k in 0..n {
         let stem = format!("libsystem{k:04}");
@@ -102,7 +149,7 @@ pub fn with_system_libs(base: &str, n: usize) -> Result<String> {
             major = k % 7
         );
     }
-    insert_before_ldcache(base, &extra)
+    extra
 }
 
 /// Insert `lines` before the `ldcache` line, which lists the ELF objects made before it.

@@ -19,14 +19,19 @@
 //!   (post-start's file steps on a fresh machine root) and `rewire_steady` (the same on a machine
 //!   root where nothing changes).
 //!
-//! Hosts (`hosts.rs`) are the shipped examples and ones derived from eight-gpus, each with 500
-//! unrelated libraries in its multiarch dir and ld.so.cache (`--system-libs`); the cache is the
-//! one the fixture writes in glibc's format, which `ldconfig -p` reads as it reads its own.
+//! Hosts (`hosts.rs`) are the shipped examples, ones derived from eight-gpus, and the two hosts of
+//! `tests/realdriver.rs` with NVIDIA's real 550.163.01 userspace (`realdriver-run`,
+//! `realdriver-deb`: the packages must be cached by `tests/realdriver/fetch.sh fetch`, else the
+//! run fails), each with 500 unrelated libraries in its multiarch dir and ld.so.cache
+//! (`--system-libs`); the cache is the one the fixture writes in glibc's format, which
+//! `ldconfig -p` reads as it reads its own, or on the real-driver hosts `ldconfig -r`'s own.
 //! Machine roots (`machine.rs`) are Debian-like with 150 unrelated libraries.
 
 mod hosts;
 mod machine;
 mod measure;
+#[path = "../../realdriver/host.rs"]
+mod realdriver;
 
 use anyhow::{Context as _, Result, bail};
 use measure::{ProcRun, Summary, micros, run_process, summarize};
@@ -243,6 +248,9 @@ fn real_main() -> Result<()> {
         }
         hosts.retain(|h| only.contains(&h.name));
     }
+    if hosts.iter().any(|h| h.realdriver.is_some()) {
+        hosts::require_realdriver_cache()?;
+    }
     let work = tempfile::Builder::new()
         .prefix("nspawn-bench-hosts.")
         .tempdir_in(&o.work_dir)
@@ -269,7 +277,7 @@ fn real_main() -> Result<()> {
         let r = bench_host(&o, h, work.path(), machines.path())
             .with_context(|| format!("host {}", h.name))?;
         eprintln!(
-            "  {:<10} prestart {:>7.0} µs  rewire cold {:>7.0} µs  ({:.0} s)",
+            "  {:<14} prestart {:>7.0} µs  rewire cold {:>7.0} µs  ({:.0} s)",
             h.name,
             r.series.get("prestart").map_or(f64::NAN, Series::median),
             r.series.get("rewire_cold").map_or(f64::NAN, Series::median),
@@ -306,6 +314,9 @@ fn real_main() -> Result<()> {
 fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> Result<HostResult> {
     let root = work.join(&h.name);
     nspawn_lifecycle::fixture::materialize(&h.text, &root)?;
+    if let Some(layout) = h.realdriver {
+        realdriver::install(layout, &root)?;
+    }
     let host = HostRoot::new(&root);
     let inv = discovery::discover(&host)?;
     let files: usize = inv
