@@ -176,18 +176,25 @@ impl<'a> Markers<'a> {
     /// longer skipped. `point` is the failpoint between its temp file and the rename. Returns
     /// whether it wrote.
     pub fn release(&self, unit: &UnitName, point: Point) -> Result<bool> {
-        let path = self.path(unit);
         crate::host_dir::open(self.host, &self.dir, crate::host_dir::PARENT_MODE)?;
+        self.write(
+            unit,
+            &format!("{RELEASED_BY_POST_START} {unit} this boot\n"),
+            point,
+        )
+    }
+
+    /// Write `unit`'s marker with `text` unless it already holds it (the directory verified).
+    fn write(&self, unit: &UnitName, text: &str, point: Point) -> Result<bool> {
+        let path = self.path(unit);
         self.host
-            .write_if_changed(
-                &path,
-                format!("nspawn-lifecycle post-start released {unit} this boot\n").as_bytes(),
-                0o644,
-                point,
-            )
+            .write_if_changed(&path, text.as_bytes(), 0o644, point)
             .with_context(|| format!("releasing the unit gate of {unit} ({path})"))
     }
 }
+
+/// How a marker post-start created begins (`install --host`'s uninstall removes only those).
+pub const RELEASED_BY_POST_START: &str = "nspawn-lifecycle post-start released";
 
 /// pre-start, before every start of `machine` whose `.nspawn` file binds the gate: empty the
 /// machine's marker directory (a new boot is gated afresh) and, with `containerd`, release that
@@ -200,11 +207,12 @@ pub fn prepare_boot(
     machine: &str,
     containerd: Option<&UnitName>,
 ) -> Result<String> {
-    let dir = machine_marker_dir(machine);
+    let markers = Markers::of_machine(host, machine);
+    let dir = &markers.dir;
     // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
-    crate::host_dir::open(host, &dir, crate::host_dir::PARENT_MODE)?;
+    crate::host_dir::open(host, dir, crate::host_dir::PARENT_MODE)?;
     let entries = host
-        .read_dir(&dir)
+        .read_dir(dir)
         .with_context(|| format!("listing {dir}"))?;
     // Checked before anything is removed: a refusal leaves the directory as it was.
     if let Some((name, _)) = entries
@@ -223,15 +231,10 @@ pub fn prepare_boot(
         host.remove_file(format!("{dir}/{}", name.to_string_lossy()))?;
     }
     if let Some(unit) = containerd {
-        host.write_if_changed(
-            format!("{dir}/{unit}"),
-            format!("nspawn-lifecycle pre-start released {unit} for the next boot\n").as_bytes(),
-            0o644,
-            Point::PreStartMidGateRelease,
-        )
-        .with_context(|| format!("releasing the unit gate of {unit} ({dir}/{unit})"))?;
+        let text = format!("nspawn-lifecycle pre-start released {unit} for the next boot\n");
+        markers.write(unit, &text, Point::PreStartMidGateRelease)?;
     }
-    Ok(dir)
+    Ok(markers.dir)
 }
 
 #[cfg(test)]

@@ -905,7 +905,7 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
         let marker = crate::gate::marker(unit).to_string();
         if read_optional(host, &marker)?
-            .is_some_and(|b| b.starts_with(b"nspawn-lifecycle post-start released"))
+            .is_some_and(|b| b.starts_with(crate::gate::RELEASED_BY_POST_START.as_bytes()))
         {
             plan.files
                 .push(FileLine::removing(&marker, "gate marker of this boot"));
