@@ -50,26 +50,8 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
     crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
-    // Under --host-root no machine runs from the tree: the markers are the boot ahead's.
-    let starts_a_boot = !ctx.host.is_real_root() || crate::units::runs_in_its_start(machine);
-    if r.file.binds_gate() && !starts_a_boot {
-        tracing::info!(%machine, step = "gate",
-            "unit gate: markers left alone (pre-start run outside {}'s start; a running boot \
-             keeps its own)", crate::units::unit_name(machine));
-    } else if r.file.binds_gate() {
-        // The driver root the file binds is built and checked: containerd may start with the
-        // boot (unless the config keeps it for post-start); kubelet waits for post-start.
-        let containerd = mc.containerd_at_boot.then_some(&mc.containerd_unit);
-        let dir = gate::prepare_boot(&ctx.host, machine.as_str(), containerd)
-            .with_context(|| format!("pre-start of {machine}: unit gate"))?;
-        match containerd {
-            Some(unit) => {
-                tracing::info!(%machine, step = "gate", "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree it binds is checked complete")
-            }
-            None => {
-                tracing::info!(%machine, step = "gate", "unit gate: {dir} emptied; containerd and kubelet wait for post-start")
-            }
-        }
+    if r.file.binds_gate() {
+        release_for_the_boot(ctx, machine, mc)?;
     }
     let new = r.text();
     if ctx.host.write_if_changed(
@@ -86,6 +68,31 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
         );
     } else {
         tracing::info!(%machine, file = %r.host_path.display(), "unchanged");
+    }
+    Ok(())
+}
+
+/// The unit gate's markers for the boot ahead ([`gate::prepare_boot`]): the driver root the file
+/// binds is built and checked, so containerd may start with the boot (unless the config keeps it
+/// for post-start); kubelet waits for post-start. Only in the unit's own start: run by hand the
+/// machine may be running, and its boot keeps its markers. Under `--host-root` no machine runs
+/// from the tree.
+fn release_for_the_boot(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<()> {
+    if ctx.host.is_real_root() && !crate::units::runs_in_its_start(machine) {
+        tracing::info!(%machine, step = "gate",
+            "unit gate: markers left alone (pre-start run outside {}'s start; a running boot \
+             keeps its own)", crate::units::unit_name(machine));
+        return Ok(());
+    }
+    let containerd = mc.containerd_at_boot.then_some(&mc.containerd_unit);
+    let dir = gate::prepare_boot(&ctx.host, machine.as_str(), containerd)
+        .with_context(|| format!("pre-start of {machine}: unit gate"))?;
+    match containerd {
+        Some(unit) => tracing::info!(%machine, step = "gate",
+            "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree it \
+             binds is checked complete"),
+        None => tracing::info!(%machine, step = "gate",
+            "unit gate: {dir} emptied; containerd and kubelet wait for post-start"),
     }
     Ok(())
 }
