@@ -284,7 +284,7 @@ pub fn host_plan(ctx: &Ctx) -> Result<()> {
             gate::host_dropin(unit),
             if gated { "installed" } else { "not installed" },
             gate::marker(unit),
-            if gate::is_released(&root, unit)? {
+            if gate::Markers::of_host(&ctx.host).is_released(unit)? {
                 " (exists)"
             } else {
                 ""
@@ -1457,6 +1457,15 @@ mod tests {
                 ..Fake::default()
             }
         }
+        /// A boot pre-start released containerd for: the boot started it, kubelet is gated.
+        fn containerd_released_boot() -> Fake {
+            Fake {
+                running: RefCell::new(vec!["containerd.service".into()]),
+                gated: true,
+                released: RefCell::new(vec!["containerd.service".into()]),
+                ..Fake::default()
+            }
+        }
         fn record(&self, call: String) -> Result<()> {
             self.log.borrow_mut().push(call.clone());
             if self.fail.contains(&call) {
@@ -1740,9 +1749,7 @@ mod tests {
         // A boot where the gate let containerd through (its marker came from pre-start) and
         // kept kubelet: containerd is started by the boot and never stopped, kubelet starts once
         // after its own marker.
-        let fake = Fake::gated_boot();
-        fake.released.borrow_mut().push("containerd.service".into());
-        fake.running.borrow_mut().push("containerd.service".into());
+        let fake = Fake::containerd_released_boot();
         let work = FakeWork {
             fake: &fake,
             fail: None,
@@ -1768,9 +1775,7 @@ mod tests {
         );
         assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
         // A failed step leaves containerd running (it was never stopped) and starts nothing.
-        let fake = Fake::gated_boot();
-        fake.released.borrow_mut().push("containerd.service".into());
-        fake.running.borrow_mut().push("containerd.service".into());
+        let fake = Fake::containerd_released_boot();
         let work = FakeWork {
             fake: &fake,
             fail: Some(FileStep::DriverRoot),
