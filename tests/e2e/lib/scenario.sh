@@ -291,3 +291,13 @@ status_epilogue() {
         else fail "$(c "status-epilogue-$m")" "expected exit $want, got $rc: $out"; fi
     done
 }
+
+# The post-start points only the gated order has (containerd stopped and released by post-start):
+# a boot pre-start released containerd for (containerdAtBoot, the default) never reaches them.
+# gated_order: the host's config says containerdAtBoot false; default_order: no config (the
+# scenarios that use these start and end without one).
+# shellcheck disable=SC2034  # used by the scenarios that source this file
+GATED_ONLY_POINTS="post-start-after-containerd-stop post-start-mid-gate-release"
+NL_CFG=/etc/nspawn-lifecycle/config.json
+gated_order() { H sh -c "mkdir -p ${NL_CFG%/*} && echo '{\"defaults\": {\"containerdAtBoot\": false}}' > $NL_CFG"; }
+default_order() { H rm -f "$NL_CFG"; }

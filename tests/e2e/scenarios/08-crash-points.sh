@@ -58,13 +58,6 @@ leftovers() {
     M sh -c 'find /run/nvidia /run/nspawn-lifecycle /etc/cdi /run/cdi /usr/lib/x86_64-linux-gnu /dev/char -maxdepth 4 \( -name "*.tmp" -o -name ".driver.new" \) 2>/dev/null'
     H sh -c "find /etc/systemd/nspawn '$DDIR' /usr/local/lib/nspawn-lifecycle /run/nspawn-lifecycle/machines -name '*.tmp' 2>/dev/null"
 }
-# The points only the gated order has (containerd stopped and released by post-start): a boot
-# that pre-start released containerd for (containerdAtBoot, the default) never reaches them, so
-# part A kills them with containerdAtBoot false in the config.
-GATED_ONLY="post-start-after-containerd-stop post-start-mid-gate-release"
-CFG=/etc/nspawn-lifecycle/config.json
-gated_order() { H sh -c "mkdir -p ${CFG%/*} && echo '{\"defaults\": {\"containerdAtBoot\": false}}' > $CFG"; }
-default_order() { H rm -f "$CFG"; }
 count_sha() { find "$r$STAGED" -type f -exec sha256sum {} + 2>/dev/null | awk -v s="$1" '$1==s' | wc -l; }
 stage_images() { mkdir -p "$r$STAGED"; cp "$RUN/support/images/e2e-hello.tar" "$RUN/support/images/e2e-corrupt.tar" "$r$STAGED/"; }
 assert_same() { # assert_same <name> <expected> <actual>: with a short diff on failure
@@ -121,7 +114,9 @@ for p in $POINTS; do
     fi
     stage_images
     nbad=$(count_sha "$bad_sha")
-    case " $GATED_ONLY " in *" $p "*) gated_order;; *) default_order;; esac
+    # the gated order's own points (GATED_ONLY_POINTS, lib/scenario.sh): a boot pre-start
+    # released containerd for never reaches them
+    case " $GATED_ONLY_POINTS " in *" $p "*) gated_order;; *) default_order;; esac
     arm "$p"
     since="@$(date +%s)"
     t0=$(now_ms)

@@ -131,14 +131,10 @@ if [ -z "${HELPER_FAILPOINTS:-}" ]; then
 fi
 arm()    { H sh -c "printf '[Service]\nEnvironment=NSPAWN_LIFECYCLE_FAILPOINT=%s\n' '$1' > '$ARMED'" && H systemctl daemon-reload; }
 disarm() { H rm -f "$ARMED"; H systemctl daemon-reload; }
-cleanup() { disarm; H rm -f /etc/nspawn-lifecycle/config.json; H umount "$HP" 2>/dev/null; }
+cleanup() { disarm; default_order; H umount "$HP" 2>/dev/null; }
 trap cleanup EXIT
 H mount --bind "$HP_FAILPOINTS" "$HP" || { fail "$(c mount-failpoints-build)" "cannot bind $HP_FAILPOINTS over $HP"; exit 0; }
 POINTS=$("$HELPER_FAILPOINTS" failpoints | grep '^post-start-')
-GATED_ONLY="post-start-after-containerd-stop post-start-mid-gate-release"
-CFG=/etc/nspawn-lifecycle/config.json
-gated_order() { H sh -c "mkdir -p ${CFG%/*} && echo '{\"defaults\": {\"containerdAtBoot\": false}}' > $CFG"; }
-default_order() { H rm -f "$CFG"; }
 info "post-start points: $(echo $POINTS)"
 assert_cmd "$(c new-points-listed)" grep -qx 'post-start-after-bus' <<< "$POINTS"
 assert_cmd "$(c kubelet-gate-point-listed)" grep -qx 'post-start-mid-kubelet-gate-release' <<< "$POINTS"
@@ -148,7 +144,7 @@ for p in $POINTS; do
     # containerd may have started in the killed boot only once its marker was there: from the
     # boot on when pre-start released it, after post-start's release in the gated order
     gated=0
-    case " $GATED_ONLY " in *" $p "*) gated=1; gated_order;; esac
+    case " $GATED_ONLY_POINTS " in *" $p "*) gated=1; gated_order;; esac
     [ "$p" = post-start-after-containerd-start ] && containerd_may_run=1
     arm "$p"
     since="@$(H date +%s)"
