@@ -114,7 +114,14 @@ pub struct Hook {
     pub hook_name: String,
     pub path: String,
     pub args: Vec<String>,
+    /// The hook's whole environment. Never empty: a runtime given no `env` (or an empty one,
+    /// which a CDI library's round trip may drop) runs the hook with the container's, which is
+    /// the pod's to choose. Our hooks read none of it anyway (`cdi_hook::isolate_process`).
+    pub env: Vec<String>,
 }
+
+/// The environment every hook of ours is given (see [`Hook::env`]).
+pub const HOOK_ENV: &str = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Hook {
     /// `nspawn-lifecycle-helper cdi-hook <args>` at [`layout::HOOK_BINARY`].
@@ -129,6 +136,7 @@ impl Hook {
             hook_name: HOOK_STAGE.to_owned(),
             path: layout::HOOK_BINARY.to_owned(),
             args: all,
+            env: vec![HOOK_ENV.to_owned()],
         }
     }
 }

@@ -30,13 +30,14 @@
 //!   container's, so the driver never creates device nodes in a container that has
 //!   `CAP_MKNOD` (containerd grants it).
 
+use crate::fd_mount;
 use crate::ldcache;
-use crate::machine_root::{Lookup, MachineRoot, split_parent};
+use crate::machine_root::{ImageFile, Lookup, MachineRoot, split_parent};
 use anyhow::{Context as _, Result, bail};
 use nix::sys::stat::SFlag;
 use std::io::Read as _;
-use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The host's driver parameters, which the driver reads `ModifyDeviceFiles` from.
 pub const HOST_PARAMS: &str = "/proc/driver/nvidia/params";
@@ -76,6 +77,13 @@ pub fn root_from_state(state: impl std::io::Read) -> Result<PathBuf> {
         .context("reading the OCI state on stdin")?;
     let state: State = serde_json::from_str(&text)
         .context("the OCI state on stdin is not JSON with a \"bundle\" string")?;
+    if !state.bundle.is_absolute() {
+        // Relative to what? Our working directory is `/`, never the runtime's.
+        return Err(crate::error::bad_input(format!(
+            "the OCI state's bundle {} is not an absolute path",
+            state.bundle.display()
+        )));
+    }
     let config_path = state.bundle.join("config.json");
     let mut text = String::new();
     std::fs::File::open(&config_path)
@@ -111,6 +119,7 @@ pub fn split_pair(arg: &str) -> Result<(&str, &str)> {
 /// parent directories are made (0755); a stale link or a file of the image at `link` is
 /// replaced atomically, a directory there is an error.
 pub fn create_symlinks(root: &MachineRoot, links: &[(&str, &str)]) -> Result<()> {
+    step(Step::Links);
     for (target, link) in links {
         let outcome = symlink(root, target, link)
             .with_context(|| format!("container {}", root.origin().display()))?;
@@ -155,8 +164,9 @@ pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
         .iter()
         .map(|(s, p)| ldcache::Entry::new(ldcache::flags_for(p), s, p))
         .collect();
-    let existing = match root.read_resolved(LD_CACHE, ldcache::MAX_CACHE)? {
-        Some(bytes) => match ldcache::parse(&bytes) {
+    step(Step::ReadCache);
+    let existing = match root.read_image_file(LD_CACHE, ldcache::MAX_CACHE)? {
+        ImageFile::Bytes(bytes) => match ldcache::parse(&bytes) {
             Ok(e) => e,
             Err(e) => {
                 // The loader ignores a cache it cannot read too, and searches its default
@@ -167,8 +177,13 @@ pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
                 Vec::new()
             }
         },
-        None => Vec::new(),
+        ImageFile::Unusable(why) => {
+            tracing::warn!("the container's {LD_CACHE} is not read ({why}); writing a new one");
+            Vec::new()
+        }
+        ImageFile::Absent => Vec::new(),
     };
+    step(Step::WriteCache);
     let merged = ldcache::merge(existing, &ours);
     write_file(root, LD_CACHE, &ldcache::render(&merged), 0o644)
         .with_context(|| format!("container {}", root.origin().display()))?;
@@ -183,6 +198,7 @@ pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
     // Only into a directory the image has, on the root's own filesystem (a lookup error is
     // "not there" here: the conf entry is a courtesy to a later ldconfig, not needed to load).
     let (conf_dir, conf_name) = split_parent(LD_CONF)?;
+    step(Step::WriteConf);
     if let Ok(Lookup::Dir(dir)) = root.lookup_dir(&conf_dir) {
         let mut text = String::from(
             "# Written by nspawn-lifecycle-helper cdi-hook update-ldcache: the host's NVIDIA driver.\n",
@@ -210,17 +226,34 @@ pub fn params_without_device_modification(params: &str) -> String {
     out
 }
 
+/// The most of the host's params file we read (a real one is under 1 KiB).
+const MAX_PARAMS: u64 = 64 << 10;
+
 /// `disable-device-node-modification`: see the module doc. Nothing to do when the host file is
 /// missing (no NVIDIA kernel driver) or the container has no such file to cover.
+///
+/// The copy is made without naming a single path: a tmpfs attached nowhere, the file created
+/// through its mount descriptor, sealed read-only, and its clone attached onto the pinned
+/// target by descriptor ([`crate::fd_mount`]). No scratch directory exists for a pod to swap.
 pub fn disable_device_node_modification(root: &MachineRoot, host_params: &Path) -> Result<()> {
-    let params = match std::fs::read_to_string(host_params) {
-        Ok(p) => p,
+    step(Step::HostParams);
+    // The machine's own procfs (this process has not pivoted into the container): nothing of
+    // the container's is on this path.
+    let params = match std::fs::File::open(host_params) {
+        Ok(f) => {
+            let mut text = String::new();
+            f.take(MAX_PARAMS)
+                .read_to_string(&mut text)
+                .with_context(|| format!("reading {}", host_params.display()))?;
+            text
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", host_params.display())),
     };
     let modified = params_without_device_modification(&params);
     // The target: resolved inside the root with no symlink anywhere (a real /proc has none),
     // pinned by an O_PATH descriptor that the bind goes onto.
+    step(Step::PinParams);
     let Some(target) = root.pin_no_symlinks(CONTAINER_PARAMS)? else {
         tracing::info!("{CONTAINER_PARAMS} does not exist in the container; nothing to cover");
         return Ok(());
@@ -229,52 +262,139 @@ pub fn disable_device_node_modification(root: &MachineRoot, host_params: &Path) 
     if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
         bail!("{CONTAINER_PARAMS} in the container is not a regular file");
     }
-    // The copy lives on a private tmpfs mounted only in this (the container's) mount namespace;
-    // once bound, the tmpfs is detached and its directory removed: nothing stays behind.
-    let tmp = tempfile::Builder::new()
-        .prefix("nspawn-lifecycle-params.")
-        .tempdir()
-        .context("creating a temporary directory for the params copy")?;
-    use nix::mount::{MntFlags, MsFlags, mount, umount2};
-    mount(
-        Some("tmpfs"),
-        tmp.path(),
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("size=64k,mode=0700"),
-    )
-    .with_context(|| format!("mounting a tmpfs on {}", tmp.path().display()))?;
-    let result = (|| -> Result<()> {
-        let copy = tmp.path().join("params");
-        std::fs::write(&copy, modified.as_bytes())
-            .with_context(|| format!("writing {}", copy.display()))?;
-        // Read-only before the bind: a bind mount takes its source mount's flags, so the copy
-        // is never writable in the container, and nothing is remounted through a path that
-        // could name the container's procfs instead.
-        mount(
-            None::<&str>,
-            tmp.path(),
-            None::<&str>,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NODEV
-                | MsFlags::MS_NOEXEC,
-            Some("size=64k,mode=0700"),
-        )
-        .with_context(|| format!("making {} read-only", tmp.path().display()))?;
-        let onto = format!("/proc/self/fd/{}", target.as_raw_fd());
-        mount(
-            Some(&copy),
-            onto.as_str(),
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
+    step(Step::CopyParams);
+    let tmpfs = fd_mount::Tmpfs::new(c"64k")?;
+    tmpfs.create_file(c"params", modified.as_bytes(), 0o444)?;
+    tmpfs.seal()?;
+    step(Step::BindParams);
+    tmpfs
+        .bind_file_onto(c"params", &target)
         .with_context(|| format!("binding the params copy over {CONTAINER_PARAMS}"))
-    })();
-    let _ = umount2(tmp.path(), MntFlags::MNT_DETACH);
-    result
+}
+
+/// Where a hook is, for the message of one that passes its [`DEADLINE_SECONDS`].
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Start,
+    State,
+    Root,
+    Links,
+    ReadCache,
+    WriteCache,
+    WriteConf,
+    HostParams,
+    PinParams,
+    CopyParams,
+    BindParams,
+}
+
+impl Step {
+    const ALL: [Step; 11] = [
+        Step::Start,
+        Step::State,
+        Step::Root,
+        Step::Links,
+        Step::ReadCache,
+        Step::WriteCache,
+        Step::WriteConf,
+        Step::HostParams,
+        Step::PinParams,
+        Step::CopyParams,
+        Step::BindParams,
+    ];
+
+    /// The whole line a hook past its deadline prints (fixed bytes: the signal handler only
+    /// writes them).
+    fn deadline_line(self) -> &'static [u8] {
+        match self {
+            Step::Start => b"error: cdi-hook: deadline passed while starting\n",
+            Step::State => {
+                b"error: cdi-hook: deadline passed while reading the OCI state and config.json\n"
+            }
+            Step::Root => b"error: cdi-hook: deadline passed while opening the container root\n",
+            Step::Links => b"error: cdi-hook create-symlinks: deadline passed while linking\n",
+            Step::ReadCache => {
+                b"error: cdi-hook update-ldcache: deadline passed while reading the container's /etc/ld.so.cache\n"
+            }
+            Step::WriteCache => {
+                b"error: cdi-hook update-ldcache: deadline passed while writing the container's /etc/ld.so.cache\n"
+            }
+            Step::WriteConf => {
+                b"error: cdi-hook update-ldcache: deadline passed while writing the container's /etc/ld.so.conf.d entry\n"
+            }
+            Step::HostParams => {
+                b"error: cdi-hook disable-device-node-modification: deadline passed while reading the host's params\n"
+            }
+            Step::PinParams => {
+                b"error: cdi-hook disable-device-node-modification: deadline passed while opening the container's /proc/driver/nvidia/params\n"
+            }
+            Step::CopyParams => {
+                b"error: cdi-hook disable-device-node-modification: deadline passed while writing the params copy\n"
+            }
+            Step::BindParams => {
+                b"error: cdi-hook disable-device-node-modification: deadline passed while binding the params copy\n"
+            }
+        }
+    }
+}
+
+/// How long a hook may take in all. A hook runs in every GPU container's start and takes a few
+/// milliseconds; a runtime waits for it without a bound of its own (runc ignores SIGTERM while
+/// it waits), so a hook stuck on something the image planted would hang the pod's start. Past
+/// this, the hook prints the step it was in and exits 1: that container fails, nothing else.
+pub const DEADLINE_SECONDS: u32 = 10;
+
+static STEP: AtomicUsize = AtomicUsize::new(0);
+
+fn step(s: Step) {
+    STEP.store(s as usize, Ordering::SeqCst);
+}
+
+extern "C" fn on_deadline(_: libc::c_int) {
+    let i = STEP.load(Ordering::SeqCst);
+    let line = Step::ALL
+        .get(i)
+        .copied()
+        .unwrap_or(Step::Start)
+        .deadline_line();
+    // Only async-signal-safe calls: write(2) and _exit(2).
+    let _ = nix::unistd::write(std::io::stderr(), line);
+    #[allow(unsafe_code)]
+    // SAFETY: _exit ends the process at once; nothing of ours needs to run after a deadline.
+    unsafe {
+        libc::_exit(1)
+    };
+}
+
+/// Make this process a hook's: run first thing in `main`, before logging or anything else reads
+/// the environment or the working directory. The runtime starts a hook with the container's
+/// environment (its image's `ENV`, the pod's) and the container's rootfs as working directory;
+/// a hook takes nothing from either: the environment is emptied, the working directory is `/`,
+/// the umask is 022, and the [`DEADLINE_SECONDS`] alarm is armed.
+pub fn isolate_process() -> Result<()> {
+    let names: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
+    for name in names {
+        #[allow(unsafe_code)]
+        // SAFETY: called first thing in `main`, while the process has one thread and nothing
+        // else reads or writes the environment.
+        unsafe {
+            std::env::remove_var(name)
+        };
+    }
+    nix::unistd::chdir("/").context("chdir /")?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_deadline),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    #[allow(unsafe_code)]
+    // SAFETY: the handler only calls async-signal-safe functions (write, _exit) and reads an
+    // atomic.
+    unsafe { sigaction(Signal::SIGALRM, &action) }.context("installing the deadline handler")?;
+    nix::unistd::alarm::set(DEADLINE_SECONDS);
+    Ok(())
 }
 
 /// Run one hook for the container the OCI state in `state` names.
@@ -292,7 +412,10 @@ pub fn run(hook: &crate::cli::CdiHook, state: impl std::io::Read) -> Result<()> 
         CdiHook::DisableDeviceNodeModification { .. } => Vec::new(),
     };
     let args: Vec<(&str, &str)> = args.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    let root = MachineRoot::open_container(&root_from_state(state)?)?;
+    step(Step::State);
+    let root_path = root_from_state(state)?;
+    step(Step::Root);
+    let root = MachineRoot::open_container(&root_path)?;
     match hook {
         CdiHook::CreateSymlinks { .. } => create_symlinks(&root, &args),
         CdiHook::UpdateLdcache { .. } => update_ldcache(&root, &args),

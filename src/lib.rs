@@ -14,6 +14,7 @@ pub mod driver_tree;
 pub mod dropin;
 pub mod error;
 pub mod failpoint;
+pub mod fd_mount;
 pub mod fixture;
 pub mod gate;
 pub mod host;

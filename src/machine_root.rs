@@ -140,6 +140,18 @@ pub enum Subdir {
     Other(FileKind),
 }
 
+/// A file of a container image, as [`MachineRoot::read_image_file`] found it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ImageFile {
+    /// Its bytes.
+    Bytes(Vec<u8>),
+    /// Nothing there (or a parent is missing).
+    Absent,
+    /// Something a hook must not read (why, for the log): a link out of the root's filesystem,
+    /// a FIFO or device, a file larger than the bound.
+    Unusable(String),
+}
+
 /// Which untrusted tree a [`MachineRoot`] is: how strictly directories are walked and what the
 /// messages call it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -528,6 +540,68 @@ impl MachineRoot {
         }
     }
 
+    /// What a container image holds at `path`, for a hook to read: resolved
+    /// `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` as `O_PATH` (symlinks inside
+    /// the image are followed, never onto another mount: not the container's fresh procfs, not
+    /// `/dev`, not a volume), then opened only when it is a regular file on the root's own
+    /// filesystem of at most `max` bytes, reopened through its descriptor with `O_NONBLOCK` and
+    /// read with that bound. Anything else is [`ImageFile::Unusable`] with the reason: the image
+    /// controls this file, so it is never an error of ours.
+    pub fn read_image_file(&self, path: &str, max: usize) -> Result<ImageFile> {
+        use std::os::fd::AsRawFd as _;
+        let noun = self.tree.noun();
+        components(path)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(in_root() | ResolveFlag::RESOLVE_NO_XDEV);
+        let pinned = match openat2(&self.fd, path, how) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(ImageFile::Absent),
+            Err(e @ (Errno::ELOOP | Errno::EXDEV | Errno::EACCES | Errno::EPERM)) => {
+                return Ok(ImageFile::Unusable(format!(
+                    "it does not resolve to a file on the {noun}'s own filesystem ({})",
+                    e.desc()
+                )));
+            }
+            Err(e) => return Err(e).with_context(|| format!("opening {path} in the {noun}")),
+        };
+        let st = nix::sys::stat::fstat(&pinned).with_context(|| format!("stat {path}"))?;
+        let kind = FileKind::from_stat(&st);
+        if kind != FileKind::File {
+            return Ok(ImageFile::Unusable(format!("it is a {}", kind.as_str())));
+        }
+        let root = nix::sys::stat::fstat(&self.fd).context("stat the root")?;
+        let fs = nix::sys::statfs::fstatfs(&pinned).with_context(|| format!("statfs {path}"))?;
+        let root_fs = nix::sys::statfs::fstatfs(&self.fd).context("statfs the root")?;
+        if st.st_dev != root.st_dev || fs.filesystem_type() != root_fs.filesystem_type() {
+            return Ok(ImageFile::Unusable(format!(
+                "it is on another filesystem than the {noun} root"
+            )));
+        }
+        let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
+        if size > max {
+            return Ok(ImageFile::Unusable(format!(
+                "it holds {} bytes, more than the {max} read",
+                st.st_size
+            )));
+        }
+        let fd = nix::fcntl::open(
+            format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .with_context(|| format!("reopening {path} in the {noun} for reading"))?;
+        let again = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+            bail!("{path} in the {noun} changed while it was being opened");
+        }
+        match read_bounded(std::fs::File::from(fd), max, path, noun) {
+            Ok(bytes) => Ok(ImageFile::Bytes(bytes)),
+            // Grew past the bound since the stat: the image's doing, like a file too large.
+            Err(e) => Ok(ImageFile::Unusable(format!("{e:#}"))),
+        }
+    }
+
     /// An `O_PATH` descriptor of `path`, resolved inside the root with no symlink anywhere on
     /// the way (a mount target must be the very file named); `None` when missing.
     pub fn pin_no_symlinks(&self, path: &str) -> Result<Option<OwnedFd>> {
@@ -711,7 +785,7 @@ impl MachineDir {
         let path = self.child(name);
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(beneath_no_symlinks());
+            .resolve(beneath_no_symlinks() | self.tree.walk());
         let pinned = match openat2(&self.fd, name, how) {
             Ok(fd) => fd,
             Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),

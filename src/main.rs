@@ -3,6 +3,14 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = nspawn_lifecycle::cli::Cli::parse();
+    // A CDI hook runs on what a pod controls: nothing of its environment or working directory
+    // may reach logging or anything after it.
+    if let nspawn_lifecycle::cli::Command::CdiHook(_) = cli.command
+        && let Err(err) = nspawn_lifecycle::cdi_hook::isolate_process()
+    {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(1);
+    }
     nspawn_lifecycle::logging::init(cli.verbose);
     match nspawn_lifecycle::commands::run_with_code(cli) {
         Ok(code) => ExitCode::from(code),

@@ -491,3 +491,235 @@ fn privileged_disable_device_node_modification_covers_params_read_only() {
     let out = params_in_namespace(&b, host.path());
     assert_eq!(out.status.code(), Some(9), "{out:?}");
 }
+
+/// Every file under `dir` (not following links), with its kind, link target or bytes: what a
+/// hook did to a tree, comparable between two trees.
+fn tree_of(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap()).collect();
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for e in entries {
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let mode = md.permissions().mode() & 0o7777;
+            if md.file_type().is_symlink() {
+                out.push(format!("{rel} -> {}", link_of(&p)));
+            } else if md.is_dir() {
+                out.push(format!("{rel}/ {mode:o}"));
+                stack.push(p);
+            } else {
+                out.push(format!("{rel} {mode:o} {:?}", std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A bundle whose image has a cache, a stale link and the params the runtime shows.
+fn image_bundle() -> Bundle {
+    let b = Bundle::new();
+    mkdirs(&b, "/etc/ld.so.conf.d");
+    mkdirs(&b, ML);
+    mkdirs(&b, "/proc/driver/nvidia");
+    std::fs::write(b.at("/proc/driver/nvidia/params"), "ModifyDeviceFiles: 1\n").unwrap();
+    symlink("libcuda.so.470.57.02", b.at(&format!("{ML}/libcuda.so.1"))).unwrap();
+    b
+}
+
+/// What the three hooks do to `b` run the way `env` and `cwd` say, in one private mount
+/// namespace: exit codes, what they printed (the bundle's path made neutral), and the params the
+/// container then sees.
+fn run_all_hooks(b: &Bundle, host_params: &Path, env: &[(&str, String)], cwd: &Path) -> String {
+    let state = b.state();
+    let params = b.at("/proc/driver/nvidia/params");
+    let script = format!(
+        "for h in 'create-symlinks --link libcuda.so.1::{ML}/libcuda.so' \
+                  'update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1' \
+                  'disable-device-node-modification --host-params {hp}'; do \
+             echo '{state}' | {BIN} cdi-hook $h 2>&1; echo \"rc=$?\"; done; cat {p}",
+        hp = host_params.display(),
+        p = params.display(),
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).replace(&b.dir.path().display().to_string(), "<bundle>")
+}
+
+/// A pod chooses the hooks' environment (its image's `ENV`) and working directory (its rootfs):
+/// with `TMPDIR` relative into an image link out of the root, absolute onto a machine directory,
+/// a log filter, a journal stream, `LD_PRELOAD`, each hook does exactly what it does with a
+/// clean environment from `/`: same output, same tree, nothing made outside the root.
+#[test]
+fn privileged_hooks_take_nothing_from_the_environment_or_working_directory() {
+    let host = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(host.path(), "ModifyDeviceFiles: 1\nDeviceFileUID: 0\n").unwrap();
+    let clean = image_bundle();
+    let clean_out = run_all_hooks(&clean, host.path(), &[], Path::new("/"));
+    assert_eq!(clean_out.matches("rc=0").count(), 3, "{clean_out}");
+    assert!(clean_out.contains("ModifyDeviceFiles: 0"), "{clean_out}");
+
+    let canary = tempfile::tempdir().unwrap();
+    let mtime = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec())
+    };
+    let cases: [(&str, Vec<(&str, String)>); 4] = [
+        (
+            "TMPDIR relative, into an image link out of the root",
+            vec![("TMPDIR", "vol".to_owned())],
+        ),
+        (
+            "TMPDIR absolute",
+            vec![("TMPDIR", canary.path().display().to_string())],
+        ),
+        (
+            "log filters and a journal stream",
+            vec![
+                ("NSPAWN_LIFECYCLE_LOG", "trace".to_owned()),
+                ("RUST_LOG", "trace".to_owned()),
+                ("JOURNAL_STREAM", "0:0".to_owned()),
+                ("NO_COLOR", "1".to_owned()),
+            ],
+        ),
+        (
+            "the loader's variables",
+            vec![
+                ("LD_PRELOAD", "/vol/evil.so".to_owned()),
+                ("LD_LIBRARY_PATH", "/vol".to_owned()),
+            ],
+        ),
+    ];
+    for (name, env) in cases {
+        let hostile = image_bundle();
+        symlink(canary.path(), hostile.at("/vol")).unwrap();
+        let before = mtime(canary.path());
+        let out = run_all_hooks(&hostile, host.path(), &env, &hostile.root());
+        // A directory made and removed again still changes its parent's times.
+        assert_eq!(
+            mtime(canary.path()),
+            before,
+            "{name}: a hook made something in the directory TMPDIR named"
+        );
+        assert_eq!(
+            std::fs::read_dir(canary.path()).unwrap().count(),
+            0,
+            "{name}"
+        );
+        let mut left = tree_of(&hostile.root());
+        left.retain(|e| !e.starts_with("vol "));
+        assert_eq!(left, tree_of(&clean.root()), "{name}");
+        assert_eq!(out, clean_out, "{name}: the hooks behaved differently");
+    }
+}
+
+/// What a case plants in an image.
+type Plant = Box<dyn Fn(&Bundle)>;
+
+/// Run `update-ldcache` in a mount namespace where the container's `/proc` is a fresh procfs
+/// and its `/dev` a tmpfs with a real `zero` node, as a runtime has them before `pivot_root`.
+fn ldcache_with_api_mounts(b: &Bundle) -> Output {
+    let script = format!(
+        "set -e; mount -t proc proc {r}/proc; mount -t tmpfs dev {r}/dev; mknod {r}/dev/zero c 1 5; \
+         echo '{s}' | timeout -s KILL 20 {BIN} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1",
+        r = b.root().display(),
+        s = b.state(),
+    );
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap()
+}
+
+/// The image's `/etc/ld.so.cache` as a link into the container's fresh procfs (`/proc/kmsg`
+/// blocks a reader forever and eats the kernel log), through `/proc/self` and `/proc/1/root`
+/// magic links, onto `/dev/zero`, a link loop, a chain of 40 links, a FIFO and a 1 GiB sparse
+/// file: never read, replaced by a cache of ours, in bounded time.
+#[test]
+fn privileged_update_ldcache_reads_no_hostile_cache() {
+    let cases: Vec<(&str, Plant)> = vec![
+        (
+            "kmsg",
+            Box::new(|b| symlink("/proc/kmsg", b.at("/etc/ld.so.cache")).unwrap()),
+        ),
+        (
+            "self",
+            Box::new(|b| symlink("/proc/self/environ", b.at("/etc/ld.so.cache")).unwrap()),
+        ),
+        (
+            "pid1",
+            Box::new(|b| {
+                symlink("/proc/1/root/etc/ld.so.cache", b.at("/etc/ld.so.cache")).unwrap()
+            }),
+        ),
+        (
+            "zero",
+            Box::new(|b| symlink("/dev/zero", b.at("/etc/ld.so.cache")).unwrap()),
+        ),
+        (
+            "loop",
+            Box::new(|b| {
+                symlink("ld.so.cache.b", b.at("/etc/ld.so.cache")).unwrap();
+                symlink("ld.so.cache", b.at("/etc/ld.so.cache.b")).unwrap();
+            }),
+        ),
+        (
+            "chain40",
+            Box::new(|b| {
+                for i in 0..40 {
+                    symlink(format!("c{}", i + 1), b.at(&format!("/etc/c{i}"))).unwrap();
+                }
+                std::fs::write(b.at("/etc/c40"), b"not reached").unwrap();
+                symlink("c0", b.at("/etc/ld.so.cache")).unwrap();
+            }),
+        ),
+        (
+            "fifo",
+            Box::new(|b| {
+                nix::unistd::mkfifo(
+                    &b.at("/etc/ld.so.cache"),
+                    nix::sys::stat::Mode::from_bits_truncate(0o644),
+                )
+                .unwrap();
+            }),
+        ),
+        (
+            "sparse",
+            Box::new(|b| {
+                let f = std::fs::File::create(b.at("/etc/ld.so.cache")).unwrap();
+                f.set_len(1 << 30).unwrap();
+            }),
+        ),
+    ];
+    for (name, plant) in cases {
+        let b = image_bundle();
+        mkdirs(&b, "/dev");
+        plant(&b);
+        let start = std::time::Instant::now();
+        let out = ldcache_with_api_mounts(&b);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(15),
+            "{name}: {err}"
+        );
+        assert!(err.contains("not read") || name == "fifo", "{name}: {err}");
+        let cache = b.at("/etc/ld.so.cache");
+        assert!(
+            std::fs::symlink_metadata(&cache).unwrap().is_file(),
+            "{name}"
+        );
+        assert!(ldconfig_p(&cache).contains("libcuda.so.1"), "{name}");
+    }
+}
