@@ -8,8 +8,10 @@
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build (plain `cargo build --release` and `cargo install --path .`),
-#      checked with file/ldd, and the same with --features failpoints; the Debian package built
-#      from it and checked (tests/deb.sh: deterministic, contents, lintian)
+#      checked with file/ldd, and the same with --features failpoints; the adversarial CDI-hook
+#      suite with that binary (tests/attack/run.sh: real runc and crun of Debian bookworm and
+#      trixie, hostile images, racing sidecars, ~5 min); the Debian package built from it and
+#      checked (tests/deb.sh: deterministic, contents, lintian)
 #   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
 #      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package
 # Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
@@ -76,6 +78,9 @@ file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL:
 # Crash points exist only in the failpoints build: the product binary must not even know the knob.
 grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
 if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
+
+step "adversarial CDI-hook suite (tests/attack/run.sh): runc and crun of bookworm and trixie, hostile images, racing sidecars"
+tests/attack/run.sh "$bin"
 
 step "Debian package (assets/debian/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
 # lintian checks the package; man-db lets scenario 15 find the packaged pages with man.

@@ -223,6 +223,9 @@ verbs = [(h.get("args") or [None, None, None])[2] for h in ce.get("hooks", [])
          if h.get("path") == HOOK and h.get("hookName") == "createContainer"]
 want = ["create-symlinks", "update-ldcache", "disable-device-node-modification"]
 (ok if verbs == want and len(allhooks) == 3 else lambda k: bad(k, "hooks %s" % allhooks))("cdi-hooks-ours")
+# A hook without env gets the container's from runc: every hook of ours names a fixed one.
+noenv = [h.get("args") for h in allhooks if not h.get("env")]
+(ok if not noenv else lambda k: bad(k, "hooks without env: %s" % noenv))("cdi-hooks-fixed-env")
 links = [a for h in ce.get("hooks", []) for a in (h.get("args") or []) if "::" in a]
 wl = ["libcuda.so.%s::/usr/lib/x86_64-linux-gnu/libcuda.so.1" % ver, "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
       "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libnvidia-ml.so.1::/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]

@@ -100,7 +100,7 @@ for e in edits:
     for m in e.get("mounts", []):
         mounts.append({"destination": m["containerPath"], "source": m["hostPath"], "type": m.get("type", "bind"), "options": m.get("options", [])})
     for h in e.get("hooks", []):
-        cfg["hooks"].setdefault(h["hookName"], []).append({k: h[k] for k in ("path", "args") if k in h})
+        cfg["hooks"].setdefault(h["hookName"], []).append({k: h[k] for k in ("path", "args", "env") if k in h})
 # As CDI does: by the number of path components, so the tmpfs comes before the binds under it.
 cfg["mounts"] += sorted(mounts, key=lambda m: len([p for p in m["destination"].split("/") if p]))
 json.dump(cfg, sys.stdout, indent=1)
