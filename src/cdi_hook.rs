@@ -424,3 +424,17 @@ pub fn run(hook: &crate::cli::CdiHook, state: impl std::io::Read) -> Result<()> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_step_is_found_by_its_index() {
+        for (i, s) in Step::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
+            let line = s.deadline_line();
+            assert!(line.starts_with(b"error: cdi-hook") && line.ends_with(b"\n"));
+        }
+    }
+}

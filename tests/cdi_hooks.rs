@@ -723,3 +723,33 @@ fn privileged_update_ldcache_reads_no_hostile_cache() {
         assert!(ldconfig_p(&cache).contains("libcuda.so.1"), "{name}");
     }
 }
+
+/// A hook that cannot finish (here: a runtime that never writes or closes the OCI state) fails on
+/// its own deadline, naming the step it was in, instead of holding the container's start.
+#[test]
+fn a_hook_past_its_deadline_fails_naming_the_step() {
+    let b = Bundle::new();
+    let mut child = Command::new(BIN)
+        .args(["cdi-hook", "create-symlinks", "--link", "a::/b"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _held_open = child.stdin.take();
+    let start = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let waited = start.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        "error: cdi-hook: deadline passed while reading the OCI state and config.json\n"
+    );
+    let deadline = u64::from(nspawn_lifecycle::cdi_hook::DEADLINE_SECONDS);
+    assert!(
+        waited >= std::time::Duration::from_secs(deadline - 1),
+        "{waited:?}"
+    );
+    assert_eq!(std::fs::read_dir(b.root()).unwrap().count(), 0);
+}
