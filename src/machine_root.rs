@@ -296,7 +296,7 @@ fn reopen_regular(
     }
     let fd = nix::fcntl::open(
         format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
-        OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .with_context(|| format!("reopening {path} in the {noun} for reading"))?;

@@ -3,6 +3,9 @@
 //! a table of test cases, one poll loop), the comment right above it says so, starting "Long on
 //! purpose" or "Over 80 lines".
 //!
+//! The CDI hooks' code (a process on what a pod controls) makes no temporary file or directory:
+//! those follow `TMPDIR`, which is the pod's.
+//!
 //! And the host side goes through its descriptor (`HostRoot`, src/host.rs): no product code in
 //! `src/` hands a joined host path (`host.path(…)`) to `std::fs`/`fs_err` or to a `Path` method
 //! that touches the filesystem.
@@ -243,4 +246,32 @@ fn the_path_check_tells_joined_paths_from_accessors() {
         product("fn a() {}\n#[cfg(test)]\nmod tests {}\n"),
         "fn a() {}"
     );
+}
+
+/// The modules a `cdi-hook` runs: nothing there may reach for a temporary directory.
+#[test]
+fn the_hooks_make_no_temporary_files() {
+    for file in [
+        "cdi_hook.rs",
+        "fd_mount.rs",
+        "ldcache.rs",
+        "machine_root.rs",
+        "atomic.rs",
+    ] {
+        let text =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(file))
+                .unwrap();
+        for needle in [
+            "tempfile::",
+            "temp_dir",
+            "TMPDIR",
+            "env::var(",
+            "env::var_os(",
+        ] {
+            assert!(
+                !product(&text).contains(needle),
+                "src/{file} uses {needle} outside its tests: a hook must take nothing from its environment"
+            );
+        }
+    }
 }

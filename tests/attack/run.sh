@@ -178,11 +178,13 @@ restore_canaries() {
     CANARY=$(canary_state)
 }
 mounts_state() { sed 's/^[0-9]* [0-9]* //' /proc/self/mountinfo | md5sum; }
-# Every file under /run but the runtimes' state and ours, and the overlay's upper layer (every
-# write to the machine's /etc, /usr, /var): a listing to diff.
+# Every file under /run but the runtimes' state (kind, size, time, bytes), and the overlay's
+# upper layer (every write to the machine's /etc, /usr, /var): a listing to diff.
 machine_state() {
     find /run -xdev \( -path /run/attack/state -o -path /run/attack/upper -o -path /run/crun -o -path /run/runc \) -prune -o -print0 |
         sort -z | xargs -0 stat -c '%n %F %s %Y' 2>/dev/null
+    find /run -xdev \( -path /run/attack/state -o -path /run/attack/upper \) -prune -o -type f -print0 |
+        sort -z | xargs -0 sha256sum 2>/dev/null
     find /run/attack/upper -printf 'upper: %P %y %s %T@\n' | sort
 }
 
