@@ -33,6 +33,29 @@ pub fn write_if_changed(
     mode: u32,
     point: Point,
 ) -> Result<bool> {
+    write_if_changed_at(dir, shown, name, contents, mode, Some(point))
+}
+
+/// [`write_if_changed`] where no crash test names the moment (a file nothing else depends on,
+/// such as the metrics textfile).
+pub fn write_if_changed_unnamed(
+    dir: &OwnedFd,
+    shown: &Path,
+    name: &str,
+    contents: &[u8],
+    mode: u32,
+) -> Result<bool> {
+    write_if_changed_at(dir, shown, name, contents, mode, None)
+}
+
+fn write_if_changed_at(
+    dir: &OwnedFd,
+    shown: &Path,
+    name: &str,
+    contents: &[u8],
+    mode: u32,
+    point: Option<Point>,
+) -> Result<bool> {
     let path = shown.join(name);
     // A leading dot and a non-.json/.nspawn suffix keep half-written files invisible to readers
     // that scan the directory (nspawn, the CDI cache).
@@ -45,7 +68,7 @@ pub fn write_if_changed(
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
     let (tmp, tmp_name) = locked_temp(dir, shown, &prefix)?;
-    replace_at(dir, tmp, &tmp_name, name, contents, mode, Some(point))
+    replace_at(dir, tmp, &tmp_name, name, contents, mode, point)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(true)
 }

@@ -67,9 +67,24 @@ pub enum Command {
         /// Print a versioned JSON object (`"schema": 1`) instead of the summary line.
         #[arg(long)]
         json: bool,
+        /// Output format: `text` (the summary line), `json` (as --json), `prometheus` (the text
+        /// exposition format, for monitoring: always printed, with
+        /// nspawn_lifecycle_status_errors 1 and exit 1 when status could not judge).
+        #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
+        format: Option<StatusFormat>,
         /// (tests, chroots) Read the machine's tree from DIR and ask no systemd.
         #[arg(long, value_name = "DIR", hide = true)]
         machine_root: Option<PathBuf>,
+    },
+
+    /// Write `status --all` as Prometheus metrics into the node exporter's textfile collector
+    /// directory (nspawn_lifecycle.prom, replaced atomically; nothing else is written). Run every
+    /// minute by nspawn-lifecycle-metrics.timer. Exit 0 once the file is written, whatever the
+    /// machines' states; 1 when it cannot be written.
+    Metrics {
+        /// The textfile collector's directory (must exist).
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_TEXTFILE_DIR)]
+        textfile_dir: PathBuf,
     },
 
     /// Install or upgrade this helper for MACHINE in place: copy it to its stable path, write the
@@ -190,6 +205,18 @@ pub enum CdiHook {
         #[arg(long, value_name = "FILE", default_value = crate::cdi_hook::HOST_PARAMS)]
         host_params: PathBuf,
     },
+}
+
+/// The node exporter's textfile directory on Debian (`prometheus-node-exporter`'s default), where
+/// `metrics` writes.
+pub const DEFAULT_TEXTFILE_DIR: &str = "/var/lib/prometheus/node-exporter";
+
+/// How `status` prints its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    Text,
+    Json,
+    Prometheus,
 }
 
 /// The shells `completions` writes a script for.

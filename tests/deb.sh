@@ -24,7 +24,11 @@ ctrl=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | sed 's|^\./||; /^$/d' | LC_ALL=
 
 exe=nspawn-lifecycle-helper
 files=$(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|' | grep -v '/$' | LC_ALL=C sort)
-want="/usr/bin/$exe
+want="/lib/systemd/system/nspawn-lifecycle-metrics.service
+/lib/systemd/system/nspawn-lifecycle-metrics.timer
+/usr/bin/$exe
+/usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.test.yml
+/usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.yml
 /usr/share/bash-completion/completions/$exe
 /usr/share/doc/nspawn-lifecycle/README.md.gz
 /usr/share/doc/nspawn-lifecycle/changelog.gz

@@ -21,6 +21,10 @@
 #   /usr/share/fish/vendor_completions.d/nspawn-lifecycle-helper.fish
 #   /usr/share/doc/nspawn-lifecycle/{README.md.gz,copyright,changelog.gz}
 #   /usr/share/lintian/overrides/nspawn-lifecycle
+#   /lib/systemd/system/nspawn-lifecycle-metrics.{service,timer}   fleet metrics for the node
+#                                                         exporter; not enabled (an operator's
+#                                                         choice: README "Fleet metrics")
+#   /usr/share/nspawn-lifecycle/prometheus/               alert rules and their promtool tests
 # No maintainer scripts: installing changes no machine and reloads nothing. The hooks' stable path
 # /usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper belongs to `install`, which copies the
 # binary there per machine; Debian packages never ship files under /usr/local, and a path owned by
@@ -90,6 +94,11 @@ install -m 0755 "$bin" "$root/usr/bin/$exe"
 install -m 0644 README.md "$doc/README.md"
 install -m 0644 assets/debian/copyright "$doc/copyright"
 install -m 0644 assets/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
+install -d "$root/lib/systemd/system" "$root/usr/share/$name/prometheus"
+install -m 0644 assets/systemd/nspawn-lifecycle-metrics.service assets/systemd/nspawn-lifecycle-metrics.timer \
+    "$root/lib/systemd/system/"
+install -m 0644 assets/prometheus/nspawn-lifecycle.rules.yml assets/prometheus/nspawn-lifecycle.rules.test.yml \
+    "$root/usr/share/$name/prometheus/"
 {
     printf '%s (%s) unstable; urgency=medium\n\n' "$name" "$version"
     printf '  * Built from the %s repository at commit %s.\n\n' "$name" "$commit"

@@ -11,23 +11,79 @@ pub mod reconcile;
 pub mod status;
 
 use crate::Ctx;
-use crate::cli::{Cli, Command, HostCommand, Phase};
-use anyhow::Result;
+use crate::cli::{Cli, Command, HostCommand, Phase, StatusFormat};
+use anyhow::{Context as _, Result};
 
 /// Run one parsed command line and give the process exit code on success: 0, or for `status`
 /// the machine state's code (5 drift, 6 broken, 7 not running).
 pub fn run_with_code(cli: Cli) -> Result<u8> {
-    let Command::Status {
-        machine,
-        all,
-        json,
-        machine_root,
-    } = &cli.command
-    else {
-        return run(cli).map(|()| 0);
+    match &cli.command {
+        Command::Status {
+            machine,
+            all,
+            json,
+            format,
+            machine_root,
+        } => {
+            let format = match format {
+                Some(f) => *f,
+                None if *json => StatusFormat::Json,
+                None => StatusFormat::Text,
+            };
+            if format == StatusFormat::Prometheus {
+                let (report, code) = monitor(&cli, machine.as_ref(), *all, machine_root.as_deref());
+                let mut out = std::io::stdout().lock();
+                std::io::Write::write_all(&mut out, status::metrics::render(&report).as_bytes())
+                    .context("writing to stdout")?;
+                return Ok(code);
+            }
+            let ctx = Ctx::load(&cli)?;
+            let json = format == StatusFormat::Json;
+            status::status(&ctx, machine.as_ref(), *all, json, machine_root.as_deref())
+        }
+        Command::Metrics { textfile_dir } => {
+            let host = crate::host::HostRoot::open(&cli.host_root)?;
+            let (report, _) = monitor(&cli, None, true, None);
+            status::metrics::write_textfile(
+                &host,
+                textfile_dir,
+                &status::metrics::render(&report),
+            )?;
+            Ok(0)
+        }
+        _ => run(cli).map(|()| 0),
+    }
+}
+
+/// `status` for monitoring: the report, never an error (a configuration that does not load is
+/// one of its errors), and the exit code: the worst state's, or 1 when something could not be
+/// judged.
+fn monitor(
+    cli: &Cli,
+    machine: Option<&crate::machine_name::MachineName>,
+    all: bool,
+    machine_root: Option<&std::path::Path>,
+) -> (status::metrics::Report, u8) {
+    let report = match Ctx::load(cli) {
+        Ok(ctx) => status::report(&ctx, machine, all, machine_root),
+        Err(e) => status::metrics::Report {
+            errors: vec![format!("{e:#}")],
+            now: status::now_seconds(),
+            ..Default::default()
+        },
     };
-    let ctx = Ctx::load(&cli)?;
-    status::status(&ctx, machine.as_ref(), *all, *json, machine_root.as_deref())
+    let code = if report.errors.is_empty() {
+        report
+            .machines
+            .iter()
+            .map(|s| s.state)
+            .max()
+            .unwrap_or(status::State::InSync)
+            .exit_code()
+    } else {
+        1
+    };
+    (report, code)
 }
 
 /// Run one parsed command line.
@@ -88,8 +144,8 @@ pub fn run(cli: Cli) -> Result<()> {
         | Command::CdiHook(_) => {
             unreachable!("handled above")
         }
-        Command::Status { .. } => Err(anyhow::anyhow!(
-            "status gives an exit code of its own: run it through run_with_code"
+        Command::Status { .. } | Command::Metrics { .. } => Err(anyhow::anyhow!(
+            "status and metrics give an exit code of their own: run them through run_with_code"
         )),
         #[cfg(feature = "failpoints")]
         Command::Failpoints => unreachable!("handled above"),

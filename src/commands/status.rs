@@ -15,6 +15,8 @@
 //! (the unit is stopped: nothing is stale, the next start wires the host as it is then), 0 in
 //! sync.
 
+pub mod metrics;
+
 use crate::Ctx;
 use crate::cdi;
 use crate::config::MachineConfig;
@@ -192,6 +194,11 @@ pub struct PostStartRun {
     /// Signal number when killed.
     pub signal: Option<i32>,
     pub succeeded: bool,
+    /// µs since the epoch (0: not exited), for metrics.
+    #[serde(skip)]
+    pub started_usec: u64,
+    #[serde(skip)]
+    pub exited_usec: u64,
 }
 
 /// The whole answer for one machine (`status --json`, schema [`SCHEMA`]).
@@ -897,6 +904,8 @@ fn last_post_start(runs: &[ExecRun]) -> Option<PostStartRun> {
         exit_status: (exited && run.code == 1).then_some(run.status),
         signal: (exited && run.code != 1).then_some(run.status),
         succeeded: exited && run.code == 1 && run.status == 0,
+        started_usec: run.started_usec,
+        exited_usec: if exited { run.exited_usec } else { 0 },
     })
 }
 
@@ -1065,6 +1074,51 @@ pub fn status(
     let state = out.iter().map(|s| s.state).max().unwrap_or(State::InSync);
     print_status(out, state, all, json)?;
     Ok(state.exit_code())
+}
+
+/// Every selected machine judged, for monitoring (`--format prometheus`, `metrics`): what could
+/// not be judged (the host's discovery, one machine) is an error in the report, and the rest is
+/// still judged.
+pub fn report(
+    ctx: &Ctx,
+    machine: Option<&MachineName>,
+    all: bool,
+    machine_root: Option<&Path>,
+) -> metrics::Report {
+    let mut r = metrics::Report {
+        now: now_seconds(),
+        ..Default::default()
+    };
+    let machines = match selected_machines(ctx, machine, all) {
+        Ok(m) => m,
+        Err(e) => {
+            r.errors.push(format!("{e:#}"));
+            return r;
+        }
+    };
+    r.installed = machines.len();
+    let inv = match discovery::discover(&ctx.host) {
+        Ok(inv) => inv,
+        Err(e) => {
+            r.errors.push(format!("host discovery: {e:#}"));
+            return r;
+        }
+    };
+    r.host = Some(host_facts(&inv));
+    for m in &machines {
+        match machine_status(ctx, &inv, m, machine_root) {
+            Ok(s) => r.machines.push(s),
+            Err(e) => r.errors.push(format!("{m}: {e:#}")),
+        }
+    }
+    r
+}
+
+/// Now, seconds since the epoch.
+pub fn now_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The machines `status` looks at: the one named (installed), or every installed one.
@@ -1269,6 +1323,8 @@ mod tests {
                 exit_status: Some(0),
                 signal: None,
                 succeeded: true,
+                started_usec: 1_796_385_600_000_000,
+                exited_usec: 1_796_385_602_000_000,
             }),
         }
     }

@@ -1,0 +1,273 @@
+//! `status` as Prometheus metrics: the text exposition format, one family per fact, so a fleet's
+//! Prometheus (through the node exporter's textfile collector, [`write_textfile`]) sees each
+//! node's GPU wiring the way `status` judges it. Pure rendering from [`Status`] values; the
+//! writer is the only side effect, and it holds no lock.
+//!
+//! Families (every sample of a machine is labelled `machine`):
+//! - `nspawn_lifecycle_state{state}`: 1 for the machine's state, 0 for the others
+//!   (`in_sync`, `drift`, `broken`, `not_running`);
+//! - `nspawn_lifecycle_check_failed{check}`: 1 per check out of line (the `check` of each
+//!   finding of `status --json`), nothing when all hold;
+//! - `nspawn_lifecycle_gpus`: GPUs wired into the machine (its CDI spec's devices by index);
+//!   `nspawn_lifecycle_host_gpus`: GPUs the host has now;
+//! - `nspawn_lifecycle_driver_info{host_version,machine_version}`: 1 (the host's kernel module and
+//!   the version the machine's spec mounts; empty when there is none);
+//! - `nspawn_lifecycle_last_post_start_timestamp_seconds`, `…_duration_seconds`,
+//!   `…_exit_status` (128 + signal when killed), `…_success`: the unit's last post-start;
+//! - `nspawn_lifecycle_machines_installed`, `nspawn_lifecycle_status_errors` (1 when status
+//!   could not judge: the node exporter then still gets a parseable file saying so) and
+//!   `nspawn_lifecycle_status_timestamp_seconds` (when this was judged).
+
+use super::{HostFacts, PostStartRun, State, Status};
+use anyhow::{Context as _, Result};
+use std::fmt::Write as _;
+
+/// The file the writer puts in the textfile collector's directory.
+pub const TEXTFILE: &str = "nspawn_lifecycle.prom";
+
+/// What one run of `status --all` found, for rendering.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub machines: Vec<Status>,
+    /// The host as discovered (none when discovery itself failed).
+    pub host: Option<HostFacts>,
+    /// Machines installed (judged or not).
+    pub installed: usize,
+    /// Why status could not judge (a machine or the whole host), if it could not.
+    pub errors: Vec<String>,
+    /// When it was judged, seconds since the epoch.
+    pub now: f64,
+}
+
+const STATES: [(State, &str); 4] = [
+    (State::InSync, "in_sync"),
+    (State::Drift, "drift"),
+    (State::Broken, "broken"),
+    (State::NotRunning, "not_running"),
+];
+
+/// A label value escaped as the exposition format wants (`\`, `"`, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// One sample: its labels and value.
+type Sample<'a> = (Vec<(&'static str, &'a str)>, f64);
+
+/// A gauge family: HELP, TYPE and its samples (a family with no sample is still declared, so a
+/// reader knows the metric exists).
+fn gauge<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = Sample<'a>>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for (labels, value) in samples {
+        out.push_str(name);
+        if !labels.is_empty() {
+            let inner: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = write!(out, "{{{}}}", inner.join(","));
+        }
+        let _ = writeln!(out, " {value}");
+    }
+}
+
+fn flag(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+/// GPUs wired into the machine: its spec's devices named by index.
+fn wired_gpus(s: &Status) -> Option<usize> {
+    let facts = s.machine_facts.as_ref()?;
+    Some(
+        facts
+            .cdi_spec
+            .devices
+            .iter()
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .count(),
+    )
+}
+
+fn machine_version(s: &Status) -> String {
+    s.machine_facts
+        .as_ref()
+        .map(|m| {
+            let v = if m.cdi_spec.driver_versions.is_empty() {
+                &m.driver_root_versions
+            } else {
+                &m.cdi_spec.driver_versions
+            };
+            v.join(",")
+        })
+        .unwrap_or_default()
+}
+
+/// The text exposition of `report`.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    machine_families(&mut out, report);
+    post_start_families(&mut out, &report.machines);
+    let host_gpus = report.host.as_ref().map(|h| h.gpus.len() as f64);
+    gauge(
+        &mut out,
+        "nspawn_lifecycle_host_gpus",
+        "NVIDIA GPUs the host has now (absent when discovery failed).",
+        host_gpus.map(|n| (vec![], n)),
+    );
+    gauge(
+        &mut out,
+        "nspawn_lifecycle_machines_installed",
+        "Machines installed on this host (with the helper's unit drop-in).",
+        [(vec![], report.installed as f64)],
+    );
+    gauge(
+        &mut out,
+        "nspawn_lifecycle_status_errors",
+        "Machines (or the host) status could not judge in this run; 0 when it judged all.",
+        [(vec![], report.errors.len() as f64)],
+    );
+    gauge(
+        &mut out,
+        "nspawn_lifecycle_status_timestamp_seconds",
+        "When status judged the machines, seconds since the epoch.",
+        [(vec![], report.now)],
+    );
+    out
+}
+
+fn machine_families(out: &mut String, report: &Report) {
+    let ms = &report.machines;
+    gauge(
+        out,
+        "nspawn_lifecycle_state",
+        "State of the machine's GPU wiring: 1 for the current state (status: 0 in sync, 5 drift, 6 broken, 7 not running).",
+        ms.iter().flat_map(|s| {
+            STATES.iter().map(move |(state, name)| {
+                (
+                    vec![("machine", s.machine.as_str()), ("state", *name)],
+                    flag(s.state == *state),
+                )
+            })
+        }),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_check_failed",
+        "1 for each status check that is out of line for the machine (the check of a finding of status --json).",
+        ms.iter().flat_map(|s| {
+            let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
+            checks.sort_unstable();
+            checks.dedup();
+            checks
+                .into_iter()
+                .map(move |c| (vec![("machine", s.machine.as_str()), ("check", c)], 1.0))
+        }),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_gpus",
+        "GPUs wired into the running machine (devices by index in its CDI spec).",
+        ms.iter().filter_map(|s| {
+            wired_gpus(s).map(|n| (vec![("machine", s.machine.as_str())], n as f64))
+        }),
+    );
+    let host_version = report
+        .host
+        .as_ref()
+        .and_then(|h| h.kernel_module.as_deref())
+        .unwrap_or_default();
+    let versions: Vec<String> = ms.iter().map(machine_version).collect();
+    gauge(
+        out,
+        "nspawn_lifecycle_driver_info",
+        "The host's NVIDIA kernel module version and the driver version the machine's CDI spec mounts (empty: none).",
+        ms.iter().zip(&versions).map(|(s, v)| {
+            (
+                vec![
+                    ("machine", s.machine.as_str()),
+                    ("host_version", host_version),
+                    ("machine_version", v.as_str()),
+                ],
+                1.0,
+            )
+        }),
+    );
+}
+
+fn post_start_families(out: &mut String, machines: &[Status]) {
+    let runs: Vec<(&str, &PostStartRun)> = machines
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.machine.as_str(),
+                s.unit.as_ref()?.last_post_start.as_ref()?,
+            ))
+        })
+        .collect();
+    let secs = |usec: u64| usec as f64 / 1e6;
+    let exited = || {
+        runs.iter()
+            .filter(|(_, r)| r.exited_usec >= r.started_usec && r.exited_usec != 0)
+    };
+    gauge(
+        out,
+        "nspawn_lifecycle_last_post_start_timestamp_seconds",
+        "When the machine unit's last post-start began, seconds since the epoch.",
+        runs.iter()
+            .map(|(m, r)| (vec![("machine", *m)], secs(r.started_usec))),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_last_post_start_duration_seconds",
+        "How long the last post-start ran (absent while it runs).",
+        exited().map(|(m, r)| (vec![("machine", *m)], secs(r.exited_usec - r.started_usec))),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_last_post_start_exit_status",
+        "Exit status of the last post-start (128 + the signal when killed; absent while it runs).",
+        runs.iter().filter_map(|(m, r)| {
+            let code = r.exit_status.or(r.signal.map(|sig| 128 + sig))?;
+            Some((vec![("machine", *m)], f64::from(code)))
+        }),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_last_post_start_success",
+        "1 when the last post-start exited 0, else 0 (absent while it runs).",
+        exited().map(|(m, r)| (vec![("machine", *m)], flag(r.succeeded))),
+    );
+}
+
+/// Write `text` as [`TEXTFILE`] in `dir` (a directory of the host tree, which must exist: it is
+/// the collector's), atomically: a temporary name the collector ignores (it reads `*.prom` only),
+/// fsync, rename over the old file, so a scrape reads the old file or the new one, never half.
+/// Writes nothing else.
+pub fn write_textfile(
+    host: &crate::host::HostRoot,
+    dir: &std::path::Path,
+    text: &str,
+) -> Result<()> {
+    let fd = host.open_dir(dir).with_context(|| {
+        format!(
+            "opening the textfile collector's directory {} (is prometheus-node-exporter installed?)",
+            host.path(dir).display()
+        )
+    })?;
+    crate::atomic::write_if_changed_unnamed(
+        &fd,
+        &host.path(dir),
+        TEXTFILE,
+        text.as_bytes(),
+        0o644,
+    )?;
+    Ok(())
+}
