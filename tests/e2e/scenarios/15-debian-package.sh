@@ -65,9 +65,16 @@ assert_eq "$(c dpkg-install-removes-nothing)" "" \
 for f in "/usr/bin/$exe" "/usr/share/man/man1/$exe.1.gz" "/usr/share/man/man1/$exe-install.1.gz" \
          "/usr/share/bash-completion/completions/$exe" "/usr/share/zsh/vendor-completions/_$exe" \
          "/usr/share/fish/vendor_completions.d/$exe.fish" "/usr/share/doc/$pkg/copyright" \
-         "/usr/share/doc/$pkg/README.md.gz" "/usr/share/doc/$pkg/changelog.gz"; do
+         "/usr/share/doc/$pkg/README.md.gz" "/usr/share/doc/$pkg/changelog.gz" \
+         /lib/systemd/system/nspawn-lifecycle-metrics.service /lib/systemd/system/nspawn-lifecycle-metrics.timer \
+         "/usr/share/$pkg/prometheus/nspawn-lifecycle.rules.yml"; do
     assert_match "$(c "ships$f")" "^$f\$" "$listed"
 done
+# The metrics units as systemd 252 reads them: no warning, and the timer is not enabled.
+out=$(H systemd-analyze verify --man=no /lib/systemd/system/nspawn-lifecycle-metrics.service \
+    /lib/systemd/system/nspawn-lifecycle-metrics.timer 2>&1); rc=$?
+assert_eq "$(c metrics-units-verify)" "0 " "$rc $out"
+assert_eq "$(c metrics-timer-not-enabled)" disabled "$(H systemctl is-enabled nspawn-lifecycle-metrics.timer 2>&1)"
 assert_eq "$(c no-maintainer-scripts)" "" \
     "$(H sh -c "ls /var/lib/dpkg/info/$pkg.* | grep -Ev '\\.(list|md5sums)\$'")"
 assert_eq "$(c dpkg-install-no-dropin)" absent "$(H test -e "$dropin_dir" && echo present || echo absent)"
