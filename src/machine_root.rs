@@ -548,7 +548,6 @@ impl MachineRoot {
     /// read with that bound. Anything else is [`ImageFile::Unusable`] with the reason: the image
     /// controls this file, so it is never an error of ours.
     pub fn read_image_file(&self, path: &str, max: usize) -> Result<ImageFile> {
-        use std::os::fd::AsRawFd as _;
         let noun = self.tree.noun();
         components(path)?;
         let how = OpenHow::new()
@@ -585,17 +584,11 @@ impl MachineRoot {
                 st.st_size
             )));
         }
-        let fd = nix::fcntl::open(
-            format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("reopening {path} in the {noun} for reading"))?;
-        let again = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {path}"))?;
-        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-            bail!("{path} in the {noun} changed while it was being opened");
-        }
-        match read_bounded(std::fs::File::from(fd), max, path, noun) {
+        // The pinned inode itself, reopened O_NONBLOCK (it cannot change under the descriptor).
+        let Some((file, _)) = reopen_regular(&pinned, path, noun)? else {
+            return Ok(ImageFile::Unusable("it is not a regular file".into()));
+        };
+        match read_bounded(file, max, path, noun) {
             Ok(bytes) => Ok(ImageFile::Bytes(bytes)),
             // Grew past the bound since the stat: the image's doing, like a file too large.
             Err(e) => Ok(ImageFile::Unusable(format!("{e:#}"))),

@@ -120,21 +120,7 @@ mount --bind "$W/layers/upper" "$M/run/attack/upper"
 mount -o remount,bind,ro "$M/run/attack/upper"
 # The driver root the spec's mounts name (stand-ins with the real SONAMEs; empty files elsewhere).
 DRV=$M/run/nvidia/driver
-python3 - "$HERE/../golden/cdi-1gpu.json" "$DRV" <<'EOF'
-import json, os, sys
-spec, drv = json.load(open(sys.argv[1])), sys.argv[2]
-for e in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
-    for m in e.get("mounts", []):
-        h = m["hostPath"]
-        if not h.startswith("/run/nvidia/driver/"):
-            continue
-        p = drv + h[len("/run/nvidia/driver"):]
-        if "/firmware/" in p:
-            os.makedirs(p, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            open(p, "a").close()
-EOF
+python3 "$HERE/../lib/driver-stand-ins.py" "$HERE/../golden/cdi-1gpu.json" "$M"
 cp "$W/bin/libcuda.so" "$DRV/usr/lib/x86_64-linux-gnu/libcuda.so.580.82.07"
 cp "$W/bin/libnvidia-ml.so" "$DRV/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.82.07"
 cp "$HERE/../golden/cdi-1gpu.json" "$M/run/attack/cdi.json"

@@ -44,19 +44,7 @@ printf 'ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n' 
 mount -t tmpfs -o mode=755 nvidia-run /run/nvidia 2>/dev/null || { mkdir -p /run/nvidia && mount -t tmpfs -o mode=755 nvidia-run /run/nvidia; }
 SPEC=$ROOT/tests/golden/cdi-1gpu.json
 # The driver root the spec's mounts name: stand-ins with the real SONAMEs, empty files elsewhere.
-python3 - "$SPEC" <<'EOF'
-import json, os, sys
-spec = json.load(open(sys.argv[1]))
-for e in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
-    for m in e.get("mounts", []):
-        h = m["hostPath"]
-        if h.startswith("/run/nvidia/driver/"):
-            if "/firmware/" in h:
-                os.makedirs(h, exist_ok=True)
-            else:
-                os.makedirs(os.path.dirname(h), exist_ok=True)
-                open(h, "a").close()
-EOF
+python3 "$ROOT/tests/lib/driver-stand-ins.py" "$SPEC" ""
 ML=/usr/lib/x86_64-linux-gnu
 echo 'int cuInit(unsigned f) { (void)f; return 4242; }' >"$W/cuda.c"
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "/run/nvidia/driver$ML/libcuda.so.580.82.07" "$W/cuda.c"
