@@ -15,6 +15,8 @@
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
 
+mod common;
+
 use container_device_interface as cdi_lib;
 use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{
@@ -337,18 +339,7 @@ enum Driver {
 }
 
 fn fetch_lib64_glibc() -> PathBuf {
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/cdihooks/fetch-lib64-glibc.sh"
-    ))
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    common::fetched("cdihooks/fetch-lib64-glibc.sh")
 }
 
 /// The machine's library directory: the stand-ins, or the real files of a `.run`-style install.

@@ -9,31 +9,18 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{run_helper, snapshot};
+use common::{installed_host as host, machine_tree as machine, run_helper, snapshot};
 use nspawn_lifecycle::commands::status::metrics::{self, Report};
 use nspawn_lifecycle::commands::status::{HostFacts, State, Status, UnitFacts};
-use nspawn_lifecycle::fixture;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
 const SPEC: &str = "run/cdi/nvidia.com-gpu.json";
 const ASSETS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/prometheus");
 
 fn prometheus_tools() -> PathBuf {
-    let out = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/metrics/fetch-prometheus.sh"
-    ))
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    common::fetched("metrics/fetch-prometheus.sh")
 }
 
 fn promtool(args: &[&str], stdin: &[u8], dir: &Path) -> Output {
@@ -58,31 +45,6 @@ fn check_metrics(what: &str, text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn host(name: &str, machines: &[&str]) -> tempfile::TempDir {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "privileged tests build host trees with mknod and must run as root"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    fixture::materialize(fixture::example(name).unwrap(), dir.path()).unwrap();
-    for m in machines {
-        let p = dir.path().join(DROPIN.replace("{}", m));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, "[Service]\n").unwrap();
-        std::fs::create_dir_all(dir.path().join("var/lib/machines").join(m)).unwrap();
-    }
-    dir
-}
-
-fn machine() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["usr/lib/x86_64-linux-gnu", "etc", "run", "var", "dev"] {
-        std::fs::create_dir_all(dir.path().join(d)).unwrap();
-    }
-    std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
-    dir
 }
 
 fn prometheus(host: &Path, machine: Option<&Path>) -> (String, Option<i32>) {

@@ -9,39 +9,12 @@
 
 mod common;
 use common::{run_helper, snapshot};
-use nspawn_lifecycle::fixture;
 use std::path::Path;
 use std::process::Output;
 
-const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
 const SPEC: &str = "run/cdi/nvidia.com-gpu.json";
 
-/// A host built from example `name`, with `machines` installed (our drop-in present).
-fn host(name: &str, machines: &[&str]) -> tempfile::TempDir {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "privileged tests build host trees with mknod and must run as root"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    fixture::materialize(fixture::example(name).unwrap(), dir.path()).unwrap();
-    for m in machines {
-        let p = dir.path().join(DROPIN.replace("{}", m));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, "[Service]\n").unwrap();
-        std::fs::create_dir_all(dir.path().join("var/lib/machines").join(m)).unwrap();
-    }
-    dir
-}
-
-/// An empty machine tree with `/var/run -> ../run`.
-fn machine() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["usr/lib/x86_64-linux-gnu", "etc", "run", "var", "dev"] {
-        std::fs::create_dir_all(dir.path().join(d)).unwrap();
-    }
-    std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
-    dir
-}
+use common::{installed_host as host, machine_tree as machine};
 
 /// Run `status ARGS` and check it changed nothing under `host` and `machine`.
 fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {

@@ -82,3 +82,54 @@ pub fn snapshot(
     walk(root, root, skip, &mut out);
     out
 }
+
+/// What a fetch script of the suite prints (a cached tree; it downloads on first use): `script`
+/// relative to `tests/`. Its failure fails the test with the script's own message.
+pub fn fetched(script: &str) -> std::path::PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = std::process::Command::new(&path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The unit drop-in `install` writes for a machine (`{}`: its name), relative to the host root.
+pub const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
+
+/// A host built from example `name`, with `machines` installed (our drop-in present and their
+/// directory under /var/lib/machines). Privileged (mknod).
+pub fn installed_host(name: &str, machines: &[&str]) -> tempfile::TempDir {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged tests build host trees with mknod and must run as root"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    nspawn_lifecycle::fixture::materialize(
+        nspawn_lifecycle::fixture::example(name).unwrap(),
+        dir.path(),
+    )
+    .unwrap();
+    for m in machines {
+        let p = dir.path().join(DROPIN.replace("{}", m));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, "[Service]\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("var/lib/machines").join(m)).unwrap();
+    }
+    dir
+}
+
+/// An empty machine tree with `/var/run -> ../run`.
+pub fn machine_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["usr/lib/x86_64-linux-gnu", "etc", "run", "var", "dev"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+    dir
+}
