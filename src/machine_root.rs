@@ -307,6 +307,29 @@ fn reopen_regular(
     Ok(Some((std::fs::File::from(fd), again)))
 }
 
+/// Whether `fs` is one of the kernel's pseudo-filesystems, whose "regular files" may block a
+/// reader or have effects when read (`/proc/kmsg`), never an image's.
+fn is_pseudo_fs(fs: &nix::sys::statfs::Statfs) -> bool {
+    use nix::sys::statfs as f;
+    const DEVPTS: f::FsType = f::FsType(0x1cd1);
+    const SECURITYFS: f::FsType = f::FsType(0x7363_6673);
+    const BPF: f::FsType = f::FsType(0xcafe_4a11);
+    const TRACEFS: f::FsType = f::FsType(0x7472_6163);
+    const DEBUGFS: f::FsType = f::FsType(0x6462_6720);
+    [
+        f::PROC_SUPER_MAGIC,
+        f::SYSFS_MAGIC,
+        f::CGROUP_SUPER_MAGIC,
+        f::CGROUP2_SUPER_MAGIC,
+        DEVPTS,
+        SECURITYFS,
+        BPF,
+        TRACEFS,
+        DEBUGFS,
+    ]
+    .contains(&fs.filesystem_type())
+}
+
 /// All of `file`, at most `max` bytes; more is an error naming `path`.
 fn read_bounded(file: std::fs::File, max: usize, path: &str, noun: &str) -> Result<Vec<u8>> {
     let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
@@ -569,10 +592,12 @@ impl MachineRoot {
         if kind != FileKind::File {
             return Ok(ImageFile::Unusable(format!("it is a {}", kind.as_str())));
         }
-        let root = nix::sys::stat::fstat(&self.fd).context("stat the root")?;
+        // RESOLVE_NO_XDEV kept the walk on the root's mount; the file's filesystem type must be
+        // the root's too, and never a kernel pseudo-filesystem. (Not `st_dev`: overlayfs, the
+        // usual container rootfs, reports a regular file's underlying layer's device.)
         let fs = nix::sys::statfs::fstatfs(&pinned).with_context(|| format!("statfs {path}"))?;
         let root_fs = nix::sys::statfs::fstatfs(&self.fd).context("statfs the root")?;
-        if st.st_dev != root.st_dev || fs.filesystem_type() != root_fs.filesystem_type() {
+        if fs.filesystem_type() != root_fs.filesystem_type() || is_pseudo_fs(&fs) {
             return Ok(ImageFile::Unusable(format!(
                 "it is on another filesystem than the {noun} root"
             )));

@@ -753,3 +753,57 @@ fn a_hook_past_its_deadline_fails_naming_the_step() {
     );
     assert_eq!(std::fs::read_dir(b.root()).unwrap().count(), 0);
 }
+
+/// The usual container rootfs is an overlay (containerd's snapshotter): the image's cache lives
+/// in a lower layer, and overlayfs with layers on different filesystems (here the upper one on a
+/// tmpfs) reports such a file's layer device, not the root's. It is the image's own file on the
+/// root's filesystem: read and kept, never "replaced by ours".
+#[test]
+fn privileged_update_ldcache_keeps_the_images_cache_on_an_overlay_rootfs() {
+    let b = Bundle::new();
+    let layers = tempfile::tempdir().unwrap();
+    let lower = layers.path().join("lower");
+    for d in ["etc", "usr/lib64"] {
+        std::fs::create_dir_all(lower.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(layers.path().join("rw")).unwrap();
+    std::fs::copy(
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        lower.join("usr/lib64/libc.so.6"),
+    )
+    .unwrap();
+    std::fs::write(lower.join("etc/ld.so.conf"), "/usr/lib64\n").unwrap();
+    let st = Command::new("ldconfig")
+        .arg("-r")
+        .arg(&lower)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let script = format!(
+        "set -e; mount -t tmpfs rw {rw}; mkdir {u} {w}; \
+         mount -t overlay overlay -o lowerdir={l},upperdir={u},workdir={w} {r}; \
+         echo '{s}' | {BIN} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1; \
+         ldconfig -p -C {r}/etc/ld.so.cache",
+        l = lower.display(),
+        rw = layers.path().join("rw").display(),
+        u = layers.path().join("rw/upper").display(),
+        w = layers.path().join("rw/work").display(),
+        r = b.root().display(),
+        s = b.state(),
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{text}{err}");
+    assert!(!err.contains("not read"), "{err}");
+    assert!(
+        text.contains("libc.so.6 (libc6,x86-64) => /usr/lib64/libc.so.6"),
+        "{text}"
+    );
+    assert!(text.contains("libcuda.so.1 (libc6,x86-64) =>"), "{text}");
+}

@@ -31,8 +31,10 @@
 #                         40-link chain; /etc/ld.so.conf.d, /usr/lib64, the multiarch directory and
 #                         every link's parent as links out of the root, dangling links, loops;
 #                         an image with no /proc/driver/nvidia
-#   wellformed            the spec's own hook env, a glibc image: dlopen("libcuda.so.1") by
-#                         SONAME loads the machine's driver library, params say ModifyDeviceFiles: 0
+#   wellformed            the spec's own hook env, a glibc image on an overlay rootfs (layers on
+#                         two filesystems, as containerd's snapshotter gives it): dlopen
+#                         ("libcuda.so.1") by SONAME loads the machine's driver library, params
+#                         say ModifyDeviceFiles: 0, the image's own cache entries are kept
 # The attack cases give the hooks the container's environment (the spec's env dropped): the
 # worst a runtime can do, which the hooks must survive on their own.
 #
@@ -370,15 +372,31 @@ for line in "${RT_LINES[@]}"; do
             fi
         done
     done
-    image "$A/b-wellformed/rootfs" wellformed
+    # The well-formed image on an overlay rootfs, as containerd's snapshotter gives it: lower
+    # layer and upper layer on two filesystems, so overlayfs reports the image's files with their
+    # layer's device.
+    wf=$A/b-wellformed/rootfs
+    image "$A/wf-lower" wellformed
+    mkdir -p "$A/wf-rw" "$wf"
+    mount -t tmpfs wf-rw "$A/wf-rw"
+    mkdir "$A/wf-rw/upper" "$A/wf-rw/work"
+    mount -t overlay wf -o "lowerdir=$A/wf-lower,upperdir=$A/wf-rw/upper,workdir=$A/wf-rw/work" "$wf"
+    MOUNTS=$(mounts_state) MOUNTS_TEXT=$(sed 's/^[0-9]* [0-9]* //' /proc/self/mountinfo)
     create "$name" "$rt" wellformed 1
+    cache=$(ldconfig -p -C "$wf/etc/ld.so.cache" 2>&1)
     if [ "$LAST_RC" != 0 ] || ! grep -q '^CUINIT 4242$' <<<"$LAST_OUT" ||
         ! grep -q '^PARAMS ModifyDeviceFiles: 0$' <<<"$LAST_OUT"; then
         echo "FAIL $name wellformed: the container did not get the driver: $LAST_OUT" >&2
         wellformed_failures=$((wellformed_failures + 1))
+    elif ! grep -q 'libc.so.6 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libc.so.6' <<<"$cache" ||
+        ! grep -q 'libcuda.so.1 (libc6,x86-64) =>' <<<"$cache"; then
+        echo "FAIL $name wellformed: the container's cache lost the image's entries or lacks the driver: $cache" >&2
+        wellformed_failures=$((wellformed_failures + 1))
     else
-        echo "attack: $name wellformed: libcuda.so.1 loaded by SONAME (cuInit 4242), ModifyDeviceFiles: 0" >&2
+        echo "attack: $name wellformed (overlay rootfs): libcuda.so.1 loaded by SONAME (cuInit 4242), ModifyDeviceFiles: 0, the image's libc.so.6 kept in its cache" >&2
     fi
+    umount "$wf" "$A/wf-rw"
+    MOUNTS=$(mounts_state) MOUNTS_TEXT=$(sed 's/^[0-9]* [0-9]* //' /proc/self/mountinfo)
     after=$(machine_state)
     if [ "$before" != "$after" ]; then
         report "$name: files of the machine changed (its /run, or /etc, /usr, /var through the overlay): $(diff <(echo "$before") <(echo "$after") | grep '^[<>]' | head -20 | tr '\n' ' ')"
