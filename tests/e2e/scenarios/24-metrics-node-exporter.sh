@@ -21,6 +21,11 @@ for u in nspawn-lifecycle-metrics.service nspawn-lifecycle-metrics.timer; do
     sed "s|/usr/bin/nspawn-lifecycle-helper|$HP|" "$E2E_SRC/../../assets/systemd/$u" | H sh -c "cat > /etc/systemd/system/$u"
 done
 H systemctl daemon-reload
+# A daemon-reload makes systemd forget the last run of every ExecStartPost= (systemd 252): start
+# kube1 afresh, so its last post-start is known again.
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c fresh-start)" 0 "$rc"
+assert_cmd "$(c machine-up)" wait_machine_up kube1 60
 H systemctl stop e2e-node-exporter.service >/dev/null 2>&1
 H systemd-run --unit=e2e-node-exporter --collect /usr/local/lib/e2e/prometheus-node-exporter \
     --collector.disable-defaults --collector.textfile "--collector.textfile.directory=$DIR" \
@@ -31,7 +36,8 @@ scrape() {
 exporter_up() { scrape | grep -q '^node_textfile_scrape_error '; }
 assert_cmd "$(c node-exporter-up)" wait_until 30 exporter_up
 write_metrics() { H timeout 120 systemctl start nspawn-lifecycle-metrics.service; }
-# value <text> <metric line prefix>: the sample's value
+# value <text> <metric line prefix>: the sample's value (labels as the node exporter prints them:
+# sorted by name)
 value() { printf '%s\n' "$1" | grep -F -- "$2 " | tail -1 | awk '{print $NF}'; }
 status_state() { H timeout 60 "$HP" status kube1 --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>&1; }
 
@@ -48,7 +54,7 @@ assert_eq "$(c metrics-host-gpus)" "$E2E_GPUS" "$(value "$m" 'nspawn_lifecycle_h
 assert_eq "$(c metrics-no-errors)" 0 "$(value "$m" 'nspawn_lifecycle_status_errors')"
 assert_eq "$(c metrics-post-start-success)" 1 "$(value "$m" 'nspawn_lifecycle_last_post_start_success{machine="kube1"}')"
 assert_eq "$(c collector-no-error)" 0 "$(value "$m" 'node_textfile_scrape_error')"
-info "in sync: $(printf '%s\n' "$m" | grep '^nspawn_lifecycle_driver_info')"
+info "in sync: $(printf '%s\n' "$m" | grep '^nspawn_lifecycle_' | tr '\n' ' ')"
 
 # ---- the host's driver changes under the running machine ---------------------------------------
 fake_driver_version "$NEWVER"
@@ -57,9 +63,9 @@ m=$(scrape)
 assert_eq "$(c status-json-drift)" "drift" "$(status_state)"
 assert_eq "$(c metrics-drift)" 1 "$(value "$m" 'nspawn_lifecycle_state{machine="kube1",state="drift"}')"
 assert_eq "$(c metrics-drift-not-in-sync)" 0 "$(value "$m" 'nspawn_lifecycle_state{machine="kube1",state="in_sync"}')"
-assert_eq "$(c metrics-drift-check)" 1 "$(value "$m" 'nspawn_lifecycle_check_failed{machine="kube1",check="driver-version"}')"
+assert_eq "$(c metrics-drift-check)" 1 "$(value "$m" 'nspawn_lifecycle_check_failed{check="driver-version",machine="kube1"}')"
 assert_eq "$(c metrics-driver-info-both-versions)" 1 \
-    "$(value "$m" "nspawn_lifecycle_driver_info{machine=\"kube1\",host_version=\"$NEWVER\",machine_version=\"$DRIVER_VERSION\"}")"
+    "$(value "$m" "nspawn_lifecycle_driver_info{host_version=\"$NEWVER\",machine=\"kube1\",machine_version=\"$DRIVER_VERSION\"}")"
 info "drift: $(printf '%s\n' "$m" | grep '^nspawn_lifecycle_\(state\|check_failed\|driver_info\)' | tr '\n' ' ')"
 
 # ---- a scraper racing the writer only sees whole files -------------------------------------------
@@ -85,7 +91,7 @@ m=$(scrape)
 assert_eq "$(c status-json-in-sync-again)" "in-sync" "$(status_state)"
 assert_eq "$(c metrics-in-sync-again)" 1 "$(value "$m" 'nspawn_lifecycle_state{machine="kube1",state="in_sync"}')"
 assert_eq "$(c metrics-new-version)" 1 \
-    "$(value "$m" "nspawn_lifecycle_driver_info{machine=\"kube1\",host_version=\"$NEWVER\",machine_version=\"$NEWVER\"}")"
+    "$(value "$m" "nspawn_lifecycle_driver_info{host_version=\"$NEWVER\",machine=\"kube1\",machine_version=\"$NEWVER\"}")"
 
 # ---- the timer ---------------------------------------------------------------------------------
 assert_cmd "$(c timer-starts)" H systemctl start nspawn-lifecycle-metrics.timer
@@ -98,3 +104,6 @@ H rm -f /etc/systemd/system/nspawn-lifecycle-metrics.service /etc/systemd/system
 H rm -rf /var/lib/prometheus
 H systemctl daemon-reload
 fake_driver_version "$DRIVER_VERSION"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c back-to-baseline-driver)" 0 "$rc"
+assert_cmd "$(c machine-up-at-the-end)" wait_machine_up kube1 60
