@@ -81,6 +81,15 @@ pub enum Command {
     /// directory (nspawn_lifecycle.prom, replaced atomically; nothing else is written). Run every
     /// minute by nspawn-lifecycle-metrics.timer. Exit 0 once the file is written, whatever the
     /// machines' states; 1 when it cannot be written.
+    ///
+    /// Gauges, per machine (label machine): nspawn_lifecycle_state{state} (1 for in_sync, drift,
+    /// broken or not_running), nspawn_lifecycle_check_failed{check} (1 per status finding),
+    /// nspawn_lifecycle_gpus, nspawn_lifecycle_driver_info{host_version,machine_version},
+    /// nspawn_lifecycle_last_post_start_timestamp_seconds, _duration_seconds, _exit_status and
+    /// _success. Per host: nspawn_lifecycle_host_gpus, nspawn_lifecycle_machines_installed,
+    /// nspawn_lifecycle_status_errors (what status could not judge),
+    /// nspawn_lifecycle_status_timestamp_seconds. Alert rules:
+    /// /usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.yml.
     Metrics {
         /// The textfile collector's directory (must exist).
         #[arg(long, value_name = "DIR", default_value = DEFAULT_TEXTFILE_DIR)]
