@@ -348,6 +348,8 @@ for line in "${RT_LINES[@]}"; do
         for n in $(seq 1 "$RACES"); do
             image "$A/b-race/rootfs" race
             create "$name" "$rt" race "$who-$n"
+            # The well-formed image beside the sidecar must start; say why when it does not.
+            [ "$LAST_RC" = 0 ] || echo "attack: $name race-$who #$n: failed ($LAST_RC): $(why "$LAST_OUT")" >&2
             find "$A/vol-race" -mindepth 1 -maxdepth 1 -type l -delete 2>/dev/null || true
         done
         for n in $(seq 1 "$LIBRACES"); do
