@@ -215,6 +215,46 @@ pub fn check_lists_disjoint<K: Ord + Clone + fmt::Display>(
     Ok(())
 }
 
+/// Every place of the file that is a set of keys must be a JSON object: serde would read an array
+/// there by position (`["/opt/evil/helper"]` as `helperPath`), skipping the unknown-key check.
+fn check_objects(v: &serde_json::Value) -> Result<()> {
+    use serde_json::Value;
+    fn object<'a>(v: &'a Value, path: &str) -> Result<&'a serde_json::Map<String, Value>> {
+        v.as_object().ok_or_else(|| {
+            let found = match v {
+                Value::Array(_) => "an array",
+                Value::String(_) => "a string",
+                Value::Number(_) => "a number",
+                Value::Bool(_) => "a boolean",
+                Value::Null => "null",
+                Value::Object(_) => "an object",
+            };
+            bad_input(format!("{path}: want a JSON object, found {found}"))
+        })
+    }
+    let settings = |v: &Value, path: &str| -> Result<()> {
+        let s = object(v, path)?;
+        if let Some(Value::Array(mounts)) = s.get("mounts") {
+            for (i, m) in mounts.iter().enumerate() {
+                object(m, &format!("{path}.mounts[{i}]"))?;
+            }
+        }
+        Ok(())
+    };
+    let top = object(v, "the top level")?;
+    for key in ["defaults", "host"] {
+        if let Some(s) = top.get(key) {
+            settings(s, key)?;
+        }
+    }
+    if let Some(machines) = top.get("machines") {
+        for (name, s) in object(machines, "machines")? {
+            settings(s, &format!("machines.{name}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// An extra host directory or file bound into the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -316,7 +356,17 @@ impl Config {
         };
         let text = match opened.and_then(read_small) {
             Ok(t) => t,
+            // Only a file that is not there at all means "no configuration": a link to nothing
+            // is a configuration that went missing, and a machine set to `gpus: "none"` must
+            // never get every GPU because of it.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                if let Ok(target) = host.read_link(DEFAULT_PATH) {
+                    return Err(bad_input(format!(
+                        "config file {} is a symbolic link to {}, which does not exist (remove                          the link to run with the defaults)",
+                        path.display(),
+                        target.display()
+                    )));
+                }
                 return Ok(Config::default());
             }
             Err(e) => {
@@ -328,7 +378,10 @@ impl Config {
 
     /// Parse and check a config file's bytes (host-independent checks only).
     pub fn parse(bytes: &[u8]) -> Result<Config> {
-        let file: File = serde_json::from_slice(bytes).map_err(|e| bad_input(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| bad_input(e.to_string()))?;
+        check_objects(&value)?;
+        let file: File = serde_json::from_value(value).map_err(|e| bad_input(e.to_string()))?;
         for name in file.machines.keys() {
             name.parse::<MachineName>()
                 .map_err(|e| bad_input(format!("machines.{name}: {e}")))?;
@@ -953,6 +1006,68 @@ mod tests {
         .unwrap();
     }
 
+    /// serde reads an array in place of a struct by position, past the unknown-key check: every
+    /// set of keys must be a JSON object, and the error names where it was not.
+    #[test]
+    fn a_config_that_is_not_an_object_where_keys_belong_is_refused_naming_the_place() {
+        let cases = [
+            (
+                r#"["/opt/evil/helper"]"#,
+                "the top level: want a JSON object, found an array",
+            ),
+            ("[]", "the top level: want a JSON object, found an array"),
+            ("7", "the top level: want a JSON object, found a number"),
+            (
+                r#"{"defaults": [null, null, null, null, null, null, null, null, null, null, null, null, null, null, null, null, null, "none"]}"#,
+                "defaults: want a JSON object, found an array",
+            ),
+            (
+                r#"{"host": []}"#,
+                "host: want a JSON object, found an array",
+            ),
+            (
+                r#"{"machines": [{}]}"#,
+                "machines: want a JSON object, found an array",
+            ),
+            (
+                r#"{"machines": {"kube1": ["/srv/kube1"]}}"#,
+                "machines.kube1: want a JSON object, found an array",
+            ),
+            (
+                r#"{"machines": {"kube1": {"mounts": [["/data"]]}}}"#,
+                "machines.kube1.mounts[0]: want a JSON object, found an array",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::parse(text.as_bytes()).unwrap_err();
+            assert_eq!(exit_code(&err), 2, "{text}");
+            assert_eq!(format!("{err:#}"), want, "{text}");
+        }
+    }
+
+    /// Only a config file that is not there at all means the defaults.
+    #[test]
+    fn a_dangling_or_unreadable_default_config_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("etc/nspawn-lifecycle")).unwrap();
+        assert!(Config::load(&host, None).is_ok(), "no file: defaults");
+        let file = dir.path().join(DEFAULT_PATH.trim_start_matches('/'));
+        std::os::unix::fs::symlink("/etc/nspawn-lifecycle/gone.json", &file).unwrap();
+        let err = Config::load(&host, None).unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("config.json is a symbolic link to /etc/nspawn-lifecycle/gone.json"),
+            "{msg}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        let err = Config::load(&host, None).unwrap_err();
+        assert_eq!(exit_code(&err), 2);
+        assert!(format!("{err:#}").contains("config.json"), "{err:#}");
+    }
+
     #[test]
     fn missing_explicit_file_is_bad_input() {
         let dir = tempfile::tempdir().unwrap();
@@ -1061,7 +1176,7 @@ mod tests {
                 "defaults.cdiDir",
             ),
             (r#"{"machines":"#, "EOF"),
-            ("[1]", "invalid type"),
+            ("[1]", "want a JSON object, found an array"),
             ("\u{0}\u{ff}", "expected value"),
         ];
         for (text, needle) in cases {
