@@ -362,7 +362,7 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
                 if let Ok(target) = host.read_link(DEFAULT_PATH) {
                     return Err(bad_input(format!(
-                        "config file {} is a symbolic link to {}, which does not exist (remove                          the link to run with the defaults)",
+                        "config file {} is a symbolic link to {}, which does not exist (remove the link to run with the defaults)",
                         path.display(),
                         target.display()
                     )));

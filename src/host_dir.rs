@@ -108,6 +108,13 @@ fn open_component(
     };
     let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {}", path.display()))?;
     let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid == 0 && euid != 0 {
+        // Not another user's doing: the caller is not root, and the directory is root's own.
+        return Err(crate::error::bad_input(format!(
+            "this command needs root: it writes {} and the host's files as root (run it as root, e.g. with sudo)",
+            path.display()
+        )));
+    }
     if st.st_uid != euid {
         bail!(
             "{} is owned by uid {}, not by uid {euid} that runs the helper: another user made \

@@ -235,3 +235,33 @@ fn privileged_a_symlinked_lock_directory_or_parent_is_refused() {
         );
     }
 }
+
+/// A command that needs root, run by another user, says so, and writes nothing; it is not told
+/// that another user made root's directories.
+#[test]
+fn privileged_a_non_root_caller_is_told_the_command_needs_root() {
+    let (h, _lock) = host();
+    let nspawn = h.path().join("etc/systemd/nspawn/kube1.nspawn");
+    let before = std::fs::read(&nspawn).unwrap();
+    // A copy that user can reach (the build directory may be under root's 0700 home).
+    let bin = h.path().join("helper-copy");
+    std::fs::copy(BIN, &bin).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+        ])
+        .arg(&bin)
+        .arg("--host-root")
+        .arg(h.path())
+        .args(["nspawn-lifecycle", "pre-start", "kube1"])
+        .env_remove("NSPAWN_LIFECYCLE_LOG")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("this command needs root"), "{err}");
+    assert!(!err.contains("another user"), "{err}");
+    assert_eq!(std::fs::read(&nspawn).unwrap(), before);
+}
