@@ -23,7 +23,7 @@ fn main() {
     let machine = args.next().unwrap_or_else(|| "sdtest".into());
     let mode = args.next().unwrap_or_default();
     let userns = mode == "--userns";
-    nspawn_lifecycle::logging::init(1);
+    nspawn_lifecycle::logging::init(1, false).expect("a valid log filter");
     let mut p = Probe::default();
     let r = if userns {
         run_userns(&mut p, &machine)

@@ -23,8 +23,12 @@ pub struct Cli {
     pub config: Option<PathBuf>,
 
     /// More log output (-v debug, -vv trace). NSPAWN_LIFECYCLE_LOG overrides it.
-    #[arg(short, long, global = true, action = ArgAction::Count)]
+    #[arg(short, long, global = true, action = ArgAction::Count, conflicts_with = "quiet")]
     pub verbose: u8,
+
+    /// Only warnings and errors on stderr. NSPAWN_LIFECYCLE_LOG overrides it.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
 
     #[command(subcommand)]
     pub command: Command,

@@ -12,15 +12,45 @@ use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
 
-/// Set up logging to stderr without timestamps (journald adds them); see the module doc.
-pub fn init(verbose: u8) {
-    let default = match verbose {
-        0 => "nspawn_lifecycle=info,warn",
-        1 => "nspawn_lifecycle=debug,info",
-        _ => "trace",
+/// The environment variable that overrides `-v`/`-q`: an `EnvFilter` directive list.
+pub const ENV: &str = "NSPAWN_LIFECYCLE_LOG";
+
+/// The filter `-v`/`-q` give, or `NSPAWN_LIFECYCLE_LOG`'s (`value`) when set. A value that is not
+/// a list of levels (`trace`…`off`) and `target=level` directives is an error naming it: a typo
+/// such as `inf` would otherwise be read as a target name and silence every line.
+pub fn filter(verbose: u8, quiet: bool, value: Option<&str>) -> Result<EnvFilter, String> {
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "nspawn_lifecycle=info,warn",
+        (false, 1) => "nspawn_lifecycle=debug,info",
+        (false, _) => "trace",
     };
-    let filter =
-        EnvFilter::try_from_env("NSPAWN_LIFECYCLE_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let Some(value) = value else {
+        return Ok(EnvFilter::new(default));
+    };
+    let bad = |why: &str| format!("{ENV}={value:?}: {why}");
+    let level = |l: &str| l.parse::<tracing_subscriber::filter::LevelFilter>().is_ok();
+    for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let ok = match directive.split_once('=') {
+            Some((target, l)) => !target.is_empty() && level(l),
+            None => level(directive),
+        };
+        if !ok {
+            return Err(bad(&format!(
+                "{directive:?} is not a level (trace, debug, info, warn, error, off) or target=level"
+            )));
+        }
+    }
+    EnvFilter::try_new(value).map_err(|e| bad(&e.to_string()))
+}
+
+/// Set up logging to stderr without timestamps (journald adds them); see the module doc. An
+/// invalid `NSPAWN_LIFECYCLE_LOG` is an error (the caller exits 2, naming it). Colour only for a
+/// person at a terminal, never with `NO_COLOR` set (no-color.org).
+pub fn init(verbose: u8, quiet: bool) -> Result<(), String> {
+    let value = std::env::var(ENV).ok();
+    let filter = filter(verbose, quiet, value.as_deref())?;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let journal = std::env::var("JOURNAL_STREAM")
         .ok()
         .filter(|v| is_journal_stream(v, io::stderr().as_fd()))
@@ -37,11 +67,12 @@ pub fn init(verbose: u8) {
             .with(filter)
             .with(text_layer(
                 // Hooks log to the journal: colour codes only for a person at a terminal.
-                io::IsTerminal::is_terminal(&io::stderr()),
+                io::IsTerminal::is_terminal(&io::stderr()) && !no_color,
                 io::stderr,
             ))
             .init(),
     }
+    Ok(())
 }
 
 /// Today's line format: level, message, fields; no time (journald adds it), no target.
@@ -209,5 +240,32 @@ mod tests {
             &format!("{}:{}", m.dev(), m.ino()),
             other.as_fd()
         ));
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::filter;
+
+    #[test]
+    fn a_log_filter_typo_is_an_error_naming_it_and_valid_ones_pass() {
+        for bad in ["inf", "nspawn_lifecycle=loud", "=debug", "debug,verbose"] {
+            let err = filter(0, false, Some(bad)).unwrap_err();
+            assert!(
+                err.starts_with(&format!("NSPAWN_LIFECYCLE_LOG={bad:?}: ")),
+                "{err}"
+            );
+        }
+        for good in [
+            "info",
+            "nspawn_lifecycle=debug,warn",
+            "off",
+            " trace ",
+            "zbus=trace,info",
+        ] {
+            assert!(filter(0, false, Some(good)).is_ok(), "{good}");
+        }
+        assert_eq!(filter(0, true, None).unwrap().to_string(), "warn");
+        assert_eq!(filter(2, false, None).unwrap().to_string(), "trace");
     }
 }

@@ -11,7 +11,10 @@ fn main() -> ExitCode {
         eprintln!("error: {err:#}");
         return ExitCode::from(1);
     }
-    nspawn_lifecycle::logging::init(cli.verbose);
+    if let Err(e) = nspawn_lifecycle::logging::init(cli.verbose, cli.quiet) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     match nspawn_lifecycle::commands::run_with_code(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {

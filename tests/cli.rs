@@ -373,3 +373,25 @@ wait $pid
         "{stderr}"
     );
 }
+
+/// A typo in the log filter is an error naming it (it used to be read as a target name and
+/// silence every line, exit 0); `-q` and `-v` together are a usage error.
+#[test]
+fn a_log_filter_typo_and_quiet_with_verbose_are_usage_errors() {
+    let out = Command::new(BIN)
+        .args(["demo", "--list"])
+        .env("NSPAWN_LIFECYCLE_LOG", "inf")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        "error: NSPAWN_LIFECYCLE_LOG=\"inf\": \"inf\" is not a level (trace, debug, info, warn, \
+         error, off) or target=level\n"
+    );
+    let out = helper(&["-q", "-v", "demo", "--list"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = helper(&["-q", "demo", "--list"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
