@@ -629,13 +629,21 @@ fn uninstall_leaves_private_users_off_and_install_takes_the_file_back() {
     assert!(out.contains(&format!("/{NSPAWN}: updated")), "{out}");
     assert_eq!(read(root, NSPAWN), installed);
     // uninstall of a machine whose .nspawn file pre-start never wrote (install skipped it) still
-    // leaves one, and one that was never installed gets none.
+    // leaves one; a second uninstall changes nothing; one that was never installed (a typo of the
+    // name) is exit 2, saying so, and gets none.
     std::fs::remove_file(root.join(NSPAWN)).unwrap();
     ok(root, &["uninstall", "kube1"]);
     assert_uninstalled_nspawn(root);
+    ok(root, &["uninstall", "kube1"]);
+    assert_uninstalled_nspawn(root);
     std::fs::remove_file(root.join(NSPAWN)).unwrap();
-    let out = ok(root, &["uninstall", "kube1"]);
-    assert!(!root.join(NSPAWN).exists(), "{out}");
+    let out = run_helper(root, &["uninstall", "kube1"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("machine kube1 is not installed"),
+        "{out:?}"
+    );
+    assert!(!root.join(NSPAWN).exists());
 }
 
 /// Issue 10 item 9: a rootfs an earlier `-U` start shifted is refused with the command that

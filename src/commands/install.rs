@@ -522,6 +522,15 @@ fn overlap_warnings(host: &HostRoot, machine: &MachineName) -> Result<Vec<String
 /// when no machine uses it any more. Files install did not write are left alone with a warning.
 fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
     let mut plan = Plan::new("uninstall", machine.as_str());
+    // A name that was never installed (a typo of one that was) is said so, not "nothing changed";
+    // after an uninstall its `.nspawn` file stays, so uninstalling twice still changes nothing.
+    if !ctx.host.exists(dropin_path(machine)) && !ctx.host.exists(nspawn_path(machine)) {
+        return Err(crate::error::bad_input(format!(
+            "machine {machine} is not installed: neither {} nor {} is on the host",
+            dropin_path(machine),
+            nspawn_path(machine)
+        )));
+    }
     let installed = dropin_removal(&ctx.host, machine, &mut plan)?;
     uninstalled_nspawn(ctx, machine, installed, &mut plan)?;
     helper_removal(ctx, machine, &mut plan)?;
@@ -1031,6 +1040,9 @@ mod tests {
 
         // A machine's uninstall keeps the helper host mode calls.
         let m: MachineName = "kube1".parse().unwrap();
+        let dropin = d.path().join(dropin_path(&m).trim_start_matches('/'));
+        std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+        std::fs::write(&dropin, format!("{DROPIN_HEADER} kube1\n")).unwrap();
         let keep = plan_uninstall(&ctx, &m).unwrap();
         let helper = keep.files.last().unwrap();
         assert_eq!(
