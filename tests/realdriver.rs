@@ -144,16 +144,7 @@ fn ours(root: &Path) -> (FileSet, String) {
 }
 
 fn nvidia_ctk() -> PathBuf {
-    let p = std::env::var_os("NVIDIA_CTK").map_or_else(
-        || manifest().join("../shared/tools/nvidia-container-toolkit/nvidia-ctk"),
-        PathBuf::from,
-    );
-    assert!(
-        p.is_file(),
-        "{} missing: NVIDIA's nvidia-ctk is this test's oracle (set NVIDIA_CTK)",
-        p.display()
-    );
-    p
+    common::nvidia_tool("nvidia-ctk")
 }
 
 /// What `nvidia-ctk cdi generate --mode=management` mounts from the same host tree.

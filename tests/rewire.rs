@@ -6,6 +6,8 @@
 
 mod rewire_support;
 
+mod common;
+
 use nspawn_lifecycle::machine_root::MachineRoot;
 use nspawn_lifecycle::rewire;
 use rewire_support::*;
@@ -457,20 +459,11 @@ const char *nvmlErrorString(int r) { return \"driver not loaded (stub)\"; }\n";
 /// lists every x86_64 library, every binary and the firmware of the driver root nspawn's binds
 /// make, at their standard paths with their host paths inside the tree, both where it is
 /// (`--driver-root=<machine>/run/nvidia/driver`) and rbound at another path with the original
-/// gone from view (a pod's `/driver-root`). nvidia-ctk is `../shared/tools/nvidia-container-toolkit`
-/// or `$NVIDIA_CTK`; privileged (bind mounts): it fails, never skips, without root or the tool.
+/// gone from view (a pod's `/driver-root`). nvidia-ctk is found by `common::nvidia_tool`;
+/// privileged (bind mounts): it fails, never skips, without root or the tool.
 #[test]
 fn privileged_nvidia_ctk_lists_every_driver_file_in_both_views() {
-    let ctk = std::env::var("NVIDIA_CTK").unwrap_or_else(|_| {
-        format!(
-            "{}/../shared/tools/nvidia-container-toolkit/nvidia-ctk",
-            env!("CARGO_MANIFEST_DIR")
-        )
-    });
-    assert!(
-        Path::new(&ctk).exists(),
-        "no nvidia-ctk at {ctk} (set NVIDIA_CTK)"
-    );
+    let ctk = common::nvidia_tool("nvidia-ctk").display().to_string();
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
     assert!(

@@ -8,7 +8,7 @@
 #   old      the same hooks of a second helper (OLD, e.g. the build before a change), if given
 #   nvidia   NVIDIA's nvidia-cdi-hook doing the same work (create-symlinks with the same links,
 #            update-ldcache --folder for each library directory, disable-device-node-modification)
-#            from ../shared/tools/nvidia-container-toolkit (NVIDIA_CDI_HOOK to override)
+#            (NVIDIA_CDI_HOOK, else as tests/lib/nvidia-tools.sh finds it)
 # Every variant also runs the createRuntime stand-in that gives the container's procfs NVIDIA's
 # params (no kernel module here), so the params hooks do their real work; it costs all variants
 # the same.
@@ -29,8 +29,9 @@ if [ "${1:-}" != --inner ]; then
     OLD=${2:-}
     [ -z "$OLD" ] || OLD=$(realpath "$OLD")
     N=${3:-60}
-    NV=${NVIDIA_CDI_HOOK:-$ROOT/../shared/tools/nvidia-container-toolkit/nvidia-cdi-hook}
-    [ -x "$NV" ] || die "no nvidia-cdi-hook at $NV (set NVIDIA_CDI_HOOK)"
+    # shellcheck source=../lib/nvidia-tools.sh
+    . "$ROOT/tests/lib/nvidia-tools.sh"
+    NV=${NVIDIA_CDI_HOOK:-$(nvidia_tool nvidia-cdi-hook)} || exit 1
     [ "$(id -u)" = 0 ] || die "needs root"
     command -v runc >/dev/null || die "needs runc (tests/attack/fetch-runtimes.sh installs it)"
     exec unshare -m --propagation private "$0" --inner "$HELPER" "$OLD" "$N" "$(realpath "$NV")"

@@ -133,3 +133,41 @@ pub fn machine_tree() -> tempfile::TempDir {
     std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
     dir
 }
+
+/// The version of NVIDIA's container toolkit the oracle tests are pinned to (PROVENANCE.md of
+/// `../shared/tools/nvidia-container-toolkit/`).
+pub const NVIDIA_TOOLKIT_VERSION: &str = "1.20.0 (commit d34b3046758c)";
+
+/// NVIDIA's `tool` (`nvidia-ctk`, `nvidia-cdi-hook`), the oracle of the tests: `$NVIDIA_CTK_DIR/
+/// <tool>` (or `$NVIDIA_CTK` for nvidia-ctk itself), then `../shared/tools/nvidia-container-toolkit/`
+/// beside this repository, then `PATH`; otherwise the test fails with one message naming the
+/// three ways and the version to install. Never a skip: CI has it.
+pub fn nvidia_tool(tool: &str) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let mut tried = Vec::new();
+    let from_env = match tool {
+        "nvidia-ctk" => std::env::var_os("NVIDIA_CTK").map(PathBuf::from),
+        _ => None,
+    }
+    .or_else(|| std::env::var_os("NVIDIA_CTK_DIR").map(|d| PathBuf::from(d).join(tool)));
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/tools/nvidia-container-toolkit")
+        .join(tool);
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(tool));
+    for candidate in from_env.into_iter().chain([beside]).chain(on_path) {
+        if candidate.is_file() {
+            return candidate;
+        }
+        tried.push(candidate.display().to_string());
+    }
+    panic!(
+        "NVIDIA's {tool} is this test's oracle and was not found (tried {}). Set NVIDIA_CTK_DIR \
+         (or NVIDIA_CTK) to where it is, put NVIDIA's container toolkit beside this repository at \
+         ../shared/tools/nvidia-container-toolkit/, or install the nvidia-container-toolkit \
+         package, version {NVIDIA_TOOLKIT_VERSION} or later, so it is on PATH.",
+        tried.join(", ")
+    );
+}

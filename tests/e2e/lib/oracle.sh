@@ -3,8 +3,11 @@
 # 17 (stand-in driver) and 18 (real Debian-packaged driver). Sourced by a scenario; uses its
 # helpers (M, H, c, pass, fail, info, mroot, helper).
 #
-# nvidia-ctk comes from ../shared/tools/nvidia-container-toolkit/ (or $E2E_NVIDIA_CTK), copied into
+# nvidia-ctk comes from $E2E_NVIDIA_CTK, or as tests/lib/nvidia-tools.sh finds it, copied into
 # the machine's /usr/local/lib/e2e-oracle for the scenario only (oracle_remove takes it out).
+
+# shellcheck source=../../lib/nvidia-tools.sh
+. "$E2E_SRC/../lib/nvidia-tools.sh"
 
 ORACLE=/usr/local/lib/e2e-oracle
 ORACLE_DR=/run/nvidia/driver
@@ -14,9 +17,10 @@ oracle_install() { oracle_install_in "$(mroot "$1")"; }
 # oracle_install_in <root dir>: the same into any root seen from outside (scenario 23: the host
 # container's, "$RUN/host"); inside that root it is $ORACLE/nvidia-ctk.
 oracle_install_in() {
-    local src=${E2E_NVIDIA_CTK:-$E2E_SRC/../../../shared/tools/nvidia-container-toolkit/nvidia-ctk}
-    if [ ! -x "$src" ]; then
-        fail "$(c nvidia-ctk-present)" "no nvidia-ctk at $src (set E2E_NVIDIA_CTK)"
+    local src=${E2E_NVIDIA_CTK:-} why
+    if [ -z "$src" ] && ! src=$(nvidia_tool nvidia-ctk 2>&1); then why=$src; src=""; fi
+    if [ -z "$src" ] || [ ! -x "$src" ]; then
+        fail "$(c nvidia-ctk-present)" "${why:-no nvidia-ctk at $src (E2E_NVIDIA_CTK)}"
         return 1
     fi
     mkdir -p "$1$ORACLE" && cp "$src" "$1$ORACLE/nvidia-ctk"

@@ -30,7 +30,9 @@ scenario "real engines (podman 4.3.1 crun/runc, containerd 1.7 CRI) run CUDA-loa
 baseline || exit 0
 EM=kube2
 NGPU=$E2E_GPUS
-CTK_DIR=${E2E_NVIDIA_CTK_DIR:-$E2E_SRC/../../../shared/tools/nvidia-container-toolkit}
+# shellcheck source=../../lib/nvidia-tools.sh
+. "$E2E_SRC/../lib/nvidia-tools.sh"
+CTK_DIR=${E2E_NVIDIA_CTK_DIR:-$(dirname "$(nvidia_tool nvidia-ctk)")}
 
 # ---- the driver under test: the real userspace when staged ------------------------------------
 REALV=$(H sh -c 'for d in /opt/e2e-fake-driver/*/; do [ -e "$d.real" ] && basename "$d"; done; true' | head -1)
