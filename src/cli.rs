@@ -12,7 +12,12 @@ use std::path::PathBuf;
 /// it is now (GPU device nodes, driver files, KVM, extra mounts), the second rewires the NVIDIA
 /// driver root, library links and CDI spec inside the machine with kubelet and containerd stopped.
 #[derive(Debug, Parser)]
-#[command(name = "nspawn-lifecycle-helper", version, max_term_width = 100)]
+#[command(
+    name = "nspawn-lifecycle-helper",
+    version,
+    long_version = crate::build_info::LONG_VERSION,
+    max_term_width = 100
+)]
 pub struct Cli {
     /// Read and write the host tree under DIR instead of / (for tests and chroots).
     #[arg(long, global = true, value_name = "DIR", default_value = "/")]
@@ -53,9 +58,19 @@ pub enum Command {
         json: bool,
     },
 
+    /// Restart systemd-nspawn@<MACHINE>.service and wait, so both hooks run again (a "mini
+    /// repave"): the operator's spelling of `nspawn-lifecycle reconcile`, which does the same.
+    Reconcile {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
+
     /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk.
     /// Writes nothing.
-    Plan { machine: MachineName },
+    Plan {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
 
     /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the
     /// running machine (CDI spec, driver root, links, unit gate, containerd and kubelet) and the
@@ -108,6 +123,7 @@ pub enum Command {
     /// `host post-start` at every boot) and the unit gate drop-ins of the host's containerd and
     /// kubelet.
     Install {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         #[arg(required_unless_present = "host")]
         machine: Option<MachineName>,
         /// Install host mode instead of a machine's hooks.
@@ -127,6 +143,7 @@ pub enum Command {
     ///
     /// With --host instead of MACHINE: remove host mode's unit and gate drop-ins.
     Uninstall {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         #[arg(required_unless_present = "host")]
         machine: Option<MachineName>,
         /// Uninstall host mode instead of a machine's hooks.
@@ -245,16 +262,25 @@ pub enum Phase {
     /// ExecStartPre=: render /etc/systemd/nspawn/<MACHINE>.nspawn from the host as it is now.
     /// Fails with exit code 3 while NVIDIA state is incomplete (for example the driver's kernel
     /// module and libraries disagree), so systemd retries the start until the install finishes.
-    PreStart { machine: MachineName },
+    PreStart {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
 
     /// ExecStartPost=: with NVIDIA GPUs present, stop kubelet and containerd in the machine,
     /// rebuild /run/nvidia/driver, the library links and the CDI spec, start containerd, import
     /// staged images, start kubelet. Without GPUs, remove NVIDIA state an earlier start left.
-    PostStart { machine: MachineName },
+    PostStart {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
 
     /// Restart systemd-nspawn@<MACHINE>.service through the host's systemd and wait, so both hooks
     /// run again (a "mini repave"). Prints the old and new leader PID and how long it took.
-    Reconcile { machine: MachineName },
+    Reconcile {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! their host, around every start. See README.md for the operator's view and DESIGN notes there.
 
 pub mod atomic;
+pub mod build_info;
 pub mod cdi;
 pub mod cdi_hook;
 pub mod cli;

@@ -395,3 +395,44 @@ fn a_log_filter_typo_and_quiet_with_verbose_are_usage_errors() {
     let out = helper(&["-q", "demo", "--list"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// `--version` says what was built: the version, the git commit (and whether the tree had
+/// uncommitted changes), the profile and the target; `-V` stays the one short line scripts parse.
+#[test]
+fn version_names_the_commit_profile_and_target() {
+    let long = stdout_of(&["--version"]);
+    let lines: Vec<&str> = long.lines().collect();
+    assert_eq!(lines.len(), 3, "{long}");
+    assert_eq!(lines[0], format!("{NAME} {}", env!("CARGO_PKG_VERSION")));
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert!(lines[1].starts_with(&format!("commit {head}")), "{long}");
+    assert!(lines[2].starts_with("profile "), "{long}");
+    assert!(
+        lines[2].contains(", target x86_64-") || lines[2].contains(", target aarch64-"),
+        "{long}"
+    );
+    assert_eq!(
+        stdout_of(&["-V"]),
+        format!("{NAME} {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// The operator's spelling `reconcile MACHINE` is the hook namespace's, and MACHINE is explained.
+#[test]
+fn reconcile_is_a_top_level_command_and_machine_has_help() {
+    for args in [
+        &["reconcile", "--help"][..],
+        &["nspawn-lifecycle", "reconcile", "--help"],
+    ] {
+        let text = stdout_of(args);
+        assert!(
+            text.contains("<MACHINE>  The machine: systemd-nspawn@MACHINE.service"),
+            "{args:?}: {text}"
+        );
+    }
+}

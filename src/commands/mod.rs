@@ -128,7 +128,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::NspawnLifecycle(Phase::PostStart { machine }) => {
             post_start::post_start(&ctx, &machine)
         }
-        Command::NspawnLifecycle(Phase::Reconcile { machine }) => {
+        Command::NspawnLifecycle(Phase::Reconcile { machine }) | Command::Reconcile { machine } => {
             reconcile::reconcile(&ctx, &machine)
         }
         Command::Discover { json } => discover::discover(&ctx, json),
