@@ -833,3 +833,29 @@ fn privileged_incomplete_nvidia_state_installs_dropin_and_skips_nspawn() {
     );
     assert_ours_exactly_once(root);
 }
+
+/// pre-start refuses a `.nspawn` file it did not write, as install does, naming it and where its
+/// settings belong; the file stays byte for byte. Its own file (and uninstall's) it rewrites.
+#[test]
+fn pre_start_refuses_a_hand_written_nspawn_file() {
+    let h = host();
+    let root = h.path();
+    let hand = "[Exec]\nBoot=yes\n\n[Network]\nPort=8080\n\n[Files]\nBind=/srv/data\n";
+    std::fs::create_dir_all(root.join("etc/systemd/nspawn")).unwrap();
+    std::fs::write(root.join(NSPAWN), hand).unwrap();
+    let out = run_helper(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("kube1.nspawn was not written by nspawn-lifecycle-helper")
+            && err.contains("`mounts`")
+            && err.contains("systemd-nspawn@kube1.service"),
+        "{err}"
+    );
+    assert_eq!(read(root, NSPAWN), hand);
+    // What uninstall leaves is ours: pre-start takes it back.
+    std::fs::remove_file(root.join(NSPAWN)).unwrap();
+    ok(root, &["install", "kube1"]);
+    ok(root, &["uninstall", "kube1"]);
+    ok(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+}

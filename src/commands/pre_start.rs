@@ -22,7 +22,23 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = check_startable(ctx, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let mut plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
+    refuse_foreign_file(machine, &plan)?;
     execute(ctx, machine, &mc, &mut plan)
+}
+
+/// A `.nspawn` file neither pre-start nor uninstall wrote is the operator's: replacing it would
+/// lose its `Port=`, `Boot=`, `Bind=` lines without a word (install refuses it the same way).
+fn refuse_foreign_file(machine: &MachineName, r: &Rendered) -> Result<()> {
+    match &r.old {
+        Some(old) if !crate::legacy::is_ours_nspawn(old.as_bytes()) => {
+            Err(crate::error::bad_input(format!(
+                "pre-start of {machine}: {} was not written by nspawn-lifecycle-helper; replacing it would lose its settings. Put extra binds in the configuration's `mounts` and other settings in a drop-in of {}, then remove the file; nothing was written",
+                r.host_path.display(),
+                crate::units::unit_name(machine)
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The machine's configuration, once nothing refuses the start: checked before the lock, so a
