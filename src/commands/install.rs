@@ -986,6 +986,13 @@ pub fn uninstall(
 mod tests {
     use super::*;
 
+    /// Our drop-in for `m` under the host tree `root` (what makes a machine installed).
+    fn write_dropin(root: &Path, m: &MachineName) {
+        let dropin = root.join(dropin_path(m).trim_start_matches('/'));
+        std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+        std::fs::write(&dropin, format!("{DROPIN_HEADER} {m}\n")).unwrap();
+    }
+
     fn host_with(files: &[&str]) -> (tempfile::TempDir, Ctx) {
         let dir = tempfile::tempdir().unwrap();
         for f in files {
@@ -1040,9 +1047,7 @@ mod tests {
 
         // A machine's uninstall keeps the helper host mode calls.
         let m: MachineName = "kube1".parse().unwrap();
-        let dropin = d.path().join(dropin_path(&m).trim_start_matches('/'));
-        std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
-        std::fs::write(&dropin, format!("{DROPIN_HEADER} kube1\n")).unwrap();
+        write_dropin(d.path(), &m);
         let keep = plan_uninstall(&ctx, &m).unwrap();
         let helper = keep.files.last().unwrap();
         assert_eq!(
