@@ -281,7 +281,9 @@ create() {
 why() {
     local w
     w=$(grep -o 'stderr: [^"]*' <<<"$1" | head -1)
-    [ -n "$w" ] || w=$(grep -m1 -io 'error[^"]*' <<<"$1" | tail -1)
+    # runc: level=error msg="…"; crun: the line itself.
+    [ -n "$w" ] || w=$(sed -n 's/.*msg="\(.*\)"$/\1/p' <<<"$1" | head -1)
+    [ -n "$w" ] || w=$(grep -m1 -i 'error' <<<"$1")
     printf '%s' "${w:0:200}"
 }
 
