@@ -203,7 +203,7 @@ pub fn spec(inv: &Inventory, kind: &str) -> Option<Spec> {
     Some(spec)
 }
 
-/// Host mode's spec (issue 15): [`spec`] for a driver installed on the host itself, whose driver
+/// Host mode's spec: [`spec`] for a driver installed on the host itself, whose driver
 /// root is `/` (NVIDIA's convention for a host driver): every driver file is bound from its real
 /// host path (the source of its bind in [`layout::driver_binds`], where a machine has the
 /// driver root `/run/nvidia/driver`), and the hooks run the helper at `hook` (its installed host

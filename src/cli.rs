@@ -200,7 +200,7 @@ pub enum Command {
     },
 }
 
-/// Host mode (issue 15): post-start's sequence against the host's own root and systemd.
+/// Host mode: post-start's sequence against the host's own root and systemd.
 #[derive(Debug, Subcommand)]
 pub enum HostCommand {
     /// With NVIDIA GPUs: stop kubelet and containerd on the host, rebuild the /dev/char links,

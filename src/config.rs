@@ -30,7 +30,7 @@ struct File {
     defaults: Settings,
     #[serde(default)]
     machines: BTreeMap<String, Settings>,
-    /// Host mode (issue 15): its settings alone, `defaults` are the machines'.
+    /// Host mode: its settings alone, `defaults` are the machines'.
     #[serde(default)]
     host: Settings,
 }
@@ -321,8 +321,8 @@ pub struct MachineConfig {
     pub require: bool,
     /// `containerdAtBoot` (default true): pre-start releases containerd's gate for the boot
     /// ahead, so the machine's own boot starts containerd as a bare boot would, against the
-    /// driver root pre-start has just built or checked (issue 12). false: containerd waits for
-    /// post-start's wiring too, as kubelet always does (the order before issue 12).
+    /// driver root pre-start has just built or checked. false: containerd waits for
+    /// post-start's wiring too, as kubelet always does (the earlier order).
     pub containerd_at_boot: bool,
 }
 
@@ -443,7 +443,7 @@ impl Config {
         &self.helper_path
     }
 
-    /// Settings for host mode (issue 15): the `host` section over the built-in defaults (the
+    /// Settings for host mode: the `host` section over the built-in defaults (the
     /// config's `defaults` are the machines'). Keys that only mean something for a machine
     /// (its rootfs, binds, capabilities, share of the GPUs) are refused, naming the key: the
     /// host has every GPU and is its own root.
@@ -808,7 +808,7 @@ mod tests {
         assert_eq!(mc.import_budget, Duration::from_secs(600));
     }
 
-    /// Issue 15: host mode reads its own `host` section, never the machines' `defaults`, and
+    /// Host mode reads its own `host` section, never the machines' `defaults`, and
     /// refuses a machine-only key at load time, naming it.
     #[test]
     fn host_mode_has_a_section_of_its_own() {
@@ -910,7 +910,7 @@ mod tests {
         }
     }
 
-    /// Issue 14: `gpus` is "all" by default, "none", or a list of UUIDs, bus ids and indices;
+    /// `gpus` is "all" by default, "none", or a list of UUIDs, bus ids and indices;
     /// anything else, an empty list or an entry twice is exit 2 naming the key.
     #[test]
     fn gpus_setting_parses_and_bad_values_name_their_key() {
@@ -974,7 +974,7 @@ mod tests {
         }
     }
 
-    /// Issue 14: two machines' lists naming the same GPU are exit 2 naming both machines;
+    /// Two machines' lists naming the same GPU are exit 2 naming both machines;
     /// `all` shares explicitly and overlaps nothing.
     #[test]
     fn overlapping_gpu_lists_name_both_machines() {
@@ -1187,7 +1187,7 @@ mod tests {
         }
     }
 
-    /// Issue 10 item 3: what the `.nspawn` renderer escapes is accepted (it used to be refused).
+    /// What the `.nspawn` renderer escapes is accepted (it used to be refused).
     #[test]
     fn paths_with_spaces_colons_backslashes_and_non_ascii_are_accepted() {
         let dir = tempfile::tempdir().unwrap();

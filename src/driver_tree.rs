@@ -736,7 +736,7 @@ mod tests {
         std::fs::symlink_metadata(p).unwrap().ino()
     }
 
-    /// Issue 12: every driver file in the tree is a hard link of the host file (its inode), so
+    /// Every driver file in the tree is a hard link of the host file (its inode), so
     /// the `.nspawn` file binds none of them; the SONAME is the link beside it.
     #[test]
     fn driver_files_are_hard_links_of_the_host_files_and_need_no_bind() {

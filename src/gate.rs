@@ -10,8 +10,8 @@
 //!
 //! The markers are host files ([`machine_marker_dir`], bound read-only at [`MARKER_DIR`] in the
 //! machine): only the helper creates or removes one, and nothing of it is written into the
-//! machine's rootfs. Each is created exactly when that unit's precondition holds (DESIGN §5,
-//! issue 12): containerd's by pre-start, once the driver tree the `.nspawn` file binds is built
+//! machine's rootfs. Each is created exactly when that unit's precondition holds (DESIGN §5):
+//! containerd's by pre-start, once the driver tree the `.nspawn` file binds is built
 //! and checked ([`prepare_boot`], `containerdAtBoot`, the default), so the boot starts containerd
 //! as a bare boot would; or, with `containerdAtBoot: false`, by post-start once the driver is
 //! wired (driver root checked, links, `ldconfig`, CDI spec). kubelet's always by post-start,
@@ -62,7 +62,7 @@ pub fn dropin(unit: &UnitName) -> MachinePath {
         .expect("a unit name holds no '/', control character or space, so the path is valid")
 }
 
-/// Host mode (issue 15): where `install --host` puts the same drop-in ([`CONTENT`]) for the
+/// Host mode: where `install --host` puts the same drop-in ([`CONTENT`]) for the
 /// host's own `unit`, persistent in the host's unit directory. Its markers are the host's
 /// [`marker`]s, in the host's `/run` (a tmpfs): after every reboot the host's containerd and
 /// kubelet wait for `host post-start` again, so neither starts against the spec of a driver
@@ -199,7 +199,7 @@ pub const RELEASED_BY_POST_START: &str = "nspawn-lifecycle post-start released";
 /// pre-start, before every start of `machine` whose `.nspawn` file binds the gate: empty the
 /// machine's marker directory (a new boot is gated afresh) and, with `containerd`, release that
 /// unit for the boot ahead: pre-start has just built or checked the driver root the file binds,
-/// so containerd may start as early as a bare boot would start it (issue 12). kubelet's marker
+/// so containerd may start as early as a bare boot would start it. kubelet's marker
 /// stays post-start's: kubelet waits for the staged images, which need the running machine.
 /// Returns the markers' directory.
 pub fn prepare_boot(

@@ -1,4 +1,4 @@
-//! Host mode's systemd shape (issue 15): what `install --host` writes and `uninstall --host`
+//! Host mode's systemd shape: what `install --host` writes and `uninstall --host`
 //! removes, for a node whose kubelet and containerd run on the host itself.
 //!
 //! - [`UNIT`], a oneshot that runs `host post-start` at every boot (enabled in

@@ -17,7 +17,7 @@
 //! device plugin, GPU Operator and `nvidia-ctk --driver-root` do). Library files must be real
 //! files at their standard names: `nvidia-ctk` resolves links and mounts a library at its
 //! resolved path, so a link to a bound host directory elsewhere in the tree would move the
-//! library in every container (issue 12). The tree exists complete from the first instant of the
+//! library in every container. The tree exists complete from the first instant of the
 //! boot and changes only with the machine, so no service can see it half-built or stale. Each
 //! mount costs the machine's systemd a mount unit at boot and an unmount at shutdown, hence hard
 //! links rather than a bind per file, and no bind per name.
@@ -401,8 +401,8 @@ mod tests {
         assert!(writable.is_empty(), "writable driver binds: {writable:?}");
     }
 
-    /// Issue 11 item 1: every file of the driver root is a bind of a host file inside the tree,
-    /// never a link out of it. Issue 12: one bind per file, not per name; the SONAMEs are links
+    /// Every file of the driver root is a bind of a host file inside the tree,
+    /// never a link out of it. One bind per file, not per name; the SONAMEs are links
     /// of the tree ([`driver_tree`]).
     #[test]
     fn the_driver_root_is_binds_of_host_files_at_every_name() {
@@ -449,7 +449,7 @@ mod tests {
         );
     }
 
-    /// Issue 12: the tree holds every driver file as a hard link of its host file, the mount
+    /// The tree holds every driver file as a hard link of its host file, the mount
     /// points of the directory binds, their parents, and each SONAME as a link to the file beside
     /// it; nothing links out of its own directory. Only the directories are bound, and a file
     /// the tree cannot link becomes a bound mount point.

@@ -109,7 +109,7 @@ pub fn lock(host: &HostRoot, machine: &MachineName, timeout: Duration) -> Result
     take(host, Some(machine), &format!("{machine}.lock"), timeout)
 }
 
-/// The lock file of host mode (issue 15), in the same directory as the machines' locks. No
+/// The lock file of host mode, in the same directory as the machines' locks. No
 /// `.lock` suffix, so no machine name can ever be it: host mode and every machine's hooks hold
 /// locks of their own and never wait for each other.
 pub const HOST_LOCK_NAME: &str = "host";
@@ -262,7 +262,7 @@ mod tests {
     use super::*;
     use crate::error::exit_code;
 
-    /// Issue 15: host mode's lock is its own file, which no machine's lock can be (not even a
+    /// Host mode's lock is its own file, which no machine's lock can be (not even a
     /// machine named `host`), and a second host mode waits for the first.
     #[test]
     fn host_mode_has_a_lock_of_its_own() {

@@ -251,7 +251,7 @@ impl fmt::Display for NspawnFile {
             writeln!(f, "DropCapability={}", self.drop_capabilities.join(" "))?;
         }
         // NotifyReady=no: the unit's ExecStartPost= (post-start) runs as soon as the container is
-        // up, overlapping the boot; the unit gate holds containerd and kubelet (issue 12). With
+        // up, overlapping the boot; the unit gate holds containerd and kubelet. With
         // no hooks left (uninstalled), the start waits for the boot as it always did.
         let notify_ready = if self.uninstalled { "yes" } else { "no" };
         write!(
@@ -412,7 +412,7 @@ mod tests {
         assert_eq!(bind("/a", "/b", false).to_string(), "Bind=/a:/b");
     }
 
-    /// Issue 10 item 3: `:` split the gate's target, so the gate was silently off.
+    /// Unescaped, `:` split the gate's target, so the gate was silently off.
     #[test]
     fn bind_lines_escape_colons_and_backslashes_and_read_back() {
         let gate = "/run/systemd/system/kube:let.service.d/50-nspawn-lifecycle-gate.conf";

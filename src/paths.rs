@@ -511,7 +511,7 @@ mod tests {
                 );
             }
         }
-        // Unescaped, a colon splits the value: the bug of issue 10 item 3.
+        // Unescaped, a colon splits the value: the bug this escaping prevents.
         assert_eq!(
             parse_bind_line("BindReadOnly=/g:/run/systemd/system/kube:let.service.d/x"),
             None

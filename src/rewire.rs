@@ -539,7 +539,7 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
     Ok(report)
 }
 
-/// Host mode (issue 15): the host's driver is installed at its standard paths (driver root `/`),
+/// Host mode: the host's driver is installed at its standard paths (driver root `/`),
 /// so its library links are the driver installer's and `ldconfig`'s, never ours; only the
 /// `/dev/char/<major>:<minor>` links are made (stale NVIDIA ones removed), as in a machine.
 pub fn rebuild_dev_char(root: &MachineRoot, inv: &Inventory) -> Result<Report> {
@@ -774,7 +774,7 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result
     Ok(report)
 }
 
-/// Host mode's [`cleanup`] (issue 15): our NVIDIA `/dev/char` links and our CDI spec. Nothing of
+/// Host mode's [`cleanup`]: our NVIDIA `/dev/char` links and our CDI spec. Nothing of
 /// the driver: the host's is its installer's, and a `/run/nvidia/driver` on the host is someone
 /// else's (the GPU operator's driver container), never ours.
 pub fn cleanup_host(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result<Report> {

@@ -685,7 +685,7 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
             return Err(e).with_context(|| format!("listing {}", host.path(UNIT_DIR).display()));
         }
     };
-    // Host mode's unit (issue 15) calls it too.
+    // Host mode's unit calls it too.
     let host_unit = crate::host_unit::unit_path();
     if host_unit != except
         && host
@@ -799,7 +799,7 @@ enum Subject<'a> {
     Host,
 }
 
-/// `install --host`'s plan (issue 15): the helper, the gate drop-ins of the host's containerd
+/// `install --host`'s plan: the helper, the gate drop-ins of the host's containerd
 /// and kubelet, then the oneshot and its enabling link: a run killed in between leaves units
 /// gated by a unit that exists or none, never a unit calling a helper that is not there. A file
 /// at one of these paths that install did not write is bad input (exit 2): it is the
@@ -1005,7 +1005,7 @@ mod tests {
         (dir, Ctx { host, config })
     }
 
-    /// Issue 15: install --host writes the helper, both gate drop-ins, the oneshot and its
+    /// Install --host writes the helper, both gate drop-ins, the oneshot and its
     /// enabling link; a second run changes nothing; uninstall --host takes away exactly those
     /// (and empty drop-in directories); a file of the operator's at one of the paths is refused.
     #[test]
@@ -1150,7 +1150,7 @@ mod tests {
         assert_eq!(keep.detail, "still used by systemd-nspawn@kube2.service");
     }
 
-    /// Issue 12: pre-start's driver tree holds hard links of the host's driver files (an old
+    /// Pre-start's driver tree holds hard links of the host's driver files (an old
     /// driver's stay on disk while it exists): uninstall removes it, and the /run tree of
     /// earlier versions, never following a link in it; the host's files stay.
     #[test]

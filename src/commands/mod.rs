@@ -229,7 +229,7 @@ mod tests {
         out
     }
 
-    /// Issue 13: what two commands share lives in a module of its own, so no command module
+    /// What two commands share lives in a module of its own, so no command module
     /// reaches into a sibling, and nothing below the commands reaches up into them.
     #[test]
     fn no_command_module_imports_another_and_the_core_imports_none() {

@@ -2,7 +2,7 @@
 //!
 //! It runs while the machine boots (the `.nspawn` file says `NotifyReady=no`, so systemd runs
 //! `ExecStartPost=` as soon as the container is up), from the moment the machine's systemd
-//! answers on its bus (issue 12). Order (DESIGN §5): stop kubelet → stop containerd → check the
+//! answers on its bus. Order (DESIGN §5): stop kubelet → stop containerd → check the
 //! driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
 //! containerd's unit gate → start containerd → import staged images → release kubelet's unit gate
 //! → start kubelet. When pre-start released containerd for this boot (`containerdAtBoot`, the
@@ -117,7 +117,7 @@ impl Services for MachineServices<'_> {
     }
 }
 
-/// Where post-start works (issue 15): a machine, or the host itself (host mode, for nodes whose
+/// Where post-start works: a machine, or the host itself (host mode, for nodes whose
 /// kubelet and containerd run directly on the host). The one thing that differs between the two;
 /// everything else is the same [`plan`], [`execute`] and [`Wiring`]:
 ///
@@ -228,7 +228,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     )
 }
 
-/// `host post-start` (issue 15): post-start of the host itself, [`Target::Host`]. Run by
+/// `host post-start`: post-start of the host itself, [`Target::Host`]. Run by
 /// `nspawn-lifecycle-host.service` at boot (see `install --host`) and by hand after a driver
 /// change. The same discovery, incomplete verdict (exit 3), lock discipline (a lock of its
 /// own), plan, executor, failure points, restore-on-failure and no-GPU cleanup as a machine's.
@@ -262,7 +262,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     run.finish(spec, total, bus, bus)
 }
 
-/// `host plan` (issue 15): what `host post-start` would do on this host now, from the same
+/// `host plan`: what `host post-start` would do on this host now, from the same
 /// values it runs ([`plan`] of [`Target::Host`], the host settings, discovery). Writes nothing;
 /// works under `--host-root`. Exit 3, after the report, while the NVIDIA state is incomplete.
 pub fn host_plan(ctx: &Ctx) -> Result<()> {
@@ -766,7 +766,7 @@ pub enum Order {
     Gated,
     /// post-start runs in the unit's start and containerd's marker was there before it began:
     /// pre-start released it for this boot, over the driver root it had just built and checked
-    /// (`containerdAtBoot`, issue 12), and the boot starts it. containerd is then neither
+    /// (`containerdAtBoot`), and the boot starts it. containerd is then neither
     /// stopped nor held: the CDI spec it reads is written atomically beside it, and kubelet,
     /// which alone hands GPUs to pods, still waits for all of post-start.
     ContainerdReleased,
@@ -795,7 +795,7 @@ impl Order {
     }
 }
 
-/// The order of DESIGN §5 and issue 12: kubelet stopped, containerd too unless it was released
+/// The order of DESIGN §5: kubelet stopped, containerd too unless it was released
 /// before post-start began ([`Order`]; a stop also cancels a start job the boot still has
 /// queued), the driver wired, containerd released and started (or, already released, waited
 /// for: the boot's own start job), the staged images imported, kubelet released and started.
@@ -1626,7 +1626,7 @@ mod tests {
         (r, fake.log())
     }
 
-    /// Issue 15: host mode is the same plan with the host's file steps: no driver root to check
+    /// Host mode is the same plan with the host's file steps: no driver root to check
     /// (the host's is `/`), `/dev/char` links only; every other step is the machine's.
     #[test]
     fn the_host_plan_differs_only_in_its_file_steps() {
@@ -1651,7 +1651,7 @@ mod tests {
         assert_eq!(others(&machine), others(&host));
     }
 
-    /// Issue 15: the one executor runs the host plan with the same rules: on a gated boot each
+    /// The one executor runs the host plan with the same rules: on a gated boot each
     /// service starts once after its own gate; a failed `/dev/char` step on a running host puts
     /// both services back and names the step.
     /// ldconfig hears from the links step of either target whether a library link changed
@@ -1724,7 +1724,7 @@ mod tests {
         assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
     }
 
-    /// Issue 13: the plan is a plain value, in the order of DESIGN §5 and issue 12.
+    /// The plan is a plain value, in the order of DESIGN §5.
     #[test]
     fn the_plan_is_a_value_in_the_order_of_the_design() {
         assert_eq!(
@@ -1736,7 +1736,7 @@ mod tests {
         );
     }
 
-    /// Issue 12: containerd released by pre-start for this boot is neither stopped nor released
+    /// Containerd released by pre-start for this boot is neither stopped nor released
     /// again; kubelet still waits for every step.
     #[test]
     fn with_containerd_released_before_post_start_only_kubelet_waits() {
@@ -1980,7 +1980,7 @@ mod tests {
         assert_eq!(import_images(m, &root, &cfg(), &fake).unwrap(), (1, 0));
     }
 
-    /// Issue 10 item 4: at most `importMaxImages` imports per start; the rest stay in place and
+    /// At most `importMaxImages` imports per start; the rest stay in place and
     /// one line says how many, which and why.
     #[test]
     fn imports_stop_at_the_count_limit_and_report_what_was_left() {
@@ -2031,7 +2031,7 @@ mod tests {
         assert!(logs.contains("left 5 staged image(s)"), "{logs}");
     }
 
-    /// Issue 10 item 4: all imports of a start share `importBudgetSeconds`; each gets the
+    /// All imports of a start share `importBudgetSeconds`; each gets the
     /// smaller of `importTimeoutSeconds` and what is left; the rest wait for the next start.
     #[test]
     fn imports_share_one_time_budget() {
@@ -2111,7 +2111,7 @@ mod tests {
         assert_eq!(std::fs::read(images.join("failed/b.tar")).unwrap(), b"b");
     }
 
-    /// Issue 10 item 4: no tarball name reaches ctr's command line (a leading `-` would be an
+    /// No tarball name reaches ctr's command line (a leading `-` would be an
     /// option), ctr reads the very file that was checked, and names with control characters
     /// or at NAME_MAX are imported, set aside and logged without harm.
     #[test]
@@ -2187,7 +2187,7 @@ mod tests {
         assert!(images.join(raw).is_file());
     }
 
-    /// Issue 10 item 5: on a gated boot nothing ran before post-start, so a failed step starts
+    /// On a gated boot nothing ran before post-start, so a failed step starts
     /// nothing (the start would be skipped by the gate anyway and the unit left inactive).
     #[test]
     fn on_a_gated_boot_a_failed_step_starts_nothing() {
@@ -2213,7 +2213,7 @@ mod tests {
         );
     }
 
-    /// Issue 10 item 5: a failure on a running machine puts back what ran, and only that.
+    /// A failure on a running machine puts back what ran, and only that.
     #[test]
     fn a_failure_on_a_running_machine_restores_only_what_was_running() {
         let fake = Fake::default();
@@ -2231,7 +2231,7 @@ mod tests {
     }
 
     /// The gated boot that succeeds: each service starts once, after its own gate step, and
-    /// runs; kubelet's marker appears only after the imports (issue 12: post-start overlaps the
+    /// runs; kubelet's marker appears only after the imports (post-start overlaps the
     /// boot, so a boot that reaches kubelet once containerd's marker exists must still skip it).
     #[test]
     fn on_a_gated_boot_each_service_starts_once_after_its_own_gate() {

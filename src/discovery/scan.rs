@@ -1460,7 +1460,7 @@ mod tests {
 
     /// Found by tests/oversized.rs: a cache of 700 000 distinct libcuda paths meant 700 000
     /// walks through the tree (minutes). Past 64 the cache is not believed, as for garbage.
-    /// Issue 10 item 3: a library directory named by ld.so.cache becomes a `Bind=` source; one
+    /// A library directory named by ld.so.cache becomes a `Bind=` source; one
     /// whose name holds a newline is refused (exit 2) naming it, never rendered.
     #[test]
     fn a_library_directory_with_a_control_character_is_refused_by_name() {

@@ -795,11 +795,11 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
 /// machine's systemd (its dbus runs, so `basic.target` is reached).
 ///
 /// Not PID 1's private socket (`/run/systemd/private`, there a few ms after PID 1 starts), tried
-/// for issue 12 on 2026-12-04 (README, Performance): PID 1 refuses a peer without a PID in its
+/// on 2026-12-04 (README, Performance): PID 1 refuses a peer without a PID in its
 /// PID namespace, which a host process is ("Incoming private connection from unprivileged
 /// client, refusing: No data available"); connected from a child forked into that namespace,
 /// every message PID 1 sends there carries the sender `org.freedesktop.systemd1`, and zbus 6.2.1
-/// rejects a message whose sender is not a unique name ("Invalid unique name"; zbus issue 1497).
+/// rejects a message whose sender is not a unique name ("Invalid unique name"; zbus#1497).
 pub fn wait_bus(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
     wait_manager(machine, Until::Bus, deadline)
 }
