@@ -543,26 +543,6 @@ impl MachineRoot {
         }
     }
 
-    /// The bytes of the regular file `path` resolves to, following every symlink (the last
-    /// component too) inside the root only, at most `max`; `None` when missing, dangling or not
-    /// a regular file (a FIFO or device is never opened: see [`MachineDir::open_regular`]).
-    pub fn read_resolved(&self, path: &str, max: usize) -> Result<Option<Vec<u8>>> {
-        let noun = self.tree.noun();
-        components(path)?;
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(in_root());
-        let pinned = match openat2(&self.fd, path, how) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("opening {path} in the {noun}")),
-        };
-        match reopen_regular(&pinned, path, noun)? {
-            Some((file, _)) => Ok(Some(read_bounded(file, max, path, noun)?)),
-            None => Ok(None),
-        }
-    }
-
     /// What a container image holds at `path`, for a hook to read: resolved
     /// `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` as `O_PATH` (symlinks inside
     /// the image are followed, never onto another mount: not the container's fresh procfs, not
