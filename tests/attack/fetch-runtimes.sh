@@ -43,16 +43,8 @@ if [ ! -x "$T/bin/runc" ] || [ ! -x "$T/bin/crun" ]; then
     flock 9
 fi
 if [ ! -x "$T/bin/runc" ] || [ ! -x "$T/bin/crun" ]; then
-    mirror=$(debian_mirror) || true
-    [ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources"
-    rm -rf "$CACHE/apt/status" "$CACHE/debs" "$T"
-    private_apt_init "$CACHE/apt" amd64
-    mkdir -p "$CACHE/debs"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" \
-        >"$CACHE/apt/etc/sources.list"
-    private_apt "$CACHE/apt" update >&2 || die "apt-get update of trixie failed"
-    (cd "$CACHE/debs" && private_apt "$CACHE/apt" download "${PKGS[@]}" >&2) ||
-        die "apt-get download ${PKGS[*]} failed"
+    rm -rf "$T"
+    private_apt_download "$CACHE/apt" trixie "$CACHE/debs" "${PKGS[@]}" || die "fetching trixie's runtimes failed"
     root=$CACHE/root.tmp
     rm -rf "$root"
     for deb in "$CACHE"/debs/*.deb; do dpkg-deb -x "$deb" "$root"; done

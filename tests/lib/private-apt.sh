@@ -9,6 +9,7 @@
 #                                 and may write DIR/etc/preferences.d/* and DIR/status (dpkg
 #                                 status apt plans against; empty unless the caller fills it).
 #   private_apt DIR ARGS...       apt-get under that configuration
+#   private_apt_download DIR SUITE OUT PKG...  a fresh configuration for SUITE, the PKGs downloaded
 private_apt_init() {
     local a=$1 native=$2 arch archs=""
     shift
@@ -40,4 +41,21 @@ private_apt() {
     local a=$1
     shift
     APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 "$@"
+}
+
+# private_apt_download DIR SUITE OUT PKG...: DIR's configuration made afresh (empty dpkg status,
+# amd64) for SUITE main of the machine's Debian mirror (debian_mirror, tests/lib/debian-mirror.sh),
+# updated, and the PKGs downloaded into OUT (made afresh). Says on stderr what failed.
+private_apt_download() {
+    local a=$1 suite=$2 out=$3 mirror
+    shift 3
+    mirror=$(debian_mirror) || true
+    [ -n "$mirror" ] || { echo "no Debian mirror in /etc/apt/sources.list.d/debian.sources" >&2; return 1; }
+    rm -rf "$a/status" "$out"
+    private_apt_init "$a" amd64
+    mkdir -p "$out"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" \
+        >"$a/etc/sources.list"
+    private_apt "$a" update >&2 || { echo "apt-get update of $suite failed ($a/apt.conf)" >&2; return 1; }
+    (cd "$out" && private_apt "$a" download "$@" >&2) || { echo "apt-get download $* failed" >&2; return 1; }
 }

@@ -27,16 +27,7 @@ mkdir -p "$(dirname "$CACHE")"
 exec 9>"$CACHE.lock"
 flock 9
 if done_already; then echo "$CACHE/root"; exit 0; fi
-mirror=$(debian_mirror) || true
-[ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources"
-rm -rf "$CACHE/apt/status" "$CACHE/debs"
-private_apt_init "$CACHE/apt" amd64
-mkdir -p "$CACHE/debs"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm main" \
-    >"$CACHE/apt/etc/sources.list"
-private_apt "$CACHE/apt" update >&2 || die "apt-get update failed"
-(cd "$CACHE/debs" && private_apt "$CACHE/apt" download "${PKGS[@]}" >&2) ||
-    die "apt-get download ${PKGS[*]} failed"
+private_apt_download "$CACHE/apt" bookworm "$CACHE/debs" "${PKGS[@]}" || die "fetching ${PKGS[*]} failed"
 rm -rf "$CACHE/root.tmp"
 for deb in "$CACHE"/debs/*.deb; do dpkg-deb -x "$deb" "$CACHE/root.tmp"; done
 [ -x "$CACHE/root.tmp/usr/bin/promtool" ] || die "the prometheus package has no usr/bin/promtool"
