@@ -406,6 +406,9 @@ fn build(top: &OwnedFd, host: &HostRoot, plan: &mut Plan) -> Result<Vec<(String,
             TreeNode::Bound(_) => {
                 mount_point(parent, name).with_context(|| format!("creating {path}"))?;
             }
+            TreeNode::File(bytes) => {
+                write_file(parent, name, bytes).with_context(|| format!("writing {path}"))?;
+            }
             TreeNode::Link(target) => {
                 if target.contains('/') || target == ".." || target == "." {
                     bail!("internal error: link {path} -> {target} leaves its directory");
@@ -443,6 +446,50 @@ fn hard_link(
     // The very inode stat'ed, by descriptor (needs CAP_DAC_READ_SEARCH, which root has).
     nix::unistd::linkat(&fd, "", parent, name, AtFlags::AT_EMPTY_PATH).map_err(Ok)?;
     Ok(())
+}
+
+/// A new file `name` in `parent` holding `bytes` (the tree's loader cache).
+fn write_file(parent: &OwnedFd, name: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let fd = nix::fcntl::openat(
+        parent,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(FILE_MODE),
+    )?;
+    fix_mode(&fd, FILE_MODE)?;
+    std::fs::File::from(fd).write_all(bytes)?;
+    Ok(())
+}
+
+/// Whether `name` in `dir` is a regular file holding exactly `want` (read no further than
+/// one byte past it, never following a link, never blocking on a FIFO).
+fn holds(dir: &OwnedFd, name: &str, want: &[u8]) -> Result<bool> {
+    use std::io::Read as _;
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ELOOP) => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("opening {name}")),
+    };
+    let st = nix::sys::stat::fstat(&fd).with_context(|| format!("stat {name}"))?;
+    if !is_kind(&st, SFlag::S_IFREG) || st.st_size != want.len() as i64 {
+        return Ok(false);
+    }
+    let mut got = Vec::with_capacity(want.len() + 1);
+    std::fs::File::from(fd)
+        .take(want.len() as u64 + 1)
+        .read_to_end(&mut got)
+        .with_context(|| format!("reading {name}"))?;
+    Ok(got == want)
+}
+
+/// FNV-1a of `bytes`: the stamp names a written file's content by it (the file's ctime, also
+/// in the stamp, catches any edit; this catches a plan whose bytes changed).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// An empty file: the mount point of a file bind.
@@ -516,6 +563,7 @@ fn matches(fd: &OwnedFd, plan: &Plan) -> Result<bool> {
                         && st.st_size == 0
                         && plan.ids.get(source) != Some(&id(&st))
                 }
+                TreeNode::File(bytes) => holds(&dir, &name, bytes)?,
                 TreeNode::Link(target) => match nix::fcntl::readlinkat(&dir, name.as_str()) {
                     Ok(got) => got.to_str() == Some(target.as_str()),
                     Err(Errno::EINVAL) => false,
@@ -571,6 +619,10 @@ fn stamp_text(top: &OwnedFd, machine: &str, plan: &Plan) -> Option<String> {
                 stamp_stat(&mut out, top, machine, path, SFlag::S_IFREG)?;
             }
             TreeNode::Link(target) => writeln!(out, "link {path:?} {target:?}").ok()?,
+            TreeNode::File(bytes) => {
+                writeln!(out, "file {path:?} {} {:016x}", bytes.len(), fnv1a(bytes)).ok()?;
+                stamp_stat(&mut out, top, machine, path, SFlag::S_IFREG)?;
+            }
         }
     }
     Some(out)
@@ -717,6 +769,7 @@ mod tests {
             binaries: vec!["/usr/bin/nvidia-smi".parse().unwrap()],
             firmware: None,
             sockets: vec![],
+            runtime: vec![],
         };
         (dir, host, driver)
     }
@@ -763,6 +816,76 @@ mod tests {
             Path::new("libcuda.so.9.1")
         );
         assert!(layout::file_binds(&plan.tree).unwrap().is_empty());
+    }
+
+    /// The tree carries the tools' C runtime as host inodes and a loader cache naming the tree's
+    /// libraries at their paths in it; an edit of the cache (same size, new bytes) is found and
+    /// undone at the next start, and a host C library replaced (an upgrade) is linked anew.
+    #[test]
+    fn the_c_runtime_and_the_trees_loader_cache_are_kept_exact() {
+        let (dir, host, mut driver) = host();
+        std::fs::create_dir_all(dir.path().join("lib64")).unwrap();
+        std::fs::write(dir.path().join(LIB).join("libc.so.6"), b"libc 1").unwrap();
+        std::fs::write(dir.path().join("lib64/ld.so"), b"loader").unwrap();
+        driver.runtime = vec![
+            crate::discovery::RuntimeFile {
+                path: "/lib64/ld.so".into(),
+                source: "/lib64/ld.so".parse().unwrap(),
+            },
+            crate::discovery::RuntimeFile {
+                path: format!("/{LIB}/libc.so.6"),
+                source: format!("/{LIB}/libc.so.6").parse().unwrap(),
+            },
+        ];
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        let t = tree_dir(dir.path());
+        assert_eq!(
+            ino(&t.join("lib64/ld.so")),
+            ino(&dir.path().join("lib64/ld.so"))
+        );
+        let libc = t.join(LIB).join("libc.so.6");
+        assert_eq!(ino(&libc), ino(&dir.path().join(LIB).join("libc.so.6")));
+        let cache = std::fs::read(t.join("etc/ld.so.cache")).unwrap();
+        let names: Vec<(String, String)> = crate::ldcache::parse(&cache)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.soname, e.path))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("libcuda.so.1".to_owned(), format!("/{LIB}/libcuda.so.1")),
+                ("libc.so.6".to_owned(), format!("/{LIB}/libc.so.6")),
+            ]
+        );
+        assert!(
+            !ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        tick();
+        let mut edited = cache.clone();
+        edited[cache.len() - 2] ^= 0xff;
+        std::fs::write(t.join("etc/ld.so.cache"), &edited).unwrap();
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert_eq!(std::fs::read(t.join("etc/ld.so.cache")).unwrap(), cache);
+        let upgraded = dir.path().join(LIB).join("libc.so.6.new");
+        std::fs::write(&upgraded, b"libc 2").unwrap();
+        std::fs::rename(&upgraded, dir.path().join(LIB).join("libc.so.6")).unwrap();
+        assert!(
+            ensure(&host, "kube1", &mut plan(&host, &driver).unwrap())
+                .unwrap()
+                .changed
+        );
+        assert_eq!(std::fs::read(&libc).unwrap(), b"libc 2");
     }
 
     #[test]

@@ -113,6 +113,8 @@ pub enum TreeNode {
     Bound(String),
     /// A relative symlink to a name in the same directory (a SONAME to its library file).
     Link(String),
+    /// A file of these bytes, written by pre-start: the tree's own `etc/ld.so.cache`.
+    File(Vec<u8>),
 }
 
 /// The driver tree: every path of [`DRIVER_ROOT`], relative to it, and what it is on the host.
@@ -167,7 +169,74 @@ pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
         }
         tree.insert(p, TreeNode::Link(e.source));
     }
+    add_runtime(&mut tree, driver)?;
     Ok(tree)
+}
+
+/// Where the tree's loader cache is, relative to the tree.
+pub const TREE_LD_CACHE: &str = "etc/ld.so.cache";
+
+/// The C runtime of the driver's tools (src/discovery/runtime.rs) as hard links of the host's
+/// files, and a loader cache naming every library of the tree by SONAME at its path in the tree,
+/// so the tools run in the tree as a root (`chroot <driver root> nvidia-smi`) wherever it is
+/// seen. Without a runtime (no loader found) the tree holds neither: nothing could run in it.
+fn add_runtime(tree: &mut Tree, driver: &UserspaceDriver) -> Result<()> {
+    if driver.runtime.is_empty() {
+        return Ok(());
+    }
+    for f in &driver.runtime {
+        machine_path("C runtime file", format!("{DRIVER_ROOT}{}", f.path))?;
+        let p = f.path.trim_start_matches('/').to_owned();
+        let comps: Vec<&str> = p.split('/').collect();
+        let parents_ok = (1..comps.len())
+            .all(|i| matches!(tree.get(&comps[..i].join("/")), None | Some(TreeNode::Dir)));
+        if tree.contains_key(&p) || !parents_ok {
+            continue;
+        }
+        for i in 1..comps.len() {
+            tree.insert(comps[..i].join("/"), TreeNode::Dir);
+        }
+        tree.insert(p, TreeNode::Hard(f.source.to_string()));
+    }
+    let runtime: BTreeSet<&str> = driver.runtime.iter().map(|f| f.path.as_str()).collect();
+    let own_soname: BTreeSet<String> = driver
+        .lib_dirs
+        .iter()
+        .flat_map(|d| {
+            d.files
+                .iter()
+                .filter(|f| f.soname.is_none() && !f.name.contains('/'))
+                .map(move |f| format!("usr/lib/{}/{}", d.triplet, f.name))
+        })
+        .collect();
+    let mut entries = Vec::new();
+    for (rel, node) in tree.iter() {
+        let mut comps = rel.split('/');
+        let (Some("usr"), Some("lib"), Some(_), Some(name), None) = (
+            comps.next(),
+            comps.next(),
+            comps.next(),
+            comps.next(),
+            comps.next(),
+        ) else {
+            continue;
+        };
+        let abs = format!("/{rel}");
+        let listed = matches!(node, TreeNode::Link(_))
+            || runtime.contains(abs.as_str())
+            || own_soname.contains(rel);
+        if listed {
+            entries.push(crate::ldcache::Entry::new(
+                crate::ldcache::flags_for(&abs),
+                name,
+                &abs,
+            ));
+        }
+    }
+    let bytes = crate::ldcache::render(&crate::ldcache::merge(Vec::new(), &entries));
+    tree.insert("etc".to_owned(), TreeNode::Dir);
+    tree.insert(TREE_LD_CACHE.to_owned(), TreeNode::File(bytes));
+    Ok(())
 }
 
 /// The host source of every driver file and directory in the driver root, in a stable order: per
@@ -383,6 +452,7 @@ mod tests {
             binaries: vec!["/usr/bin/nvidia-smi".parse().unwrap()],
             firmware: Some("/lib/firmware/nvidia/580.82.07".parse().unwrap()),
             sockets: vec!["/run/nvidia-persistenced".parse().unwrap()],
+            runtime: vec![],
         }
     }
 

@@ -146,7 +146,7 @@ pub fn verify_driver_root(
     let top = open_driver_root(root)?;
     let found = compare_driver_root(top, &want)?;
     found.into_result(driver)?;
-    Ok(want.files.len() + want.links.len())
+    Ok(want.files.len() + want.links.len() + want.contents.len())
 }
 
 /// The driver root as it must be, relative to [`DRIVER_ROOT`].
@@ -155,6 +155,8 @@ struct Expected {
     files: BTreeMap<String, Wanted>,
     /// SONAME names: links in the tree to the library file beside them (src/layout.rs).
     links: BTreeMap<String, String>,
+    /// Files pre-start writes (the tree's loader cache): their bytes.
+    contents: BTreeMap<String, Vec<u8>>,
     /// Directories that only hold the above.
     parents: BTreeSet<String>,
 }
@@ -162,43 +164,47 @@ struct Expected {
 impl Expected {
     /// Stat every host source discovery names now.
     fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
-        let links: BTreeMap<String, String> = crate::layout::driver_tree(driver)?
-            .into_iter()
-            .filter_map(|(p, n)| match n {
-                crate::layout::TreeNode::Link(t) => Some((p, t)),
-                _ => None,
-            })
-            .collect();
-        let mut files = BTreeMap::new();
-        for b in driver_binds(driver)? {
+        use crate::layout::TreeNode;
+        let (mut links, mut contents, mut sources) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
+        for (p, n) in crate::layout::driver_tree(driver)? {
+            match n {
+                TreeNode::Link(t) => {
+                    links.insert(p, t);
+                }
+                TreeNode::File(bytes) => {
+                    contents.insert(p, bytes);
+                }
+                TreeNode::Hard(source) | TreeNode::Bound(source) => {
+                    sources.push((p, source, false))
+                }
+                TreeNode::Dir => {}
+            }
+        }
+        for b in driver_binds(driver)?.into_iter().filter(|b| b.dir) {
             let rel = b
                 .target
                 .strip_prefix(DRIVER_ROOT)
                 .and_then(|r| r.strip_prefix('/'))
                 .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
                 .to_owned();
-            let st = host.metadata(b.source.as_str()).with_context(|| {
+            sources.push((rel, b.source.to_string(), true));
+        }
+        let mut files = BTreeMap::new();
+        for (rel, source, dir) in sources {
+            let st = host.metadata(source.as_str()).with_context(|| {
                 format!(
-                    "host driver file {} (stat {})",
-                    b.source,
-                    host.path(b.source.as_str()).display()
+                    "host driver file {source} (stat {})",
+                    host.path(source.as_str()).display()
                 )
             })?;
             let (dev, ino) = (
                 std::os::unix::fs::MetadataExt::dev(&st),
                 std::os::unix::fs::MetadataExt::ino(&st),
             );
-            files.insert(
-                rel,
-                Wanted {
-                    dev,
-                    ino,
-                    dir: b.dir,
-                },
-            );
+            files.insert(rel, Wanted { dev, ino, dir });
         }
         let mut parents = BTreeSet::new();
-        for p in links.keys().chain(files.keys()) {
+        for p in links.keys().chain(files.keys()).chain(contents.keys()) {
             let comps: Vec<&str> = p.split('/').collect();
             for i in 1..comps.len() {
                 parents.insert(comps[..i].join("/"));
@@ -207,6 +213,7 @@ impl Expected {
         Ok(Expected {
             files,
             links,
+            contents,
             parents,
         })
     }
@@ -280,6 +287,10 @@ fn compare_driver_root(top: MachineDir, want: &Expected) -> Result<Mismatch> {
                 // library is the host's is checked at the library's own name.
                 kind == FileKind::Symlink
                     && dir.read_link(entry)?.as_deref() == Some(std::ffi::OsStr::new(target))
+            } else if let Some(bytes) = want.contents.get(&rel) {
+                kind == FileKind::File
+                    && st.st_size == bytes.len() as i64
+                    && dir.read_regular(entry, bytes.len())?.as_deref() == Some(bytes.as_slice())
             } else if let Some(w) = want.files.get(&rel) {
                 let want_kind = if w.dir { FileKind::Dir } else { FileKind::File };
                 kind == want_kind && (st.st_dev, st.st_ino) == (w.dev, w.ino)
@@ -306,6 +317,7 @@ fn compare_driver_root(top: MachineDir, want: &Expected) -> Result<Mismatch> {
         .files
         .keys()
         .chain(want.links.keys())
+        .chain(want.contents.keys())
         .filter(|k| !seen.contains(*k))
         .map(|k| format!("{DRIVER_ROOT}/{k}"))
         .collect();

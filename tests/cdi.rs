@@ -152,6 +152,7 @@ fn inventory(h: Host) -> Inventory {
             binaries: h.binaries.iter().map(|b| b.parse().unwrap()).collect(),
             firmware: Some(format!("/lib/firmware/nvidia/{VER}").try_into().unwrap()),
             sockets: h.sockets.iter().map(|s| s.parse().unwrap()).collect(),
+            runtime: Vec::new(),
         }),
         verdict: Verdict::Complete,
     }

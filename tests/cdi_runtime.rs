@@ -165,6 +165,7 @@ fn inventory() -> Inventory {
             binaries: Vec::new(),
             firmware: None,
             sockets: Vec::new(),
+            runtime: Vec::new(),
         }),
         verdict: Verdict::Complete,
     }

@@ -284,6 +284,7 @@ fn goldens(root: &Path, layout: &str) {
     assert!(!file.contains(&root.display().to_string()), "{file}");
     golden(&format!("realdriver-{layout}.nspawn"), &file);
     tree_is_the_host_files(root, &file);
+    gpu_operator_checks(root);
     let inv = discovery::discover(&HostRoot::new(root)).unwrap();
     assert_eq!(inv.verdict, Verdict::Complete);
     let spec = cdi::spec(&inv, "nvidia.com/gpu").expect("a spec for a complete driver");
@@ -350,6 +351,107 @@ fn tree_is_the_host_files(root: &Path, nspawn: &str) {
         .filter(|d| !intended_library_extras().contains(d))
         .collect();
     assert!(lost.is_empty(), "nvidia-ctk on the tree misses {lost:?}");
+}
+
+/// What NVIDIA's GPU Operator runs on a driver root, in the sequence its code runs it, on
+/// pre-start's tree as it is (`<root>`), and as a pod sees it: bound read-only at another path
+/// (`/driver-root`). The validator and MIG manager `chroot <root> nvidia-smi`; NVIDIA's real
+/// `nvidia-smi` must then start (the loader, the C library and NVML resolve inside the tree) and
+/// fail only for want of the kernel driver. The dev root is the host's (the tree holds no `dev/`,
+/// which is how the validator's `GetDevRoot` tells), so the control nodes are made there. Run in
+/// a private mount namespace with NVIDIA's majors in `/proc/devices` (the fixture host's), the
+/// nodes on a tmpfs: nothing of this machine changes. One shim: `cdi transform root` sets each
+/// device node's `hostPath` (a CDI 0.5.0 field) but keeps the generated `cdiVersion: 0.3.0`, and
+/// then refuses its own output ("the spec version must be at least v0.5.0") whenever `--from`
+/// and `--to` differ, whatever the driver root; the version is raised between the two commands.
+const GPU_OPERATOR_SEQUENCE: &str = r#"
+set -u
+tree=$1 ctk=$2 devices=$3 out=$4
+mount -t tmpfs tmpfs /mnt
+mount -t tmpfs tmpfs /dev
+mkdir /mnt/driver-root
+mount --bind "$tree" /mnt/driver-root && mount -o remount,bind,ro /mnt/driver-root
+mount --bind "$devices" /proc/devices
+for r in "$tree" /mnt/driver-root; do
+    v=$(basename "$r")
+    chroot "$r" nvidia-smi >"$out/$v.smi" 2>&1; echo $? >"$out/$v.smi.rc"
+    chroot "$r" nvidia-smi -L >"$out/$v.smi-L" 2>&1; echo $? >"$out/$v.smi-L.rc"
+    "$ctk" system create-device-nodes --control-devices --driver-root="$r" --dev-root=/ \
+        >"$out/$v.nodes" 2>&1; echo $? >"$out/$v.nodes.rc"
+    ls -l /dev >>"$out/$v.nodes"
+    set -o pipefail
+    "$ctk" cdi generate --mode=management --driver-root="$r" --dev-root=/ --format=json \
+        --vendor=management.nvidia.com --class=gpu 2>"$out/$v.gen.err" \
+        | sed 's/^{"cdiVersion":"0\.3\.0"/{"cdiVersion":"0.5.0"/' \
+        | "$ctk" cdi transform root --from="$r" --to="$tree" >"$out/$v.json" 2>>"$out/$v.gen.err"
+    echo $? >"$out/$v.json.rc"
+    set +o pipefail
+    rm -f /dev/nvidia*
+done
+"#;
+
+fn gpu_operator_checks(root: &Path) {
+    let tree = root.join("var/lib/nspawn-lifecycle/driver-root/kube1");
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "bash", "-c"])
+        .arg(GPU_OPERATOR_SEQUENCE)
+        .arg("bash")
+        .arg(&tree)
+        .arg(nvidia_ctk())
+        .arg(root.join("proc/devices"))
+        .arg(out.path())
+        .output()
+        .unwrap();
+    ok("the GPU Operator's sequence", &run);
+    let read = |name: &str| std::fs::read_to_string(out.path().join(name)).unwrap();
+    for view in [tree.file_name().unwrap().to_str().unwrap(), "driver-root"] {
+        for smi in ["smi", "smi-L"] {
+            let said = read(&format!("{view}.{smi}"));
+            assert!(
+                said.contains("couldn't communicate with the NVIDIA driver"),
+                "chroot {view} nvidia-smi ({smi}) did not run NVIDIA's nvidia-smi to its driver \
+                 check (exit {}): {said}",
+                read(&format!("{view}.{smi}.rc")).trim()
+            );
+        }
+        assert_eq!(
+            read(&format!("{view}.nodes.rc")).trim(),
+            "0",
+            "{}",
+            read(&format!("{view}.nodes"))
+        );
+        assert!(
+            read(&format!("{view}.nodes")).contains("nvidiactl"),
+            "{}",
+            read(&format!("{view}.nodes"))
+        );
+        assert_eq!(
+            read(&format!("{view}.json.rc")).trim(),
+            "0",
+            "{}",
+            read(&format!("{view}.gen.err"))
+        );
+        // The pipeline writes YAML, as the validator reads it: every `hostPath:` outside /dev
+        // (device nodes were on the namespace's tmpfs) must be in the tree and exist.
+        let spec = read(&format!("{view}.json"));
+        let paths: Vec<&str> = spec
+            .lines()
+            .filter_map(|l| l.trim_start_matches([' ', '-']).strip_prefix("hostPath: "))
+            .filter(|p| !p.starts_with("/dev/"))
+            .collect();
+        assert!(paths.len() > 10, "{view}: {spec}");
+        for p in paths {
+            assert!(
+                p.starts_with(tree.to_str().unwrap()),
+                "{view}: {p} is outside the tree"
+            );
+            assert!(
+                Path::new(p).exists(),
+                "{view}: the spec names {p}, which does not exist"
+            );
+        }
+    }
 }
 
 #[test]

@@ -533,32 +533,32 @@ fn bind_driver_root(
         .open_dir(crate::layout::DRIVER_ROOT)?
         .context("rewire-root: the driver root tmpfs vanished")?;
     let base = format!("/proc/self/fd/{}", tmp.as_fd().as_raw_fd());
-    for b in crate::layout::driver_binds(driver)? {
+    // Every node of pre-start's host tree (files bound rather than hard-linked), then the
+    // directory binds, then the tree read-only, as nspawn binds it.
+    use crate::layout::TreeNode;
+    for (rel, node) in crate::layout::driver_tree(driver)? {
+        let at = format!("{base}/{rel}");
+        let shown = format!("{}/{rel}", crate::layout::DRIVER_ROOT);
+        match node {
+            TreeNode::Dir => std::fs::create_dir_all(&at),
+            TreeNode::Hard(source) | TreeNode::Bound(source) => {
+                std::fs::File::create(&at)
+                    .with_context(|| format!("rewire-root: mount point {shown}"))?;
+                bind_read_only(host, &source, &at, &shown)?;
+                Ok(())
+            }
+            TreeNode::Link(to) => std::os::unix::fs::symlink(&to, &at),
+            TreeNode::File(bytes) => std::fs::write(&at, bytes),
+        }
+        .with_context(|| format!("rewire-root: {shown}"))?;
+    }
+    for b in crate::layout::dir_binds(driver)? {
         let rel = b
             .target
             .strip_prefix(crate::layout::DRIVER_ROOT)
             .unwrap_or(b.target.as_str());
         let target = format!("{base}{rel}");
-        let parent = std::path::Path::new(&target)
-            .parent()
-            .context("a bind target has a parent")?;
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-        if b.dir {
-            std::fs::create_dir(&target)
-        } else {
-            std::fs::File::create(&target).map(drop)
-        }
-        .with_context(|| format!("rewire-root: mount point {}", b.target))?;
         bind_read_only(host, b.source.as_str(), &target, &b.target)?;
-    }
-    // The SONAME links of pre-start's host tree, then the tree read-only, as nspawn binds it.
-    for (rel, node) in crate::layout::driver_tree(driver)? {
-        if let crate::layout::TreeNode::Link(to) = node {
-            let at = format!("{base}/{rel}");
-            std::os::unix::fs::symlink(&to, &at)
-                .with_context(|| format!("rewire-root: link {rel} -> {to}"))?;
-        }
     }
     mount(
         None::<&str>,

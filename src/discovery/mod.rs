@@ -5,6 +5,7 @@
 
 pub mod assign;
 pub mod parse;
+mod runtime;
 mod scan;
 mod verdict;
 
@@ -108,6 +109,21 @@ pub struct UserspaceDriver {
     pub firmware: Option<HostPath>,
     /// IPC socket directories that exist (`/run/nvidia-persistenced`, `/run/nvidia-fabricmanager`).
     pub sockets: Vec<HostPath>,
+    /// The C runtime the binaries need to run inside the driver root (src/discovery/runtime.rs),
+    /// sorted by path.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runtime: Vec<RuntimeFile>,
+}
+
+/// A host file of the driver tools' C runtime: the loader or a library they need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeFile {
+    /// Its absolute path in the driver root: a loader at its `PT_INTERP` path
+    /// (`/lib64/ld-linux-x86-64.so.2`), a library at `/usr/lib/<triplet>/<name>`.
+    pub path: String,
+    /// The host file (canonical: links resolved inside the host root).
+    pub source: HostPath,
 }
 
 /// A host library directory with driver files.

@@ -408,14 +408,121 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
         machine: ehdr.machine,
         soname: None,
     };
-    let Some((loads, dynamic)) = program_headers(r, &ehdr)? else {
+    let segs = program_headers(r, &ehdr)?;
+    let Some(dynamic) = &segs.dynamic else {
         return Ok(info);
     };
-    let Some(refs) = dynamic_soname(r, &ehdr, &dynamic)? else {
-        return Ok(info);
-    };
-    info.soname = Some(read_soname(r, &loads, refs)?);
+    let refs = dynamic_refs(r, &ehdr, dynamic)?;
+    if let (Some(strtab), Some(off)) = (refs.strtab, refs.soname) {
+        info.soname = Some(read_dyn_name(
+            r,
+            &segs.loads,
+            strtab,
+            refs.strsz,
+            off,
+            "DT_SONAME",
+        )?);
+    }
     Ok(info)
+}
+
+/// Most `DT_NEEDED` entries [`elf_deps`] takes from one object (NVIDIA's tools need 5–7).
+pub const MAX_NEEDED: usize = 64;
+/// Longest `PT_INTERP` accepted.
+const MAX_INTERP: usize = 255;
+
+/// What the dynamic loader needs to run an ELF program or load a library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfDeps {
+    pub info: ElfInfo,
+    /// `PT_INTERP`: the absolute path of the program's loader (`/lib64/ld-linux-x86-64.so.2`).
+    pub interp: Option<String>,
+    /// `DT_NEEDED`, in order: the libraries the loader loads with it, each a file name.
+    pub needed: Vec<String>,
+}
+
+/// [`elf_info`] plus the object's loader and needed libraries, found the way the loader finds
+/// them (program headers, the dynamic segment, `DT_STRTAB` through `PT_LOAD`). A name that is
+/// not a plain file name, or more than [`MAX_NEEDED`] of them, is an error.
+pub fn elf_deps<R: ReadAt + ?Sized>(r: &R) -> Result<ElfDeps> {
+    let ehdr = elf_header(r)?;
+    let segs = program_headers(r, &ehdr)?;
+    let mut deps = ElfDeps {
+        info: ElfInfo {
+            bits: ehdr.bits,
+            big_endian: ehdr.f.be,
+            machine: ehdr.machine,
+            soname: None,
+        },
+        interp: None,
+        needed: Vec::new(),
+    };
+    if let Some(p) = &segs.interp {
+        deps.interp = Some(read_interp(r, p)?);
+    }
+    let Some(dynamic) = &segs.dynamic else {
+        return Ok(deps);
+    };
+    let refs = dynamic_refs(r, &ehdr, dynamic)?;
+    if refs.needed.len() > MAX_NEEDED {
+        return Err(ParseError::new(format!(
+            "{} DT_NEEDED entries (at most {MAX_NEEDED} are taken)",
+            refs.needed.len()
+        )));
+    }
+    let Some(strtab) = refs.strtab else {
+        return Ok(deps);
+    };
+    if let Some(off) = refs.soname {
+        deps.info.soname = Some(read_dyn_name(
+            r,
+            &segs.loads,
+            strtab,
+            refs.strsz,
+            off,
+            "DT_SONAME",
+        )?);
+    }
+    for off in refs.needed {
+        deps.needed.push(read_dyn_name(
+            r,
+            &segs.loads,
+            strtab,
+            refs.strsz,
+            off,
+            "DT_NEEDED",
+        )?);
+    }
+    Ok(deps)
+}
+
+/// The loader path `PT_INTERP` names: absolute, NUL-terminated, no `.`/`..` component.
+fn read_interp<R: ReadAt + ?Sized>(r: &R, p: &Phdr) -> Result<String> {
+    let (Some(off), Some(size)) = (p.offset, p.filesz) else {
+        return Err(ParseError::new("truncated PT_INTERP header"));
+    };
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    if size == 0 || size > MAX_INTERP + 1 {
+        return Err(ParseError::new(format!("PT_INTERP of {size} bytes")));
+    }
+    let raw = read_exact(r, off, size, "PT_INTERP")?;
+    // The loader reads up to the first NUL, as the kernel does.
+    let raw = raw.split(|&b| b == 0).next().unwrap_or_default();
+    let path = std::str::from_utf8(raw)
+        .ok()
+        .filter(|p| {
+            p.starts_with('/')
+                && p.split('/')
+                    .skip(1)
+                    .all(|c| !c.is_empty() && c != "." && c != "..")
+        })
+        .ok_or_else(|| {
+            ParseError::new(format!(
+                "PT_INTERP {:?} is not an absolute path without . or .. components",
+                String::from_utf8_lossy(raw)
+            ))
+        })?;
+    Ok(path.to_owned())
 }
 
 /// What [`elf_info`] takes from the ELF header.
@@ -474,13 +581,22 @@ fn elf_header<R: ReadAt + ?Sized>(r: &R) -> Result<Ehdr> {
     })
 }
 
-/// The `PT_LOAD` headers and the `PT_DYNAMIC` one; `None` when there is no dynamic segment
-/// (or no program header at all): nothing names a SONAME then.
-fn program_headers<R: ReadAt + ?Sized>(r: &R, e: &Ehdr) -> Result<Option<(Vec<Phdr>, Phdr)>> {
+/// The program headers [`elf_info`] and [`elf_deps`] use.
+#[derive(Default)]
+struct Segments {
+    loads: Vec<Phdr>,
+    dynamic: Option<Phdr>,
+    interp: Option<Phdr>,
+}
+
+/// The `PT_LOAD`, `PT_DYNAMIC` and `PT_INTERP` headers; no dynamic segment (or no program
+/// header at all) names no SONAME and no library.
+fn program_headers<R: ReadAt + ?Sized>(r: &R, e: &Ehdr) -> Result<Segments> {
     let (bits, f, phentsize, phnum) = (e.bits, &e.f, e.phentsize, e.phnum);
     let min_phent = if bits == 64 { 56 } else { 32 };
+    let mut segs = Segments::default();
     if phnum == 0 {
-        return Ok(None);
+        return Ok(segs);
     }
     if phentsize < min_phent || phentsize > 256 || phnum > MAX_PHNUM {
         return Err(ParseError::new(format!(
@@ -488,8 +604,6 @@ fn program_headers<R: ReadAt + ?Sized>(r: &R, e: &Ehdr) -> Result<Option<(Vec<Ph
         )));
     }
     let table = read_exact(r, e.phoff, phentsize * phnum, "program headers")?;
-    let mut loads = Vec::new();
-    let mut dynamic = None;
     for ph in table.chunks_exact(phentsize) {
         let p = if bits == 64 {
             Phdr {
@@ -507,40 +621,36 @@ fn program_headers<R: ReadAt + ?Sized>(r: &R, e: &Ehdr) -> Result<Option<(Vec<Ph
             }
         };
         match p.kind {
-            Some(1) => loads.push(p),
-            Some(2) => dynamic = Some(p),
+            Some(1) => segs.loads.push(p),
+            Some(2) => segs.dynamic = Some(p),
+            Some(3) => segs.interp = Some(p),
             _ => {}
         }
     }
-    Ok(dynamic.map(|d| (loads, d)))
+    Ok(segs)
 }
 
-/// Where the dynamic segment says the SONAME is.
-struct SonameRef {
-    /// `DT_STRTAB`, a virtual address.
-    strtab: u64,
-    /// `DT_STRSZ`, when given.
+/// What the dynamic segment says about names: `DT_STRTAB` (a virtual address), `DT_STRSZ`,
+/// and the string-table offsets of `DT_SONAME` and each `DT_NEEDED`.
+#[derive(Default)]
+struct DynRefs {
+    strtab: Option<u64>,
     strsz: Option<u64>,
-    /// `DT_SONAME`, an offset into the string table.
-    name_off: u64,
+    soname: Option<u64>,
+    needed: Vec<u64>,
 }
 
-/// `DT_STRTAB`, `DT_STRSZ` and `DT_SONAME` from the dynamic segment; `None` when it names no
-/// SONAME (or no string table).
-fn dynamic_soname<R: ReadAt + ?Sized>(
-    r: &R,
-    e: &Ehdr,
-    dynamic: &Phdr,
-) -> Result<Option<SonameRef>> {
+/// Read the dynamic segment (at most [`MAX_DYNAMIC`] bytes) up to `DT_NULL`.
+fn dynamic_refs<R: ReadAt + ?Sized>(r: &R, e: &Ehdr, dynamic: &Phdr) -> Result<DynRefs> {
+    let mut refs = DynRefs::default();
     let (Some(dyn_off), Some(dyn_size)) = (dynamic.offset, dynamic.filesz) else {
-        return Ok(None);
+        return Ok(refs);
     };
     let dyn_size = usize::try_from(dyn_size)
         .unwrap_or(usize::MAX)
         .min(MAX_DYNAMIC);
     let dyn_bytes = read_exact(r, dyn_off, dyn_size, "the dynamic segment")?;
     let entsize = if e.bits == 64 { 16 } else { 8 };
-    let (mut strtab, mut strsz, mut soname) = (None, None, None);
     for d in dyn_bytes.chunks_exact(entsize) {
         let (tag, val) = if e.bits == 64 {
             (e.f.u64(d, 0), e.f.u64(d, 8))
@@ -549,32 +659,30 @@ fn dynamic_soname<R: ReadAt + ?Sized>(
         };
         match (tag, val) {
             (Some(0), _) => break,
-            (Some(5), Some(v)) => strtab = Some(v),
-            (Some(10), Some(v)) => strsz = Some(v),
-            (Some(14), Some(v)) => soname = Some(v),
+            (Some(1), Some(v)) => refs.needed.push(v),
+            (Some(5), Some(v)) => refs.strtab = Some(v),
+            (Some(10), Some(v)) => refs.strsz = Some(v),
+            (Some(14), Some(v)) => refs.soname = Some(v),
             _ => {}
         }
     }
-    let (Some(strtab), Some(name_off)) = (strtab, soname) else {
-        return Ok(None);
-    };
-    Ok(Some(SonameRef {
-        strtab,
-        strsz,
-        name_off,
-    }))
+    Ok(refs)
 }
 
-/// The SONAME string itself: `DT_STRTAB` mapped to a file offset through the `PT_LOAD` covering
-/// it, then one NUL-terminated file name.
-fn read_soname<R: ReadAt + ?Sized>(r: &R, loads: &[Phdr], s: SonameRef) -> Result<String> {
-    let SonameRef {
-        strtab,
-        strsz,
-        name_off,
-    } = s;
+/// One name of the dynamic string table (`what`: the tag naming it): `DT_STRTAB` mapped to a
+/// file offset through the `PT_LOAD` covering it, then one NUL-terminated file name.
+fn read_dyn_name<R: ReadAt + ?Sized>(
+    r: &R,
+    loads: &[Phdr],
+    strtab: u64,
+    strsz: Option<u64>,
+    name_off: u64,
+    what: &str,
+) -> Result<String> {
     if strsz.is_some_and(|sz| name_off >= sz) {
-        return Err(ParseError::new("DT_SONAME points past the string table"));
+        return Err(ParseError::new(format!(
+            "{what} points past the string table"
+        )));
     }
     let file_off = loads
         .iter()
@@ -588,17 +696,17 @@ fn read_soname<R: ReadAt + ?Sized>(r: &R, loads: &[Phdr], s: SonameRef) -> Resul
     let mut buf = [0u8; MAX_SONAME + 1];
     let got = r
         .read_at(file_off, &mut buf)
-        .map_err(|e| ParseError::new(format!("reading DT_SONAME: {e}")))?;
+        .map_err(|e| ParseError::new(format!("reading {what}: {e}")))?;
     let raw = buf.get(..got).unwrap_or_default();
     let len = raw
         .iter()
         .position(|&b| b == 0)
-        .ok_or_else(|| ParseError::new("DT_SONAME is not terminated within 255 bytes"))?;
+        .ok_or_else(|| ParseError::new(format!("{what} is not terminated within 255 bytes")))?;
     let name = std::str::from_utf8(raw.get(..len).unwrap_or_default())
-        .map_err(|_| ParseError::new("DT_SONAME is not UTF-8"))?;
+        .map_err(|_| ParseError::new(format!("{what} is not UTF-8")))?;
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
         return Err(ParseError::new(format!(
-            "DT_SONAME {name:?} is not a file name"
+            "{what} {name:?} is not a file name"
         )));
     }
     Ok(name.to_owned())
@@ -1101,5 +1209,66 @@ mod tests {
         }
         assert!(elf_info_bytes(b"#!/bin/sh\n").is_err());
         assert!(elf_info_bytes(b"").is_err());
+    }
+
+    /// A real program of the machine the tests run on, its `PT_INTERP` rewritten to `interp`
+    /// (same length, NUL-padded).
+    fn program_with_interp(interp: &[u8]) -> Vec<u8> {
+        let mut bytes = std::fs::read("/usr/bin/true").unwrap();
+        let at = bytes
+            .windows(28)
+            .position(|w| w == b"/lib64/ld-linux-x86-64.so.2\0")
+            .expect("/usr/bin/true names the x86-64 loader");
+        let mut repl = interp.to_vec();
+        repl.resize(28, 0);
+        bytes[at..at + 28].copy_from_slice(&repl);
+        bytes
+    }
+
+    #[test]
+    fn a_programs_loader_and_libraries_are_read_as_the_loader_reads_them() {
+        let d = elf_deps(std::fs::read("/usr/bin/true").unwrap().as_slice()).unwrap();
+        assert_eq!(d.interp.as_deref(), Some("/lib64/ld-linux-x86-64.so.2"));
+        assert_eq!(d.needed, ["libc.so.6"]);
+        assert_eq!(d.info.triplet(), Some("x86_64-linux-gnu"));
+        let libc = elf_deps(
+            std::fs::read("/lib/x86_64-linux-gnu/libc.so.6")
+                .unwrap()
+                .as_slice(),
+        )
+        .unwrap();
+        assert_eq!(libc.info.soname.as_deref(), Some("libc.so.6"));
+        assert_eq!(libc.needed, ["ld-linux-x86-64.so.2"]);
+        assert_eq!(libc.interp.as_deref(), Some("/lib64/ld-linux-x86-64.so.2"));
+        // What elf_info reads is unchanged.
+        assert_eq!(
+            elf_info_bytes(&std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap(),
+            libc.info
+        );
+    }
+
+    #[test]
+    fn a_loader_path_that_leaves_its_root_or_is_relative_is_refused() {
+        for bad in [
+            &b"/lib64/../../../etc/shadow"[..],
+            b"lib64/ld-linux-x86-64.so.2",
+            b"/lib64//ld.so",
+            b"/lib64/./ld.so",
+            b"",
+        ] {
+            let e = elf_deps(program_with_interp(bad).as_slice()).unwrap_err();
+            assert!(e.to_string().contains("PT_INTERP"), "{bad:?}: {e}");
+        }
+        let ok = elf_deps(program_with_interp(b"/opt/x/ld.so").as_slice()).unwrap();
+        assert_eq!(ok.interp.as_deref(), Some("/opt/x/ld.so"));
+    }
+
+    #[test]
+    fn a_needed_name_with_a_slash_is_refused() {
+        let mut bytes = std::fs::read("/usr/bin/true").unwrap();
+        let at = bytes.windows(10).position(|w| w == b"libc.so.6\0").unwrap();
+        bytes[at..at + 9].copy_from_slice(b"../lib.so");
+        let e = elf_deps(bytes.as_slice()).unwrap_err();
+        assert!(e.to_string().contains("DT_NEEDED"), "{e}");
     }
 }

@@ -185,7 +185,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
 /// `p` as a [`HostPath`], or a bad-input error (exit 2) naming it: a discovered name that a
 /// `.nspawn` file cannot carry (a newline in a device name would inject a line of its own) stops
 /// the run before anything is rendered.
-fn checked(what: &str, p: String) -> Result<HostPath> {
+pub(super) fn checked(what: &str, p: String) -> Result<HostPath> {
     HostPath::try_from(p).map_err(|e| crate::error::bad_input(format!("{what} {e}")))
 }
 
@@ -208,7 +208,7 @@ enum Module {
     Unreadable,
 }
 
-struct Scan<'a> {
+pub(super) struct Scan<'a> {
     host: &'a HostRoot,
     reasons: Vec<String>,
     /// Library dirs listed while looking for libcuda, kept for the driver-file pass: listing a
@@ -557,13 +557,16 @@ impl Scan<'_> {
             _ => None,
         };
         let sockets = self.daemon_sockets()?;
-        Ok(Some(UserspaceDriver {
+        let mut driver = UserspaceDriver {
             version: chosen,
             lib_dirs,
             binaries,
             firmware,
             sockets,
-        }))
+            runtime: Vec::new(),
+        };
+        driver.runtime = super::runtime::c_runtime(self, &driver)?;
+        Ok(Some(driver))
     }
 
     /// (canonical dir, version) of every regular file `libcuda.so.<version>` in `dirs`, in
@@ -912,6 +915,15 @@ impl Scan<'_> {
         Ok(parse::elf_info(&f))
     }
 
+    /// [`parse::elf_deps`] of the host file `abs` (resolved inside the host root).
+    pub(super) fn elf_deps(&self, abs: &str) -> Result<Result<parse::ElfDeps, parse::ParseError>> {
+        let f = self
+            .host
+            .open_read(abs)
+            .with_context(|| format!("opening {}", self.host.path(abs).display()))?;
+        Ok(parse::elf_deps(&f))
+    }
+
     // -- host tree access ----------------------------------------------------------------
 
     /// Read a whole small file, `None` when it does not exist; more than `limit` bytes, or
@@ -998,7 +1010,7 @@ impl Scan<'_> {
     /// host path and the metadata of what it names; `None` when it does not exist, loops, or a
     /// link target is not UTF-8. Keeps `--host-root` trees from resolving into the real `/`, and
     /// lets `/lib/x86_64-linux-gnu` and `/usr/lib/x86_64-linux-gnu` count once on merged /usr.
-    fn resolve(&self, abs: &str) -> Result<Option<(String, Metadata)>> {
+    pub(super) fn resolve(&self, abs: &str) -> Result<Option<(String, Metadata)>> {
         let mut todo: Vec<String> = abs
             .split('/')
             .rev()

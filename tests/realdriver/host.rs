@@ -65,5 +65,42 @@ pub fn install(layout: &str, root: &Path) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    install_c_runtime(root)
+}
+
+/// The C runtime NVIDIA's tools need (what their `DT_NEEDED` and `PT_INTERP` name), copied
+/// from the machine the tests run on: the driver's own files come from the packages, the C
+/// library from a real host, as on a node. The loader is reached as on Debian, through the
+/// absolute link `/lib64/ld-linux-x86-64.so.2`, which discovery must resolve inside the host root.
+pub const C_RUNTIME: &[&str] = &[
+    "ld-linux-x86-64.so.2",
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+];
+
+fn install_c_runtime(root: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = root.join("usr/lib/x86_64-linux-gnu");
+    for name in C_RUNTIME {
+        let from = Path::new("/lib/x86_64-linux-gnu").join(name);
+        let to = dir.join(name);
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        let _ = std::fs::remove_file(&to);
+        std::fs::write(&to, bytes).with_context(|| format!("writing {}", to.display()))?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let lib64 = root.join("lib64");
+    let lib64 = if std::fs::symlink_metadata(&lib64).is_ok_and(|m| m.file_type().is_symlink()) {
+        root.join("usr/lib64")
+    } else {
+        lib64
+    };
+    std::fs::create_dir_all(&lib64)?;
+    let link = lib64.join("ld-linux-x86-64.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", &link)?;
     Ok(())
 }

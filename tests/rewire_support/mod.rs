@@ -80,6 +80,7 @@ pub fn inventory(version: &str) -> Inventory {
                     .unwrap(),
             ),
             sockets: vec!["/run/nvidia-persistenced".parse().unwrap()],
+            runtime: Vec::new(),
         }),
         verdict: Verdict::Complete,
     }
