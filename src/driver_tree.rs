@@ -445,6 +445,16 @@ fn hard_link(
     }
     // The very inode stat'ed, by descriptor (needs CAP_DAC_READ_SEARCH, which root has).
     nix::unistd::linkat(&fd, "", parent, name, AtFlags::AT_EMPTY_PATH).map_err(Ok)?;
+    // overlayfs links a lower-layer file by copying it up: the new name is another inode than
+    // the host path shows (which keeps the lower file's identity), as good as a file on another
+    // filesystem. It is bound instead, reported as EXDEV.
+    let made = nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|e| Err(anyhow::Error::from(e).context("stat of the new link")))?;
+    if id(&made) != want {
+        nix::unistd::unlinkat(parent, name, UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| Err(anyhow::Error::from(e).context("removing the copied-up link")))?;
+        return Err(Ok(Errno::EXDEV));
+    }
     Ok(())
 }
 

@@ -116,3 +116,49 @@ oracle_both_views() {
     M rmdir /driver-root 2>/dev/null
     oracle_compare driver-root /driver-root "$spec" "$want"
 }
+
+# oracle_gpu_operator <name> <driver root> [systemd-run property…]: what NVIDIA's GPU Operator
+# runs on a driver root, in the order its code runs it (validator and MIG manager: chroot
+# <root> nvidia-smi; then nvidia-ctk system create-device-nodes --control-devices; then cdi
+# generate --mode=management | cdi transform root to the machine's path of that root), each in a
+# transient unit of the machine with the given properties (a pod's view: the root bound
+# elsewhere). The dev root is the machine's / (the driver root has no dev/, which is how the
+# validator's GetDevRoot decides), on a tmpfs of the unit's own, with NVIDIA's majors in the
+# unit's /proc/devices (the rig has no kernel module): nothing of the machine changes. NVIDIA's
+# real nvidia-smi must run and fail only for want of the kernel driver.
+oracle_gpu_operator() {
+    local name=$1 root=$2 out to=$2 p; shift 2
+    [ "$root" = /driver-root ] && to=$ORACLE_DR
+    local run=(H systemd-run -M "$MACHINE" --wait --pipe --quiet --collect "$@" --)
+    for args in "" -L; do
+        out=$("${run[@]}" chroot "$root" nvidia-smi $args </dev/null 2>&1)
+        assert_match "$(c "$name.chroot-nvidia-smi$args")" "couldn't communicate with the NVIDIA driver" "$out"
+    done
+    # The majors of the machine's own nodes (the ones its device policy allows).
+    local ctl uvm
+    ctl=$(M stat -c %t /dev/nvidiactl 2>/dev/null) uvm=$(M stat -c %t /dev/nvidia-uvm 2>/dev/null)
+    printf 'Character devices:\n%d nvidia\n%d nvidia-uvm\n\nBlock devices:\n' \
+        "0x${ctl:-0}" "0x${uvm:-0}" > "$(mroot)$ORACLE/proc-devices"
+    local devrun=(H systemd-run -M "$MACHINE" --wait --pipe --quiet --collect "$@"
+        -p TemporaryFileSystem=/dev -p BindReadOnlyPaths="$ORACLE/proc-devices:/proc/devices" --)
+    out=$("${devrun[@]}" /bin/bash -c '
+        set -o pipefail
+        "$0/nvidia-ctk" system create-device-nodes --control-devices --driver-root="$1" --dev-root=/ \
+            >/tmp/nodes.log 2>&1 || { echo "NODES-FAILED"; cat /tmp/nodes.log; exit 1; }
+        ls /dev | sed "s/^/NODE /"
+        "$0/nvidia-ctk" cdi generate --mode=management --driver-root="$1" --dev-root=/ --format=json \
+            --vendor=management.nvidia.com --class=gpu 2>/tmp/gen.log \
+        | sed "s/^{\"cdiVersion\":\"0\.3\.0\"/{\"cdiVersion\":\"0.5.0\"/" \
+        | "$0/nvidia-ctk" cdi transform root --from="$1" --to="$2" 2>>/tmp/gen.log \
+        || { echo "GENERATE-FAILED"; tail -5 /tmp/gen.log; exit 1; }' \
+        "$ORACLE" "$root" "$to" </dev/null 2>&1)
+    assert_no_match "$(c "$name.create-device-nodes")" "NODES-FAILED" "$out"
+    assert_match "$(c "$name.control-nodes-made")" "^NODE nvidiactl$" "$out"
+    assert_no_match "$(c "$name.cdi-generate-transform")" "GENERATE-FAILED" "$out"
+    local paths missing=""
+    paths=$(printf '%s\n' "$out" | sed -n 's/^[ -]*hostPath: //p' | grep -v '^/dev/')
+    info "$name: the validator's spec names $(printf '%s\n' "$paths" | grep -c .) files"
+    for p in $paths; do M test -e "$p" || missing="$missing $p"; done
+    assert_cmd "$(c "$name.spec-has-files")" test "$(printf '%s\n' "$paths" | grep -c .)" -gt 10
+    assert_eq "$(c "$name.spec-paths-exist")" "" "$missing"
+}

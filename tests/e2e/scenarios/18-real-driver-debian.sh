@@ -49,7 +49,7 @@ assert_eq "$(c tree-links-libcuda-from-nvidia-current)" "$(H stat -c %d:%i "$LIB
     "$(H stat -c %d:%i "$tree$LIB/libcuda.so.$REAL" 2>&1)"
 assert_eq "$(c tree-links-companion-from-multiarch)" "$(H stat -c %d:%i "$LIB/libnvidia-gpucomp.so.$REAL" 2>&1)" \
     "$(H stat -c %d:%i "$tree$LIB/libnvidia-gpucomp.so.$REAL" 2>&1)"
-assert_no_match "$(c nspawn-binds-no-driver-file)" ":$ROOT$LIB/lib[^/]*\.so[^/]*\$" "$nf"
+assert_no_match "$(c nspawn-binds-no-driver-file)" ":$ROOT$LIB/lib(cuda|nvidia)[^/]*\.so[^/]*\$" "$nf"
 assert_match "$(c nspawn-binds-real-firmware)" "^BindReadOnly=(/usr)?/lib/firmware/nvidia/$REAL:$ROOT/lib/firmware/nvidia/$REAL\$" "$nf"
 assert_no_match "$(c nspawn-binds-no-directory-of-libraries)" "^BindReadOnly=$LIB(/nvidia/current)?:" "$nf"
 
@@ -71,6 +71,13 @@ done
 assert_cmd "$(c driver-root-nvidia-smi-is-the-real-elf)" same_bytes /usr/lib/nvidia/current/nvidia-smi "$ROOT/usr/bin/nvidia-smi"
 assert_cmd "$(c driver-root-gsp-firmware)" same_bytes "/usr/lib/firmware/nvidia/$REAL/gsp_ga10x.bin" \
     "$ROOT/lib/firmware/nvidia/$REAL/gsp_ga10x.bin"
+# The C runtime of the tools is in the tree too: the host's loader and C library, each a hard
+# link of the host file or, where the host cannot link it as itself (this rig's root is an
+# overlay whose lower layer holds glibc: a link copies the file up), a bind of it.
+for f in /lib64/ld-linux-x86-64.so.2 "$LIB/libc.so.6" "$LIB/libm.so.6"; do
+    assert_cmd "$(c "driver-root-c-runtime-$(basename "$f")")" same_bytes "$f" "$ROOT$f"
+done
+assert_cmd "$(c driver-root-ld-cache)" M test -s "$ROOT/etc/ld.so.cache"
 
 # The CDI spec mounts the real files from the driver root, the newly found ones included.
 spec=$(M cat "$CDI_SPEC" 2>/dev/null)
@@ -94,6 +101,14 @@ if oracle_install kube1; then
     info "discovery lists $(printf '%s\n' "$want" | grep -c .) real driver files"
     assert_match "$(c discovery-lists-api)" "$LIB/libnvidia-api\.so\.1" "$want"
     oracle_both_views "$want"
+    # The GPU Operator's own checks, in both documented configurations: the machine's root as
+    # the host driver root (driver.enabled=false, root /), and the driver root as its install
+    # dir, in the machine and as a pod sees it (bound at /driver-root, the original covered).
+    oracle_gpu_operator host-root /
+    oracle_gpu_operator driver-root-in-machine "$ROOT"
+    oracle_gpu_operator driver-root-in-pod /driver-root \
+        -p BindReadOnlyPaths="$ROOT:/driver-root" -p TemporaryFileSystem=/run/nvidia
+    M rmdir /driver-root 2>/dev/null
     oracle_remove kube1
 fi
 
