@@ -105,6 +105,24 @@ fn plan_text(r: &Rendered) -> String {
             }
         ),
     };
+    if let (Some(plan), Some(d)) = (&r.tree, r.assignment.view.complete_driver()) {
+        let _ = writeln!(
+            out,
+            "# Driver root {} (pre-start's host tree): {} entries; the C runtime of the driver's \
+             tools in it: {}",
+            crate::layout::DRIVER_ROOT,
+            plan.tree.len(),
+            if d.runtime.is_empty() {
+                "none found (chroot into the driver root cannot run them)".to_owned()
+            } else {
+                d.runtime
+                    .iter()
+                    .map(|f| format!("{} <- {}", f.path, f.source))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    }
     let new = r.text();
     let _ = write!(out, "# {shown} as pre-start would write it:\n{new}\n");
     match &r.old {

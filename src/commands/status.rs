@@ -155,6 +155,11 @@ pub struct MachineFacts {
     /// Whether pre-start gated containerd/kubelet this boot, and whether post-start released it.
     pub gated: bool,
     pub gate_released: bool,
+    /// Why the driver root is not the host's driver as it is now (post-start's own check of it,
+    /// every file the host's inode: a driver or C library replaced on the host since the start),
+    /// when it is not; only for a running machine reached through systemd.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_root_mismatch: Option<String>,
 }
 
 /// A unit and its state.
@@ -282,6 +287,7 @@ pub fn inspect_machine(
         dangling_links: dangling,
         gated,
         gate_released,
+        driver_root_mismatch: None,
     })
 }
 
@@ -690,6 +696,9 @@ fn judge_nvidia(
         return;
     }
     let version_drift = judge_driver_version(host_version, m, add);
+    if let Some(why) = m.driver_root_mismatch.as_ref().filter(|_| !version_drift) {
+        add(State::Drift, "driver-root", why.clone());
+    }
     judge_spec_state(m, add);
     let mut gpu_drift = false;
     if let Some(c) = &spec.checked {
@@ -937,6 +946,7 @@ pub fn utc(usec: u64) -> String {
 /// directory instead and asks no systemd.
 fn observe(
     ctx: &Ctx,
+    inv: &Inventory,
     machine: &MachineName,
     mc: &MachineConfig,
     expected_spec: Option<&str>,
@@ -982,7 +992,12 @@ fn observe(
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let facts = inspect_machine(handle.root(), mc, expected_spec)?;
+    let mut facts = inspect_machine(handle.root(), mc, expected_spec)?;
+    if let Some(driver) = inv.complete_driver()
+        && let Err(e) = rewire::verify_driver_root(handle.root(), &ctx.host, driver)
+    {
+        facts.driver_root_mismatch = Some(format!("{e:#}"));
+    }
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
     let sd = Systemd::machine_in_any_userns(&handle, deadline)?;
     let mut services = Vec::new();
@@ -1046,7 +1061,7 @@ pub fn machine_status(
     let a = assign::assign(inv, &mc.gpus);
     let inv = &a.view;
     let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
-    let mut observed = observe(ctx, machine, &mc, expected.as_deref(), machine_root)
+    let mut observed = observe(ctx, inv, machine, &mc, expected.as_deref(), machine_root)
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     let mut status = evaluate(machine, &mc, inv, observed);
@@ -1417,6 +1432,44 @@ mod tests {
         assert_eq!(judge(m.path(), &host, &inv).state, State::InSync);
     }
 
+    /// A driver root whose files are no longer the host's (a C library or driver file replaced
+    /// on the host since the start, the version unchanged) is drift, named by post-start's own
+    /// check; with the version changed too, the version finding says it all.
+    #[test]
+    fn privileged_a_driver_root_that_is_not_the_hosts_files_is_drift() {
+        let (_h, host, inv) = two_gpus();
+        let m = machine();
+        wire(m.path(), &host, &inv);
+        let mc = mc(&host);
+        let expected = cdi::spec(&inv, &mc.cdi_kind).map(|s| cdi::render(&s));
+        let root = MachineRoot::open(m.path()).unwrap();
+        let mut facts = inspect_machine(&root, &mc, expected.as_deref()).unwrap();
+        let why = "the driver root /run/nvidia/driver does not match the host's NVIDIA driver \
+                   (1 not the host's file: /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libc.so.6)";
+        facts.driver_root_mismatch = Some(why.to_owned());
+        let observed = |facts: MachineFacts| Observed {
+            unit: Some(running_unit()),
+            machine: Some(facts),
+            services: Some(services("active", "active")),
+            missing_gpus: Vec::new(),
+        };
+        let s = evaluate(
+            &"kube1".parse().unwrap(),
+            &mc,
+            &inv,
+            observed(facts.clone()),
+        );
+        assert_eq!((s.state, s.exit_code), (State::Drift, 5), "{s:#?}");
+        assert_eq!(checks(&s), [(State::Drift, "driver-root")]);
+        assert!(s.summary.contains("libc.so.6"), "{}", s.summary);
+        facts.driver_root_versions = vec![OLD.to_owned()];
+        let s = evaluate(&"kube1".parse().unwrap(), &mc, &inv, observed(facts));
+        assert!(
+            !checks(&s).iter().any(|(_, c)| *c == "driver-root"),
+            "{s:#?}"
+        );
+    }
+
     #[test]
     fn privileged_gpu_removed_and_added_are_drift() {
         let (_h, host, inv) = two_gpus();
@@ -1638,6 +1691,7 @@ mod tests {
             dangling_links: Vec::new(),
             gated: false,
             gate_released: false,
+            driver_root_mismatch: None,
         };
         let running = |containerd: &str, kubelet: &str| Observed {
             unit: Some(running_unit()),

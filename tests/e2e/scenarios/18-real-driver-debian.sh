@@ -112,6 +112,18 @@ if oracle_install kube1; then
     oracle_remove kube1
 fi
 
+# A C library upgraded on the host (a new inode at its name, as dpkg installs one) is drift of the
+# running machine, named by its driver root; a reconcile rebuilds the tree, and it is in sync.
+H sh -c "cp $LIB/libm.so.6 $LIB/libm.so.6.e2e && mv $LIB/libm.so.6.e2e $LIB/libm.so.6"
+out=$(helper status kube1 2>&1); rc=$?
+assert_eq "$(c status-c-library-upgraded-is-drift)" 5 "$rc"
+assert_match "$(c status-c-library-upgraded-names-it)" "driver root.*libm\.so\.6" "$out"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c reconcile-after-c-library-upgrade)" 0 "$rc"
+assert_cmd "$(c machine-up-after-c-library-upgrade)" wait_machine_up kube1 120
+out=$(helper status kube1 2>&1); rc=$?
+assert_eq "$(c status-in-sync-after-reconcile)" 0 "$rc"
+
 # ---- clean up: the real driver out, the stand-in back, kube1 restarted -------------------------
 if ! out=$("$FETCH" uninstall deb "$RUN/host" 2>&1); then
     fail "$(c uninstall-real-driver)" "$(printf '%s' "$out" | tail -3 | tr '\n' ' ')"
