@@ -75,7 +75,8 @@ pub enum Command {
     /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the
     /// running machine (CDI spec, driver root, links, unit gate, containerd and kubelet) and the
     /// last post-start. Writes nothing. Exit 0 in sync, 5 drift (`reconcile` fixes it), 6 broken,
-    /// 7 not running; a one-line summary, or `--json` (schema 1).
+    /// 7 not running, 8 nothing installed (`--all`); a one-line summary, or `--json` (schema 1,
+    /// an object with `error` when it cannot judge).
     Status {
         /// The machine; or `--all`.
         #[arg(required_unless_present = "all")]

@@ -118,10 +118,10 @@ fn privileged_every_state_is_valid_exposition_naming_the_state() {
         r#"nspawn_lifecycle_check_failed{machine="kube1",check="cdi-spec"} 1"#,
     );
 
-    // No machine installed: nothing to judge, said as such.
+    // No machine installed: nothing to judge, said as such (exit 8, as `status --all`).
     let none = host("two-gpus", &[]);
     let (text, code) = prometheus(none.path(), Some(m.path()));
-    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(code, Some(8), "{text}");
     check_metrics("no machines", &text);
     has(&text, "nspawn_lifecycle_machines_installed 0");
     assert!(!text.contains("nspawn_lifecycle_state{"), "{text}");

@@ -116,6 +116,47 @@ fn privileged_status_all_and_bad_input() {
             && err.contains("systemd-nspawn@kube9.service.d/50-nspawn-lifecycle.conf"),
         "{err}"
     );
+    // With --json, what could not be judged is still one object on stdout, with the exit code.
+    let out = status(gpus.path(), m.path(), &["kube9", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["schema"], &v["machine"], &v["state"], &v["exitCode"]),
+        (&1.into(), &"kube9".into(), &"unknown".into(), &2.into()),
+        "{v}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("machine kube9 is not installed"),
+        "{v}"
+    );
+    let out = run_helper(gpus.path(), &["status", "kube1", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs --machine-root"),
+        "{v}"
+    );
+    // Nothing installed is its own outcome (8), not "all in sync".
+    let none = host("two-gpus", &[]);
+    let out = status(none.path(), m.path(), &["--all"]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    assert_eq!(stdout(&out), "no installed machines\n");
+    let out = status(none.path(), m.path(), &["--all", "--json"]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["state"], &v["exitCode"]),
+        (&"nothing-installed".into(), &8.into()),
+        "{v}"
+    );
+    let out = run_helper(none.path(), &["status", "--all", "--format", "prometheus"]);
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
     // A fixture host without --machine-root has no running machine to ask: exit 2.
     let h = snapshot(gpus.path(), &[]);
     let out = run_helper(gpus.path(), &["status", "kube1"]);

@@ -37,8 +37,12 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
                     .context("writing to stdout")?;
                 return Ok(code);
             }
-            let ctx = Ctx::load(&cli)?;
             let json = format == StatusFormat::Json;
+            let ctx = match Ctx::load(&cli) {
+                Ok(ctx) => ctx,
+                Err(e) if json => return Err(status::print_unjudged(machine.as_ref(), e)),
+                Err(e) => return Err(e),
+            };
             status::status(&ctx, machine.as_ref(), *all, json, machine_root.as_deref())
         }
         Command::Metrics { textfile_dir } => {
@@ -78,7 +82,7 @@ fn monitor(
             .iter()
             .map(|s| s.state)
             .max()
-            .unwrap_or(status::State::InSync)
+            .unwrap_or(status::State::NothingInstalled)
             .exit_code()
     } else {
         1

@@ -46,6 +46,9 @@ const BUS_TIMEOUT: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum State {
+    /// `status --all` with no installed machine: nothing to judge, which monitoring must be able
+    /// to tell from "all in sync".
+    NothingInstalled,
     InSync,
     NotRunning,
     Drift,
@@ -53,9 +56,11 @@ pub enum State {
 }
 
 impl State {
-    /// The documented exit code: 0 in sync, 5 drift, 6 broken, 7 not running.
+    /// The documented exit code: 0 in sync, 5 drift, 6 broken, 7 not running, 8 nothing
+    /// installed.
     pub fn exit_code(self) -> u8 {
         match self {
+            State::NothingInstalled => 8,
             State::InSync => 0,
             State::Drift => 5,
             State::Broken => 6,
@@ -65,6 +70,7 @@ impl State {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            State::NothingInstalled => "nothing installed",
             State::InSync => "in sync",
             State::NotRunning => "not running",
             State::Drift => "drift",
@@ -455,7 +461,7 @@ pub fn evaluate(
         _ => State::InSync,
     };
     let summary = match state {
-        State::InSync => in_sync_summary(machine, mc, inv, &observed),
+        State::InSync | State::NothingInstalled => in_sync_summary(machine, mc, inv, &observed),
         State::NotRunning => format!(
             "{machine}: not running: {}; the next start wires the host as it is then",
             not_running.as_deref().unwrap_or("stopped")
@@ -1080,15 +1086,60 @@ pub fn status(
     json: bool,
     machine_root: Option<&Path>,
 ) -> Result<u8> {
-    let machines = selected_machines(ctx, machine, all)?;
-    let inv = discovery::discover(&ctx.host)?;
-    let mut out = Vec::new();
-    for m in &machines {
-        out.push(machine_status(ctx, &inv, m, machine_root)?);
-    }
-    let state = out.iter().map(|s| s.state).max().unwrap_or(State::InSync);
+    let judged = (|| {
+        let machines = selected_machines(ctx, machine, all)?;
+        let inv = discovery::discover(&ctx.host)?;
+        machines
+            .iter()
+            .map(|m| machine_status(ctx, &inv, m, machine_root))
+            .collect::<Result<Vec<Status>>>()
+    })();
+    let out = match judged {
+        Ok(out) => out,
+        Err(e) if json => return Err(print_unjudged(machine, e)),
+        Err(e) => return Err(e),
+    };
+    let state = out
+        .iter()
+        .map(|s| s.state)
+        .max()
+        .unwrap_or(State::NothingInstalled);
     print_status(out, state, all, json)?;
     Ok(state.exit_code())
+}
+
+/// `status --json` when it could not judge (not installed, host discovery failed, the bus did
+/// not answer): still one object, for monitoring to parse, with the exit code the command exits
+/// with and the error it also prints on stderr.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Unjudged {
+    schema: u32,
+    machine: Option<String>,
+    state: &'static str,
+    exit_code: u8,
+    error: String,
+}
+
+/// Print `status --json`'s object for an error `e` (see [`Unjudged`]) and return `e`.
+pub fn print_unjudged(machine: Option<&MachineName>, e: anyhow::Error) -> anyhow::Error {
+    let printed = print_json(&Unjudged {
+        schema: SCHEMA,
+        machine: machine.map(ToString::to_string),
+        state: "unknown",
+        exit_code: crate::error::exit_code(&e),
+        error: format!("{e:#}"),
+    });
+    match printed {
+        Ok(()) => e,
+        Err(p) => e.context(format!("{p:#}")),
+    }
+}
+
+fn print_json(v: &impl Serialize) -> Result<()> {
+    use std::io::Write as _;
+    let text = serde_json::to_string_pretty(v).context("serializing the status")?;
+    writeln!(std::io::stdout().lock(), "{text}").context("writing to stdout")
 }
 
 /// Every selected machine judged, for monitoring (`--format prometheus`, `metrics`): what could
@@ -1164,18 +1215,17 @@ fn print_status(out: Vec<Status>, state: State, all: bool, json: bool) -> Result
     let mut stdout = std::io::stdout().lock();
     use std::io::Write as _;
     if json {
-        let text = if all {
-            serde_json::to_string_pretty(&AllStatus {
+        drop(stdout);
+        if all {
+            print_json(&AllStatus {
                 schema: SCHEMA,
                 state,
                 exit_code: state.exit_code(),
                 machines: out,
-            })
+            })?;
         } else {
-            serde_json::to_string_pretty(&out[0])
+            print_json(&out[0])?;
         }
-        .context("serializing the status")?;
-        writeln!(stdout, "{text}").context("writing to stdout")?;
     } else {
         if all && out.is_empty() {
             writeln!(stdout, "no installed machines").context("writing to stdout")?;
