@@ -852,6 +852,49 @@ fn privileged_demo_shows_discovery_and_the_nspawn_file() {
     assert!(text(&out.stderr).contains("\"nope\""));
 }
 
+/// Ctrl-C while `demo` holds its example host (here: blocked writing its report into a full
+/// pipe) removes the host, then ends the process by SIGINT as before. The pipe is shrunk to one
+/// page before the helper starts, so the write blocks while the host exists.
+#[test]
+fn privileged_demo_interrupted_leaves_no_example_host() {
+    use std::io::Read as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["demo", "--host", "eight-gpus"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::from(w))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listing = || std::fs::read_dir(tmp.path()).unwrap().count();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while listing() == 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(listing(), 1, "demo built no example host under TMPDIR");
+    // Long enough to fill the page and block on the write.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let mut report = Vec::new();
+    std::fs::File::from(r).read_to_end(&mut report).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        report.len() > 4096,
+        "the report fits the pipe: {} bytes",
+        report.len()
+    );
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert_eq!(listing(), 0, "the example host was left behind");
+}
+
 #[test]
 fn privileged_foreign_and_host_only_nodes_are_never_bound() {
     let dir = host("foreign-drm");

@@ -36,6 +36,34 @@ pub fn demo(example: &str, list: bool) -> Result<()> {
             "demo builds the example host {example} with real character devices (mknod), which needs root; run it as root"
         );
     }
+    // Ctrl-C, a hangup or a kill while the example host exists would leave it (and its device
+    // nodes) behind: those signals wait until it is removed, then act as they would have.
+    let held = nix::sys::signal::SigSet::from_iter([
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGHUP,
+        nix::sys::signal::Signal::SIGQUIT,
+    ]);
+    let mut before = nix::sys::signal::SigSet::empty();
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&held),
+        Some(&mut before),
+    )
+    .context("holding termination signals while the example host exists")?;
+    let shown = show(example, text);
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&before),
+        None,
+    )
+    .context("restoring the signal mask")?;
+    shown
+}
+
+/// Build `example` (its host text) in a temporary directory, print what the hooks would do
+/// there, and remove it.
+fn show(example: &str, text: &str) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("nspawn-lifecycle-demo.")
         .tempdir()
