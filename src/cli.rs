@@ -52,7 +52,12 @@ pub enum Command {
 
     /// Show what this host has right now: NVIDIA device nodes, GPUs, driver versions and files,
     /// /dev/kvm, and the verdict (none, complete, incomplete) that decides what the hooks do.
+    /// Exit 0 whatever the verdict (it is in the output); 3 only with `--exit-code` and an
+    /// incomplete verdict, as pre-start would exit.
     Discover {
+        /// Exit 3 when the verdict is incomplete (pre-start would refuse to start the machine).
+        #[arg(long)]
+        exit_code: bool,
         /// Print a versioned JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -66,10 +71,14 @@ pub enum Command {
     },
 
     /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk.
-    /// Writes nothing.
+    /// Writes nothing. With `--exit-code`, exit 9 when pre-start would change the file.
     Plan {
         /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         machine: MachineName,
+        /// Exit 9 when the file on disk differs from what pre-start would write (or is missing),
+        /// 0 when it is up to date, as `git diff --exit-code` does for scripts.
+        #[arg(long)]
+        exit_code: bool,
     },
 
     /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the

@@ -895,6 +895,31 @@ fn privileged_demo_interrupted_leaves_no_example_host() {
     assert_eq!(listing(), 0, "the example host was left behind");
 }
 
+/// For scripts: `discover --exit-code` exits 3 on an incomplete verdict (as pre-start would),
+/// plain `discover` 0 whatever the verdict; `plan --exit-code` exits 9 while pre-start would
+/// change the `.nspawn` file (missing, or another text) and 0 once it is what pre-start writes.
+#[test]
+fn privileged_exit_codes_for_scripts() {
+    let bad = host("version-mismatch");
+    assert_eq!(code(&run(bad.path(), &["discover"])), 0);
+    assert_eq!(
+        code(&run(bad.path(), &["discover", "--json", "--exit-code"])),
+        3
+    );
+    let dir = host("two-gpus");
+    assert_eq!(code(&run(dir.path(), &["discover", "--exit-code"])), 0);
+    assert_eq!(code(&run(dir.path(), &["plan", "kube1"])), 0);
+    assert_eq!(code(&run(dir.path(), &["plan", "kube1", "--exit-code"])), 9);
+    assert_eq!(
+        code(&run(
+            dir.path(),
+            &["nspawn-lifecycle", "pre-start", "kube1"]
+        )),
+        0
+    );
+    assert_eq!(code(&run(dir.path(), &["plan", "kube1", "--exit-code"])), 0);
+}
+
 #[test]
 fn privileged_foreign_and_host_only_nodes_are_never_bound() {
     let dir = host("foreign-drm");

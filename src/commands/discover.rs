@@ -7,8 +7,8 @@ use crate::output::{discovery_text, print_all};
 use anyhow::Result;
 use std::fmt::Write as _;
 
-/// `discover`: print what discovery sees.
-pub fn discover(ctx: &Ctx, json: bool) -> Result<()> {
+/// `discover`: print what discovery sees; returns whether the verdict is not `incomplete`.
+pub fn discover(ctx: &Ctx, json: bool) -> Result<bool> {
     let inv = discovery::discover(&ctx.host)?;
     let settings = ctx.config.gpu_settings()?;
     let lists: Vec<(String, Gpus)> = settings
@@ -28,12 +28,16 @@ pub fn discover(ctx: &Ctx, json: bool) -> Result<()> {
             .iter()
             .map(|(m, a, require)| a.report(m, *require))
             .collect();
-        print_all(&format!("{}\n", serde_json::to_string_pretty(&report)?))
+        print_all(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
         let mut text = discovery_text(&inv);
         for (m, a, _) in &assignments {
             let _ = writeln!(text, "machine {m}: gpus {}", a.summary());
         }
-        print_all(&text)
+        print_all(&text)?;
     }
+    Ok(!matches!(
+        inv.verdict,
+        discovery::Verdict::Incomplete { .. }
+    ))
 }

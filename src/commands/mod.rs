@@ -15,7 +15,9 @@ use crate::cli::{Cli, Command, HostCommand, Phase, StatusFormat};
 use anyhow::{Context as _, Result};
 
 /// Run one parsed command line and give the process exit code on success: 0, or for `status`
-/// the machine state's code (5 drift, 6 broken, 7 not running).
+/// the machine state's code (5 drift, 6 broken, 7 not running, 8 nothing installed), for
+/// `discover --exit-code` 3 on an incomplete verdict, for `plan --exit-code` 9 when pre-start
+/// would change the file.
 pub fn run_with_code(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Status {
@@ -54,6 +56,16 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
                 &status::metrics::render(&report),
             )?;
             Ok(0)
+        }
+        Command::Discover { json, exit_code } => {
+            let ctx = Ctx::load(&cli)?;
+            let complete = discover::discover(&ctx, *json)?;
+            Ok(if *exit_code && !complete { 3 } else { 0 })
+        }
+        Command::Plan { machine, exit_code } => {
+            let ctx = Ctx::load(&cli)?;
+            let current = plan::plan(&ctx, machine)?;
+            Ok(if *exit_code && !current { 9 } else { 0 })
         }
         _ => run(cli).map(|()| 0),
     }
@@ -135,8 +147,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::NspawnLifecycle(Phase::Reconcile { machine }) | Command::Reconcile { machine } => {
             reconcile::reconcile(&ctx, &machine)
         }
-        Command::Discover { json } => discover::discover(&ctx, json),
-        Command::Plan { machine } => plan::plan(&ctx, &machine),
+        Command::Discover { json, .. } => discover::discover(&ctx, json).map(drop),
+        Command::Plan { machine, .. } => plan::plan(&ctx, &machine).map(drop),
         Command::Host(HostCommand::PostStart) => post_start::host_post_start(&ctx),
         Command::Host(HostCommand::Plan) => post_start::host_plan(&ctx),
         command @ (Command::Install { .. } | Command::Uninstall { .. }) => {
