@@ -611,6 +611,21 @@ fn uninstall_removes_the_machines_gate_markers() {
         "{out}"
     );
     assert!(!root.join("run/nspawn-lifecycle/machines/kube1").exists());
+    // pre-start after uninstall would bind the unit gate again, which nothing releases without
+    // the drop-in's post-start: refused by name, nothing written.
+    let before = snapshot(root);
+    let o = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("kube1 is uninstalled") && o.stderr.contains("install kube1"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(snapshot(root), before);
+    assert!(!root.join("run/nspawn-lifecycle/machines/kube1").exists());
+    // Installed again, pre-start runs as before.
+    ok(root, &["install", "kube1"]);
+    ok(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
 }
 
 /// Issue 10 item 9: a start of the stock unit after uninstall must not run with `-U` (which

@@ -23,7 +23,29 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let mut plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     refuse_foreign_file(machine, &plan)?;
+    refuse_uninstalled(ctx, machine, &plan)?;
     execute(ctx, machine, &mc, &mut plan)
+}
+
+/// After `uninstall` (its `.nspawn` file in place, no drop-in) nothing runs post-start, which
+/// alone releases the unit gate: a pre-start run by hand would bind the gate again and leave
+/// containerd and kubelet waiting forever under the stock unit.
+fn refuse_uninstalled(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
+    let uninstalled = r
+        .old
+        .as_deref()
+        .is_some_and(|old| old.starts_with(crate::nspawn::UNINSTALLED_HEADER));
+    let dropin = crate::units::dropin_path(machine);
+    if uninstalled && r.file.binds_gate() && !ctx.host.exists(&dropin) {
+        return Err(crate::error::bad_input(format!(
+            "pre-start of {machine}: {machine} is uninstalled ({} is uninstall's and there is no \
+             {dropin}): its .nspawn file would bind the unit gate, which only post-start \
+             releases, so containerd and kubelet would wait forever under the stock unit; run \
+             `nspawn-lifecycle-helper install {machine}` first; nothing was written",
+            r.host_path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// A `.nspawn` file neither pre-start nor uninstall wrote is the operator's: replacing it would
