@@ -166,6 +166,11 @@ pub struct MachineFacts {
     /// when it is not; only for a running machine reached through systemd.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_root_mismatch: Option<String>,
+    /// Device and inode of the helper bound in the machine for its CDI hooks
+    /// ([`crate::layout::HOOK_BINARY`]), when it is there: the installed helper as it was at the
+    /// machine's start.
+    #[serde(skip)]
+    pub hook_binary: Option<(u64, u64)>,
 }
 
 /// A unit and its state.
@@ -255,7 +260,62 @@ pub struct Observed {
     pub services: Option<Vec<ServiceFacts>>,
     /// GPUs the config's `gpus` names that the host does not have now.
     pub missing_gpus: Vec<String>,
+    /// The helper installed at its stable path, as the units and the next start run it.
+    pub helper: Option<HelperFacts>,
 }
+
+/// The helper binary installed at the configuration's stable path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperFacts {
+    pub path: String,
+    /// Device and inode, when it is there at all.
+    pub identity: Option<(u64, u64)>,
+    /// Why it cannot run, when it cannot: missing, not a regular executable file, not an ELF
+    /// program for this machine.
+    pub problem: Option<String>,
+}
+
+/// Look at the helper installed at `path` (inside the host root): reads its ELF header only.
+pub fn helper_facts(host: &crate::host::HostRoot, path: &str) -> HelperFacts {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let mut facts = HelperFacts {
+        path: path.to_owned(),
+        identity: None,
+        problem: None,
+    };
+    let meta = match host.metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            facts.problem = Some(format!("{path} cannot be read ({e})"));
+            return facts;
+        }
+    };
+    facts.identity = Some((meta.dev(), meta.ino()));
+    let elf = host
+        .open_read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|f| crate::discovery::parse::elf_deps(&f).map_err(|e| e.to_string()));
+    facts.problem = if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        Some(format!("{path} is not an executable file"))
+    } else {
+        match elf {
+            Err(e) => Some(format!("{path} is not a working binary: {e}")),
+            Ok(d) if d.info.machine != THIS_MACHINE => Some(format!(
+                "{path} is not a working binary: an ELF program for machine {}, not this one's {THIS_MACHINE}",
+                d.info.machine
+            )),
+            Ok(_) => None,
+        }
+    };
+    facts
+}
+
+/// This build's ELF `e_machine`.
+const THIS_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
+    crate::discovery::parse::EM_AARCH64
+} else {
+    crate::discovery::parse::EM_X86_64
+};
 
 /// The version in a driver library file name `libcuda.so.<version>`.
 fn libcuda_version(file_name: &str) -> Option<&str> {
@@ -294,6 +354,10 @@ pub fn inspect_machine(
         gated,
         gate_released,
         driver_root_mismatch: None,
+        hook_binary: root
+            .pin_no_symlinks(crate::layout::HOOK_BINARY)?
+            .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
+            .map(|st| (st.st_dev, st.st_ino)),
     })
 }
 
@@ -453,6 +517,9 @@ pub fn evaluate(
         judge_services(services, &mut add);
     }
     judge_missing_gpus(&observed.missing_gpus, mc.require, &mut add);
+    if let Some(h) = &observed.helper {
+        judge_helper(h, observed.machine.as_ref(), &mut add);
+    }
 
     let worst = findings.iter().map(|f| f.state).max();
     let state = match (worst, &not_running) {
@@ -574,6 +641,39 @@ fn judge_gate(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String
 }
 
 /// GPUs the config's `gpus` names that the host does not have: broken.
+/// The installed helper must be a working binary (the next start runs it); a running machine
+/// whose CDI hooks run another one (the helper was upgraded since its start) has not picked the
+/// upgrade up.
+fn judge_helper(
+    h: &HelperFacts,
+    m: Option<&MachineFacts>,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
+    if let Some(problem) = &h.problem {
+        add(
+            State::Broken,
+            "helper",
+            format!(
+                "{problem}: the machine's next start would fail; reinstall the package (or `install`)"
+            ),
+        );
+        return;
+    }
+    if let Some(bound) = m.and_then(|m| m.hook_binary)
+        && Some(bound) != h.identity
+    {
+        add(
+            State::Drift,
+            "helper",
+            format!(
+                "the machine's CDI hooks run the helper as it was at its start, not the one \
+                 installed now at {} (upgraded since)",
+                h.path
+            ),
+        );
+    }
+}
+
 fn judge_missing_gpus(
     missing: &[String],
     require: bool,
@@ -965,6 +1065,7 @@ fn observe(
             machine: Some(inspect_machine(&root, mc, expected_spec)?),
             services: None,
             missing_gpus: Vec::new(),
+            helper: None,
         });
     }
     if !ctx.host.is_real_root() {
@@ -995,6 +1096,7 @@ fn observe(
             machine: None,
             services: None,
             missing_gpus: Vec::new(),
+            helper: None,
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
@@ -1021,6 +1123,7 @@ fn observe(
         machine: Some(facts),
         services: Some(services),
         missing_gpus: Vec::new(),
+        helper: None,
     })
 }
 
@@ -1070,6 +1173,7 @@ pub fn machine_status(
     let mut observed = observe(ctx, inv, machine, &mc, expected.as_deref(), machine_root)
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
+    observed.helper = Some(helper_facts(&ctx.host, ctx.config.helper_path().as_str()));
     let mut status = evaluate(machine, &mc, inv, observed);
     if a.setting != crate::config::Gpus::All {
         status.assignment = Some(a.report(machine.as_str(), mc.require));
@@ -1424,12 +1528,85 @@ mod tests {
                 machine: Some(facts),
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
+                helper: None,
             },
         )
     }
 
     fn checks(s: &Status) -> Vec<(State, &'static str)> {
         s.findings.iter().map(|f| (f.state, f.check)).collect()
+    }
+
+    /// The installed helper: a working binary is fine; garbage, a file without the exec bit or
+    /// a missing one is broken (the next start would fail); a machine whose hooks run another
+    /// inode than the one installed now has not picked up an upgrade: drift.
+    #[test]
+    fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        let bin = dir.path().join("helper");
+        let set = |bytes: &[u8], mode: u32| {
+            let _ = std::fs::remove_file(&bin);
+            std::fs::write(&bin, bytes).unwrap();
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        set(&std::fs::read("/usr/bin/true").unwrap(), 0o755);
+        let good = helper_facts(&host, "/helper");
+        assert_eq!(good.problem, None);
+        set(b"garbage written over the helper", 0o755);
+        let garbage = helper_facts(&host, "/helper");
+        assert!(
+            garbage
+                .problem
+                .as_deref()
+                .unwrap()
+                .contains("is not a working binary"),
+            "{garbage:?}"
+        );
+        set(&std::fs::read("/usr/bin/true").unwrap(), 0o644);
+        let plain = helper_facts(&host, "/helper");
+        assert!(
+            plain
+                .problem
+                .as_deref()
+                .unwrap()
+                .contains("not an executable file"),
+            "{plain:?}"
+        );
+        let missing = helper_facts(&host, "/nope");
+        assert!(
+            missing
+                .problem
+                .as_deref()
+                .unwrap()
+                .contains("cannot be read"),
+            "{missing:?}"
+        );
+
+        let mut found = Vec::new();
+        let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
+        judge_helper(&garbage, None, &mut add);
+        judge_helper(&good, None, &mut add);
+        assert_eq!(found, [(State::Broken, "helper")]);
+        let mut m = MachineFacts {
+            cdi_spec: SpecFacts::missing("/x".into()),
+            driver_root_versions: Vec::new(),
+            link_versions: Vec::new(),
+            dangling_links: Vec::new(),
+            gated: false,
+            gate_released: false,
+            driver_root_mismatch: None,
+            hook_binary: good.identity,
+        };
+        let mut found = Vec::new();
+        let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
+        judge_helper(&good, Some(&m), &mut add);
+        m.hook_binary = Some((0, 1));
+        judge_helper(&good, Some(&m), &mut add);
+        m.hook_binary = None;
+        judge_helper(&good, Some(&m), &mut add);
+        assert_eq!(found, [(State::Drift, "helper")]);
     }
 
     #[test]
@@ -1502,6 +1679,7 @@ mod tests {
             machine: Some(facts),
             services: Some(services("active", "active")),
             missing_gpus: Vec::new(),
+            helper: None,
         };
         let s = evaluate(
             &"kube1".parse().unwrap(),
@@ -1659,6 +1837,7 @@ mod tests {
                 machine: Some(facts),
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
+                helper: None,
             },
         );
         assert_eq!(s.state, State::InSync, "{s:#?}");
@@ -1742,12 +1921,14 @@ mod tests {
             gated: false,
             gate_released: false,
             driver_root_mismatch: None,
+            hook_binary: None,
         };
         let running = |containerd: &str, kubelet: &str| Observed {
             unit: Some(running_unit()),
             machine: Some(facts.clone()),
             services: Some(services(containerd, kubelet)),
             missing_gpus: Vec::new(),
+            helper: None,
         };
         assert_eq!(
             evaluate(&kube1, &mc, &inv, running("active", "active")).state,
@@ -1780,6 +1961,7 @@ mod tests {
             machine: None,
             services: None,
             missing_gpus: Vec::new(),
+            helper: None,
         };
         let s = evaluate(&kube1, &mc, &inv, stopped);
         assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
@@ -1805,6 +1987,7 @@ mod tests {
                 machine: None,
                 services: None,
                 missing_gpus: Vec::new(),
+                helper: None,
             },
         );
         assert_eq!(s.state, State::Broken, "{s:#?}");

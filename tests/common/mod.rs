@@ -115,6 +115,19 @@ pub fn installed_host(name: &str, machines: &[&str]) -> tempfile::TempDir {
         dir.path(),
     )
     .unwrap();
+    if !machines.is_empty() {
+        // The helper at its stable path, as install puts it (status checks it is a working
+        // binary).
+        use std::os::unix::fs::PermissionsExt as _;
+        let helper = dir.path().join(
+            nspawn_lifecycle::config::DEFAULT_HELPER_PATH
+                .strip_prefix('/')
+                .unwrap(),
+        );
+        std::fs::create_dir_all(helper.parent().unwrap()).unwrap();
+        std::fs::copy(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"), &helper).unwrap();
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     for m in machines {
         let p = dir.path().join(DROPIN.replace("{}", m));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
