@@ -504,13 +504,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// An empty file: the mount point of a file bind.
 fn mount_point(parent: &OwnedFd, name: &str) -> Result<()> {
-    let fd = nix::fcntl::openat(
-        parent,
-        name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(FILE_MODE),
-    )?;
-    fix_mode(&fd, FILE_MODE)
+    write_file(parent, name, &[])
 }
 
 /// The names in directory `fd` (without `.` and `..`).

@@ -1533,6 +1533,20 @@ mod tests {
         )
     }
 
+    /// A running machine with no NVIDIA state at all.
+    fn bare_facts() -> MachineFacts {
+        MachineFacts {
+            cdi_spec: SpecFacts::missing("/var/run/cdi/nvidia.com-gpu.json".into()),
+            driver_root_versions: Vec::new(),
+            link_versions: Vec::new(),
+            dangling_links: Vec::new(),
+            gated: false,
+            gate_released: false,
+            driver_root_mismatch: None,
+            hook_binary: None,
+        }
+    }
+
     fn checks(s: &Status) -> Vec<(State, &'static str)> {
         s.findings.iter().map(|f| (f.state, f.check)).collect()
     }
@@ -1551,38 +1565,22 @@ mod tests {
             std::fs::write(&bin, bytes).unwrap();
             std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(mode)).unwrap();
         };
-        set(&std::fs::read("/usr/bin/true").unwrap(), 0o755);
-        let good = helper_facts(&host, "/helper");
+        let problem_of = |bytes: &[u8], mode: u32| {
+            set(bytes, mode);
+            helper_facts(&host, "/helper")
+        };
+        let elf = std::fs::read("/usr/bin/true").unwrap();
+        let good = problem_of(&elf, 0o755);
         assert_eq!(good.problem, None);
-        set(b"garbage written over the helper", 0o755);
-        let garbage = helper_facts(&host, "/helper");
-        assert!(
-            garbage
-                .problem
-                .as_deref()
-                .unwrap()
-                .contains("is not a working binary"),
-            "{garbage:?}"
-        );
-        set(&std::fs::read("/usr/bin/true").unwrap(), 0o644);
-        let plain = helper_facts(&host, "/helper");
-        assert!(
-            plain
-                .problem
-                .as_deref()
-                .unwrap()
-                .contains("not an executable file"),
-            "{plain:?}"
-        );
-        let missing = helper_facts(&host, "/nope");
-        assert!(
-            missing
-                .problem
-                .as_deref()
-                .unwrap()
-                .contains("cannot be read"),
-            "{missing:?}"
-        );
+        let garbage = problem_of(b"garbage written over the helper", 0o755);
+        for (facts, says) in [
+            (&garbage, "is not a working binary"),
+            (&problem_of(&elf, 0o644), "not an executable file"),
+            (&helper_facts(&host, "/nope"), "cannot be read"),
+        ] {
+            let p = facts.problem.as_deref().unwrap_or_default();
+            assert!(p.contains(says), "{facts:?}");
+        }
 
         let mut found = Vec::new();
         let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
@@ -1590,14 +1588,8 @@ mod tests {
         judge_helper(&good, None, &mut add);
         assert_eq!(found, [(State::Broken, "helper")]);
         let mut m = MachineFacts {
-            cdi_spec: SpecFacts::missing("/x".into()),
-            driver_root_versions: Vec::new(),
-            link_versions: Vec::new(),
-            dangling_links: Vec::new(),
-            gated: false,
-            gate_released: false,
-            driver_root_mismatch: None,
             hook_binary: good.identity,
+            ..bare_facts()
         };
         let mut found = Vec::new();
         let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
@@ -1913,16 +1905,7 @@ mod tests {
         let mc = plain_mc();
         let inv = empty_inventory();
         let kube1: MachineName = "kube1".parse().unwrap();
-        let facts = MachineFacts {
-            cdi_spec: SpecFacts::missing("/var/run/cdi/nvidia.com-gpu.json".into()),
-            driver_root_versions: Vec::new(),
-            link_versions: Vec::new(),
-            dangling_links: Vec::new(),
-            gated: false,
-            gate_released: false,
-            driver_root_mismatch: None,
-            hook_binary: None,
-        };
+        let facts = bare_facts();
         let running = |containerd: &str, kubelet: &str| Observed {
             unit: Some(running_unit()),
             machine: Some(facts.clone()),

@@ -413,16 +413,7 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
         return Ok(info);
     };
     let refs = dynamic_refs(r, &ehdr, dynamic)?;
-    if let (Some(strtab), Some(off)) = (refs.strtab, refs.soname) {
-        info.soname = Some(read_dyn_name(
-            r,
-            &segs.loads,
-            strtab,
-            refs.strsz,
-            off,
-            "DT_SONAME",
-        )?);
-    }
+    info.soname = dyn_soname(r, &segs, &refs)?;
     Ok(info)
 }
 
@@ -470,19 +461,10 @@ pub fn elf_deps<R: ReadAt + ?Sized>(r: &R) -> Result<ElfDeps> {
             refs.needed.len()
         )));
     }
+    deps.info.soname = dyn_soname(r, &segs, &refs)?;
     let Some(strtab) = refs.strtab else {
         return Ok(deps);
     };
-    if let Some(off) = refs.soname {
-        deps.info.soname = Some(read_dyn_name(
-            r,
-            &segs.loads,
-            strtab,
-            refs.strsz,
-            off,
-            "DT_SONAME",
-        )?);
-    }
     for off in refs.needed {
         deps.needed.push(read_dyn_name(
             r,
@@ -667,6 +649,20 @@ fn dynamic_refs<R: ReadAt + ?Sized>(r: &R, e: &Ehdr, dynamic: &Phdr) -> Result<D
         }
     }
     Ok(refs)
+}
+
+/// `DT_SONAME`, when the dynamic segment names one and a string table.
+fn dyn_soname<R: ReadAt + ?Sized>(
+    r: &R,
+    segs: &Segments,
+    refs: &DynRefs,
+) -> Result<Option<String>> {
+    match (refs.strtab, refs.soname) {
+        (Some(strtab), Some(off)) => {
+            read_dyn_name(r, &segs.loads, strtab, refs.strsz, off, "DT_SONAME").map(Some)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// One name of the dynamic string table (`what`: the tag naming it): `DT_STRTAB` mapped to a
