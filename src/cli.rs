@@ -79,13 +79,16 @@ pub enum Command {
         /// 0 when it is up to date, as `git diff --exit-code` does for scripts.
         #[arg(long)]
         exit_code: bool,
+        /// Print one JSON object (kind MachinePlan: the file, the diff, the driver root).
+        #[arg(long)]
+        json: bool,
     },
 
     /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the
     /// running machine (CDI spec, driver root, links, unit gate, containerd and kubelet) and the
     /// last post-start. Writes nothing. Exit 0 in sync, 5 drift (`reconcile` fixes it), 6 broken,
-    /// 7 not running, 8 nothing installed (`--all`); a one-line summary, or `--json` (schema 1,
-    /// an object with `error` when it cannot judge).
+    /// 7 not running, 8 nothing installed (`--all`); a one-line summary, or `--json` (one
+    /// object, kind MachineStatus, MachineStatusList or, when it cannot judge, StatusError).
     Status {
         /// The machine; or `--all`.
         #[arg(required_unless_present = "all")]

@@ -125,23 +125,53 @@ fn plan_text(r: &Rendered) -> String {
     }
     let new = r.text();
     let _ = write!(out, "# {shown} as pre-start would write it:\n{new}\n");
-    match &r.old {
-        Some(old) if *old == new => out.push_str(&format!("# {shown} is up to date.\n")),
-        old => {
-            let old_text = old.as_deref().unwrap_or("");
-            let from = if old.is_some() {
-                format!("{shown} (on disk)")
-            } else {
-                format!("{shown} (missing)")
-            };
-            let diff = similar::TextDiff::from_lines(old_text, &new);
-            let _ = write!(
-                out,
-                "{}",
-                diff.unified_diff()
-                    .header(&from, &format!("{shown} (pre-start)"))
-            );
-        }
+    match r.diff() {
+        None => out.push_str(&format!("# {shown} is up to date.\n")),
+        Some(diff) => out.push_str(&diff),
     }
     out
+}
+
+impl Rendered {
+    /// The unified diff from the file on disk (or nothing, when missing) to what pre-start
+    /// writes; `None` when they are the same.
+    pub fn diff(&self) -> Option<String> {
+        let new = self.text();
+        if self.old.as_deref() == Some(new.as_str()) {
+            return None;
+        }
+        let shown = self.host_path.display();
+        let from = if self.old.is_some() {
+            format!("{shown} (on disk)")
+        } else {
+            format!("{shown} (missing)")
+        };
+        let old_text = self.old.as_deref().unwrap_or("");
+        let diff = similar::TextDiff::from_lines(old_text, &new);
+        Some(
+            diff.unified_diff()
+                .header(&from, &format!("{shown} (pre-start)"))
+                .to_string(),
+        )
+    }
+
+    /// `plan --json`: what pre-start would do, as one object (kind `MachinePlan`).
+    pub fn to_json(&self, machine: &MachineName) -> serde_json::Value {
+        let driver = self.assignment.view.complete_driver();
+        serde_json::json!({
+            "apiVersion": crate::discovery::API_VERSION,
+            "kind": "MachinePlan",
+            "machine": machine.as_str(),
+            "path": self.host_path.display().to_string(),
+            "upToDate": self.diff().is_none(),
+            "nspawn": self.text(),
+            "diff": self.diff(),
+            "gpus": self.assignment.summary(),
+            "driverRoot": self.tree.as_ref().map(|plan| serde_json::json!({
+                "path": crate::layout::DRIVER_ROOT,
+                "entries": plan.tree.len(),
+                "cRuntime": driver.map(|d| d.runtime.clone()).unwrap_or_default(),
+            })),
+        })
+    }
 }

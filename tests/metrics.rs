@@ -148,7 +148,8 @@ fn privileged_every_state_is_valid_exposition_naming_the_state() {
 #[test]
 fn not_running_and_a_failed_post_start_are_valid_exposition() {
     let status = |machine: &str, state: State, unit: Option<UnitFacts>| Status {
-        schema: 1,
+        api_version: "nspawn-lifecycle/v1",
+        kind: "MachineStatus",
         machine: machine.into(),
         state,
         exit_code: state.exit_code(),

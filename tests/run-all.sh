@@ -27,6 +27,8 @@ for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap g
     /usr/bin/time:time prlimit:util-linux; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
+# tests/json_schema.rs validates every JSON output with Python's jsonschema.
+python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

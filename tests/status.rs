@@ -77,7 +77,7 @@ fn privileged_status_exit_codes_and_nothing_written() {
     let out = status(gpus.path(), m.path(), &["kube1", "--json"]);
     assert_eq!(out.status.code(), Some(6), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["schema"], 1);
+    assert_eq!(v["apiVersion"], "nspawn-lifecycle/v1");
     assert_eq!(v["state"], "broken");
     assert_eq!(v["exitCode"], 6);
     assert_eq!(v["machineState"]["cdiSpec"]["state"], "invalid");
@@ -102,7 +102,7 @@ fn privileged_status_all_and_bad_input() {
     assert!(text.contains("\nkube2: drift: "), "{text}");
     let out = status(gpus.path(), m.path(), &["--all", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["schema"], 1);
+    assert_eq!(v["apiVersion"], "nspawn-lifecycle/v1");
     assert_eq!(v["exitCode"], 5);
     assert_eq!(v["machines"].as_array().unwrap().len(), 2);
     assert_eq!(v["machines"][1]["machine"], "kube2");
@@ -121,8 +121,13 @@ fn privileged_status_all_and_bad_input() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        (&v["schema"], &v["machine"], &v["state"], &v["exitCode"]),
-        (&1.into(), &"kube9".into(), &"unknown".into(), &2.into()),
+        (&v["kind"], &v["machine"], &v["state"], &v["exitCode"]),
+        (
+            &"StatusError".into(),
+            &"kube9".into(),
+            &"unknown".into(),
+            &2.into()
+        ),
         "{v}"
     );
     assert!(

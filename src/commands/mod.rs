@@ -62,9 +62,13 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             let complete = discover::discover(&ctx, *json)?;
             Ok(if *exit_code && !complete { 3 } else { 0 })
         }
-        Command::Plan { machine, exit_code } => {
+        Command::Plan {
+            machine,
+            exit_code,
+            json,
+        } => {
             let ctx = Ctx::load(&cli)?;
-            let current = plan::plan(&ctx, machine)?;
+            let current = plan::plan(&ctx, machine, *json)?;
             Ok(if *exit_code && !current { 9 } else { 0 })
         }
         _ => run(cli).map(|()| 0),
@@ -148,7 +152,7 @@ pub fn run(cli: Cli) -> Result<()> {
             reconcile::reconcile(&ctx, &machine)
         }
         Command::Discover { json, .. } => discover::discover(&ctx, json).map(drop),
-        Command::Plan { machine, .. } => plan::plan(&ctx, &machine).map(drop),
+        Command::Plan { machine, json, .. } => plan::plan(&ctx, &machine, json).map(drop),
         Command::Host(HostCommand::PostStart) => post_start::host_post_start(&ctx),
         Command::Host(HostCommand::Plan) => post_start::host_plan(&ctx),
         command @ (Command::Install { .. } | Command::Uninstall { .. }) => {

@@ -33,8 +33,12 @@ use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Version of the `status --json` object; bumped on any incompatible change.
-pub const SCHEMA: u32 = 1;
+/// `status --json`'s objects carry the one versioning convention of every JSON output:
+/// `apiVersion` ([`crate::discovery::API_VERSION`], bumped on any incompatible change) and
+/// `kind`, each kind described by a JSON Schema in `assets/json-schema/`.
+pub use crate::discovery::API_VERSION;
+/// `kind` of one machine's status.
+pub const KIND: &str = "MachineStatus";
 /// Largest CDI spec read.
 const MAX_SPEC_BYTES: usize = 16 << 20;
 /// Most entries read from the driver root.
@@ -217,11 +221,12 @@ pub struct PostStartRun {
     pub exited_usec: u64,
 }
 
-/// The whole answer for one machine (`status --json`, schema [`SCHEMA`]).
+/// The whole answer for one machine (`status --json`, kind [`KIND`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
-    pub schema: u32,
+    pub api_version: &'static str,
+    pub kind: &'static str,
     pub machine: String,
     pub state: State,
     pub exit_code: u8,
@@ -245,7 +250,8 @@ pub struct Status {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AllStatus {
-    pub schema: u32,
+    pub api_version: &'static str,
+    pub kind: &'static str,
     pub state: State,
     pub exit_code: u8,
     pub machines: Vec<Status>,
@@ -537,7 +543,8 @@ pub fn evaluate(
     };
     let running = observed.machine.is_some();
     Status {
-        schema: SCHEMA,
+        api_version: API_VERSION,
+        kind: KIND,
         machine: machine.to_string(),
         state,
         exit_code: state.exit_code(),
@@ -1218,7 +1225,8 @@ pub fn status(
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Unjudged {
-    schema: u32,
+    api_version: &'static str,
+    kind: &'static str,
     machine: Option<String>,
     state: &'static str,
     exit_code: u8,
@@ -1228,7 +1236,8 @@ struct Unjudged {
 /// Print `status --json`'s object for an error `e` (see [`Unjudged`]) and return `e`.
 pub fn print_unjudged(machine: Option<&MachineName>, e: anyhow::Error) -> anyhow::Error {
     let printed = print_json(&Unjudged {
-        schema: SCHEMA,
+        api_version: API_VERSION,
+        kind: "StatusError",
         machine: machine.map(ToString::to_string),
         state: "unknown",
         exit_code: crate::error::exit_code(&e),
@@ -1322,7 +1331,8 @@ fn print_status(out: Vec<Status>, state: State, all: bool, json: bool) -> Result
         drop(stdout);
         if all {
             print_json(&AllStatus {
-                schema: SCHEMA,
+                api_version: API_VERSION,
+                kind: "MachineStatusList",
                 state,
                 exit_code: state.exit_code(),
                 machines: out,
@@ -2027,7 +2037,8 @@ mod tests {
             Observed::default(),
         );
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
-        assert_eq!(v["schema"], 1);
+        assert_eq!(v["apiVersion"], "nspawn-lifecycle/v1");
+        assert_eq!(v["kind"], "MachineStatus");
         assert_eq!(v["state"], "not-running");
         assert_eq!(v["exitCode"], 7);
         for key in [

@@ -24,7 +24,8 @@ v = json.load(sys.stdin)
 bad = []
 def want(k, got, exp):
     if got != exp: bad.append("%s=%r (want %r)" % (k, got, exp))
-want("schema", v.get("schema"), 1)
+want("apiVersion", v.get("apiVersion"), "nspawn-lifecycle/v1")
+want("kind", v.get("kind"), "MachineStatus")
 want("state", v.get("state"), "in-sync")
 want("exitCode", v.get("exitCode"), 0)
 want("running", v.get("running"), True)
@@ -64,9 +65,9 @@ info "status --all: exit $rc: $out"
 assert_eq "$(c all-exit-5)" 5 "$rc"
 assert_match "$(c all-lists-kube1)" "^kube1: drift: " "$out"
 json=$(H timeout 60 "$HP" status --all --json 2>/dev/null)
-assert_eq "$(c all-json)" "1 5 drift" "$(printf '%s' "$json" | python3 -c '
+assert_eq "$(c all-json)" "MachineStatusList 5 drift" "$(printf '%s' "$json" | python3 -c '
 import json, sys; v = json.load(sys.stdin)
-print(v["schema"], v["exitCode"], [m for m in v["machines"] if m["machine"] == "kube1"][0]["state"])' 2>&1)"
+print(v["kind"], v["exitCode"], [m for m in v["machines"] if m["machine"] == "kube1"][0]["state"])' 2>&1)"
 # never writes: the host's files and lock directory, the machine's spec, driver root and links,
 # and no unit (re)started
 assert_eq "$(c host-unchanged)" "$before" "$(snapshot "${host_files[@]}"; H find /run/nspawn-lifecycle -printf '%p %y %T@\n' 2>&1)"

@@ -1,0 +1,211 @@
+//! Every JSON output against its JSON Schema in `assets/json-schema/` (one per `kind`), as a
+//! consumer would validate it: `discover --json` on every example host and the pinned real-driver
+//! goldens, `plan --json`, and `status --json` in each of its shapes (one machine, `--all`,
+//! nothing installed, and the error object when it cannot judge). The validator is Python's
+//! `jsonschema` (Debian's python3-jsonschema, installed by tests/run-all.sh); without it the test
+//! FAILS, naming the package. A mutated document must be rejected, so the check cannot pass
+//! vacuously.
+//!
+//! Privileged (the example hosts hold device nodes made with mknod).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+use common::{installed_host, machine_tree, run_helper};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn schema_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/json-schema")
+}
+
+/// Validates each `SCHEMA=FILE` argument; prints one line per invalid document, exits 1 if any.
+const VALIDATE: &str = r#"
+import json, os, sys
+try:
+    import jsonschema
+except ImportError:
+    print("python3 has no jsonschema module: install Debian's python3-jsonschema"); sys.exit(2)
+bad = 0
+for arg in sys.argv[2:]:
+    name, path = arg.split("=", 1)
+    schema = json.load(open(os.path.join(sys.argv[1], name)))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    doc = json.load(open(path))
+    for e in sorted(cls(schema).iter_errors(doc), key=str)[:5]:
+        bad += 1
+        print("%s: %s at %s: %s" % (name, os.path.basename(path), "/".join(map(str, e.absolute_path)), e.message[:300]))
+sys.exit(1 if bad else 0)
+"#;
+
+/// Collects documents, then validates them all in one run of the validator.
+struct Docs {
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl Docs {
+    fn new() -> Docs {
+        Docs {
+            dir: tempfile::tempdir().unwrap(),
+            args: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, schema: &str, what: &str, json: &[u8]) {
+        let v: serde_json::Value = serde_json::from_slice(json).unwrap_or_else(|e| {
+            panic!("{what}: not JSON ({e}): {}", String::from_utf8_lossy(json))
+        });
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}-{what}.json", self.args.len()));
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        self.args.push(format!("{schema}={}", path.display()));
+    }
+
+    /// The validator's verdict: `Ok` when every document is valid, else its lines.
+    fn check(&self) -> Result<(), String> {
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(VALIDATE)
+            .arg(schema_dir())
+            .args(&self.args)
+            .output()
+            .expect("python3 runs the JSON Schema validator");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_ne!(out.status.code(), Some(2), "{said}");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    }
+}
+
+fn stdout_of(host: &Path, args: &[&str], want: i32) -> Vec<u8> {
+    let out = run_helper(host, args);
+    assert_eq!(
+        out.status.code(),
+        Some(want),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn privileged_every_json_output_matches_its_schema() {
+    let mut docs = Docs::new();
+    for (name, _) in nspawn_lifecycle::fixture::EXAMPLES {
+        let host = installed_host(name, &[]);
+        docs.add(
+            "host-discovery.schema.json",
+            &format!("discover-{name}"),
+            &stdout_of(host.path(), &["discover", "--json"], 0),
+        );
+    }
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    for e in std::fs::read_dir(&golden).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".discover.json") {
+            docs.add(
+                "host-discovery.schema.json",
+                &name,
+                &std::fs::read(&p).unwrap(),
+            );
+        }
+    }
+    for name in ["two-gpus", "cpu-only"] {
+        let host = installed_host(name, &[]);
+        std::fs::create_dir_all(host.path().join("var/lib/machines/kube1")).unwrap();
+        let plan = |docs: &mut Docs, what: &str, code| {
+            let out = stdout_of(
+                host.path(),
+                &["plan", "kube1", "--json", "--exit-code"],
+                code,
+            );
+            docs.add(
+                "machine-plan.schema.json",
+                &format!("plan-{name}-{what}"),
+                &out,
+            );
+        };
+        plan(&mut docs, "missing", 9);
+        stdout_of(host.path(), &["nspawn-lifecycle", "pre-start", "kube1"], 0);
+        plan(&mut docs, "up-to-date", 0);
+    }
+    let gpus = installed_host("two-gpus", &["kube1", "kube2"]);
+    let m = machine_tree();
+    let mr = m.path().to_str().unwrap();
+    docs.add(
+        "machine-status.schema.json",
+        "status-kube1",
+        &stdout_of(
+            gpus.path(),
+            &["status", "kube1", "--json", "--machine-root", mr],
+            5,
+        ),
+    );
+    docs.add(
+        "machine-status-list.schema.json",
+        "status-all",
+        &stdout_of(
+            gpus.path(),
+            &["status", "--all", "--json", "--machine-root", mr],
+            5,
+        ),
+    );
+    docs.add(
+        "status-error.schema.json",
+        "status-not-installed",
+        &stdout_of(gpus.path(), &["status", "kube9", "--json"], 2),
+    );
+    let none = installed_host("two-gpus", &[]);
+    docs.add(
+        "machine-status-list.schema.json",
+        "status-nothing-installed",
+        &stdout_of(none.path(), &["status", "--all", "--json"], 8),
+    );
+    docs.check().unwrap();
+
+    // The schemas bite: a wrong kind, an unknown field, a missing field are each refused.
+    let status = stdout_of(
+        gpus.path(),
+        &["status", "kube1", "--json", "--machine-root", mr],
+        5,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    for (what, edit) in [
+        (
+            "kind",
+            &(|v: &mut serde_json::Value| v["kind"] = "HostDiscovery".into())
+                as &dyn Fn(&mut serde_json::Value),
+        ),
+        ("extra", &|v: &mut serde_json::Value| {
+            v["surprise"] = 1.into()
+        }),
+        ("missing", &|v: &mut serde_json::Value| {
+            v.as_object_mut().unwrap().remove("findings");
+        }),
+    ] {
+        let mut bad = v.clone();
+        edit(&mut bad);
+        let mut docs = Docs::new();
+        docs.add(
+            "machine-status.schema.json",
+            what,
+            &serde_json::to_vec(&bad).unwrap(),
+        );
+        assert!(
+            docs.check().is_err(),
+            "a status with its {what} edited passed"
+        );
+    }
+}
