@@ -92,6 +92,68 @@ fn bash_completion_loads_and_completes_the_hooks() {
     );
 }
 
+/// Completions offer no hidden command (the hooks' plumbing, packaging), and where a command
+/// takes MACHINE, the installed machines (drop-ins under `--host-root` when the line gives one).
+#[test]
+fn completions_hide_plumbing_and_offer_installed_machines() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nspawn-lifecycle-helper.bash");
+    std::fs::write(&script, stdout_of(&["completions", "bash"])).unwrap();
+    let top = bash_complete(&script, &[NAME, ""]);
+    for hidden in ["cdi-hook", "manpages", "failpoints", "rewire-root"] {
+        assert!(
+            !top.iter().any(|w| w == hidden),
+            "{hidden} offered: {top:?}"
+        );
+    }
+    assert!(top.iter().any(|w| w == "status"), "{top:?}");
+    let host = tempfile::tempdir().unwrap();
+    for m in ["kube1", "gpu2"] {
+        let d = host
+            .path()
+            .join(format!("etc/systemd/system/systemd-nspawn@{m}.service.d"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("50-nspawn-lifecycle.conf"), "").unwrap();
+    }
+    let other = host
+        .path()
+        .join("etc/systemd/system/systemd-nspawn@other.service.d");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("10-local.conf"), "").unwrap();
+    let root = host.path().to_str().unwrap();
+    let machines = |words: &[&str]| {
+        let mut line = vec![NAME, "--host-root", root];
+        line.extend_from_slice(words);
+        let mut got: Vec<String> = bash_complete(&script, &line)
+            .into_iter()
+            .filter(|w| !w.starts_with('-'))
+            .collect();
+        got.sort();
+        got
+    };
+    assert_eq!(machines(&["status", "k"]), ["kube1"]);
+    assert_eq!(machines(&["plan", ""]), ["gpu2", "kube1"]);
+    assert_eq!(
+        machines(&["nspawn-lifecycle", "pre-start", ""]),
+        ["gpu2", "kube1"]
+    );
+    assert_eq!(machines(&["plan", "kube1", ""]), Vec::<String>::new());
+    assert_eq!(machines(&["discover", ""]), Vec::<String>::new());
+    let zsh = stdout_of(&["completions", "zsh"]);
+    let fish = stdout_of(&["completions", "fish"]);
+    for (shell, text) in [("zsh", &zsh), ("fish", &fish)] {
+        assert!(
+            !text.contains("cdi-hook") && !text.contains("manpages"),
+            "{shell}"
+        );
+        assert!(
+            text.contains("50-nspawn-lifecycle.conf"),
+            "{shell} lists no machines"
+        );
+    }
+    assert!(!zsh.contains("':machine -- The machine\\: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE:_default'"), "{zsh}");
+}
+
 #[test]
 fn zsh_and_fish_completions_name_the_hooks() {
     let zsh = stdout_of(&["completions", "zsh"]);
