@@ -64,6 +64,39 @@ pub fn bad_input(message: impl Into<String>) -> anyhow::Error {
     classified(Kind::BadInput, message)
 }
 
+/// Every exit code the binary documents (the man page's EXIT STATUS is rendered from this; the
+/// README's table says the same, checked by a test).
+pub const EXIT_CODES: &[(u8, &str)] = &[
+    (0, "Success; for status, the machine is in sync."),
+    (
+        1,
+        "Any other failure; the message names the file, unit or device.",
+    ),
+    (
+        2,
+        "Bad usage or input: machine name, configuration file, command line, NSPAWN_LIFECYCLE_LOG, no machine image, a rootfs shifted off UID 0, a machine not installed or uninstalled, a command that needs root run by another user. Nothing was written.",
+    ),
+    (
+        3,
+        "NVIDIA state incomplete: pre-start refuses the start and systemd retries it (also discover --exit-code).",
+    ),
+    (
+        4,
+        "The machine's (or host mode's) lock was not taken in time, or SIGTERM or SIGINT came while waiting.",
+    ),
+    (
+        5,
+        "status: drift, the host changed since the machine's last start; reconcile fixes it.",
+    ),
+    (6, "status: broken, something needs a person."),
+    (7, "status: the machine is not running."),
+    (8, "status --all: no machine is installed."),
+    (
+        9,
+        "plan --exit-code: pre-start would change the machine's .nspawn file.",
+    ),
+];
+
 /// The exit code for an error: the first [`Classified`] in its chain, else 1.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     err.chain()

@@ -176,6 +176,47 @@ fn zsh_and_fish_completions_name_the_hooks() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
 }
 
+/// A page rendered as an operator reads it (`man -l`, 100 columns), dashes plain.
+fn man_text(page: &Path) -> String {
+    let out = Command::new("man")
+        .arg("-l")
+        .arg(page)
+        .env("MANWIDTH", "100")
+        .env("MANPAGER", "cat")
+        .env("PAGER", "cat")
+        .output()
+        .expect("man (man-db) renders the pages; tests/run-all.sh installs it");
+    assert!(
+        out.status.success(),
+        "man -l: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).replace(['\u{2010}', '\u{2212}'], "-")
+}
+
+/// The README's exit code table lists exactly the codes the man page documents.
+#[test]
+fn the_readme_lists_every_exit_code() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let table = readme
+        .split("## Exit codes")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let listed: Vec<u8> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok())
+        .collect();
+    let documented: Vec<u8> = nspawn_lifecycle::error::EXIT_CODES
+        .iter()
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(listed, documented);
+}
+
 /// The visible subcommands of the top-level page, as `--help` lists them.
 const SUBCOMMANDS: [&str; 8] = [
     "nspawn-lifecycle",
@@ -208,41 +249,63 @@ fn man_pages_are_written_and_render() {
     ] {
         assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
     }
-    // Only the pages: no temporary file left beside them.
+    // Only the pages: no temporary file left beside them; the configuration's in section 5.
     assert!(
         names
             .iter()
-            .all(|n| n.ends_with(".1") && !n.starts_with('.')),
+            .all(|n| (n.ends_with(".1") || n == "nspawn-lifecycle.json.5") && !n.starts_with('.')),
         "{names:?}"
     );
-    let main = dir.path().join("nspawn-lifecycle-helper.1");
-    let roff = std::fs::read_to_string(&main).unwrap();
     assert!(
-        roff.starts_with(".ie \\n(.g .ds Aq") || roff.contains(".TH "),
-        "{roff}"
+        names.iter().any(|n| n == "nspawn-lifecycle.json.5"),
+        "{names:?}"
     );
-    // Rendered as an operator reads it, when man is installed; the roff text otherwise.
-    let text = match Command::new("man")
-        .arg("-l")
-        .arg(&main)
-        .env("MANWIDTH", "100")
-        .env("MANPAGER", "cat")
-        .env("PAGER", "cat")
-        .output()
+    // Every page renders without a warning from man (what lintian's check runs), at man's width
+    // without a terminal.
+    for n in &names {
+        let out = Command::new("man")
+            .args(["--warnings", "-E", "UTF-8", "-l"])
+            .arg(dir.path().join(n))
+            .env("MANWIDTH", "80")
+            .env("MANPAGER", "cat")
+            .output()
+            .expect("man (man-db) renders the pages; tests/run-all.sh installs it");
+        assert!(out.status.success(), "man -l {n}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "",
+            "man --warnings on {n}"
+        );
+    }
+    let config = man_text(&dir.path().join("nspawn-lifecycle.json.5"));
+    for (key, _, _, _) in nspawn_lifecycle::config::SETTINGS
+        .iter()
+        .map(|d| (d.key, d.kind, d.default, d.meaning))
     {
-        Ok(out) => {
-            assert!(
-                out.status.success(),
-                "man -l: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout)
-                .replace("\u{2010}", "-")
-                .replace("\u{2212}", "-")
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => roff.replace("\\-", "-"),
-        Err(e) => panic!("running man: {e}"),
-    };
+        assert!(
+            config.contains(key),
+            "{key} missing from nspawn-lifecycle.json(5)"
+        );
+    }
+    let text = man_text(&dir.path().join("nspawn-lifecycle-helper.1"));
+    for section in [
+        "EXIT STATUS",
+        "ENVIRONMENT",
+        "FILES",
+        "EXAMPLES",
+        "SEE ALSO",
+    ] {
+        assert!(
+            text.contains(&format!("\n{section}\n")),
+            "no {section}:\n{text}"
+        );
+    }
+    for (code, _) in nspawn_lifecycle::error::EXIT_CODES {
+        assert!(
+            text.contains(&format!("\n       {code}  ")),
+            "exit code {code}:\n{text}"
+        );
+    }
     for sub in SUBCOMMANDS {
         assert!(text.contains(sub), "{sub} missing from the page:\n{text}");
     }

@@ -152,19 +152,177 @@ pub fn pages() -> Result<Vec<(String, Vec<u8>)>> {
     cmd.build();
     let mut pages = Vec::new();
     collect(cmd, &mut pages)?;
+    pages.push((
+        CONFIG_PAGE.to_owned(),
+        breakable_paths(&config_page()).into_bytes(),
+    ));
     Ok(pages)
+}
+
+/// The configuration file's page (section 5).
+const CONFIG_PAGE: &str = "nspawn-lifecycle.json.5";
+
+/// `s` as roff text: backslashes and hyphens escaped, a leading `.` or `'` made literal.
+fn roff(s: &str) -> String {
+    let t = s.replace('\\', "\\e").replace('-', "\\-");
+    if t.starts_with('.') || t.starts_with('\'') {
+        format!("\\&{t}")
+    } else {
+        t
+    }
+}
+
+/// A `.TP` item: `tag` in bold, `text` below it.
+fn item(tag: &str, text: &str) -> String {
+    format!(".TP\n\\fB{}\\fR\n{}\n", roff(tag), roff(text))
+}
+
+/// The sections the top page adds to what clap_mangen renders from the command line.
+fn top_page_sections() -> String {
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    for (code, meaning) in crate::error::EXIT_CODES {
+        out.push_str(&item(&code.to_string(), meaning));
+    }
+    out.push_str(".SH ENVIRONMENT\n");
+    out.push_str(&item(
+        "NSPAWN_LIFECYCLE_LOG",
+        "Log filter (tracing's syntax: error, warn, info, debug, trace, per module too); overrides -v and -q. An invalid filter is exit 2. The cdi-hook commands read no environment at all.",
+    ));
+    out.push_str(&item("NO_COLOR", "Set: no colour in log lines."));
+    out.push_str(".SH FILES\n");
+    for (path, what) in [
+        (
+            crate::config::DEFAULT_PATH,
+            "The optional configuration, see nspawn-lifecycle.json(5).",
+        ),
+        (
+            crate::config::DEFAULT_HELPER_PATH,
+            "The helper the units run (install puts it there; the configuration's helperPath moves it).",
+        ),
+        (
+            "/etc/systemd/system/systemd-nspawn@MACHINE.service.d/",
+            "50-nspawn-lifecycle.conf there is the drop-in install writes: the hooks, the restart policy, the device cgroup.",
+        ),
+        (
+            "/etc/systemd/nspawn/MACHINE.nspawn",
+            "The machine's settings, rendered by pre-start at every start.",
+        ),
+        (
+            crate::layout::TREE_HOST_DIR,
+            "Each machine's driver tree, bound read-only at /run/nvidia/driver in the machine.",
+        ),
+        (
+            "/run/nspawn-lifecycle/",
+            "Locks and the unit gate's markers.",
+        ),
+        (
+            "/var/run/cdi/nvidia.com-gpu.json",
+            "In the machine: the CDI spec post-start writes.",
+        ),
+    ] {
+        out.push_str(&item(path, what));
+    }
+    out.push_str(".SH EXAMPLES\n");
+    for (cmd, what) in [
+        (
+            "nspawn-lifecycle-helper install kube1",
+            "Wire the machine kube1's unit; the next start runs the hooks.",
+        ),
+        (
+            "nspawn-lifecycle-helper plan kube1 --exit-code",
+            "Show what pre-start would write; exit 9 if it would change the file.",
+        ),
+        (
+            "nspawn-lifecycle-helper status --all --json",
+            "Judge every installed machine, one JSON object.",
+        ),
+        (
+            "nspawn-lifecycle-helper reconcile kube1",
+            "Restart the machine so both hooks run again.",
+        ),
+        (
+            "nspawn-lifecycle-helper demo",
+            "Show the main job on an example host, no GPU needed.",
+        ),
+    ] {
+        out.push_str(&item(cmd, what));
+    }
+    out.push_str(".SH \"SEE ALSO\"\n");
+    out.push_str("\\fBnspawn\\-lifecycle.json\\fR(5), \\fBsystemd\\-nspawn\\fR(1), \\fBsystemd.nspawn\\fR(5), \\fBsystemctl\\fR(1)\n");
+    out
+}
+
+/// `nspawn-lifecycle.json(5)`: every key of the configuration file, from [`crate::config::SETTINGS`].
+fn config_page() -> String {
+    let mut out = format!(
+        ".TH NSPAWN\\-LIFECYCLE.JSON 5 \"\" \"nspawn\\-lifecycle\\-helper {}\" \"File Formats\"\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    out.push_str(
+        ".SH NAME\nnspawn\\-lifecycle.json \\- configuration of nspawn\\-lifecycle\\-helper\n",
+    );
+    out.push_str(&format!(
+        ".SH SYNOPSIS\n{}\n",
+        roff(crate::config::DEFAULT_PATH)
+    ));
+    out.push_str(".SH DESCRIPTION\n");
+    out.push_str(&roff("Optional: without the file every machine gets the defaults below. A JSON object; --config FILE reads another file, which must then exist. Top-level keys: helperPath (absolute path of the helper the units run, default "));
+    out.push_str(&roff(crate::config::DEFAULT_HELPER_PATH));
+    out.push_str(&roff("), defaults (settings for every machine), machines (an object of machine name to settings, over the defaults) and host (host mode's settings alone)."));
+    out.push_str("\n.SH SETTINGS\n");
+    for d in crate::config::SETTINGS {
+        out.push_str(&item(
+            d.key,
+            &format!("{} (default {}). {}", d.kind, d.default, d.meaning),
+        ));
+    }
+    out.push_str(".SH REFUSED\n");
+    out.push_str(&roff("Each of these is exit 2, naming the file and the key, and nothing is written: a file that is not a JSON object, or a value that is not an object where keys belong (an array is never read by position); an unknown key; a wrong type; a relative path; a mount source missing on the host or a target that could leave the machine; a unit or capability name that is not one; two machines whose gpus lists name one GPU; a machine-only key (directory, mounts, dropCapabilities, gpus, require, bootTimeoutSeconds, containerdAtBoot) under host; a configuration path that is a dangling link, a directory or unreadable (only a file that does not exist means defaults)."));
+    out.push_str("\n.SH EXAMPLE\n.nf\n");
+    out.push_str(&roff(r#"{"defaults": {"jobTimeoutSeconds": 120}, "machines": {"kube1": {"gpus": ["GPU-0d1c5e2a-7b41-4c6f-9e83-5a2f1b7c9d01"], "require": true}}}"#));
+    out.push_str("\n.fi\n.SH \"SEE ALSO\"\n\\fBnspawn\\-lifecycle\\-helper\\fR(1)\n");
+    out
 }
 
 fn collect(cmd: clap::Command, pages: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         collect(sub.clone(), pages)?;
     }
+    let top = cmd.get_bin_name().is_none_or(|b| !b.contains(' '));
     let man = clap_mangen::Man::new(cmd);
     let mut roff = Vec::new();
-    man.render(&mut roff)
-        .with_context(|| format!("rendering {}", man.get_filename()))?;
-    pages.push((man.get_filename(), roff));
+    let rendered = if top {
+        // The top page: clap_mangen's sections, then ours, then the version.
+        man.render_title(&mut roff)
+            .and_then(|()| man.render_name_section(&mut roff))
+            .and_then(|()| man.render_synopsis_section(&mut roff))
+            .and_then(|()| man.render_description_section(&mut roff))
+            .and_then(|()| man.render_options_section(&mut roff))
+            .and_then(|()| man.render_subcommands_section(&mut roff))
+            .and_then(|()| roff.write_all(top_page_sections().as_bytes()))
+            .and_then(|()| man.render_version_section(&mut roff))
+    } else {
+        man.render(&mut roff)
+    };
+    rendered.with_context(|| format!("rendering {}", man.get_filename()))?;
+    let text = String::from_utf8(roff).context("the rendered page")?;
+    pages.push((man.get_filename(), breakable_paths(&text).into_bytes()));
     Ok(())
+}
+
+/// `page` with a break point (`\:`, invisible) after each `/` and `_` of its text lines, so long
+/// paths and metric names can wrap instead of overrunning the line (`man --warnings`).
+fn breakable_paths(page: &str) -> String {
+    let mut out = String::new();
+    for l in page.lines() {
+        if l.starts_with('.') || l.starts_with('\'') {
+            out.push_str(l);
+        } else {
+            out.push_str(&l.replace('/', "/\\:").replace('_', "_\\:"));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Write every man page into `dir` (which must exist), each replaced atomically. Returns the
