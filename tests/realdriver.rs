@@ -5,7 +5,7 @@
 //! and Debian's packages with their alternatives links (`deb`). On each, the file list of our
 //! `discover --json` is compared with what `nvidia-ctk cdi generate --mode=management` mounts
 //! (libraries, binaries, firmware, IPC sockets); every intended difference is named here and in
-//! the README's table. The `.nspawn` file and the CDI spec of each host are pinned by golden files.
+//! the table in tests/README.md. The `.nspawn` file and the CDI spec of each host are pinned by golden files.
 //!
 //! Privileged (mknod) and needs the cached packages (fetch.sh downloads them once) and
 //! `../shared/tools/nvidia-container-toolkit/nvidia-ctk` (or `$NVIDIA_CTK`): missing any of them
@@ -225,7 +225,7 @@ fn diff(kind: &str, side: &str, name: &str) -> (String, String, String) {
     (kind.to_owned(), side.to_owned(), name.to_owned())
 }
 
-/// The differences the README's table explains. Libraries: nvidia-ctk's management mode leaves
+/// The differences the table in tests/README.md explains. Libraries: nvidia-ctk's management mode leaves
 /// out `libnvidia-api.so.1` (in its optional, feature-flagged list only) and the EGL platform
 /// libraries (listed by its graphics discovery, not mounted in this mode); we carry every driver
 /// library, as the issue asks.

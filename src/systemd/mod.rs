@@ -795,7 +795,7 @@ pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<System
 /// machine's systemd (its dbus runs, so `basic.target` is reached).
 ///
 /// Not PID 1's private socket (`/run/systemd/private`, there a few ms after PID 1 starts), tried
-/// on 2026-12-04 (README, Performance): PID 1 refuses a peer without a PID in its
+/// on 2026-12-04 (tests/README.md, Performance): PID 1 refuses a peer without a PID in its
 /// PID namespace, which a host process is ("Incoming private connection from unprivileged
 /// client, refusing: No data available"); connected from a child forked into that namespace,
 /// every message PID 1 sends there carries the sender `org.freedesktop.systemd1`, and zbus 6.2.1

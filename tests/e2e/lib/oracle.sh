@@ -51,7 +51,7 @@ for f in sys.argv[2].split():
 # oracle_compare <name> <driver root as nvidia-ctk saw it> <spec json> <want>: every file of
 # <want> is a mount of the spec at its standard path, its hostPath inside the driver root; except
 # the file names in $ORACLE_KNOWN_GAPS, which nvidia-ctk's management mode is known not to mount
-# (README, "Real driver files": the table of differences, each explained).
+# (tests/README.md, "Real driver files": the table of differences, each explained).
 oracle_compare() {
     local name=$1 root=$2 spec=$3 want=$4 out line
     out=$(python3 -c '

@@ -6,7 +6,7 @@
 #    containerd-shim, runc and the container inherit), and a container is started with ctr (a
 #    static program in a plain rootfs: it prints its capability sets and chowns a file, i.e. uses
 #    CAP_CHOWN from the default OCI set). INFO lines list what each start needed.
-# 2. Prove: the config's dropCapabilities = RECOMMENDED (README "Threat model"), each of which the
+# 2. Prove: the config's dropCapabilities = RECOMMENDED (tests/README.md "Threat model"), each of which the
 #    measurement must have found unneeded; kube1 restarted through pre-start; the machine's PID 1
 #    bounding set (CapBnd in /proc/<leader>/status, decoded) lacks every dropped capability and
 #    keeps the rest; post-start brought containerd and the kubelet stand-in up; a container runs
@@ -21,7 +21,7 @@ CAPS=(CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_FSETID CAP_K
       CAP_SYS_TIME CAP_SYS_TTY_CONFIG CAP_MKNOD CAP_LEASE CAP_AUDIT_WRITE CAP_AUDIT_CONTROL
       CAP_SETFCAP CAP_MAC_OVERRIDE CAP_MAC_ADMIN CAP_SYSLOG CAP_WAKE_ALARM CAP_BLOCK_SUSPEND
       CAP_AUDIT_READ CAP_PERFMON CAP_BPF CAP_CHECKPOINT_RESTORE)
-# The set the README recommends dropping (keep in step with README "Threat model").
+# The set the README recommends dropping (keep in step with tests/README.md "Threat model").
 RECOMMENDED="CAP_SYS_MODULE CAP_SYS_RAWIO CAP_SYS_TIME CAP_SYS_PACCT CAP_MAC_ADMIN CAP_MAC_OVERRIDE CAP_SYSLOG CAP_WAKE_ALARM CAP_BLOCK_SUSPEND CAP_AUDIT_READ CAP_PERFMON CAP_BPF CAP_CHECKPOINT_RESTORE"
 decode_caps() { # decode_caps <hex>: the names of the bits set, space-separated
     local hex=$1 i out=""

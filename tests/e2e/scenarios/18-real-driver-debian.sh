@@ -93,7 +93,7 @@ assert_eq "$(c kubelet-active)" active "$(inner_state kubelet.service)"
 # NVIDIA's nvidia-ctk finds every file our discovery lists, in the machine and at /driver-root.
 # shellcheck source=../lib/oracle.sh
 . "$E2E_SRC/lib/oracle.sh"
-# Driver files nvidia-ctk's management mode does not mount (README "Real driver files", the same
+# Driver files nvidia-ctk's management mode does not mount (tests/README.md "Real driver files", the same
 # table tests/realdriver.rs enforces); every other file must be listed.
 ORACLE_KNOWN_GAPS="libnvidia-api.so.1 libnvidia-egl-gbm.so.1.1.2 libnvidia-egl-wayland.so.1.1.18"
 if oracle_install kube1; then
