@@ -147,8 +147,11 @@ pub enum Command {
         dry_run: bool,
         /// Print the unit drop-in install writes for MACHINE on stdout and exit: reads the
         /// configuration (for the helper's path), writes and checks nothing else.
-        #[arg(long, conflicts_with = "dry_run")]
+        #[arg(long, conflicts_with_all = ["dry_run", "json"])]
         print_dropin: bool,
+        /// Print the report as one JSON object (kind InstallReport) instead of lines.
+        #[arg(long)]
+        json: bool,
     },
 
     /// Remove what install added for MACHINE (drop-in, rendered .nspawn file, and the helper copy
@@ -165,6 +168,9 @@ pub enum Command {
         /// Report what would be removed without removing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Print the report as one JSON object (kind InstallReport) instead of lines.
+        #[arg(long)]
+        json: bool,
     },
 
     /// Build an example GPU host in a temporary directory (needs root for mknod) and show what

@@ -594,6 +594,46 @@ fn uninstall_removes_exactly_what_install_added() {
     assert_eq!(after, before);
 }
 
+/// `--json`: the same report as one object, the dry run writing nothing.
+#[test]
+fn json_report_says_what_would_change_and_what_did() {
+    let h = host();
+    let root = h.path();
+    let json =
+        |args: &[&str]| -> serde_json::Value { serde_json::from_str(&ok(root, args)).unwrap() };
+    let before = snapshot(root);
+    let v = json(&["install", "kube1", "--dry-run", "--json"]);
+    assert_eq!(snapshot(root), before, "the dry run wrote");
+    assert_eq!(
+        (&v["kind"], &v["dryRun"]),
+        (&"InstallReport".into(), &true.into()),
+        "{v}"
+    );
+    let dropin = format!("/{DROPIN}");
+    let action = |v: &serde_json::Value, path: &str| {
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .map(|f| f["action"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(action(&v, &dropin).as_deref(), Some("create"), "{v}");
+    assert!(v["changes"].as_u64().unwrap() > 0, "{v}");
+    let v = json(&["install", "kube1", "--json"]);
+    assert_eq!(
+        (&v["dryRun"], action(&v, &dropin).as_deref()),
+        (&false.into(), Some("create"))
+    );
+    let v = json(&["install", "kube1", "--json"]);
+    assert_eq!(v["changes"], 0, "{v}");
+    let v = json(&["uninstall", "kube1", "--json"]);
+    assert_eq!(
+        (&v["command"], action(&v, &dropin).as_deref()),
+        (&"uninstall".into(), Some("remove"))
+    );
+}
+
 /// The unit gate's markers pre-start keeps on the host for the machine go with uninstall.
 #[test]
 fn uninstall_removes_the_machines_gate_markers() {

@@ -1,6 +1,6 @@
 //! Every JSON output against its JSON Schema in `assets/json-schema/` (one per `kind`), as a
 //! consumer would validate it: `discover --json` on every example host and the pinned real-driver
-//! goldens, `plan --json`, and `status --json` in each of its shapes (one machine, `--all`,
+//! goldens, `plan --json`, `install`/`uninstall --json` (dry run and real), and `status --json` in each of its shapes (one machine, `--all`,
 //! nothing installed, and the error object when it cannot judge). The validator is Python's
 //! `jsonschema` (Debian's python3-jsonschema, installed by tests/run-all.sh); without it the test
 //! FAILS, naming the package. A mutated document must be rejected, so the check cannot pass
@@ -140,6 +140,28 @@ fn privileged_every_json_output_matches_its_schema() {
         plan(&mut docs, "missing", 9);
         stdout_of(host.path(), &["nspawn-lifecycle", "pre-start", "kube1"], 0);
         plan(&mut docs, "up-to-date", 0);
+    }
+    // install and uninstall, as a dry run and for real (under --host-root: no daemon-reload).
+    let node = installed_host("two-gpus", &[]);
+    std::fs::create_dir_all(node.path().join("var/lib/machines/kube1")).unwrap();
+    for (what, args) in [
+        (
+            "install-dry-run",
+            &["install", "kube1", "--dry-run", "--json"][..],
+        ),
+        ("install", &["install", "kube1", "--json"]),
+        ("install-again", &["install", "kube1", "--json"]),
+        (
+            "uninstall-dry-run",
+            &["uninstall", "kube1", "--dry-run", "--json"],
+        ),
+        ("uninstall", &["uninstall", "kube1", "--json"]),
+    ] {
+        docs.add(
+            "install-report.schema.json",
+            what,
+            &stdout_of(node.path(), args, 0),
+        );
     }
     let gpus = installed_host("two-gpus", &["kube1", "kube2"]);
     let m = machine_tree();

@@ -65,6 +65,19 @@ enum Verb {
 }
 
 impl Verb {
+    /// The action's name in `--json`'s report.
+    fn name(self) -> &'static str {
+        match self {
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Rewrite => "rewrite",
+            Verb::Remove => "remove",
+            Verb::Unchanged => "unchanged",
+            Verb::Skip => "skip",
+            Verb::Keep => "keep",
+        }
+    }
+
     /// The word for the report: what was done, or with `--dry-run` what would be.
     fn word(self, dry_run: bool) -> &'static str {
         let (done, would) = match self {
@@ -186,6 +199,26 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// The report as one object (`--json`, kind `InstallReport`): each file's action (done, or
+    /// with `dryRun` to be done), warnings, systemd, and how many files change.
+    fn json(&self, dry_run: bool, reload: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": crate::discovery::API_VERSION,
+            "kind": "InstallReport",
+            "command": self.command,
+            "subject": self.subject,
+            "dryRun": dry_run,
+            "files": self.files.iter().map(|f| serde_json::json!({
+                "path": f.shown,
+                "action": f.verb.name(),
+                "detail": f.detail,
+            })).collect::<Vec<_>>(),
+            "warnings": self.warnings,
+            "systemd": reload,
+            "changes": self.changes(),
+        })
     }
 
     /// The operator's report: one line per file, then systemd, then a summary.
@@ -728,15 +761,24 @@ pub struct HostSystemd<'a> {
     pub pending: &'a dyn Fn(&str) -> Result<bool>,
 }
 
+/// How install and uninstall run and report: `dry_run` writes nothing; `json` prints the
+/// report as one object (kind `InstallReport`) instead of lines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct How {
+    pub dry_run: bool,
+    pub json: bool,
+}
+
 /// Plan, and apply unless `dry_run` or there is nothing to do; the lock is only taken (and the
 /// plan made again under it) when something will be written.
 fn execute(
     ctx: &Ctx,
     subject: &Subject<'_>,
-    dry_run: bool,
+    how: How,
     systemd: &HostSystemd<'_>,
     make_plan: &dyn Fn() -> Result<Plan>,
 ) -> Result<()> {
+    let dry_run = how.dry_run;
     let mut plan = make_plan()?;
     let mut _lock = None;
     if !dry_run && plan.changes() > 0 {
@@ -786,7 +828,13 @@ fn execute(
     };
     // The report comes before a reload error: the files did change, and a second run would
     // find nothing to do (and so not reload either).
-    print!("{}", plan.report(dry_run, &reload_word));
+    if how.json {
+        let text = serde_json::to_string_pretty(&plan.json(dry_run, &reload_word))
+            .context("serializing the report")?;
+        println!("{text}");
+    } else {
+        print!("{}", plan.report(dry_run, &reload_word));
+    }
     match reload_err {
         Some(e) => Err(e.context("daemon-reload after changing unit files")),
         None => Ok(()),
@@ -925,18 +973,18 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
 }
 
 /// `install --host`: see [`plan_install_host`].
-pub fn install_host(ctx: &Ctx, dry_run: bool, systemd: &HostSystemd<'_>) -> Result<()> {
+pub fn install_host(ctx: &Ctx, how: How, systemd: &HostSystemd<'_>) -> Result<()> {
     let exe =
         std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
-    execute(ctx, &Subject::Host, dry_run, systemd, &|| {
+    execute(ctx, &Subject::Host, how, systemd, &|| {
         plan_install_host(ctx, &exe)
     })
     .context("install --host")
 }
 
 /// `uninstall --host`: see [`plan_uninstall_host`].
-pub fn uninstall_host(ctx: &Ctx, dry_run: bool, systemd: &HostSystemd<'_>) -> Result<()> {
-    execute(ctx, &Subject::Host, dry_run, systemd, &|| {
+pub fn uninstall_host(ctx: &Ctx, how: How, systemd: &HostSystemd<'_>) -> Result<()> {
+    execute(ctx, &Subject::Host, how, systemd, &|| {
         plan_uninstall_host(ctx)
     })
     .context("uninstall --host")
@@ -946,12 +994,12 @@ pub fn uninstall_host(ctx: &Ctx, dry_run: bool, systemd: &HostSystemd<'_>) -> Re
 pub fn install(
     ctx: &Ctx,
     machine: &MachineName,
-    dry_run: bool,
+    how: How,
     systemd: &HostSystemd<'_>,
 ) -> Result<()> {
     let exe =
         std::fs::read("/proc/self/exe").context("reading the running helper /proc/self/exe")?;
-    execute(ctx, &Subject::Machine(machine), dry_run, systemd, &|| {
+    execute(ctx, &Subject::Machine(machine), how, systemd, &|| {
         plan_install(ctx, machine, &exe)
     })
     .with_context(|| format!("install of {machine}"))
@@ -973,10 +1021,10 @@ pub fn print_dropin(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 pub fn uninstall(
     ctx: &Ctx,
     machine: &MachineName,
-    dry_run: bool,
+    how: How,
     systemd: &HostSystemd<'_>,
 ) -> Result<()> {
-    execute(ctx, &Subject::Machine(machine), dry_run, systemd, &|| {
+    execute(ctx, &Subject::Machine(machine), how, systemd, &|| {
         plan_uninstall(ctx, machine)
     })
     .with_context(|| format!("uninstall of {machine}"))

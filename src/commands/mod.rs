@@ -183,8 +183,9 @@ fn install_or_uninstall(ctx: &Ctx, command: Command) -> Result<()> {
         Command::Install {
             host: true,
             dry_run,
+            json,
             ..
-        } => install::install_host(ctx, dry_run, &HOST_SYSTEMD),
+        } => install::install_host(ctx, install::How { dry_run, json }, &HOST_SYSTEMD),
         Command::Install {
             machine: Some(machine),
             print_dropin: true,
@@ -193,18 +194,21 @@ fn install_or_uninstall(ctx: &Ctx, command: Command) -> Result<()> {
         Command::Install {
             machine: Some(machine),
             dry_run,
+            json,
             ..
-        } => install::install(ctx, &machine, dry_run, &HOST_SYSTEMD),
+        } => install::install(ctx, &machine, install::How { dry_run, json }, &HOST_SYSTEMD),
         Command::Uninstall {
             host: true,
             dry_run,
+            json,
             ..
-        } => install::uninstall_host(ctx, dry_run, &HOST_SYSTEMD),
+        } => install::uninstall_host(ctx, install::How { dry_run, json }, &HOST_SYSTEMD),
         Command::Uninstall {
             machine: Some(machine),
             dry_run,
+            json,
             ..
-        } => install::uninstall(ctx, &machine, dry_run, &HOST_SYSTEMD),
+        } => install::uninstall(ctx, &machine, install::How { dry_run, json }, &HOST_SYSTEMD),
         _ => unreachable!("the command line requires a machine without --host"),
     }
 }
