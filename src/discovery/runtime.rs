@@ -66,7 +66,7 @@ pub(super) fn c_runtime(s: &Scan, driver: &UserspaceDriver) -> Result<Vec<Runtim
             && !out.contains_key(interp)
         {
             match find(s, interp, &deps.info)? {
-                Some(source) => {
+                Some((source, _)) => {
                     out.insert(interp.clone(), file(interp.clone(), source)?);
                 }
                 None => tracing::warn!(
@@ -114,16 +114,13 @@ pub(super) fn c_runtime(s: &Scan, driver: &UserspaceDriver) -> Result<Vec<Runtim
             .map(|d| format!("{d}/{}", need.name))
             .find_map(|p| find(s, &p, &need.want).transpose())
             .transpose()?;
-        let Some(source) = found else {
+        let Some((source, deps)) = found else {
             tracing::warn!(
                 "{} (needed by {}) is not on the host for {triplet}: chroot into the driver \
                  root cannot run it",
                 need.name,
                 need.by
             );
-            continue;
-        };
-        let Some(deps) = read_deps(s, source.as_str(), "C runtime library")? else {
             continue;
         };
         let path = format!("/usr/lib/{triplet}/{}", need.name);
@@ -163,18 +160,19 @@ fn read_deps(s: &Scan, abs: &str, what: &str) -> Result<Option<ElfDeps>> {
     }
 }
 
-/// The canonical host path of `abs` when it resolves (inside the host root) to a regular ELF
-/// file of `want`'s class, byte order and machine; `None` otherwise.
-fn find(s: &Scan, abs: &str, want: &parse::ElfInfo) -> Result<Option<String>> {
+/// The canonical host path of `abs` and what the loader reads in it, when it resolves (inside
+/// the host root) to a regular ELF file of `want`'s class, byte order and machine; `None`
+/// otherwise. Each candidate is read once.
+fn find(s: &Scan, abs: &str, want: &parse::ElfInfo) -> Result<Option<(String, ElfDeps)>> {
     let Some((canonical, meta)) = s.resolve(abs)? else {
         return Ok(None);
     };
     if !meta.is_file() {
         return Ok(None);
     }
-    let fits = s.elf_deps(&canonical)?.is_ok_and(|d| {
+    let deps = s.elf_deps(&canonical)?.ok().filter(|d| {
         (d.info.bits, d.info.big_endian, d.info.machine)
             == (want.bits, want.big_endian, want.machine)
     });
-    Ok(fits.then_some(canonical))
+    Ok(deps.map(|d| (canonical, d)))
 }
