@@ -133,13 +133,18 @@ fn plan_text(r: &Rendered) -> String {
 }
 
 impl Rendered {
+    /// Whether the file on disk is already what pre-start writes.
+    pub fn up_to_date(&self) -> bool {
+        self.old.as_deref() == Some(self.text().as_str())
+    }
+
     /// The unified diff from the file on disk (or nothing, when missing) to what pre-start
     /// writes; `None` when they are the same.
     pub fn diff(&self) -> Option<String> {
-        let new = self.text();
-        if self.old.as_deref() == Some(new.as_str()) {
+        if self.up_to_date() {
             return None;
         }
+        let new = self.text();
         let shown = self.host_path.display();
         let from = if self.old.is_some() {
             format!("{shown} (on disk)")
@@ -158,14 +163,15 @@ impl Rendered {
     /// `plan --json`: what pre-start would do, as one object (kind `MachinePlan`).
     pub fn to_json(&self, machine: &MachineName) -> serde_json::Value {
         let driver = self.assignment.view.complete_driver();
+        let diff = self.diff();
         serde_json::json!({
             "apiVersion": crate::discovery::API_VERSION,
             "kind": "MachinePlan",
             "machine": machine.as_str(),
             "path": self.host_path.display().to_string(),
-            "upToDate": self.diff().is_none(),
+            "upToDate": diff.is_none(),
             "nspawn": self.text(),
-            "diff": self.diff(),
+            "diff": diff,
             "gpus": self.assignment.summary(),
             "driverRoot": self.tree.as_ref().map(|plan| serde_json::json!({
                 "path": crate::layout::DRIVER_ROOT,

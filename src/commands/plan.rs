@@ -22,5 +22,5 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
     } else {
         print_all(&r.to_string())?;
     }
-    Ok(r.diff().is_none())
+    Ok(r.up_to_date())
 }

@@ -300,15 +300,15 @@ pub fn helper_facts(host: &crate::host::HostRoot, path: &str) -> HelperFacts {
     let elf = host
         .open_read(path)
         .map_err(|e| e.to_string())
-        .and_then(|f| crate::discovery::parse::elf_deps(&f).map_err(|e| e.to_string()));
+        .and_then(|f| crate::discovery::parse::elf_info(&f).map_err(|e| e.to_string()));
     facts.problem = if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
         Some(format!("{path} is not an executable file"))
     } else {
         match elf {
             Err(e) => Some(format!("{path} is not a working binary: {e}")),
-            Ok(d) if d.info.machine != THIS_MACHINE => Some(format!(
+            Ok(info) if info.machine != THIS_MACHINE => Some(format!(
                 "{path} is not a working binary: an ELF program for machine {}, not this one's {THIS_MACHINE}",
-                d.info.machine
+                info.machine
             )),
             Ok(_) => None,
         }
