@@ -1,5 +1,7 @@
 //! The machine's `.nspawn` file as pre-start writes it, rendered from discovery and the
-//! configuration, beside what is on disk: shared by `pre-start`, `plan` and `install`.
+//! configuration, beside what is on disk, and what makes pre-start refuse a start: shared by
+//! `pre-start`, `plan`, `install`, `status` and `reconcile`, so none of them tells an operator
+//! something pre-start would not do.
 
 use crate::Ctx;
 use crate::config::Gpus;
@@ -179,5 +181,85 @@ impl Rendered {
                 "cRuntime": driver.map(|d| d.runtime.clone()).unwrap_or_default(),
             })),
         })
+    }
+}
+
+/// What pre-start does for `machine` on this host now: its configuration and the file it would
+/// write, or the error it would refuse the start with (same message, same exit code). Reads
+/// only; pre-start itself runs the same checks around its lock.
+pub fn as_pre_start(ctx: &Ctx, machine: &MachineName) -> Result<(MachineConfig, Rendered)> {
+    let mc = check_startable(ctx, machine)?;
+    let r = render(ctx, machine, &mc)?;
+    check_rendered(ctx, machine, &r)?;
+    Ok((mc, r))
+}
+
+/// The machine's configuration, once nothing refuses the start: checked before the lock, so a
+/// mistyped name, a shifted rootfs, two machines given one GPU or a drop-in for other `gpus`
+/// write nothing, not even the lock file.
+pub fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    crate::image::require(&ctx.host, machine, &mc)?;
+    // Render checks the GPU lists again under the lock, against the host as it is then.
+    // Only lists can overlap: with fewer than two, the host is not scanned a second time.
+    let lists = ctx.config.gpu_assignments(machine)?;
+    if assign::lists_can_overlap(&lists) {
+        assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?;
+    }
+    check_installed_dropin(ctx, machine, &mc.gpus)?;
+    Ok(mc)
+}
+
+/// What pre-start refuses once the file is rendered: a `.nspawn` file that is not ours, and the
+/// unit gate of an uninstalled machine.
+pub fn check_rendered(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
+    refuse_foreign_file(machine, r)?;
+    refuse_uninstalled(ctx, machine, r)
+}
+
+/// After `uninstall` (its `.nspawn` file in place, no drop-in) nothing runs post-start, which
+/// alone releases the unit gate: a pre-start run by hand would bind the gate again and leave
+/// containerd and kubelet waiting forever under the stock unit.
+fn refuse_uninstalled(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
+    let uninstalled = r
+        .old
+        .as_deref()
+        .is_some_and(|old| old.starts_with(crate::nspawn::UNINSTALLED_HEADER));
+    let dropin = crate::units::dropin_path(machine);
+    if uninstalled && r.file.binds_gate() && !ctx.host.exists(&dropin) {
+        return Err(crate::error::bad_input(format!(
+            "{machine} is uninstalled ({} is uninstall's and there is no \
+             {dropin}): its .nspawn file would bind the unit gate, which only post-start \
+             releases, so containerd and kubelet would wait forever under the stock unit; run \
+             `nspawn-lifecycle-helper install {machine}` first; nothing was written",
+            r.host_path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A `.nspawn` file neither pre-start nor uninstall wrote is the operator's: replacing it would
+/// lose its `Port=`, `Boot=`, `Bind=` lines without a word (install refuses it the same way).
+fn refuse_foreign_file(machine: &MachineName, r: &Rendered) -> Result<()> {
+    match &r.old {
+        Some(old) if !crate::legacy::is_ours_nspawn(old.as_bytes()) => {
+            Err(crate::error::bad_input(format!(
+                "{} was not written by nspawn-lifecycle-helper; replacing it would lose its settings. Put extra binds in the configuration's `mounts` and other settings in a drop-in of {}, then remove the file; nothing was written",
+                r.host_path.display(),
+                crate::units::unit_name(machine)
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The installed drop-in must be the one for the machine's `gpus` (exit 2 until `install`): an
+/// `all` drop-in would let a share open every GPU, a share's would leave an `all` machine none.
+fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
+    let dropin = crate::units::dropin_path(machine);
+    match ctx.host.read_to_string(&dropin) {
+        Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("reading {dropin}")),
     }
 }

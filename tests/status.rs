@@ -19,6 +19,7 @@ use common::{installed_host as host, machine_tree as machine};
 /// Run `status ARGS` and check it changed nothing under `host` and `machine`.
 fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
     let (h, m) = (snapshot(host, &[]), snapshot(machine, &[]));
+    let run_dir = host.join("run/nspawn-lifecycle").exists();
     let machine_arg = machine.to_str().unwrap();
     let full: Vec<&str> = ["status", "--machine-root", machine_arg]
         .into_iter()
@@ -35,9 +36,10 @@ fn status(host: &Path, machine: &Path, args: &[&str]) -> Output {
         snapshot(machine, &[]),
         "status {args:?} changed the machine tree"
     );
-    assert!(
-        !host.join("run/nspawn-lifecycle").exists(),
-        "status {args:?} created our run directory (a lock?)"
+    assert_eq!(
+        run_dir,
+        host.join("run/nspawn-lifecycle").exists(),
+        "status {args:?} created or removed our run directory (a lock?)"
     );
     out
 }
@@ -168,4 +170,87 @@ fn privileged_status_all_and_bad_input() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --machine-root"));
     assert_eq!(h, snapshot(gpus.path(), &[]));
+}
+
+/// After a change of `gpus` since `install`, or with a `.nspawn` file that is not ours, pre-start
+/// refuses the start (exit 2, naming the fix): `plan` says so with pre-start's message and exit
+/// code, and `status` is broken (`next-start`), never "drift, run reconcile" (which would fail).
+/// After `install`, both agree with pre-start again.
+#[test]
+fn privileged_plan_and_status_say_what_pre_start_will_do() {
+    let h = host("two-gpus", &["kube1"]);
+    let m = machine();
+    let root = h.path();
+    let config = root.join("etc/nspawn-lifecycle/config.json");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, r#"{"machines": {"kube1": {"gpus": [0]}}}"#).unwrap();
+    let says = "was installed for gpus \"all\" but the config's gpus for kube1 is [index 0]: run \
+                `nspawn-lifecycle-helper install kube1`";
+
+    let pre_start = run_helper(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    assert_eq!(pre_start.status.code(), Some(2), "{pre_start:?}");
+    assert!(String::from_utf8_lossy(&pre_start.stderr).contains(says));
+
+    let plan = run_helper(root, &["plan", "kube1"]);
+    assert_eq!(plan.status.code(), Some(2), "{plan:?}");
+    let err = String::from_utf8_lossy(&plan.stderr);
+    assert!(
+        err.contains("pre-start would refuse to start kube1") && err.contains(says),
+        "{err}"
+    );
+    assert!(plan.stdout.is_empty(), "{}", stdout(&plan));
+
+    let out = status(root, m.path(), &["kube1", "--json"]);
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let next: Vec<&serde_json::Value> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "next-start")
+        .collect();
+    assert_eq!(next.len(), 1, "{v:#}");
+    assert_eq!(next[0]["state"], "broken");
+    let msg = next[0]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("pre-start would refuse the next start (exit 2): "),
+        "{msg}"
+    );
+    assert!(msg.contains(says), "{msg}");
+    let summary = v["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("kube1: broken: pre-start would refuse"),
+        "{summary}"
+    );
+    assert!(!summary.contains("reconcile"), "{summary}");
+
+    // The fix status names: afterwards plan and status agree with pre-start.
+    let out = run_helper(root, &["install", "kube1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(run_helper(root, &["plan", "kube1"]).status.code(), Some(0));
+    let out = status(root, m.path(), &["kube1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!v["findings"].to_string().contains("next-start"), "{v:#}");
+
+    // A hand-written .nspawn file: pre-start refuses to replace it, and so says everyone.
+    std::fs::write(
+        root.join("etc/systemd/nspawn/kube1.nspawn"),
+        "[Exec]\nBoot=yes\n[Network]\nPort=8080\n",
+    )
+    .unwrap();
+    let plan = run_helper(root, &["plan", "kube1", "--json"]);
+    assert_eq!(plan.status.code(), Some(2), "{plan:?}");
+    assert!(
+        String::from_utf8_lossy(&plan.stderr)
+            .contains("was not written by nspawn-lifecycle-helper"),
+        "{plan:?}"
+    );
+    let out = status(root, m.path(), &["kube1"]);
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    assert!(
+        stdout(&out).contains("pre-start would refuse the next start (exit 2): ")
+            && stdout(&out).contains("kube1.nspawn was not written by nspawn-lifecycle-helper"),
+        "{}",
+        stdout(&out)
+    );
 }

@@ -1,19 +1,18 @@
-//! `plan <MACHINE>`: what pre-start would write, and a unified diff against the file on disk.
+//! `plan <MACHINE>`: what pre-start would write, and a unified diff against the file on disk, or
+//! why pre-start would refuse the start.
 
 use crate::Ctx;
-use crate::image;
 use crate::machine_name::MachineName;
 use crate::output::print_all;
-use crate::render::render;
-use anyhow::Result;
+use crate::render::as_pre_start;
+use anyhow::{Context as _, Result};
 
 /// `plan`: print what pre-start would write and a unified diff against the file on disk (or,
 /// with `json`, one `MachinePlan` object); returns whether the file on disk is already exactly
-/// that.
+/// that. Where pre-start would refuse the start, plan fails with its message and exit code.
 pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    image::require(&ctx.host, machine, &mc)?;
-    let r = render(ctx, machine, &mc)?;
+    let (_, r) = as_pre_start(ctx, machine)
+        .with_context(|| format!("pre-start would refuse to start {machine}"))?;
     if json {
         print_all(&format!(
             "{}\n",

@@ -6,7 +6,7 @@
 
 use crate::Ctx;
 use crate::config::MachineConfig;
-use crate::error::bad_input;
+use crate::error::{Kind, bad_input};
 use crate::machine_name::MachineName;
 use crate::systemd::{Systemd, UnitState};
 use crate::units::{dropin_path, unit_name};
@@ -59,7 +59,12 @@ pub fn reconcile(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     execute(&host, machine, &mc, &plan, &journal, started)
 }
 
-/// The machine's configuration, once it is installed and this is the real host (exit 2 if not).
+/// The machine's configuration, once it is installed, this is the real host (exit 2 if not) and
+/// pre-start would start it again. A restart pre-start refuses for a reason only a person can
+/// fix (configuration, install, a foreign `.nspawn` file) would only take the machine down, so
+/// it is refused with pre-start's message and exit code and nothing restarts. NVIDIA state that
+/// is incomplete is the one refusal that passes by itself: the restart goes ahead, pre-start
+/// refuses it with exit 3 and systemd retries until the driver install finishes.
 fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
     if !ctx.host.is_file(dropin_path(machine)) {
         return Err(bad_input(format!(
@@ -75,7 +80,18 @@ fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> 
             ctx.host.root().display()
         )));
     }
-    ctx.config.machine(&ctx.host, machine)
+    match crate::render::as_pre_start(ctx, machine) {
+        Ok((mc, _)) => Ok(mc),
+        Err(e) if crate::error::exit_code(&e) == Kind::DriverIncomplete.exit_code() => {
+            tracing::warn!(%machine, "pre-start will refuse the start until the NVIDIA driver \
+                install finishes (systemd retries it): {e:#}");
+            ctx.config.machine(&ctx.host, machine)
+        }
+        Err(e) => Err(e.context(format!(
+            "reconcile would stop {machine} and pre-start would refuse to start it again; \
+             nothing was restarted"
+        ))),
+    }
 }
 
 /// Read the unit as it is now and decide the restart: refused when the unit cannot load.

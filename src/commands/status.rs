@@ -268,6 +268,9 @@ pub struct Observed {
     pub missing_gpus: Vec<String>,
     /// The helper installed at its stable path, as the units and the next start run it.
     pub helper: Option<HelperFacts>,
+    /// Why pre-start would refuse the machine's next start ([`crate::render::as_pre_start`]),
+    /// with the exit code it would refuse it with.
+    pub next_start: Option<(u8, String)>,
 }
 
 /// The helper binary installed at the configuration's stable path.
@@ -525,6 +528,13 @@ pub fn evaluate(
     judge_missing_gpus(&observed.missing_gpus, mc.require, &mut add);
     if let Some(h) = &observed.helper {
         judge_helper(h, observed.machine.as_ref(), &mut add);
+    }
+    if let Some((code, why)) = &observed.next_start {
+        add(
+            State::Broken,
+            "next-start",
+            format!("pre-start would refuse the next start (exit {code}): {why}"),
+        );
     }
 
     let worst = findings.iter().map(|f| f.state).max();
@@ -1071,8 +1081,7 @@ fn observe(
             unit: None,
             machine: Some(inspect_machine(&root, mc, expected_spec)?),
             services: None,
-            missing_gpus: Vec::new(),
-            helper: None,
+            ..Observed::default()
         });
     }
     if !ctx.host.is_real_root() {
@@ -1102,8 +1111,7 @@ fn observe(
             unit: Some(unit),
             machine: None,
             services: None,
-            missing_gpus: Vec::new(),
-            helper: None,
+            ..Observed::default()
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
@@ -1129,8 +1137,7 @@ fn observe(
         unit: Some(unit),
         machine: Some(facts),
         services: Some(services),
-        missing_gpus: Vec::new(),
-        helper: None,
+        ..Observed::default()
     })
 }
 
@@ -1181,6 +1188,9 @@ pub fn machine_status(
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(helper_facts(&ctx.host, ctx.config.helper_path().as_str()));
+    observed.next_start = crate::render::as_pre_start(ctx, machine)
+        .err()
+        .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));
     let mut status = evaluate(machine, &mc, inv, observed);
     if a.setting != crate::config::Gpus::All {
         status.assignment = Some(a.report(machine.as_str(), mc.require));
@@ -1539,6 +1549,7 @@ mod tests {
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
                 helper: None,
+                next_start: None,
             },
         )
     }
@@ -1682,6 +1693,7 @@ mod tests {
             services: Some(services("active", "active")),
             missing_gpus: Vec::new(),
             helper: None,
+            next_start: None,
         };
         let s = evaluate(
             &"kube1".parse().unwrap(),
@@ -1840,6 +1852,7 @@ mod tests {
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
                 helper: None,
+                next_start: None,
             },
         );
         assert_eq!(s.state, State::InSync, "{s:#?}");
@@ -1922,6 +1935,7 @@ mod tests {
             services: Some(services(containerd, kubelet)),
             missing_gpus: Vec::new(),
             helper: None,
+            next_start: None,
         };
         assert_eq!(
             evaluate(&kube1, &mc, &inv, running("active", "active")).state,
@@ -1955,9 +1969,22 @@ mod tests {
             services: None,
             missing_gpus: Vec::new(),
             helper: None,
+            next_start: None,
         };
-        let s = evaluate(&kube1, &mc, &inv, stopped);
+        let s = evaluate(&kube1, &mc, &inv, stopped.clone());
         assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
+        // A start pre-start would refuse is broken even while stopped: the next start fails.
+        let refused = Observed {
+            next_start: Some((2, "the drop-in is for other gpus".into())),
+            ..stopped.clone()
+        };
+        let r = evaluate(&kube1, &mc, &inv, refused);
+        assert_eq!((r.state, r.exit_code), (State::Broken, 6));
+        assert_eq!(
+            r.summary,
+            "kube1: broken: pre-start would refuse the next start (exit 2): the drop-in is for \
+             other gpus"
+        );
         assert!(
             s.summary
                 .starts_with("kube1: not running: systemd-nspawn@kube1.service is inactive (dead)"),
@@ -1981,6 +2008,7 @@ mod tests {
                 services: None,
                 missing_gpus: Vec::new(),
                 helper: None,
+                next_start: None,
             },
         );
         assert_eq!(s.state, State::Broken, "{s:#?}");

@@ -102,8 +102,8 @@ pub fn fetched(script: &str) -> std::path::PathBuf {
 /// The unit drop-in `install` writes for a machine (`{}`: its name), relative to the host root.
 pub const DROPIN: &str = "etc/systemd/system/systemd-nspawn@{}.service.d/50-nspawn-lifecycle.conf";
 
-/// A host built from example `name`, with `machines` installed (our drop-in present and their
-/// directory under /var/lib/machines). Privileged (mknod).
+/// A host built from example `name`, with `machines` installed by `install` (their directory
+/// under /var/lib/machines). Privileged (mknod).
 pub fn installed_host(name: &str, machines: &[&str]) -> tempfile::TempDir {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -115,24 +115,16 @@ pub fn installed_host(name: &str, machines: &[&str]) -> tempfile::TempDir {
         dir.path(),
     )
     .unwrap();
-    if !machines.is_empty() {
-        // The helper at its stable path, as install puts it (status checks it is a working
-        // binary).
-        use std::os::unix::fs::PermissionsExt as _;
-        let helper = dir.path().join(
-            nspawn_lifecycle::config::DEFAULT_HELPER_PATH
-                .strip_prefix('/')
-                .unwrap(),
-        );
-        std::fs::create_dir_all(helper.parent().unwrap()).unwrap();
-        std::fs::copy(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"), &helper).unwrap();
-        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    // Installed as an operator would: `install` copies the helper to its stable path and
+    // writes the drop-in and the `.nspawn` file for the host as it is.
     for m in machines {
-        let p = dir.path().join(DROPIN.replace("{}", m));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, "[Service]\n").unwrap();
         std::fs::create_dir_all(dir.path().join("var/lib/machines").join(m)).unwrap();
+        let out = run_helper(dir.path(), &["install", m]);
+        assert!(
+            out.status.success(),
+            "install {m}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     dir
 }

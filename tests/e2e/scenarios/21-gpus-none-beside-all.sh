@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Scenario 21 (issue 14): a CPU machine (`"gpus": "none"`) beside a GPU machine (`"all"`) on one
-# host. kube2 first starts with every GPU (the default), then becomes a CPU machine: its drop-in
-# allows no NVIDIA group, the restart removes the NVIDIA state the earlier start left, and root in
+# host. kube2 first starts with every GPU (the default), then becomes a CPU machine: until
+# `install`, plan, status and reconcile say pre-start would refuse it; then its drop-in allows no
+# NVIDIA group, the restart removes the NVIDIA state the earlier start left, and root in
 # it cannot open a GPU even after mknod. Then the driver install is incomplete: kube2 starts,
 # kube1 is held back (exit 3, retried) until the driver is complete again.
 scenario "gpus none beside gpus all: the CPU machine is never held back" --needs-helper
@@ -24,6 +25,20 @@ assert_cmd "$(c kube2-had-a-spec)" M -m kube2 test -f "$CDI_SPEC"
 
 # ---- kube2 becomes a CPU machine ---------------------------------------------------------------
 write_cfg '{"machines": {"kube1": {"gpus": "all"}, "kube2": {"gpus": "none"}}}'
+# Before `install`: pre-start would refuse the next start (its drop-in allows every GPU), so
+# plan, status and reconcile say so, name the fix, and the running machine is left alone.
+leader=$(leader_of kube2)
+out=$(helper plan kube2 2>&1); rc=$?
+assert_eq "$(c plan-before-install-exit-2)" 2 "$rc"
+assert_match "$(c plan-says-pre-start-refuses)" 'pre-start would refuse to start kube2: .*was installed for gpus "all".*run `nspawn-lifecycle-helper install kube2`' "$out"
+out=$(H "$HP" status kube2 2>&1); rc=$?
+assert_eq "$(c status-before-install-broken)" 6 "$rc"
+assert_match "$(c status-says-next-start-refused)" 'kube2: broken: pre-start would refuse the next start \(exit 2\): .*install kube2' "$out"
+assert_no_match "$(c status-does-not-say-reconcile)" 'run `nspawn-lifecycle-helper nspawn-lifecycle reconcile' "$out"
+out=$(reconcile kube2 2>&1); rc=$?
+assert_eq "$(c reconcile-before-install-exit-2)" 2 "$rc"
+assert_match "$(c reconcile-says-nothing-restarted)" 'reconcile would stop kube2 and pre-start would refuse to start it again; nothing was restarted' "$out"
+assert_eq "$(c reconcile-refused-machine-untouched)" "$leader" "$(leader_of kube2)"
 out=$(helper install kube2 2>&1); rc=$?
 assert_eq "$(c install-kube2-none)" 0 "$rc"; [ "$rc" = 0 ] || info "install kube2: $out"
 dropin=$(H cat /etc/systemd/system/systemd-nspawn@kube2.service.d/50-nspawn-lifecycle.conf)
