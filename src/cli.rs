@@ -96,7 +96,7 @@ pub enum Command {
         /// Every installed machine (those with our drop-in); exits with the worst state.
         #[arg(long, conflicts_with = "machine")]
         all: bool,
-        /// Print a versioned JSON object (`"schema": 1`) instead of the summary line.
+        /// Print one JSON object (`apiVersion`, `kind`) instead of the summary line.
         #[arg(long)]
         json: bool,
         /// Output format: `text` (the summary line), `json` (as --json), `prometheus` (the text
@@ -230,8 +230,23 @@ pub enum HostCommand {
     PostStart,
 
     /// Print what `host post-start` would do on this host now (paths, units, steps). Writes
-    /// nothing.
-    Plan,
+    /// nothing. Exit 3, after the report, while the NVIDIA state is incomplete.
+    Plan {
+        /// Print one JSON object (kind HostPlan) instead of the text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Is host mode's GPU wiring current? Compares the host's discovery now with what `host
+    /// post-start` left (CDI spec, /dev/char links, ld.so.cache, the unit gate), its last run,
+    /// and the host's containerd and kubelet. Writes nothing. Exit 0 in sync, 5 drift (restart
+    /// nspawn-lifecycle-host.service), 6 broken, 7 not run yet; 2 when host mode is not
+    /// installed. A one-line summary, or `--json` (kind HostStatus, or StatusError).
+    Status {
+        /// Print one JSON object instead of the summary line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The hooks of `cdi-hook` (see src/cdi_hook.rs). This shape is what CDI specs written by

@@ -1,7 +1,8 @@
 //! Every JSON output against its JSON Schema in `assets/json-schema/` (one per `kind`), as a
 //! consumer would validate it: `discover --json` on every example host and the pinned real-driver
-//! goldens, `plan --json`, `install`/`uninstall --json` (dry run and real), and `status --json` in each of its shapes (one machine, `--all`,
-//! nothing installed, and the error object when it cannot judge). The validator is Python's
+//! goldens, `plan --json`, `install`/`uninstall --json` (dry run and real), `status --json` in each of its shapes (one machine, `--all`,
+//! nothing installed, and the error object when it cannot judge), `host plan --json` and `host
+//! status --json`. The validator is Python's
 //! `jsonschema` (Debian's python3-jsonschema, installed by tests/run-all.sh); without it the test
 //! FAILS, naming the package. A mutated document must be rejected, so the check cannot pass
 //! vacuously.
@@ -194,6 +195,28 @@ fn privileged_every_json_output_matches_its_schema() {
         "machine-status-list.schema.json",
         "status-nothing-installed",
         &stdout_of(none.path(), &["status", "--all", "--json"], 8),
+    );
+    // Host mode: plan on hosts with a driver, without GPUs and incomplete; status not
+    // installed, then installed (under --host-root the files alone are judged).
+    for (name, code) in [("two-gpus", 0), ("cpu-only", 0), ("version-mismatch", 3)] {
+        let host = installed_host(name, &[]);
+        docs.add(
+            "host-plan.schema.json",
+            &format!("host-plan-{name}"),
+            &stdout_of(host.path(), &["host", "plan", "--json"], code),
+        );
+    }
+    let h = installed_host("two-gpus", &[]);
+    docs.add(
+        "status-error.schema.json",
+        "host-status-not-installed",
+        &stdout_of(h.path(), &["host", "status", "--json"], 2),
+    );
+    stdout_of(h.path(), &["install", "--host"], 0);
+    docs.add(
+        "host-status.schema.json",
+        "host-status",
+        &stdout_of(h.path(), &["host", "status", "--json"], 6),
     );
     docs.check().unwrap();
 

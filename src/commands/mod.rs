@@ -42,10 +42,25 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             let json = format == StatusFormat::Json;
             let ctx = match Ctx::load(&cli) {
                 Ok(ctx) => ctx,
-                Err(e) if json => return Err(status::print_unjudged(machine.as_ref(), e)),
+                Err(e) if json => {
+                    return Err(status::print_unjudged(
+                        machine
+                            .as_ref()
+                            .map(crate::machine_name::MachineName::as_str),
+                        e,
+                    ));
+                }
                 Err(e) => return Err(e),
             };
             status::status(&ctx, machine.as_ref(), *all, json, machine_root.as_deref())
+        }
+        Command::Host(HostCommand::Status { json }) => {
+            let ctx = match Ctx::load(&cli) {
+                Ok(ctx) => ctx,
+                Err(e) if *json => return Err(status::print_unjudged(Some("host"), e)),
+                Err(e) => return Err(e),
+            };
+            status::host::host_status(&ctx, *json)
         }
         Command::Metrics { textfile_dir } => {
             let host = crate::host::HostRoot::open(&cli.host_root)?;
@@ -154,7 +169,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Discover { json, .. } => discover::discover(&ctx, json).map(drop),
         Command::Plan { machine, json, .. } => plan::plan(&ctx, &machine, json).map(drop),
         Command::Host(HostCommand::PostStart) => post_start::host_post_start(&ctx),
-        Command::Host(HostCommand::Plan) => post_start::host_plan(&ctx),
+        Command::Host(HostCommand::Plan { json }) => post_start::host_plan(&ctx, json),
         command @ (Command::Install { .. } | Command::Uninstall { .. }) => {
             install_or_uninstall(&ctx, command)
         }
@@ -164,7 +179,9 @@ pub fn run(cli: Cli) -> Result<()> {
         | Command::CdiHook(_) => {
             unreachable!("handled above")
         }
-        Command::Status { .. } | Command::Metrics { .. } => Err(anyhow::anyhow!(
+        Command::Status { .. }
+        | Command::Metrics { .. }
+        | Command::Host(HostCommand::Status { .. }) => Err(anyhow::anyhow!(
             "status and metrics give an exit code of their own: run them through run_with_code"
         )),
         #[cfg(feature = "failpoints")]

@@ -264,59 +264,115 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
 
 /// `host plan`: what `host post-start` would do on this host now, from the same
 /// values it runs ([`plan`] of [`Target::Host`], the host settings, discovery). Writes nothing;
-/// works under `--host-root`. Exit 3, after the report, while the NVIDIA state is incomplete.
-pub fn host_plan(ctx: &Ctx) -> Result<()> {
+/// works under `--host-root`. Text, or with `json` one object (kind `HostPlan`). Exit 3, after
+/// the report, while the NVIDIA state is incomplete.
+pub fn host_plan(ctx: &Ctx, json: bool) -> Result<()> {
     let hc = ctx.config.host()?;
     let inv = discovery::discover(&ctx.host)?;
     let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
     let root = MachineRoot::open(ctx.host.root())?;
-    let mut out = format!(
-        "host mode on {} (the host's systemd)\nlock: {}/{}\n",
-        ctx.host.root().display(),
-        lock::LOCK_DIR,
-        lock::HOST_LOCK_NAME
-    );
+    let mut units = Vec::new();
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        let gated = Target::Host.is_gated(&root, unit)?;
+        units.push(serde_json::json!({
+            "unit": unit.as_str(),
+            "gateDropin": gate::host_dropin(unit).as_str(),
+            "gateInstalled": Target::Host.is_gated(&root, unit)?,
+            "marker": gate::marker(unit).as_str(),
+            "released": gate::Markers::of_host(&ctx.host).is_released(unit)?,
+        }));
+    }
+    let complete = check_complete(&inv).context("host plan");
+    let (nvidia, steps) = match (inv.complete_driver(), &spec) {
+        _ if complete.is_err() => ("incomplete", Vec::new()),
+        (Some(_), Some(_)) => (
+            "complete",
+            plan(&hc, Target::Host, Order::Gated)
+                .steps
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ),
+        _ => ("none", Vec::new()),
+    };
+    let value = serde_json::json!({
+        "apiVersion": discovery::API_VERSION,
+        "kind": "HostPlan",
+        "hostRoot": ctx.host.root().display().to_string(),
+        "lock": format!("{}/{}", lock::LOCK_DIR, lock::HOST_LOCK_NAME),
+        "units": units,
+        "nvidia": nvidia,
+        "driverVersion": inv.complete_driver().map(|d| d.version.clone()),
+        "gpus": inv.gpus.len(),
+        "cdiSpec": format!("{}/{spec_file}", hc.cdi_dir),
+        "hook": ctx.config.helper_path().as_str(),
+        "stagedImages": hc.staged_images_dir.as_str(),
+        "steps": steps,
+    });
+    let out = if json {
+        format!("{}\n", serde_json::to_string_pretty(&value)?)
+    } else {
+        host_plan_text(&value, &hc)
+    };
+    crate::output::print_all(&out)?;
+    complete
+}
+
+/// `host plan`'s text: the same value as its JSON, one line per fact.
+fn host_plan_text(v: &serde_json::Value, hc: &MachineConfig) -> String {
+    let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+    let mut out = format!(
+        "host mode on {} (the host's systemd)\nlock: {}\n",
+        s("hostRoot"),
+        s("lock")
+    );
+    for u in v["units"].as_array().into_iter().flatten() {
         out.push_str(&format!(
-            "{unit}: gate drop-in {} ({}), marker {}{}\n",
-            gate::host_dropin(unit),
-            if gated { "installed" } else { "not installed" },
-            gate::marker(unit),
-            if gate::Markers::of_host(&ctx.host).is_released(unit)? {
+            "{}: gate drop-in {} ({}), marker {}{}\n",
+            u["unit"].as_str().unwrap_or_default(),
+            u["gateDropin"].as_str().unwrap_or_default(),
+            if u["gateInstalled"] == true {
+                "installed"
+            } else {
+                "not installed"
+            },
+            u["marker"].as_str().unwrap_or_default(),
+            if u["released"] == true {
                 " (exists)"
             } else {
                 ""
             }
         ));
     }
-    let spec_path = format!("{}/{spec_file}", hc.cdi_dir);
-    let complete = check_complete(&inv).context("host plan");
-    match (inv.complete_driver(), &spec) {
-        _ if complete.is_err() => out.push_str(
+    let steps: Vec<&str> = v["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    match s("nvidia").as_str() {
+        "incomplete" => out.push_str(
             "NVIDIA state incomplete: host post-start refuses (exit 3) and changes nothing\n",
         ),
-        (Some(driver), Some(_)) => {
-            out.push_str(&format!(
-                "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {spec_path} (hooks run {})\n\
-                 staged images: {}\nsteps: {}\n",
-                driver.version,
-                inv.gpus.len(),
-                ctx.config.helper_path(),
-                hc.staged_images_dir,
-                plan(&hc, Target::Host, Order::Gated)
-            ));
-        }
+        "complete" => out.push_str(&format!(
+            "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {} (hooks run {})\n\
+             staged images: {}\nsteps: {}\n",
+            s("driverVersion"),
+            v["gpus"],
+            s("cdiSpec"),
+            s("hook"),
+            s("stagedImages"),
+            steps.join(" → ")
+        )),
         _ => out.push_str(&format!(
-            "no NVIDIA GPUs: remove our /dev/char links and \
-             {spec_path}; if the gate drop-ins are installed, release both and start \
-             {} and {}\n",
-            hc.containerd_unit, hc.kubelet_unit
+            "no NVIDIA GPUs: remove our /dev/char links and {}; if the gate drop-ins are \
+             installed, release both and start {} and {}\n",
+            s("cdiSpec"),
+            hc.containerd_unit,
+            hc.kubelet_unit
         )),
     }
-    print!("{out}");
-    complete
+    out
 }
 
 /// One post-start run: whom it is for and what it works on, a machine or the host.

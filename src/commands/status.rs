@@ -15,6 +15,7 @@
 //! (the unit is stopped: nothing is stale, the next start wires the host as it is then), 0 in
 //! sync.
 
+pub mod host;
 pub mod metrics;
 
 use crate::Ctx;
@@ -268,6 +269,9 @@ pub struct Observed {
     pub missing_gpus: Vec<String>,
     /// The helper installed at its stable path, as the units and the next start run it.
     pub helper: Option<HelperFacts>,
+    /// Why the root's `/etc/ld.so.cache` does not serve the driver, when it does not (host mode:
+    /// `host post-start` runs `ldconfig` then).
+    pub ld_cache: Option<String>,
     /// Why pre-start would refuse the machine's next start ([`crate::render::as_pre_start`]),
     /// with the exit code it would refuse it with.
     pub next_start: Option<(u8, String)>,
@@ -491,9 +495,49 @@ fn inspect_dev_char(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<()
     Ok(())
 }
 
+/// Whose GPU wiring is judged: a machine, or the host itself (host mode, `host status`).
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    Machine(&'a MachineName),
+    Host,
+}
+
+impl Subject<'_> {
+    /// How the subject starts its summary line, and its `machine` field in JSON.
+    pub fn name(self) -> String {
+        match self {
+            Subject::Machine(m) => m.to_string(),
+            Subject::Host => "host".to_owned(),
+        }
+    }
+    /// "the machine" or "the host".
+    fn the(self) -> &'static str {
+        match self {
+            Subject::Machine(_) => "the machine",
+            Subject::Host => "the host",
+        }
+    }
+    /// "in the machine" or "on the host".
+    fn inside(self) -> &'static str {
+        match self {
+            Subject::Machine(_) => "in the machine",
+            Subject::Host => "on the host",
+        }
+    }
+    /// The command that wires the subject again from the host as it is now.
+    fn rewire_command(self) -> String {
+        match self {
+            Subject::Machine(m) => {
+                format!("nspawn-lifecycle-helper nspawn-lifecycle reconcile {m}")
+            }
+            Subject::Host => format!("systemctl restart {}", crate::host_unit::UNIT),
+        }
+    }
+}
+
 /// Judge what was observed: pure, so every case is a unit test.
 pub fn evaluate(
-    machine: &MachineName,
+    subject: Subject<'_>,
     mc: &MachineConfig,
     inv: &Inventory,
     observed: Observed,
@@ -517,17 +561,20 @@ pub fn evaluate(
             ),
         );
     }
-    let not_running = judge_unit(machine, &observed, &mut add);
+    let not_running = judge_unit(subject, &observed, &mut add);
     if let Some(m) = &observed.machine {
-        judge_nvidia(inv, m, &mut add);
-        judge_gate(m, &mut add);
+        judge_nvidia(subject, inv, m, &mut add);
+        judge_gate(subject, m, &mut add);
     }
     if let Some(services) = &observed.services {
-        judge_services(services, &mut add);
+        judge_services(subject, services, &mut add);
     }
     judge_missing_gpus(&observed.missing_gpus, mc.require, &mut add);
     if let Some(h) = &observed.helper {
-        judge_helper(h, observed.machine.as_ref(), &mut add);
+        judge_helper(subject, h, observed.machine.as_ref(), &mut add);
+    }
+    if let Some(why) = &observed.ld_cache {
+        add(State::Drift, "ld-cache", why.clone());
     }
     if let Some((code, why)) = &observed.next_start {
         add(
@@ -544,18 +591,19 @@ pub fn evaluate(
         _ => State::InSync,
     };
     let summary = match state {
-        State::InSync | State::NothingInstalled => in_sync_summary(machine, mc, inv, &observed),
+        State::InSync | State::NothingInstalled => in_sync_summary(subject, mc, inv, &observed),
         State::NotRunning => format!(
-            "{machine}: not running: {}; the next start wires the host as it is then",
+            "{}: not running: {}; the next start wires the host as it is then",
+            subject.name(),
             not_running.as_deref().unwrap_or("stopped")
         ),
-        State::Drift | State::Broken => findings_summary(machine, state, &findings),
+        State::Drift | State::Broken => findings_summary(subject, state, &findings),
     };
     let running = observed.machine.is_some();
     Status {
         api_version: API_VERSION,
         kind: KIND,
-        machine: machine.to_string(),
+        machine: subject.name(),
         state,
         exit_code: state.exit_code(),
         summary,
@@ -593,7 +641,7 @@ fn host_facts(inv: &Inventory) -> HostFacts {
 /// The host unit: a failed post-start or a failed or restarting unit is broken; a stopped unit
 /// (or no machine registered) is not running, and the returned text says why.
 fn judge_unit(
-    machine: &MachineName,
+    subject: Subject<'_>,
     observed: &Observed,
     add: &mut impl FnMut(State, &'static str, String),
 ) -> Option<String> {
@@ -636,22 +684,27 @@ fn judge_unit(
             ));
         }
     }
-    if observed.machine.is_none() && not_running.is_none() {
+    if let (None, None, Subject::Machine(machine)) = (&observed.machine, &not_running, subject) {
         not_running = Some(format!("machine {machine} is not registered with machined"));
     }
     not_running
 }
 
 /// containerd and kubelet gated this boot and not released by post-start is broken.
-fn judge_gate(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String)) {
+fn judge_gate(
+    subject: Subject<'_>,
+    m: &MachineFacts,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
     if m.gated && !m.gate_released {
         add(
             State::Broken,
             "gate",
             format!(
                 "containerd and kubelet are gated this boot and post-start has not released \
-                 them (a marker in {} missing in the machine)",
-                gate::MARKER_DIR
+                 them (a marker in {} missing {})",
+                gate::MARKER_DIR,
+                subject.inside()
             ),
         );
     }
@@ -662,6 +715,7 @@ fn judge_gate(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String
 /// whose CDI hooks run another one (the helper was upgraded since its start) has not picked the
 /// upgrade up.
 fn judge_helper(
+    subject: Subject<'_>,
     h: &HelperFacts,
     m: Option<&MachineFacts>,
     add: &mut impl FnMut(State, &'static str, String),
@@ -671,7 +725,11 @@ fn judge_helper(
             State::Broken,
             "helper",
             format!(
-                "{problem}: the machine's next start would fail; reinstall the package (or `install`)"
+                "{problem}: {} next start would fail; reinstall the package (or `install`)",
+                match subject {
+                    Subject::Machine(_) => "the machine's",
+                    Subject::Host => "host mode's",
+                }
             ),
         );
         return;
@@ -714,21 +772,28 @@ fn judge_missing_gpus(
 }
 
 /// containerd and kubelet in the machine: not loaded or not active is broken.
-fn judge_services(services: &[ServiceFacts], add: &mut impl FnMut(State, &'static str, String)) {
+fn judge_services(
+    subject: Subject<'_>,
+    services: &[ServiceFacts],
+    add: &mut impl FnMut(State, &'static str, String),
+) {
     for s in services {
         if s.load_state != "loaded" {
             add(
                 State::Broken,
                 "services",
-                format!("{} is {} in the machine", s.unit, s.load_state),
+                format!("{} is {} {}", s.unit, s.load_state, subject.inside()),
             );
         } else if s.active_state != "active" {
             add(
                 State::Broken,
                 "services",
                 format!(
-                    "{} is {} ({}) in the machine",
-                    s.unit, s.active_state, s.sub_state
+                    "{} is {} ({}) {}",
+                    s.unit,
+                    s.active_state,
+                    s.sub_state,
+                    subject.inside()
                 ),
             );
         }
@@ -737,12 +802,12 @@ fn judge_services(services: &[ServiceFacts], add: &mut impl FnMut(State, &'stati
 
 /// The one line of a machine in sync: the driver and GPUs, the services, the last post-start.
 fn in_sync_summary(
-    machine: &MachineName,
+    subject: Subject<'_>,
     mc: &MachineConfig,
     inv: &Inventory,
     observed: &Observed,
 ) -> String {
-    let mut s = format!("{machine}: in sync: ");
+    let mut s = format!("{}: in sync: ", subject.name());
     match (&inv.verdict, &inv.kernel_module) {
         (Verdict::Complete, Some(v)) => {
             s.push_str(&format!("NVIDIA {v}, {} GPU(s)", inv.gpus.len()));
@@ -750,7 +815,10 @@ fn in_sync_summary(
         _ if mc.gpus == crate::config::Gpus::None => s.push_str(
             "no NVIDIA GPUs for this machine (gpus: none), no NVIDIA state in the machine",
         ),
-        _ => s.push_str("no NVIDIA GPUs on the host, no NVIDIA state in the machine"),
+        _ => s.push_str(&format!(
+            "no NVIDIA GPUs on the host, no NVIDIA state {}",
+            subject.inside()
+        )),
     }
     if observed.services.is_some() {
         s.push_str(&format!(
@@ -770,7 +838,7 @@ fn in_sync_summary(
 }
 
 /// The one line of a drifted or broken machine: the findings of its state first, then the rest.
-fn findings_summary(machine: &MachineName, state: State, findings: &[Finding]) -> String {
+fn findings_summary(subject: Subject<'_>, state: State, findings: &[Finding]) -> String {
     let mut msgs: Vec<&str> = findings
         .iter()
         .filter(|f| f.state == state)
@@ -783,16 +851,22 @@ fn findings_summary(machine: &MachineName, state: State, findings: &[Finding]) -
             .map(|f| f.message.as_str()),
     );
     let hint = if state == State::Drift {
-        format!(" (run `nspawn-lifecycle-helper nspawn-lifecycle reconcile {machine}`)")
+        format!(" (run `{}`)", subject.rewire_command())
     } else {
         String::new()
     };
-    format!("{machine}: {}: {}{hint}", state.as_str(), msgs.join("; "))
+    format!(
+        "{}: {}: {}{hint}",
+        subject.name(),
+        state.as_str(),
+        msgs.join("; ")
+    )
 }
 
 /// The NVIDIA part of [`evaluate`]: host GPUs and driver against the running machine's spec,
 /// driver root and links.
 fn judge_nvidia(
+    subject: Subject<'_>,
     inv: &Inventory,
     m: &MachineFacts,
     add: &mut impl FnMut(State, &'static str, String),
@@ -804,28 +878,32 @@ fn judge_nvidia(
     let host_version = match (&inv.verdict, &inv.kernel_module) {
         (Verdict::Complete, Some(v)) => v.as_str(),
         (Verdict::Incomplete { .. }, _) => return,
-        _ => return judge_no_host_gpus(m, has_state, add),
+        _ => return judge_no_host_gpus(subject, m, has_state, add),
     };
     if !has_state {
         add(
             State::Drift,
             "driver-version",
             format!(
-                "the host has NVIDIA {host_version} with {} GPU(s) but the machine has no NVIDIA \
-                 state (it started before they appeared)",
-                inv.gpus.len()
+                "the host has NVIDIA {host_version} with {} GPU(s) but {} has no NVIDIA state \
+                 (it was wired before they appeared)",
+                inv.gpus.len(),
+                match subject {
+                    Subject::Machine(_) => "the machine",
+                    Subject::Host => "host mode",
+                }
             ),
         );
         return;
     }
-    let version_drift = judge_driver_version(host_version, m, add);
+    let version_drift = judge_driver_version(subject, host_version, m, add);
     if let Some(why) = m.driver_root_mismatch.as_ref().filter(|_| !version_drift) {
         add(State::Drift, "driver-root", why.clone());
     }
-    judge_spec_state(m, add);
+    judge_spec_state(subject, m, add);
     let mut gpu_drift = false;
     if let Some(c) = &spec.checked {
-        gpu_drift = judge_spec_gpus(inv, c, add);
+        gpu_drift = judge_spec_gpus(subject, inv, c, add);
         if !version_drift && !gpu_drift && !spec.current {
             add(
                 State::Drift,
@@ -847,12 +925,12 @@ fn judge_nvidia(
         } else {
             State::Broken
         };
-        add(state, "dangling-links", dangling_message(m));
+        add(state, "dangling-links", dangling_message(subject, m));
     }
 }
 
 /// The machine's dangling NVIDIA links, the first three named.
-fn dangling_message(m: &MachineFacts) -> String {
+fn dangling_message(subject: Subject<'_>, m: &MachineFacts) -> String {
     let n = m.dangling_links.len();
     let shown: Vec<&str> = m
         .dangling_links
@@ -861,7 +939,8 @@ fn dangling_message(m: &MachineFacts) -> String {
         .map(String::as_str)
         .collect();
     format!(
-        "{n} NVIDIA link(s) in the machine dangle: {}{}",
+        "{n} NVIDIA link(s) {} dangle: {}{}",
+        subject.inside(),
         shown.join(", "),
         if n > 3 { ", …" } else { "" }
     )
@@ -869,6 +948,7 @@ fn dangling_message(m: &MachineFacts) -> String {
 
 /// No NVIDIA GPUs on the host: any NVIDIA state left in the machine is stale.
 fn judge_no_host_gpus(
+    subject: Subject<'_>,
     m: &MachineFacts,
     has_state: bool,
     add: &mut impl FnMut(State, &'static str, String),
@@ -889,19 +969,21 @@ fn judge_no_host_gpus(
             State::Drift,
             "stale-nvidia-state",
             format!(
-                "the host has no NVIDIA GPUs but the machine still has NVIDIA state ({})",
+                "the host has no NVIDIA GPUs but {} still has NVIDIA state ({})",
+                subject.the(),
                 what.join(", ")
             ),
         );
     }
     if !m.dangling_links.is_empty() {
-        add(State::Drift, "dangling-links", dangling_message(m));
+        add(State::Drift, "dangling-links", dangling_message(subject, m));
     }
 }
 
 /// One finding per driver version the machine holds other than the host's, naming where it
 /// holds it; whether there was any.
 fn judge_driver_version(
+    subject: Subject<'_>,
     host_version: &str,
     m: &MachineFacts,
     add: &mut impl FnMut(State, &'static str, String),
@@ -929,7 +1011,11 @@ fn judge_driver_version(
             State::Drift,
             "driver-version",
             format!(
-                "NVIDIA driver changed: host kernel module {host_version}, machine's {whats} {v}"
+                "NVIDIA driver changed: host kernel module {host_version}, {}'s {whats} {v}",
+                match subject {
+                    Subject::Machine(_) => "machine",
+                    Subject::Host => "host mode",
+                }
             ),
         );
     }
@@ -937,15 +1023,20 @@ fn judge_driver_version(
 }
 
 /// A CDI spec missing or invalid while the machine is wired for NVIDIA.
-fn judge_spec_state(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, String)) {
+fn judge_spec_state(
+    subject: Subject<'_>,
+    m: &MachineFacts,
+    add: &mut impl FnMut(State, &'static str, String),
+) {
     let spec = &m.cdi_spec;
     match spec.state {
         "missing" => add(
             State::Broken,
             "cdi-spec",
             format!(
-                "CDI spec {} is missing while the machine is wired for NVIDIA {}",
+                "CDI spec {} is missing while {} is wired for NVIDIA {}",
                 spec.path,
+                subject.the(),
                 m.driver_root_versions
                     .first()
                     .or(m.link_versions.first())
@@ -967,6 +1058,7 @@ fn judge_spec_state(m: &MachineFacts, add: &mut impl FnMut(State, &'static str, 
 
 /// The host's GPUs against the devices of the machine's valid CDI spec; whether they differ.
 fn judge_spec_gpus(
+    subject: Subject<'_>,
     inv: &Inventory,
     c: &cdi::Checked,
     add: &mut impl FnMut(State, &'static str, String),
@@ -987,8 +1079,9 @@ fn judge_spec_gpus(
                     State::Drift,
                     "gpus",
                     format!(
-                        "GPU {} ({node}) on the host is not in the machine's CDI spec",
-                        g.uuid
+                        "GPU {} ({node}) on the host is not in {}'s CDI spec",
+                        g.uuid,
+                        subject.the()
                     ),
                 );
             }
@@ -998,9 +1091,10 @@ fn judge_spec_gpus(
                     State::Drift,
                     "gpus",
                     format!(
-                        "GPU {} is {node} on the host but {} in the machine's CDI spec",
+                        "GPU {} is {node} on the host but {} in {}'s CDI spec",
                         g.uuid,
-                        nodes.join(", ")
+                        nodes.join(", "),
+                        subject.the()
                     ),
                 );
             }
@@ -1013,18 +1107,20 @@ fn judge_spec_gpus(
             add(
                 State::Drift,
                 "gpus",
-                format!("GPU {name} in the machine's CDI spec is gone from the host"),
+                format!(
+                    "GPU {name} in {}'s CDI spec is gone from the host",
+                    subject.the()
+                ),
             );
         }
     }
     gpu_drift
 }
 
-/// The last run of our post-start among the unit's `ExecStartPost=` commands.
-fn last_post_start(runs: &[ExecRun]) -> Option<PostStartRun> {
-    let run = runs
-        .iter()
-        .find(|r| r.command.contains("nspawn-lifecycle post-start"))?;
+/// The last run of `command` (our post-start) among the unit's `ExecStartPost=` (or, for host
+/// mode's oneshot, `ExecStart=`) commands.
+fn last_post_start(runs: &[ExecRun], command: &str) -> Option<PostStartRun> {
+    let run = runs.iter().find(|r| r.command.contains(command))?;
     if run.started_usec == 0 {
         return None;
     }
@@ -1101,7 +1197,7 @@ fn observe(
         sub_state: run.unit.sub_state.clone(),
         result: run.result.clone(),
         invocation_id: run.unit.invocation_id.clone(),
-        last_post_start: last_post_start(&run.exec_start_post),
+        last_post_start: last_post_start(&run.exec_start_post, "nspawn-lifecycle post-start"),
     };
     // Only an active unit has a machine to inspect; while it starts, post-start may be halfway.
     if run.unit.active_state != "active"
@@ -1191,7 +1287,7 @@ pub fn machine_status(
     observed.next_start = crate::render::as_pre_start(ctx, machine)
         .err()
         .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));
-    let mut status = evaluate(machine, &mc, inv, observed);
+    let mut status = evaluate(Subject::Machine(machine), &mc, inv, observed);
     if a.setting != crate::config::Gpus::All {
         status.assignment = Some(a.report(machine.as_str(), mc.require));
     }
@@ -1217,7 +1313,7 @@ pub fn status(
     })();
     let out = match judged {
         Ok(out) => out,
-        Err(e) if json => return Err(print_unjudged(machine, e)),
+        Err(e) if json => return Err(print_unjudged(machine.map(MachineName::as_str), e)),
         Err(e) => return Err(e),
     };
     let state = out
@@ -1244,7 +1340,7 @@ struct Unjudged {
 }
 
 /// Print `status --json`'s object for an error `e` (see [`Unjudged`]) and return `e`.
-pub fn print_unjudged(machine: Option<&MachineName>, e: anyhow::Error) -> anyhow::Error {
+pub fn print_unjudged(machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
     let printed = print_json(&Unjudged {
         api_version: API_VERSION,
         kind: "StatusError",
@@ -1540,7 +1636,7 @@ mod tests {
         let root = MachineRoot::open(m).unwrap();
         let facts = inspect_machine(&root, &mc, expected.as_deref()).unwrap();
         evaluate(
-            &"kube1".parse().unwrap(),
+            Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             inv,
             Observed {
@@ -1549,6 +1645,7 @@ mod tests {
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
                 helper: None,
+                ld_cache: None,
                 next_start: None,
             },
         )
@@ -1605,8 +1702,8 @@ mod tests {
 
         let mut found = Vec::new();
         let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
-        judge_helper(&garbage, None, &mut add);
-        judge_helper(&good, None, &mut add);
+        judge_helper(Subject::Host, &garbage, None, &mut add);
+        judge_helper(Subject::Host, &good, None, &mut add);
         assert_eq!(found, [(State::Broken, "helper")]);
         let mut m = MachineFacts {
             hook_binary: good.identity,
@@ -1614,11 +1711,26 @@ mod tests {
         };
         let mut found = Vec::new();
         let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
-        judge_helper(&good, Some(&m), &mut add);
+        judge_helper(
+            Subject::Machine(&"kube1".parse().unwrap()),
+            &good,
+            Some(&m),
+            &mut add,
+        );
         m.hook_binary = Some((0, 1));
-        judge_helper(&good, Some(&m), &mut add);
+        judge_helper(
+            Subject::Machine(&"kube1".parse().unwrap()),
+            &good,
+            Some(&m),
+            &mut add,
+        );
         m.hook_binary = None;
-        judge_helper(&good, Some(&m), &mut add);
+        judge_helper(
+            Subject::Machine(&"kube1".parse().unwrap()),
+            &good,
+            Some(&m),
+            &mut add,
+        );
         assert_eq!(found, [(State::Drift, "helper")]);
     }
 
@@ -1693,10 +1805,11 @@ mod tests {
             services: Some(services("active", "active")),
             missing_gpus: Vec::new(),
             helper: None,
+            ld_cache: None,
             next_start: None,
         };
         let s = evaluate(
-            &"kube1".parse().unwrap(),
+            Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &inv,
             observed(facts.clone()),
@@ -1705,7 +1818,12 @@ mod tests {
         assert_eq!(checks(&s), [(State::Drift, "driver-root")]);
         assert!(s.summary.contains("libc.so.6"), "{}", s.summary);
         facts.driver_root_versions = vec![OLD.to_owned()];
-        let s = evaluate(&"kube1".parse().unwrap(), &mc, &inv, observed(facts));
+        let s = evaluate(
+            Subject::Machine(&"kube1".parse().unwrap()),
+            &mc,
+            &inv,
+            observed(facts),
+        );
         assert!(
             !checks(&s).iter().any(|(_, c)| *c == "driver-root"),
             "{s:#?}"
@@ -1843,7 +1961,7 @@ mod tests {
         let root = MachineRoot::open(m.path()).unwrap();
         let facts = inspect_machine(&root, &mc, None).unwrap();
         let s = evaluate(
-            &"kube1".parse().unwrap(),
+            Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &cpu_inv,
             Observed {
@@ -1852,6 +1970,7 @@ mod tests {
                 services: Some(services("active", "active")),
                 missing_gpus: Vec::new(),
                 helper: None,
+                ld_cache: None,
                 next_start: None,
             },
         );
@@ -1935,13 +2054,25 @@ mod tests {
             services: Some(services(containerd, kubelet)),
             missing_gpus: Vec::new(),
             helper: None,
+            ld_cache: None,
             next_start: None,
         };
         assert_eq!(
-            evaluate(&kube1, &mc, &inv, running("active", "active")).state,
+            evaluate(
+                Subject::Machine(&kube1),
+                &mc,
+                &inv,
+                running("active", "active")
+            )
+            .state,
             State::InSync
         );
-        let s = evaluate(&kube1, &mc, &inv, running("active", "inactive"));
+        let s = evaluate(
+            Subject::Machine(&kube1),
+            &mc,
+            &inv,
+            running("active", "inactive"),
+        );
         assert_eq!(s.state, State::Broken);
         assert!(
             s.summary
@@ -1951,7 +2082,7 @@ mod tests {
         );
         let mut missing = running("active", "active");
         missing.services.as_mut().unwrap()[0].load_state = "not-found".into();
-        let s = evaluate(&kube1, &mc, &inv, missing);
+        let s = evaluate(Subject::Machine(&kube1), &mc, &inv, missing);
         assert!(
             s.summary
                 .contains("containerd.service is not-found in the machine"),
@@ -1969,16 +2100,17 @@ mod tests {
             services: None,
             missing_gpus: Vec::new(),
             helper: None,
+            ld_cache: None,
             next_start: None,
         };
-        let s = evaluate(&kube1, &mc, &inv, stopped.clone());
+        let s = evaluate(Subject::Machine(&kube1), &mc, &inv, stopped.clone());
         assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
         // A start pre-start would refuse is broken even while stopped: the next start fails.
         let refused = Observed {
             next_start: Some((2, "the drop-in is for other gpus".into())),
             ..stopped.clone()
         };
-        let r = evaluate(&kube1, &mc, &inv, refused);
+        let r = evaluate(Subject::Machine(&kube1), &mc, &inv, refused);
         assert_eq!((r.state, r.exit_code), (State::Broken, 6));
         assert_eq!(
             r.summary,
@@ -1999,7 +2131,7 @@ mod tests {
         post.exit_status = Some(3);
         post.succeeded = false;
         let s = evaluate(
-            &kube1,
+            Subject::Machine(&kube1),
             &mc,
             &inv,
             Observed {
@@ -2008,6 +2140,7 @@ mod tests {
                 services: None,
                 missing_gpus: Vec::new(),
                 helper: None,
+                ld_cache: None,
                 next_start: None,
             },
         );
@@ -2031,25 +2164,42 @@ mod tests {
             status,
         };
         let hook = "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper nspawn-lifecycle post-start kube1";
-        assert_eq!(last_post_start(&[run("/bin/true", 1, 2, 1, 0)]), None);
-        assert_eq!(last_post_start(&[run(hook, 0, 0, 0, 0)]), None);
-        let ok = last_post_start(&[run(
-            hook,
-            1_764_763_200_000_000,
-            1_764_763_202_500_000,
-            1,
-            0,
-        )])
+        assert_eq!(
+            last_post_start(
+                &[run("/bin/true", 1, 2, 1, 0)],
+                "nspawn-lifecycle post-start"
+            ),
+            None
+        );
+        assert_eq!(
+            last_post_start(&[run(hook, 0, 0, 0, 0)], "nspawn-lifecycle post-start"),
+            None
+        );
+        let ok = last_post_start(
+            &[run(
+                hook,
+                1_764_763_200_000_000,
+                1_764_763_202_500_000,
+                1,
+                0,
+            )],
+            "nspawn-lifecycle post-start",
+        )
         .unwrap();
         assert!(ok.succeeded);
         assert_eq!(ok.started_at, "2025-12-03T12:00:00Z");
         assert_eq!(ok.exited_at.as_deref(), Some("2025-12-03T12:00:02Z"));
-        let killed = last_post_start(&[run(hook, 1, 2_000_000, 2, 9)]).unwrap();
+        let killed = last_post_start(
+            &[run(hook, 1, 2_000_000, 2, 9)],
+            "nspawn-lifecycle post-start",
+        )
+        .unwrap();
         assert_eq!(
             (killed.signal, killed.exit_status, killed.succeeded),
             (Some(9), None, false)
         );
-        let running = last_post_start(&[run(hook, 1, 0, 0, 0)]).unwrap();
+        let running =
+            last_post_start(&[run(hook, 1, 0, 0, 0)], "nspawn-lifecycle post-start").unwrap();
         assert_eq!((running.exited_at, running.succeeded), (None, false));
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(951_782_400_000_000), "2000-02-29T00:00:00Z");
@@ -2059,7 +2209,7 @@ mod tests {
     fn json_is_versioned() {
         let mc = plain_mc();
         let s = evaluate(
-            &"kube1".parse().unwrap(),
+            Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &empty_inventory(),
             Observed::default(),

@@ -201,13 +201,33 @@ pub struct ExecRun {
     pub status: i32,
 }
 
-/// A unit's state with its service result and the last runs of its `ExecStartPost=` commands.
+/// A unit's state with its service result and the last runs of its `ExecStart=` and
+/// `ExecStartPost=` commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceRun {
     pub unit: UnitState,
     /// `success`, `exit-code`, `signal`, `timeout`, … (of the last run).
     pub result: String,
+    pub exec_start: Vec<ExecRun>,
     pub exec_start_post: Vec<ExecRun>,
+}
+
+/// One `Exec*=` command as systemd's property gives it: (path, argv, ignore failure, start
+/// realtime µs, start monotonic µs, exit realtime µs, exit monotonic µs, PID, `si_code`, status).
+pub type ExecProperty = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
+
+impl ExecRun {
+    fn from_property(p: ExecProperty) -> ExecRun {
+        let (_, argv, _, start, _, exit, _, pid, code, status) = p;
+        ExecRun {
+            command: argv.join(" "),
+            started_usec: start,
+            exited_usec: exit,
+            pid,
+            code,
+            status,
+        }
+    }
 }
 
 /// A connection to one systemd instance (the host's, or a machine's).
@@ -353,8 +373,8 @@ impl Systemd {
         })
     }
 
-    /// Read a service's state, result and the last runs of its `ExecStartPost=` commands; only
-    /// property reads (what `status` uses).
+    /// Read a service's state, result and the last runs of its `ExecStart=` and `ExecStartPost=`
+    /// commands; only property reads (what `status` uses).
     pub fn service_run(&self, unit: &str, deadline: Instant) -> Result<ServiceRun> {
         zbus::block_on(async {
             let path = self.load_unit(unit, deadline).await?;
@@ -362,25 +382,17 @@ impl Systemd {
             let s = self.service_proxy(&path).await?;
             let what = |p: &str| format!("reading {p} of {unit}");
             let result = self.call(&what("Result"), deadline, s.result()).await?;
+            let start = self
+                .call(&what("ExecStart"), deadline, s.exec_start())
+                .await?;
             let post = self
                 .call(&what("ExecStartPost"), deadline, s.exec_start_post())
                 .await?;
             Ok(ServiceRun {
                 unit: state,
                 result,
-                exec_start_post: post
-                    .into_iter()
-                    .map(
-                        |(_, argv, _, start, _, exit, _, pid, code, status)| ExecRun {
-                            command: argv.join(" "),
-                            started_usec: start,
-                            exited_usec: exit,
-                            pid,
-                            code,
-                            status,
-                        },
-                    )
-                    .collect(),
+                exec_start: start.into_iter().map(ExecRun::from_property).collect(),
+                exec_start_post: post.into_iter().map(ExecRun::from_property).collect(),
             })
         })
     }

@@ -87,14 +87,13 @@ pub trait Service {
     /// The device cgroup's allow list: (path or `char-<group>`, access `rwm`).
     #[zbus(property)]
     fn device_allow(&self) -> zbus::Result<Vec<(String, String)>>;
-    /// Each `ExecStartPost=` command with its last run: (path, argv, ignore failure, start
-    /// realtime µs, start monotonic µs, exit realtime µs, exit monotonic µs, PID, `si_code`,
-    /// status), as systemd 252 keeps it until the unit starts again.
-    #[allow(clippy::type_complexity)]
+    /// Each `ExecStart=` command with its last run ([`super::ExecProperty`]).
     #[zbus(property)]
-    fn exec_start_post(
-        &self,
-    ) -> zbus::Result<Vec<(String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32)>>;
+    fn exec_start(&self) -> zbus::Result<Vec<super::ExecProperty>>;
+    /// Each `ExecStartPost=` command with its last run ([`super::ExecProperty`]), as systemd
+    /// 252 keeps it until the unit starts again.
+    #[zbus(property)]
+    fn exec_start_post(&self) -> zbus::Result<Vec<super::ExecProperty>>;
 }
 
 #[proxy(

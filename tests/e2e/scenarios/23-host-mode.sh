@@ -12,6 +12,8 @@
 #    and kubelet begin starting (InactiveExitTimestamp) only after their markers (ctime) of this
 #    run, kubelet once;
 # 3. GPUs gone: our spec and links removed, containerd and kubelet still started;
+#    `host status` at each step: not installed (2), in sync (0), drift after the version switch
+#    (5, naming the restart of the oneshot), in sync after it and without GPUs;
 # 4. killed (failpoints build, in place) at each post-start point: 137, rerun 0, healthy;
 # 5. host post-start and kube1's post-start at the same time: both 0, neither logged waiting for a
 #    lock, the host's run ended while kube1's (slowed by a 4 s kubelet stop) was still running;
@@ -87,7 +89,16 @@ healthy() {
     assert_match "$(c "$t.image-imported")" "^$IMG$" "$(H ctr -n k8s.io images ls -q 2>&1)"
 }
 
+# host status <tag> <exit> <summary ERE>: `host status` judged by the real systemd
+host_status_is() {
+    local out rc
+    out=$(H "$HP" host status 2>&1); rc=$?
+    assert_eq "$(c "$1.host-status-exit")" "$2" "$rc"
+    assert_match "$(c "$1.host-status-says")" "$3" "$out"
+}
+
 # ---- 1: install --host, start the oneshot ----------------------------------------------------------
+host_status_is not-installed 2 'host mode is not installed: no /etc/systemd/system/nspawn-lifecycle-host.service'
 out=$(H "$HP" install --host 2>&1); rc=$?
 assert_eq "$(c install-host)" 0 "$rc"
 [ $rc = 0 ] || info "install --host: $(tail -5 <<< "$out")"
@@ -103,9 +114,14 @@ assert_eq "$(c start-host-unit)" 0 "$rc"
 assert_eq "$(c host-unit-active)" active "$(hstate "$HU")"
 healthy start "$E2E_GPUS"
 assert_match "$(c spec-version)" "libcuda\.so\.$DRIVER_VERSION" "$(H cat "$CDI_SPEC")"
+host_status_is start 0 "^host: in sync: NVIDIA $DRIVER_VERSION, $E2E_GPUS GPU\\(s\\); containerd.service and kubelet.service active; last post-start succeeded "
+out=$(H "$HP" host status --json 2>&1)
+assert_match "$(c start.host-status-json-kind)" '"kind": "HostStatus"' "$out"
+assert_match "$(c start.host-status-json-exit-status)" '"exitStatus": 0' "$out"
 
 # ---- 2: driver version change, restart of the host service ------------------------------------------
 fake_driver_version "$NEW_VERSION"
+host_status_is version-switched 5 "^host: drift: NVIDIA driver changed: host kernel module $NEW_VERSION, host mode's CDI spec $DRIVER_VERSION.*\\(run \`systemctl restart nspawn-lifecycle-host.service\`\\)$"
 # as after a reboot: services down, the markers gone with /run; a start of kubelet is skipped
 H systemctl stop kubelet.service containerd.service
 H rm -f "$MARKERS/containerd.service" "$MARKERS/kubelet.service"
@@ -119,6 +135,7 @@ healthy version "$E2E_GPUS"
 spec=$(H cat "$CDI_SPEC")
 assert_match "$(c version.spec-new)" "libcuda\.so\.$NEW_VERSION" "$spec"
 assert_no_match "$(c version.spec-no-old)" "$DRIVER_VERSION" "$spec"
+host_status_is version 0 "^host: in sync: NVIDIA $NEW_VERSION"
 for u in containerd.service kubelet.service; do
     m=$(marker_us "$u"); s=$(started_us "$u")
     info "$u: marker $m µs, began starting $s µs (restart began $t0us µs)"
@@ -141,6 +158,7 @@ assert_eq "$(c nogpu.links-removed)" "" "$(char_links)"
 wait_until 30 host_active kubelet.service
 assert_eq "$(c nogpu.containerd-active)" active "$(hstate containerd.service)"
 assert_eq "$(c nogpu.kubelet-active)" active "$(hstate kubelet.service)"
+host_status_is nogpu 0 '^host: in sync: no NVIDIA GPUs on the host, no NVIDIA state on the host'
 fake_gpus "$E2E_GPUS"
 out=$(H timeout 180 systemctl restart "$HU" 2>&1); rc=$?
 assert_eq "$(c gpus-back-restart)" 0 "$rc"

@@ -1,0 +1,165 @@
+//! `host status`: host mode's wiring judged the way a machine's is ([`super::evaluate`] with
+//! [`Subject::Host`]). The host's discovery now against what `host post-start` left on the host:
+//! the CDI spec in the host's CDI directory (what it would write now), our `/dev/char` links,
+//! the host's `ld.so.cache` (it must list the driver, or containers of the host's runtime that
+//! use its loader miss it), the host's unit gate for containerd and kubelet, the last run of
+//! `nspawn-lifecycle-host.service`, both services, and the installed helper the spec's hooks
+//! run. Reads only, like `status`; the same states and exit codes. Under `--host-root` no systemd
+//! is asked: the files alone are judged.
+
+use super::{
+    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, helper_facts,
+    inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
+};
+use crate::Ctx;
+use crate::config::MachineConfig;
+use crate::discovery::{self, Inventory};
+use crate::gate;
+use crate::host_unit;
+use crate::machine_root::MachineRoot;
+use crate::systemd::Systemd;
+use anyhow::{Context as _, Result};
+use std::time::Instant;
+
+/// `kind` of `host status --json`: a [`Status`] whose `machine` is `host`.
+pub const KIND: &str = "HostStatus";
+
+/// `host status`: judge host mode, print the summary line (or the JSON object), return the exit
+/// code (0, 5, 6 or 7).
+pub fn host_status(ctx: &Ctx, json: bool) -> Result<u8> {
+    let status = match judge(ctx) {
+        Ok(s) => s,
+        Err(e) if json => return Err(print_unjudged(Some("host"), e)),
+        Err(e) => return Err(e),
+    };
+    let state: State = status.state;
+    print_status(vec![status], state, false, json)?;
+    Ok(state.exit_code())
+}
+
+/// Gather and judge host mode.
+fn judge(ctx: &Ctx) -> Result<Status> {
+    let unit_file = host_unit::unit_path();
+    if !ctx.host.is_file(&unit_file) {
+        return Err(crate::error::bad_input(format!(
+            "host mode is not installed: no {unit_file} on the host (see `install --host`)"
+        )));
+    }
+    let hc = ctx.config.host()?;
+    let inv = discovery::discover(&ctx.host)?;
+    let helper = ctx.config.helper_path();
+    let mut observed = observe(ctx, &hc, &inv, helper.as_str()).context("host status")?;
+    observed.helper = Some(helper_facts(&ctx.host, helper.as_str()));
+    let mut status = evaluate(Subject::Host, &hc, &inv, observed);
+    status.kind = KIND;
+    Ok(status)
+}
+
+/// What `host post-start` left on the host, and (on the real host) its unit and both services.
+fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Result<Observed> {
+    let expected =
+        crate::cdi::spec_on_host(inv, &hc.cdi_kind, helper)?.map(|s| crate::cdi::render(&s));
+    let root = MachineRoot::open(ctx.host.root())?;
+    let mut facts = super::MachineFacts {
+        cdi_spec: inspect_spec(&root, hc, expected.as_deref())?,
+        driver_root_versions: Vec::new(),
+        link_versions: Vec::new(),
+        dangling_links: Vec::new(),
+        gated: gate::is_gated_on_host(&root, &hc.containerd_unit)?
+            || gate::is_gated_on_host(&root, &hc.kubelet_unit)?,
+        gate_released: {
+            let markers = gate::Markers::of_host(&ctx.host);
+            markers.is_released(&hc.containerd_unit)? && markers.is_released(&hc.kubelet_unit)?
+        },
+        driver_root_mismatch: None,
+        hook_binary: None,
+    };
+    inspect_dev_char(&root, &mut facts.dangling_links)?;
+    let ld_cache = match inv.complete_driver() {
+        Some(driver) if !crate::rewire::ld_cache_lists_driver(&root, driver)? => Some(format!(
+            "the host's /etc/ld.so.cache does not list NVIDIA {}'s libraries (host post-start \
+             runs ldconfig)",
+            driver.version
+        )),
+        _ => None,
+    };
+    let (unit, services) = if ctx.host.is_real_root() {
+        let (u, s) = ask_systemd(hc)?;
+        (Some(u), Some(s))
+    } else {
+        (None, None)
+    };
+    Ok(Observed {
+        unit,
+        machine: Some(facts),
+        services,
+        ld_cache,
+        ..Observed::default()
+    })
+}
+
+/// Host mode's unit and its last `host post-start`, and the host's containerd and kubelet.
+fn ask_systemd(hc: &MachineConfig) -> Result<(UnitFacts, Vec<ServiceFacts>)> {
+    let deadline = Instant::now() + super::BUS_TIMEOUT;
+    let sd = Systemd::host(deadline)?;
+    let run = sd.service_run(host_unit::UNIT, deadline)?;
+    let unit = UnitFacts {
+        unit: host_unit::UNIT.to_owned(),
+        active_state: run.unit.active_state.clone(),
+        sub_state: run.unit.sub_state.clone(),
+        result: run.result.clone(),
+        invocation_id: run.unit.invocation_id.clone(),
+        last_post_start: last_post_start(&run.exec_start, "host post-start"),
+    };
+    let mut services = Vec::new();
+    for u in [&hc.containerd_unit, &hc.kubelet_unit] {
+        let st = sd.unit_state(u.as_str(), deadline)?;
+        services.push(ServiceFacts {
+            unit: u.to_string(),
+            load_state: st.load_state,
+            active_state: st.active_state,
+            sub_state: st.sub_state,
+        });
+    }
+    Ok((unit, services))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The host's cache lacking the driver is drift, fixed by the host unit's restart.
+    #[test]
+    fn a_host_cache_without_the_driver_is_drift_naming_the_host_unit() {
+        let hc = crate::config::Config::default().host().unwrap();
+        let inv = Inventory {
+            devices: Vec::new(),
+            kvm: None,
+            gpus: Vec::new(),
+            kernel_module: None,
+            driver: None,
+            verdict: crate::discovery::Verdict::None,
+        };
+        let s = evaluate(
+            Subject::Host,
+            &hc,
+            &inv,
+            Observed {
+                ld_cache: Some(
+                    "the host's /etc/ld.so.cache does not list NVIDIA 1's libraries".into(),
+                ),
+                ..Observed::default()
+            },
+        );
+        assert_eq!(s.state, State::Drift, "{s:#?}");
+        assert!(
+            s.summary
+                .starts_with("host: drift: the host's /etc/ld.so.cache")
+                && s.summary
+                    .ends_with("(run `systemctl restart nspawn-lifecycle-host.service`)"),
+            "{}",
+            s.summary
+        );
+    }
+}
