@@ -1,7 +1,7 @@
 #!/bin/bash
 # Build the Debian package nspawn-lifecycle_<version>_<arch>.deb from this repository with
 # dpkg-deb alone (no cargo-deb: installing it from crates.io costs CI several minutes of compile on
-# two cores, see README "Debian package").
+# two cores, see docs/packaging.md).
 #
 #   assets/debian/build-deb.sh [--binary PATH] [--out DIR]
 #
@@ -13,7 +13,7 @@
 # the changelog date) is SOURCE_DATE_EPOCH, by default the time of the last commit; owners are
 # root:root; man pages are gzipped without name or time.
 #
-# What the package holds, and why it holds nothing else (README "Debian package"):
+# What the package holds, and why it holds nothing else (docs/packaging.md):
 #   /usr/bin/nspawn-lifecycle-helper                      the static binary
 #   /usr/share/man/man1/nspawn-lifecycle-helper*.1.gz     from the hidden `manpages DIR` subcommand
 #   /usr/share/man/man5/nspawn-lifecycle.json.5.gz         the configuration file's page, from the same
@@ -24,7 +24,7 @@
 #   /usr/share/lintian/overrides/nspawn-lifecycle
 #   /lib/systemd/system/nspawn-lifecycle-metrics.{service,timer}   fleet metrics for the node
 #                                                         exporter; not enabled (an operator's
-#                                                         choice: README "Fleet metrics")
+#                                                         choice: docs/monitoring.md)
 #   /usr/share/nspawn-lifecycle/prometheus/               alert rules and their promtool tests
 # No maintainer scripts: installing changes no machine and reloads nothing. The hooks' stable path
 # /usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper belongs to `install`, which copies the
