@@ -154,6 +154,113 @@ fn completions_hide_plumbing_and_offer_installed_machines() {
     assert!(!zsh.contains("':machine -- The machine\\: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE:_default'"), "{zsh}");
 }
 
+/// The fish script in a real fish (`complete -C`, as fish completes a command line): commands,
+/// and installed machines under `--host-root` after exactly the commands that take MACHINE. The
+/// zsh script loads in a real zsh with compinit (zsh has no non-interactive completion call).
+/// CI installs both shells (tests/run-all.sh); without them this fails, naming the package.
+#[test]
+fn fish_completes_machines_and_zsh_loads_the_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"),
+        bin.join(NAME),
+    )
+    .unwrap();
+    let fish_script = dir.path().join("c.fish");
+    std::fs::write(&fish_script, stdout_of(&["completions", "fish"])).unwrap();
+    let host = dir.path().join("host");
+    for m in ["kube1", "gpu2"] {
+        let d = host.join(format!("etc/systemd/system/systemd-nspawn@{m}.service.d"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("50-nspawn-lifecycle.conf"), "").unwrap();
+    }
+    let root = host.display().to_string();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let fish = |line: &str| -> Vec<String> {
+        let out = std::process::Command::new("fish")
+            .arg("--no-config")
+            .arg("-c")
+            .arg(format!(
+                "source {}; complete -C '{line}'",
+                fish_script.display()
+            ))
+            .env("PATH", &path)
+            .output()
+            .expect("fish runs (Debian package fish; tests/run-all.sh installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut words: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+            .collect();
+        words.sort();
+        words
+    };
+    assert_eq!(fish(&format!("{NAME} st")), ["status"]);
+    assert_eq!(fish(&format!("{NAME} nspawn-lifecycle pre")), ["pre-start"]);
+    assert_eq!(
+        fish(&format!("{NAME} --host-root {root} status k")),
+        ["kube1"]
+    );
+    assert_eq!(
+        fish(&format!("{NAME} --host-root={root}/ plan ")),
+        ["gpu2", "kube1"]
+    );
+    assert_eq!(
+        fish(&format!(
+            "{NAME} --host-root {root} nspawn-lifecycle post-start "
+        )),
+        ["gpu2", "kube1"]
+    );
+    for no_machine in ["plan kube1 ", "discover ", "host status "] {
+        let got = fish(&format!("{NAME} --host-root {root} {no_machine}"));
+        assert!(
+            !got.iter().any(|w| w == "kube1"),
+            "{no_machine}: machines offered: {got:?}"
+        );
+    }
+    let top = fish(&format!("{NAME} "));
+    assert!(top.iter().any(|w| w == "status"), "{top:?}");
+    assert!(
+        !top.iter().any(|w| w == "cdi-hook" || w == "manpages"),
+        "{top:?}"
+    );
+
+    let zdir = dir.path().join("zfunc");
+    std::fs::create_dir_all(&zdir).unwrap();
+    std::fs::write(
+        zdir.join(format!("_{NAME}")),
+        stdout_of(&["completions", "zsh"]),
+    )
+    .unwrap();
+    let out = std::process::Command::new("zsh")
+        .arg("-f")
+        .arg("-c")
+        .arg(format!(
+            "autoload -U compinit && compinit -u && source {} && \
+             (( $+functions[_{NAME}] && $+functions[_nspawn_lifecycle_machines] )) && \
+             [[ $_comps[{NAME}] == _{NAME} ]]",
+            zdir.join(format!("_{NAME}")).display()
+        ))
+        .output()
+        .expect("zsh runs (Debian package zsh; tests/run-all.sh installs it)");
+    assert!(
+        out.status.success(),
+        "zsh: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn zsh_and_fish_completions_name_the_hooks() {
     let zsh = stdout_of(&["completions", "zsh"]);

@@ -24,7 +24,7 @@ step() { printf '\n=== %s\n' "$*" >&2; }
 step "installing test dependencies (apt-get)"
 need=()
 for pair in file:file systemd-nspawn:systemd-container debootstrap:debootstrap gcc:gcc dbus-daemon:dbus \
-    /usr/bin/time:time prlimit:util-linux man:man-db; do
+    /usr/bin/time:time prlimit:util-linux man:man-db fish:fish zsh:zsh; do
     command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 # tests/json_schema.rs validates every JSON output with Python's jsonschema.

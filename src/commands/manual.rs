@@ -116,14 +116,52 @@ fn zsh_machines(script: &str) -> String {
     }
 }
 
-/// fish: MACHINE completes from the installed machines.
+/// fish: MACHINE completes from the installed machines (under `--host-root`, when the command
+/// line gives one), after exactly the commands that take one, as in bash.
 fn fish_machines(name: &str) -> String {
-    format!(
-        "complete -c {name} -n \"__fish_seen_subcommand_from plan status install uninstall \
-         reconcile pre-start post-start\" -f -a \"(for f in {DROPIN_GLOB}; string replace -r \
-         '^/etc/systemd/system/systemd-nspawn@(.*)\\.service\\.d/.*' '$1' $f; end)\"\n"
-    )
+    FISH_MACHINES
+        .replace("@NAME@", name)
+        .replace("@GLOB@", DROPIN_GLOB.trim_start_matches('/'))
 }
+
+const FISH_MACHINES: &str = r#"
+function __@NAME@_machine_wanted
+    set -l words
+    set -l skip 0
+    for w in (commandline -opc)[2..-1]
+        if test $skip = 1
+            set skip 0
+            continue
+        end
+        switch $w
+            case --host-root --config --machine-root
+                set skip 1
+            case '-*'
+            case '*'
+                set -a words $w
+        end
+    end
+    contains -- "$words" plan status install uninstall reconcile "nspawn-lifecycle pre-start" \
+        "nspawn-lifecycle post-start" "nspawn-lifecycle reconcile"
+end
+function __@NAME@_machines
+    set -l root ""
+    set -l args (commandline -opc)
+    for i in (seq (count $args))
+        switch $args[$i]
+            case --host-root
+                set root $args[(math $i + 1)]
+            case '--host-root=*'
+                set root (string replace -- --host-root= '' $args[$i])
+        end
+    end
+    set root (string replace -r -- '/+$' '' $root)
+    for f in $root/@GLOB@
+        string replace -r -- '^.*/systemd-nspawn@(.*)\.service\.d/[^/]*$' '$1' $f
+    end
+end
+complete -c @NAME@ -n __@NAME@_machine_wanted -f -a "(__@NAME@_machines)"
+"#;
 
 /// `script` with its `complete … ALIAS` lines registering, for `name` instead, the function
 /// that also completes machine names ([`BASH_MACHINES`]).
