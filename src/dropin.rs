@@ -12,6 +12,10 @@ use crate::units::nspawn_path;
 use std::fmt;
 
 /// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
+/// The words after the helper in the drop-in's `ExecStartPost=` (then the machine, `%i`):
+/// `status` finds post-start's last run among the unit's commands by them.
+pub const POST_START_ARGS: &str = "nspawn-lifecycle post-start";
+
 pub const DROPIN_HEADER: &str = "# Written by nspawn-lifecycle-helper install for machine";
 
 /// Seconds between a failed start and the next attempt. `StartLimitIntervalSec=0` already turns
@@ -147,7 +151,7 @@ impl Dropin {
             setting(
                 "Service",
                 "ExecStartPost",
-                format!("{helper} nspawn-lifecycle post-start %i"),
+                format!("{helper} {POST_START_ARGS} %i"),
                 None,
             ),
         ]

@@ -22,6 +22,10 @@ use crate::dropin::{AFTER, RESTART_SEC, TIMEOUT_START, exec_escape};
 use crate::paths::{HostPath, UnitName};
 use crate::units::UNIT_DIR;
 
+/// The words after the helper in [`UNIT`]'s `ExecStart=`: `host status` finds its last run by
+/// them.
+pub const HOST_POST_START_ARGS: &str = "host post-start";
+
 /// Host mode's unit.
 pub const UNIT: &str = "nspawn-lifecycle-host.service";
 
@@ -61,7 +65,7 @@ StartLimitIntervalSec=0
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={} host post-start
+ExecStart={} {HOST_POST_START_ARGS}
 Restart=on-failure
 RestartSec={RESTART_SEC}
 # host post-start stops kubelet and containerd, rewires and imports staged images, each step

@@ -20,7 +20,7 @@
 #   /usr/share/bash-completion/completions/nspawn-lifecycle-helper
 #   /usr/share/zsh/vendor-completions/_nspawn-lifecycle-helper
 #   /usr/share/fish/vendor_completions.d/nspawn-lifecycle-helper.fish
-#   /usr/share/doc/nspawn-lifecycle/{README.md.gz,copyright,changelog.gz}
+#   /usr/share/doc/nspawn-lifecycle/{README.md.gz,docs/*.md.gz,copyright,changelog.gz}
 #   /usr/share/lintian/overrides/nspawn-lifecycle
 #   /lib/systemd/system/nspawn-lifecycle-metrics.{service,timer}   fleet metrics for the node
 #                                                         exporter; not enabled (an operator's
@@ -94,6 +94,9 @@ mv "$root/usr/share/man/man1/"*.5 "$root/usr/share/man/man5/" || die "$bin manpa
 "$bin" completions zsh > "$root/usr/share/zsh/vendor-completions/_$exe"
 "$bin" completions fish > "$root/usr/share/fish/vendor_completions.d/$exe.fish"
 install -m 0644 README.md "$doc/README.md"
+# The README links to docs/: the same tree beside it.
+install -d "$doc/docs"
+install -m 0644 docs/*.md "$doc/docs/"
 install -m 0644 assets/debian/copyright "$doc/copyright"
 install -m 0644 assets/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
 install -d "$root/lib/systemd/system" "$root/usr/share/$name/prometheus"
@@ -107,7 +110,8 @@ install -m 0644 assets/prometheus/nspawn-lifecycle.rules.yml assets/prometheus/n
     printf ' -- %s  %s\n' "$(sed -n 's/^Maintainer: //p' assets/debian/control.in)" \
         "$(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")"
 } > "$doc/changelog"
-gzip -9n "$root"/usr/share/man/man1/*.1 "$root"/usr/share/man/man5/*.5 "$doc/README.md" "$doc/changelog"
+gzip -9n "$root"/usr/share/man/man1/*.1 "$root"/usr/share/man/man5/*.5 "$doc/README.md" "$doc/changelog" \
+    "$doc"/docs/*.md
 
 find "$root" -path "$root/DEBIAN" -prune -o -type f -exec chmod 0644 {} + -o -type d -exec chmod 0755 {} +
 chmod 0755 "$root/usr/bin/$exe" "$root/DEBIAN"

@@ -1197,7 +1197,7 @@ fn observe(
         sub_state: run.unit.sub_state.clone(),
         result: run.result.clone(),
         invocation_id: run.unit.invocation_id.clone(),
-        last_post_start: last_post_start(&run.exec_start_post, "nspawn-lifecycle post-start"),
+        last_post_start: last_post_start(&run.exec_start_post, crate::dropin::POST_START_ARGS),
     };
     // Only an active unit has a machine to inspect; while it starts, post-start may be halfway.
     if run.unit.active_state != "active"

@@ -109,7 +109,7 @@ fn ask_systemd(hc: &MachineConfig) -> Result<(UnitFacts, Vec<ServiceFacts>)> {
         sub_state: run.unit.sub_state.clone(),
         result: run.result.clone(),
         invocation_id: run.unit.invocation_id.clone(),
-        last_post_start: last_post_start(&run.exec_start, "host post-start"),
+        last_post_start: last_post_start(&run.exec_start, host_unit::HOST_POST_START_ARGS),
     };
     let mut services = Vec::new();
     for u in [&hc.containerd_unit, &hc.kubelet_unit] {
