@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{run_helper as run, snapshot};
+use common::{NoSystemd, run_helper as run, snapshot};
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
@@ -1366,30 +1366,6 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
     let out = run(dir.path(), &["host", "post-start"]);
     assert_eq!(code(&out), 2, "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("--host-root"));
-}
-
-/// Services that must not be reached: the host file steps never call systemd.
-struct NoSystemd;
-
-impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
-    fn stop(&self, unit: &str) -> anyhow::Result<()> {
-        panic!("stop {unit}")
-    }
-    fn start(&self, unit: &str) -> anyhow::Result<()> {
-        panic!("start {unit}")
-    }
-    fn is_active(&self, unit: &str) -> anyhow::Result<bool> {
-        panic!("is-active {unit}")
-    }
-    fn run(
-        &self,
-        _: &str,
-        argv: &[&str],
-        _: Option<std::os::fd::BorrowedFd<'_>>,
-        _: std::time::Duration,
-    ) -> anyhow::Result<nspawn_lifecycle::systemd::TransientOutcome> {
-        panic!("run {argv:?}")
-    }
 }
 
 /// Issue 15: host mode's real file steps on a host tree (the example two-gpus host as `/`):

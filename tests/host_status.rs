@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{run_helper, snapshot};
+use common::{NoSystemd, run_helper, snapshot};
 use nspawn_lifecycle::commands::post_start::{FileStep, Wiring, Work as _};
 use nspawn_lifecycle::{cdi, config, discovery, failpoint, gate, host, machine_root};
 use std::path::Path;
@@ -82,29 +82,6 @@ fn wire(root: &Path) {
         wiring
             .release(unit, failpoint::Point::PostStartMidGateRelease)
             .unwrap();
-    }
-}
-
-struct NoSystemd;
-
-impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
-    fn stop(&self, unit: &str) -> anyhow::Result<()> {
-        panic!("stop {unit}")
-    }
-    fn start(&self, unit: &str) -> anyhow::Result<()> {
-        panic!("start {unit}")
-    }
-    fn is_active(&self, unit: &str) -> anyhow::Result<bool> {
-        panic!("is-active {unit}")
-    }
-    fn run(
-        &self,
-        _: &str,
-        argv: &[&str],
-        _: Option<std::os::fd::BorrowedFd<'_>>,
-        _: std::time::Duration,
-    ) -> anyhow::Result<nspawn_lifecycle::systemd::TransientOutcome> {
-        panic!("run {argv:?}")
     }
 }
 

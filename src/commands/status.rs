@@ -1219,22 +1219,28 @@ fn observe(
     }
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
     let sd = Systemd::machine_in_any_userns(&handle, deadline)?;
-    let mut services = Vec::new();
-    for u in [&mc.containerd_unit, &mc.kubelet_unit] {
-        let st = sd.unit_state(u.as_str(), deadline)?;
-        services.push(ServiceFacts {
-            unit: u.to_string(),
-            load_state: st.load_state,
-            active_state: st.active_state,
-            sub_state: st.sub_state,
-        });
-    }
     Ok(Observed {
         unit: Some(unit),
         machine: Some(facts),
-        services: Some(services),
+        services: Some(services(&sd, mc, deadline)?),
         ..Observed::default()
     })
+}
+
+/// containerd and kubelet as `sd` (the machine's systemd, or the host's in host mode) has them.
+fn services(sd: &Systemd, mc: &MachineConfig, deadline: Instant) -> Result<Vec<ServiceFacts>> {
+    [&mc.containerd_unit, &mc.kubelet_unit]
+        .into_iter()
+        .map(|u| {
+            let st = sd.unit_state(u.as_str(), deadline)?;
+            Ok(ServiceFacts {
+                unit: u.to_string(),
+                load_state: st.load_state,
+                active_state: st.active_state,
+                sub_state: st.sub_state,
+            })
+        })
+        .collect()
 }
 
 /// Whether `machine` is installed: our drop-in is on the host.

@@ -178,3 +178,27 @@ pub fn nvidia_tool(tool: &str) -> std::path::PathBuf {
         tried.join(", ")
     );
 }
+
+/// Services that must not be reached: the host file steps never call systemd.
+pub struct NoSystemd;
+
+impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
+    fn stop(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("stop {unit}")
+    }
+    fn start(&self, unit: &str) -> anyhow::Result<()> {
+        panic!("start {unit}")
+    }
+    fn is_active(&self, unit: &str) -> anyhow::Result<bool> {
+        panic!("is-active {unit}")
+    }
+    fn run(
+        &self,
+        _: &str,
+        argv: &[&str],
+        _: Option<std::os::fd::BorrowedFd<'_>>,
+        _: std::time::Duration,
+    ) -> anyhow::Result<nspawn_lifecycle::systemd::TransientOutcome> {
+        panic!("run {argv:?}")
+    }
+}

@@ -111,17 +111,7 @@ fn ask_systemd(hc: &MachineConfig) -> Result<(UnitFacts, Vec<ServiceFacts>)> {
         invocation_id: run.unit.invocation_id.clone(),
         last_post_start: last_post_start(&run.exec_start, host_unit::HOST_POST_START_ARGS),
     };
-    let mut services = Vec::new();
-    for u in [&hc.containerd_unit, &hc.kubelet_unit] {
-        let st = sd.unit_state(u.as_str(), deadline)?;
-        services.push(ServiceFacts {
-            unit: u.to_string(),
-            load_state: st.load_state,
-            active_state: st.active_state,
-            sub_state: st.sub_state,
-        });
-    }
-    Ok((unit, services))
+    Ok((unit, super::services(&sd, hc, deadline)?))
 }
 
 #[cfg(test)]
