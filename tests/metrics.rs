@@ -143,6 +143,39 @@ fn privileged_every_state_is_valid_exposition_naming_the_state() {
     has(&text, "nspawn_lifecycle_status_errors 1");
 }
 
+/// Host mode installed beside a machine: judged as `host status` does (here, never run: its gate
+/// holds both services, broken), in families of its own; before `install --host`, installed 0.
+#[test]
+fn privileged_host_mode_has_metrics_of_its_own() {
+    let m = machine();
+    let gpus = host("two-gpus", &["kube1"]);
+    let (text, _) = prometheus(gpus.path(), Some(m.path()));
+    has(&text, "nspawn_lifecycle_host_mode_installed 0");
+    assert!(
+        !text.contains("nspawn_lifecycle_host_mode_state{"),
+        "{text}"
+    );
+    let out = run_helper(gpus.path(), &["install", "--host"]);
+    assert!(out.status.success(), "{out:?}");
+    let (text, code) = prometheus(gpus.path(), Some(m.path()));
+    assert_eq!(
+        code,
+        Some(5),
+        "the machines' worst state, as status --all: {text}"
+    );
+    check_metrics("host mode", &text);
+    has(&text, "nspawn_lifecycle_host_mode_installed 1");
+    has(
+        &text,
+        r#"nspawn_lifecycle_host_mode_state{state="broken"} 1"#,
+    );
+    has(
+        &text,
+        r#"nspawn_lifecycle_host_mode_check_failed{check="gate"} 1"#,
+    );
+    has(&text, "nspawn_lifecycle_status_errors 0");
+}
+
 /// Not running, and a last post-start that failed: states the fixture hosts cannot reach without
 /// a systemd, rendered from the values `status` builds.
 #[test]
@@ -185,10 +218,19 @@ fn not_running_and_a_failed_post_start_are_valid_exposition() {
     let report = Report {
         machines: vec![
             status("kube1", State::NotRunning, None),
-            status("kube2", State::Broken, Some(unit)),
+            status("kube2", State::Broken, Some(unit.clone())),
         ],
         host: None,
         installed: 2,
+        host_mode_installed: true,
+        host_mode: Some(Status {
+            findings: vec![nspawn_lifecycle::commands::status::Finding {
+                state: State::Broken,
+                check: "gate",
+                message: String::new(),
+            }],
+            ..status("host", State::Broken, Some(unit))
+        }),
         errors: Vec::new(),
         now: 1_796_385_700.0,
     };
@@ -214,6 +256,25 @@ fn not_running_and_a_failed_post_start_are_valid_exposition() {
         &text,
         r#"nspawn_lifecycle_last_post_start_success{machine="kube2"} 0"#,
     );
+    // Host mode: its own families, no machine label (a machine named `host` stays apart).
+    has(&text, "nspawn_lifecycle_host_mode_installed 1");
+    has(
+        &text,
+        r#"nspawn_lifecycle_host_mode_state{state="broken"} 1"#,
+    );
+    has(
+        &text,
+        r#"nspawn_lifecycle_host_mode_state{state="in_sync"} 0"#,
+    );
+    has(
+        &text,
+        r#"nspawn_lifecycle_host_mode_check_failed{check="gate"} 1"#,
+    );
+    has(
+        &text,
+        "nspawn_lifecycle_host_mode_last_post_start_success 0",
+    );
+    assert!(!text.contains(r#"machine="host""#), "{text}");
 }
 
 #[test]

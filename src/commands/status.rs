@@ -91,7 +91,8 @@ pub struct Finding {
     /// `drift` or `broken`.
     pub state: State,
     /// What was compared: `driver-version`, `gpus`, `cdi-spec`, `dangling-links`, `gate`,
-    /// `services`, `post-start`, `unit`, `host-driver`, `stale-nvidia-state`.
+    /// `services`, `post-start`, `unit`, `host-driver`, `stale-nvidia-state`, `driver-root`,
+    /// `helper`, `next-start`, `ld-cache`.
     pub check: &'static str,
     pub message: String,
 }
@@ -1400,6 +1401,15 @@ pub fn report(
         match machine_status(ctx, &inv, m, machine_root) {
             Ok(s) => r.machines.push(s),
             Err(e) => r.errors.push(format!("{m}: {e:#}")),
+        }
+    }
+    if all {
+        r.host_mode_installed = host::installed(ctx);
+        if r.host_mode_installed {
+            match host::judge(ctx) {
+                Ok(s) => r.host_mode = Some(s),
+                Err(e) => r.errors.push(format!("host mode: {e:#}")),
+            }
         }
     }
     r

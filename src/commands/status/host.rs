@@ -37,12 +37,17 @@ pub fn host_status(ctx: &Ctx, json: bool) -> Result<u8> {
     Ok(state.exit_code())
 }
 
-/// Gather and judge host mode.
-fn judge(ctx: &Ctx) -> Result<Status> {
-    let unit_file = host_unit::unit_path();
-    if !ctx.host.is_file(&unit_file) {
+/// Whether host mode is installed: its unit is on the host.
+pub fn installed(ctx: &Ctx) -> bool {
+    ctx.host.is_file(host_unit::unit_path())
+}
+
+/// Gather and judge host mode (also for the metrics, [`super::report`]).
+pub fn judge(ctx: &Ctx) -> Result<Status> {
+    if !installed(ctx) {
         return Err(crate::error::bad_input(format!(
-            "host mode is not installed: no {unit_file} on the host (see `install --host`)"
+            "host mode is not installed: no {} on the host (see `install --host`)",
+            host_unit::unit_path()
         )));
     }
     let hc = ctx.config.host()?;

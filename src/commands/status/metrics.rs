@@ -14,6 +14,11 @@
 //!   the version the machine's spec mounts; empty when there is none);
 //! - `nspawn_lifecycle_last_post_start_timestamp_seconds`, `…_duration_seconds`,
 //!   `…_exit_status` (128 + signal when killed), `…_success`: the unit's last post-start;
+//! - `nspawn_lifecycle_host_mode_installed` (0 or 1), and for an installed host mode
+//!   (`install --host`, judged as `host status` does) `nspawn_lifecycle_host_mode_state{state}`,
+//!   `nspawn_lifecycle_host_mode_check_failed{check}` and
+//!   `nspawn_lifecycle_host_mode_last_post_start_success`: no `machine` label, so a machine
+//!   named `host` cannot be mistaken for it;
 //! - `nspawn_lifecycle_machines_installed`, `nspawn_lifecycle_status_errors` (1 when status
 //!   could not judge: the node exporter then still gets a parseable file saying so) and
 //!   `nspawn_lifecycle_status_timestamp_seconds` (when this was judged).
@@ -33,6 +38,9 @@ pub struct Report {
     pub host: Option<HostFacts>,
     /// Machines installed (judged or not).
     pub installed: usize,
+    /// Whether host mode is installed, and its status when it could be judged.
+    pub host_mode_installed: bool,
+    pub host_mode: Option<Status>,
     /// Why status could not judge (a machine or the whole host), if it could not.
     pub errors: Vec<String>,
     /// When it was judged, seconds since the epoch.
@@ -115,6 +123,7 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     machine_families(&mut out, report);
     post_start_families(&mut out, &report.machines);
+    host_mode_families(&mut out, report);
     let host_gpus = report.host.as_ref().map(|h| h.gpus.len() as f64);
     gauge(
         &mut out,
@@ -244,6 +253,47 @@ fn post_start_families(out: &mut String, machines: &[Status]) {
         "nspawn_lifecycle_last_post_start_success",
         "1 when the last post-start exited 0, else 0 (absent while it runs).",
         exited().map(|(m, r)| (vec![("machine", *m)], flag(r.succeeded))),
+    );
+}
+
+/// Host mode's state, failed checks and last run: the machine families without a `machine`
+/// label.
+fn host_mode_families(out: &mut String, report: &Report) {
+    let hm = report.host_mode.as_ref();
+    gauge(
+        out,
+        "nspawn_lifecycle_host_mode_installed",
+        "1 when host mode is installed on this host (install --host), else 0.",
+        [(vec![], flag(report.host_mode_installed))],
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_host_mode_state",
+        "State of host mode's GPU wiring: 1 for the current state (host status: 0 in sync, 5 drift, 6 broken, 7 not run).",
+        hm.into_iter().flat_map(|s| {
+            STATES
+                .iter()
+                .map(move |(state, name)| (vec![("state", *name)], flag(s.state == *state)))
+        }),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_host_mode_check_failed",
+        "1 for each host status check that is out of line.",
+        hm.into_iter().flat_map(|s| {
+            let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
+            checks.sort_unstable();
+            checks.dedup();
+            checks.into_iter().map(|c| (vec![("check", c)], 1.0))
+        }),
+    );
+    gauge(
+        out,
+        "nspawn_lifecycle_host_mode_last_post_start_success",
+        "1 when the last host post-start (nspawn-lifecycle-host.service) exited 0, else 0 (absent while it runs or before it ran).",
+        hm.and_then(|s| s.unit.as_ref()?.last_post_start.as_ref())
+            .filter(|r| r.exited_usec != 0)
+            .map(|r| (vec![], flag(r.succeeded))),
     );
 }
 

@@ -118,6 +118,9 @@ host_status_is start 0 "^host: in sync: NVIDIA $DRIVER_VERSION, $E2E_GPUS GPU\\(
 out=$(H "$HP" host status --json 2>&1)
 assert_match "$(c start.host-status-json-kind)" '"kind": "HostStatus"' "$out"
 assert_match "$(c start.host-status-json-exit-status)" '"exitStatus": 0' "$out"
+out=$(H "$HP" status --all --format prometheus 2>&1)
+assert_match "$(c start.metrics-host-mode-in-sync)" '^nspawn_lifecycle_host_mode_state\{state="in_sync"\} 1$' "$out"
+assert_match "$(c start.metrics-host-mode-last-run-ok)" '^nspawn_lifecycle_host_mode_last_post_start_success 1$' "$out"
 
 # ---- 2: driver version change, restart of the host service ------------------------------------------
 fake_driver_version "$NEW_VERSION"
