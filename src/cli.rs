@@ -65,13 +65,16 @@ pub enum Command {
 
     /// Restart systemd-nspawn@<MACHINE>.service and wait, so both hooks run again (a "mini
     /// repave"): the operator's spelling of `nspawn-lifecycle reconcile`, which does the same.
+    /// Refused (exit 2, nothing restarted) when pre-start would refuse the start for a reason a
+    /// person must fix, such as a drop-in installed for other `gpus`: run `install` first.
     Reconcile {
         /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         machine: MachineName,
     },
 
     /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk.
-    /// Writes nothing. With `--exit-code`, exit 9 when pre-start would change the file.
+    /// Writes nothing. With `--exit-code`, exit 9 when pre-start would change the file. Where
+    /// pre-start would refuse the start, says so with its message and exit code.
     Plan {
         /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         machine: MachineName,
@@ -311,6 +314,8 @@ pub enum Phase {
 
     /// Restart systemd-nspawn@<MACHINE>.service through the host's systemd and wait, so both hooks
     /// run again (a "mini repave"). Prints the old and new leader PID and how long it took.
+    /// Refused (exit 2, nothing restarted) when pre-start would refuse the start for a reason a
+    /// person must fix; an incomplete driver still restarts (systemd retries the start).
     Reconcile {
         /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         machine: MachineName,
