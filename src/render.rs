@@ -8,7 +8,7 @@ use crate::config::Gpus;
 use crate::config::MachineConfig;
 use crate::device_cgroup;
 use crate::discovery::assign::{self, Assignment};
-use crate::discovery::{self, check_complete};
+use crate::discovery::{self, Inventory, check_complete};
 use crate::machine_name::MachineName;
 use crate::nspawn::NspawnFile;
 use crate::units::nspawn_path;
@@ -39,8 +39,17 @@ impl Rendered {
 /// Discover the host and render `machine`'s `.nspawn` file; incomplete NVIDIA state is an error
 /// with exit code 3 that names every missing or mismatched piece.
 pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Rendered> {
-    let inv = discovery::discover(&ctx.host)?;
-    let assignment = assign::for_machine(&ctx.config, machine, mc, &inv)?;
+    render_from(ctx, machine, mc, &discovery::discover(&ctx.host)?)
+}
+
+/// [`render`] from a discovery of the host already made.
+pub fn render_from(
+    ctx: &Ctx,
+    machine: &MachineName,
+    mc: &MachineConfig,
+    inv: &Inventory,
+) -> Result<Rendered> {
+    let assignment = assign::for_machine(&ctx.config, machine, mc, inv)?;
     check_complete(&assignment.view)?;
     let has_lib_modules = ctx.host.is_dir("/lib/modules");
     let mut file = NspawnFile::render(
@@ -184,27 +193,39 @@ impl Rendered {
     }
 }
 
-/// What pre-start does for `machine` on this host now: its configuration and the file it would
-/// write, or the error it would refuse the start with (same message, same exit code). Reads
-/// only; pre-start itself runs the same checks around its lock.
-pub fn as_pre_start(ctx: &Ctx, machine: &MachineName) -> Result<(MachineConfig, Rendered)> {
-    let mc = check_startable(ctx, machine)?;
-    let r = render(ctx, machine, &mc)?;
+/// What pre-start does for `machine` on the host as `inv` found it: its configuration and the
+/// file it would write, or the error it would refuse the start with (same message, same exit
+/// code). Reads only; pre-start itself runs the same checks around its lock.
+pub fn as_pre_start(
+    ctx: &Ctx,
+    machine: &MachineName,
+    inv: &Inventory,
+) -> Result<(MachineConfig, Rendered)> {
+    let mc = check_startable(ctx, machine, Some(inv))?;
+    let r = render_from(ctx, machine, &mc, inv)?;
     check_rendered(ctx, machine, &r)?;
     Ok((mc, r))
 }
 
 /// The machine's configuration, once nothing refuses the start: checked before the lock, so a
 /// mistyped name, a shifted rootfs, two machines given one GPU or a drop-in for other `gpus`
-/// write nothing, not even the lock file.
-pub fn check_startable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> {
+/// write nothing, not even the lock file. Two machines' GPU lists are checked against `inv`, or
+/// a discovery made here when there is none.
+pub fn check_startable(
+    ctx: &Ctx,
+    machine: &MachineName,
+    inv: Option<&Inventory>,
+) -> Result<MachineConfig> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     crate::image::require(&ctx.host, machine, &mc)?;
     // Render checks the GPU lists again under the lock, against the host as it is then.
     // Only lists can overlap: with fewer than two, the host is not scanned a second time.
     let lists = ctx.config.gpu_assignments(machine)?;
     if assign::lists_can_overlap(&lists) {
-        assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?;
+        match inv {
+            Some(inv) => assign::check_overlap(inv, &lists)?,
+            None => assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?,
+        }
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     Ok(mc)

@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 /// with `json`, one `MachinePlan` object); returns whether the file on disk is already exactly
 /// that. Where pre-start would refuse the start, plan fails with its message and exit code.
 pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
-    let (_, r) = as_pre_start(ctx, machine)
+    let (_, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
         .with_context(|| format!("pre-start would refuse to start {machine}"))?;
     if json {
         print_all(&format!(

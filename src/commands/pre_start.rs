@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 /// ExecStartPre=: refuse what must not start before the lock, then under the machine's lock
 /// render the plan (the `.nspawn` file and what it binds, [`Rendered`]) and carry it out.
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
-    let mc = check_startable(ctx, machine)?;
+    let mc = check_startable(ctx, machine, None)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let mut plan = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     check_rendered(ctx, machine, &plan).with_context(|| format!("pre-start of {machine}"))?;

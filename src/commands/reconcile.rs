@@ -80,7 +80,9 @@ fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> 
             ctx.host.root().display()
         )));
     }
-    match crate::render::as_pre_start(ctx, machine) {
+    match crate::discovery::discover(&ctx.host)
+        .and_then(|inv| crate::render::as_pre_start(ctx, machine, &inv))
+    {
         Ok((mc, _)) => Ok(mc),
         Err(e) if crate::error::exit_code(&e) == Kind::DriverIncomplete.exit_code() => {
             tracing::warn!(%machine, "pre-start will refuse the start until the NVIDIA driver \

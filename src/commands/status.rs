@@ -1284,6 +1284,7 @@ pub fn machine_status(
     let mc = ctx.config.machine(&ctx.host, machine)?;
     // The machine's share of the host: what it should have is judged against that alone.
     assign::check_overlap(inv, &ctx.config.gpu_assignments(machine)?)?;
+    let host_inv = inv;
     let a = assign::assign(inv, &mc.gpus);
     let inv = &a.view;
     let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
@@ -1291,7 +1292,7 @@ pub fn machine_status(
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(helper_facts(&ctx.host, ctx.config.helper_path().as_str()));
-    observed.next_start = crate::render::as_pre_start(ctx, machine)
+    observed.next_start = crate::render::as_pre_start(ctx, machine, host_inv)
         .err()
         .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));
     let mut status = evaluate(Subject::Machine(machine), &mc, inv, observed);

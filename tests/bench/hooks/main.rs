@@ -15,6 +15,9 @@
 //!   fsync, rename, fsync dir);
 //!   `ldconfig_p` = `ldconfig -p -C H/etc/ld.so.cache`, what the older Go agent runs (and then
 //!   parses) at every start;
+//!   `status` = `helper --host-root H status kube1 --machine-root M` on the host installed and a
+//!   machine root rewired by `rewire_steady`'s pass (in sync), what the metrics timer runs for
+//!   each machine every minute;
 //! - in this process, through the library: `discover` (host discovery alone), `rewire_cold`
 //!   (post-start's file steps on a fresh machine root) and `rewire_steady` (the same on a machine
 //!   root where nothing changes).
@@ -470,6 +473,78 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
         series.insert("rewire_steady", steady);
     }
 
+    // Processes on the wired machine: `status` as the metrics timer runs it for every machine
+    // every minute (the host installed, the machine root in sync, so every check runs).
+    if o.processes {
+        let install = Command::new(&o.helper)
+            .arg("--host-root")
+            .arg(&root)
+            .args(["install", MACHINE])
+            .output()
+            .context("install")?;
+        if !install.status.success() {
+            bail!("install: {}", String::from_utf8_lossy(&install.stderr));
+        }
+        // The driver root nspawn binds there: pre-start's tree, copied (another filesystem).
+        let tree = root
+            .join("var/lib/nspawn-lifecycle/driver-root")
+            .join(MACHINE);
+        if tree.is_dir() {
+            let driver_root = dir.join("run/nvidia/driver");
+            fs_err::create_dir_all(driver_root.parent().unwrap_or(&dir))?;
+            let cp = Command::new("cp")
+                .arg("-a")
+                .arg(&tree)
+                .arg(&driver_root)
+                .status()
+                .context("cp -a")?;
+            if !cp.success() {
+                bail!("cp -a {} {}", tree.display(), driver_root.display());
+            }
+        }
+        // And the NVIDIA device nodes nspawn binds into /dev.
+        for e in fs_err::read_dir(root.join("dev"))? {
+            let e = e?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("nvidia") || name == "dri" {
+                let cp = Command::new("cp")
+                    .arg("-a")
+                    .arg(e.path())
+                    .arg(dir.join("dev"))
+                    .status()
+                    .context("cp -a")?;
+                if !cp.success() {
+                    bail!("cp -a {} {}", e.path().display(), dir.join("dev").display());
+                }
+            }
+        }
+        let status = || {
+            let mut c = Command::new(&o.helper);
+            c.arg("--host-root")
+                .arg(&root)
+                .args(["status", MACHINE, "--machine-root"])
+                .arg(&dir);
+            c
+        };
+        let said = status().output().context("status")?;
+        if !said.status.success() {
+            bail!(
+                "status of the wired machine is not in sync: {}{}",
+                String::from_utf8_lossy(&said.stdout),
+                String::from_utf8_lossy(&said.stderr)
+            );
+        }
+        let mut st = Series::default();
+        for i in 0..o.warmup + o.runs {
+            let r = check("status", run_process(&mut status())?)?;
+            if i >= o.warmup {
+                st.push_run(r);
+            }
+        }
+        series.insert("status", st);
+    }
+
     for s in series.values_mut() {
         s.finish();
     }
@@ -671,6 +746,25 @@ fn tables(r: &Results) -> String {
             cell(h.series.get("ldconfig_p")),
             h.ld_cache_entries,
         );
+    }
+    if r.hosts.iter().any(|h| h.series.contains_key("status")) {
+        let _ = writeln!(
+            s,
+            "\n`status kube1` of a wired machine (in sync: every check runs, pre-start's refusals \
+             included), whole process, wall ms and peak RSS\n"
+        );
+        let _ = writeln!(s, "| host | driver files | status | peak RSS |");
+        let _ = writeln!(s, "|---|---:|---:|---:|");
+        for h in &r.hosts {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                h.name,
+                h.driver_files,
+                cell(h.series.get("status")),
+                rss(h.series.get("status"), None),
+            );
+        }
     }
     if r.hosts
         .iter()
