@@ -1612,6 +1612,16 @@ mod tests {
         }
     }
 
+    /// A running machine with `facts`, its unit and both services active.
+    fn running(facts: MachineFacts) -> Observed {
+        Observed {
+            unit: Some(running_unit()),
+            machine: Some(facts),
+            services: Some(services("active", "active")),
+            ..Observed::default()
+        }
+    }
+
     fn running_unit() -> UnitFacts {
         UnitFacts {
             unit: "systemd-nspawn@kube1.service".into(),
@@ -1656,15 +1666,7 @@ mod tests {
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             inv,
-            Observed {
-                unit: Some(running_unit()),
-                machine: Some(facts),
-                services: Some(services("active", "active")),
-                missing_gpus: Vec::new(),
-                helper: None,
-                ld_cache: None,
-                next_start: None,
-            },
+            running(facts),
         )
     }
 
@@ -1816,20 +1818,11 @@ mod tests {
         let why = "the driver root /run/nvidia/driver does not match the host's NVIDIA driver \
                    (1 not the host's file: /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libc.so.6)";
         facts.driver_root_mismatch = Some(why.to_owned());
-        let observed = |facts: MachineFacts| Observed {
-            unit: Some(running_unit()),
-            machine: Some(facts),
-            services: Some(services("active", "active")),
-            missing_gpus: Vec::new(),
-            helper: None,
-            ld_cache: None,
-            next_start: None,
-        };
         let s = evaluate(
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &inv,
-            observed(facts.clone()),
+            running(facts.clone()),
         );
         assert_eq!((s.state, s.exit_code), (State::Drift, 5), "{s:#?}");
         assert_eq!(checks(&s), [(State::Drift, "driver-root")]);
@@ -1839,7 +1832,7 @@ mod tests {
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &inv,
-            observed(facts),
+            running(facts),
         );
         assert!(
             !checks(&s).iter().any(|(_, c)| *c == "driver-root"),
@@ -1981,15 +1974,7 @@ mod tests {
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
             &cpu_inv,
-            Observed {
-                unit: Some(running_unit()),
-                machine: Some(facts),
-                services: Some(services("active", "active")),
-                missing_gpus: Vec::new(),
-                helper: None,
-                ld_cache: None,
-                next_start: None,
-            },
+            running(facts),
         );
         assert_eq!(s.state, State::InSync, "{s:#?}");
         assert!(
@@ -2069,10 +2054,7 @@ mod tests {
             unit: Some(running_unit()),
             machine: Some(facts.clone()),
             services: Some(services(containerd, kubelet)),
-            missing_gpus: Vec::new(),
-            helper: None,
-            ld_cache: None,
-            next_start: None,
+            ..Observed::default()
         };
         assert_eq!(
             evaluate(
@@ -2115,10 +2097,7 @@ mod tests {
             unit: Some(unit.clone()),
             machine: None,
             services: None,
-            missing_gpus: Vec::new(),
-            helper: None,
-            ld_cache: None,
-            next_start: None,
+            ..Observed::default()
         };
         let s = evaluate(Subject::Machine(&kube1), &mc, &inv, stopped.clone());
         assert_eq!((s.state, s.exit_code), (State::NotRunning, 7));
@@ -2155,10 +2134,7 @@ mod tests {
                 unit: Some(unit),
                 machine: None,
                 services: None,
-                missing_gpus: Vec::new(),
-                helper: None,
-                ld_cache: None,
-                next_start: None,
+                ..Observed::default()
             },
         );
         assert_eq!(s.state, State::Broken, "{s:#?}");
