@@ -269,18 +269,17 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
 pub fn host_plan(ctx: &Ctx, json: bool) -> Result<()> {
     let hc = ctx.config.host()?;
     let inv = discovery::discover(&ctx.host)?;
-    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
     let root = MachineRoot::open(ctx.host.root())?;
     let mut units = Vec::new();
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        units.push(serde_json::json!({
-            "unit": unit.as_str(),
-            "gateDropin": gate::host_dropin(unit).as_str(),
-            "gateInstalled": Target::Host.is_gated(&root, unit)?,
-            "marker": gate::marker(unit).as_str(),
-            "released": gate::Markers::of_host(&ctx.host).is_released(unit)?,
-        }));
+        units.push(HostPlanUnit {
+            unit: unit.to_string(),
+            gate_dropin: gate::host_dropin(unit).to_string(),
+            gate_installed: Target::Host.is_gated(&root, unit)?,
+            marker: gate::marker(unit).to_string(),
+            released: gate::Markers::of_host(&ctx.host).is_released(unit)?,
+        });
     }
     let complete = check_complete(&inv).context("host plan");
     let (nvidia, steps) = match (inv.complete_driver(), &spec) {
@@ -295,84 +294,113 @@ pub fn host_plan(ctx: &Ctx, json: bool) -> Result<()> {
         ),
         _ => ("none", Vec::new()),
     };
-    let value = serde_json::json!({
-        "apiVersion": discovery::API_VERSION,
-        "kind": "HostPlan",
-        "hostRoot": ctx.host.root().display().to_string(),
-        "lock": format!("{}/{}", lock::LOCK_DIR, lock::HOST_LOCK_NAME),
-        "units": units,
-        "nvidia": nvidia,
-        "driverVersion": inv.complete_driver().map(|d| d.version.clone()),
-        "gpus": inv.gpus.len(),
-        "cdiSpec": format!("{}/{spec_file}", hc.cdi_dir),
-        "hook": ctx.config.helper_path().as_str(),
-        "stagedImages": hc.staged_images_dir.as_str(),
-        "steps": steps,
-    });
+    let value = HostPlan {
+        api_version: discovery::API_VERSION,
+        kind: "HostPlan",
+        host_root: ctx.host.root().display().to_string(),
+        lock: format!("{}/{}", lock::LOCK_DIR, lock::HOST_LOCK_NAME),
+        units,
+        nvidia,
+        driver_version: inv.complete_driver().map(|d| d.version.clone()),
+        gpus: inv.gpus.len(),
+        cdi_spec: format!("{}/{}", hc.cdi_dir, cdi::spec_file_name(&hc.cdi_kind)),
+        hook: ctx.config.helper_path().to_string(),
+        staged_images: hc.staged_images_dir.to_string(),
+        steps,
+    };
     let out = if json {
         format!("{}\n", serde_json::to_string_pretty(&value)?)
     } else {
-        host_plan_text(&value, &hc)
+        value.to_string()
     };
     crate::output::print_all(&out)?;
     complete
 }
 
-/// `host plan`'s text: the same value as its JSON, one line per fact.
-fn host_plan_text(v: &serde_json::Value, hc: &MachineConfig) -> String {
-    let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
-    let mut out = format!(
-        "host mode on {} (the host's systemd)\nlock: {}\n",
-        s("hostRoot"),
-        s("lock")
-    );
-    for u in v["units"].as_array().into_iter().flatten() {
-        out.push_str(&format!(
-            "{}: gate drop-in {} ({}), marker {}{}\n",
-            u["unit"].as_str().unwrap_or_default(),
-            u["gateDropin"].as_str().unwrap_or_default(),
-            if u["gateInstalled"] == true {
-                "installed"
-            } else {
-                "not installed"
-            },
-            u["marker"].as_str().unwrap_or_default(),
-            if u["released"] == true {
-                " (exists)"
-            } else {
-                ""
-            }
-        ));
+/// What `host plan` shows: one value, printed as text or as JSON (kind `HostPlan`).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HostPlan {
+    api_version: &'static str,
+    kind: &'static str,
+    host_root: String,
+    lock: String,
+    /// containerd's, then kubelet's.
+    units: Vec<HostPlanUnit>,
+    /// `complete` (host post-start wires the driver), `incomplete` (it refuses, exit 3) or
+    /// `none` (it removes our state).
+    nvidia: &'static str,
+    driver_version: Option<String>,
+    gpus: usize,
+    cdi_spec: String,
+    hook: String,
+    staged_images: String,
+    /// post-start's steps in order; empty unless `nvidia` is `complete`.
+    steps: Vec<String>,
+}
+
+/// A host unit and its gate, as `host plan` shows it.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HostPlanUnit {
+    unit: String,
+    gate_dropin: String,
+    gate_installed: bool,
+    marker: String,
+    released: bool,
+}
+
+impl std::fmt::Display for HostPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "host mode on {} (the host's systemd)\nlock: {}",
+            self.host_root, self.lock
+        )?;
+        for u in &self.units {
+            writeln!(
+                f,
+                "{}: gate drop-in {} ({}), marker {}{}",
+                u.unit,
+                u.gate_dropin,
+                if u.gate_installed {
+                    "installed"
+                } else {
+                    "not installed"
+                },
+                u.marker,
+                if u.released { " (exists)" } else { "" }
+            )?;
+        }
+        match self.nvidia {
+            "incomplete" => writeln!(
+                f,
+                "NVIDIA state incomplete: host post-start refuses (exit 3) and changes nothing"
+            ),
+            "complete" => writeln!(
+                f,
+                "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {} (hooks run {})\n\
+                 staged images: {}\nsteps: {}",
+                self.driver_version.as_deref().unwrap_or_default(),
+                self.gpus,
+                self.cdi_spec,
+                self.hook,
+                self.staged_images,
+                self.steps.join(" → ")
+            ),
+            _ => writeln!(
+                f,
+                "no NVIDIA GPUs: remove our /dev/char links and {}; if the gate drop-ins are \
+                 installed, release both and start {}",
+                self.cdi_spec,
+                self.units
+                    .iter()
+                    .map(|u| u.unit.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+        }
     }
-    let steps: Vec<&str> = v["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(serde_json::Value::as_str)
-        .collect();
-    match s("nvidia").as_str() {
-        "incomplete" => out.push_str(
-            "NVIDIA state incomplete: host post-start refuses (exit 3) and changes nothing\n",
-        ),
-        "complete" => out.push_str(&format!(
-            "NVIDIA driver {} (driver root /), {} GPU(s)\nCDI spec: {} (hooks run {})\n\
-             staged images: {}\nsteps: {}\n",
-            s("driverVersion"),
-            v["gpus"],
-            s("cdiSpec"),
-            s("hook"),
-            s("stagedImages"),
-            steps.join(" → ")
-        )),
-        _ => out.push_str(&format!(
-            "no NVIDIA GPUs: remove our /dev/char links and {}; if the gate drop-ins are \
-             installed, release both and start {} and {}\n",
-            s("cdiSpec"),
-            hc.containerd_unit,
-            hc.kubelet_unit
-        )),
-    }
-    out
 }
 
 /// One post-start run: whom it is for and what it works on, a machine or the host.
