@@ -1407,7 +1407,7 @@ pub fn report(
     if all {
         r.host_mode_installed = host::installed(ctx);
         if r.host_mode_installed {
-            match host::judge(ctx) {
+            match host::judge(ctx, &inv) {
                 Ok(s) => r.host_mode = Some(s),
                 Err(e) => r.errors.push(format!("host mode: {e:#}")),
             }

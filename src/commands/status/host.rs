@@ -27,7 +27,10 @@ pub const KIND: &str = "HostStatus";
 /// `host status`: judge host mode, print the summary line (or the JSON object), return the exit
 /// code (0, 5, 6 or 7).
 pub fn host_status(ctx: &Ctx, json: bool) -> Result<u8> {
-    let status = match judge(ctx) {
+    let judged = require_installed(ctx)
+        .and_then(|()| discovery::discover(&ctx.host))
+        .and_then(|inv| judge(ctx, &inv));
+    let status = match judged {
         Ok(s) => s,
         Err(e) if json => return Err(print_unjudged(Some("host"), e)),
         Err(e) => return Err(e),
@@ -42,20 +45,25 @@ pub fn installed(ctx: &Ctx) -> bool {
     ctx.host.is_file(host_unit::unit_path())
 }
 
-/// Gather and judge host mode (also for the metrics, [`super::report`]).
-pub fn judge(ctx: &Ctx) -> Result<Status> {
-    if !installed(ctx) {
-        return Err(crate::error::bad_input(format!(
-            "host mode is not installed: no {} on the host (see `install --host`)",
-            host_unit::unit_path()
-        )));
+/// Exit 2 unless host mode is installed.
+fn require_installed(ctx: &Ctx) -> Result<()> {
+    if installed(ctx) {
+        return Ok(());
     }
+    Err(crate::error::bad_input(format!(
+        "host mode is not installed: no {} on the host (see `install --host`)",
+        host_unit::unit_path()
+    )))
+}
+
+/// Gather and judge an installed host mode against the host as `inv` found it (also for the
+/// metrics, [`super::report`], which has discovered the host already).
+pub fn judge(ctx: &Ctx, inv: &Inventory) -> Result<Status> {
     let hc = ctx.config.host()?;
-    let inv = discovery::discover(&ctx.host)?;
     let helper = ctx.config.helper_path();
-    let mut observed = observe(ctx, &hc, &inv, helper.as_str()).context("host status")?;
+    let mut observed = observe(ctx, &hc, inv, helper.as_str()).context("host status")?;
     observed.helper = Some(helper_facts(&ctx.host, helper.as_str()));
-    let mut status = evaluate(Subject::Host, &hc, &inv, observed);
+    let mut status = evaluate(Subject::Host, &hc, inv, observed);
     status.kind = KIND;
     Ok(status)
 }
