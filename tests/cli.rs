@@ -132,6 +132,8 @@ fn completions_hide_plumbing_and_offer_installed_machines() {
         got
     };
     assert_eq!(machines(&["status", "k"]), ["kube1"]);
+    // An option's value is not a command word (the list comes from the command line's grammar).
+    assert_eq!(machines(&["status", "--format", "json", "k"]), ["kube1"]);
     assert_eq!(machines(&["plan", ""]), ["gpu2", "kube1"]);
     assert_eq!(
         machines(&["nspawn-lifecycle", "pre-start", ""]),
@@ -209,6 +211,10 @@ fn fish_completes_machines_and_zsh_loads_the_script() {
     assert_eq!(fish(&format!("{NAME} nspawn-lifecycle pre")), ["pre-start"]);
     assert_eq!(
         fish(&format!("{NAME} --host-root {root} status k")),
+        ["kube1"]
+    );
+    assert_eq!(
+        fish(&format!("{NAME} --host-root {root} status --format json k")),
         ["kube1"]
     );
     assert_eq!(

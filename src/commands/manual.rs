@@ -25,7 +25,7 @@ pub fn completions(shell: Shell, out: &mut dyn Write) -> Result<()> {
             let alias = name.replace('-', "_");
             clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, &alias, &mut script);
             let text = String::from_utf8(script).context("the bash completion script")?;
-            script = register_for(&text, &alias, &name).into_bytes();
+            script = register_for(&text, &alias, &name, &Grammar::of(&cmd)).into_bytes();
         }
         Shell::Zsh => {
             clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, &name, &mut script);
@@ -34,7 +34,7 @@ pub fn completions(shell: Shell, out: &mut dyn Write) -> Result<()> {
         }
         Shell::Fish => {
             clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, &name, &mut script);
-            script.extend_from_slice(fish_machines(&name).as_bytes());
+            script.extend_from_slice(fish_machines(&cmd, &name).as_bytes());
         }
     }
     out.write_all(&script)
@@ -72,13 +72,13 @@ _nspawn_lifecycle_helper_with_machines() {
         case $w in
             --host-root) root=${COMP_WORDS[i + 1]}; ((i++)) ;;
             --host-root=*) root=${w#*=} ;;
-            --config | --machine-root) ((i++)) ;;
+            @VALUE_OPTIONS@) ((i++)) ;;
             -*) ;;
             *) words+=("$w") ;;
         esac
     done
     case "${words[*]}" in
-        plan | status | install | uninstall | reconcile | "nspawn-lifecycle pre-start" |             "nspawn-lifecycle post-start" | "nspawn-lifecycle reconcile") ;;
+        @MACHINE_COMMANDS@) ;;
         *) return 0 ;;
     esac
     for f in "${root%/}"@GLOB@; do
@@ -118,10 +118,73 @@ fn zsh_machines(script: &str) -> String {
 
 /// fish: MACHINE completes from the installed machines (under `--host-root`, when the command
 /// line gives one), after exactly the commands that take one, as in bash.
-fn fish_machines(name: &str) -> String {
+fn fish_machines(cmd: &clap::Command, name: &str) -> String {
+    let g = Grammar::of(cmd);
     FISH_MACHINES
         .replace("@NAME@", name)
         .replace("@GLOB@", DROPIN_GLOB.trim_start_matches('/'))
+        .replace("@VALUE_OPTIONS@", &g.value_options.join(" "))
+        .replace("@MACHINE_COMMANDS@", &g.quoted_commands(" "))
+}
+
+/// What the machine completion of bash and fish needs to know of the command line, read from
+/// its clap definition so neither script can miss a command or an option.
+struct Grammar {
+    /// The commands that take MACHINE, as the words that name them (`nspawn-lifecycle pre-start`).
+    machine_commands: Vec<String>,
+    /// The long options that take a value (skipped with it), but `--host-root`, which the
+    /// scripts read.
+    value_options: Vec<String>,
+}
+
+impl Grammar {
+    fn of(cmd: &clap::Command) -> Grammar {
+        let mut g = Grammar {
+            machine_commands: Vec::new(),
+            value_options: Vec::new(),
+        };
+        g.walk(cmd, "");
+        g.value_options.sort();
+        g.value_options.dedup();
+        g
+    }
+
+    /// The value options of the top level (global) and of each command that takes MACHINE:
+    /// the only ones that can stand before it.
+    fn walk(&mut self, cmd: &clap::Command, words: &str) {
+        let takes_machine = cmd
+            .get_arguments()
+            .any(|a| a.is_positional() && a.get_id() == "machine");
+        if takes_machine || words.is_empty() {
+            for arg in cmd.get_arguments() {
+                if let Some(long) = arg.get_long()
+                    && arg.get_action().takes_values()
+                    && long != "host-root"
+                {
+                    self.value_options.push(format!("--{long}"));
+                }
+            }
+        }
+        if takes_machine {
+            self.machine_commands.push(words.to_owned());
+        }
+        for sub in cmd.get_subcommands() {
+            let words = match words {
+                "" => sub.get_name().to_owned(),
+                w => format!("{w} {}", sub.get_name()),
+            };
+            self.walk(sub, &words);
+        }
+    }
+
+    /// The commands, each in double quotes, joined by `sep`.
+    fn quoted_commands(&self, sep: &str) -> String {
+        self.machine_commands
+            .iter()
+            .map(|c| format!("\"{c}\""))
+            .collect::<Vec<_>>()
+            .join(sep)
+    }
 }
 
 const FISH_MACHINES: &str = r#"
@@ -134,15 +197,14 @@ function __@NAME@_machine_wanted
             continue
         end
         switch $w
-            case --host-root --config --machine-root
+            case --host-root @VALUE_OPTIONS@
                 set skip 1
             case '-*'
             case '*'
                 set -a words $w
         end
     end
-    contains -- "$words" plan status install uninstall reconcile "nspawn-lifecycle pre-start" \
-        "nspawn-lifecycle post-start" "nspawn-lifecycle reconcile"
+    contains -- "$words" @MACHINE_COMMANDS@
 end
 function __@NAME@_machines
     set -l root ""
@@ -165,7 +227,7 @@ complete -c @NAME@ -n __@NAME@_machine_wanted -f -a "(__@NAME@_machines)"
 
 /// `script` with its `complete … ALIAS` lines registering, for `name` instead, the function
 /// that also completes machine names ([`BASH_MACHINES`]).
-fn register_for(script: &str, alias: &str, name: &str) -> String {
+fn register_for(script: &str, alias: &str, name: &str, g: &Grammar) -> String {
     let suffix = format!(" {alias}");
     let generated = format!("-F _{alias} ");
     let ours = format!("-F _{alias}_with_machines ");
@@ -179,7 +241,12 @@ fn register_for(script: &str, alias: &str, name: &str) -> String {
             false => format!("{line}\n"),
         })
         .collect();
-    out.push_str(&BASH_MACHINES.replace("@GLOB@", DROPIN_GLOB));
+    out.push_str(
+        &BASH_MACHINES
+            .replace("@GLOB@", DROPIN_GLOB)
+            .replace("@VALUE_OPTIONS@", &g.value_options.join(" | "))
+            .replace("@MACHINE_COMMANDS@", &g.quoted_commands(" | ")),
+    );
     out
 }
 
