@@ -254,3 +254,46 @@ fn privileged_every_json_output_matches_its_schema() {
         );
     }
 }
+
+/// The status schemas are one schema written three times, so each file stands alone for a
+/// consumer's validator (no cross-file `$ref` to resolve): `host-status` is `machine-status`
+/// with its own `kind` and `machine`, and `machine-status-list` embeds `machine-status` whole.
+/// An edit to one that the others do not get fails here.
+#[test]
+fn the_status_schemas_are_one_schema() {
+    let load = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(schema_dir().join(name)).unwrap()).unwrap()
+    };
+    let machine = load("machine-status.schema.json");
+    let mut host = load("host-status.schema.json");
+    assert_eq!(
+        host["properties"]["kind"],
+        serde_json::json!({"const": "HostStatus"})
+    );
+    assert_eq!(
+        host["properties"]["machine"],
+        serde_json::json!({"const": "host"})
+    );
+    for key in ["$id", "title", "description"] {
+        host[key] = machine[key].clone();
+    }
+    for key in ["kind", "machine"] {
+        host["properties"][key] = machine["properties"][key].clone();
+    }
+    assert_eq!(
+        host, machine,
+        "host-status is machine-status but for kind and machine"
+    );
+
+    let list = load("machine-status-list.schema.json");
+    let mut body = machine.clone();
+    let body_map = body.as_object_mut().unwrap();
+    for key in ["$schema", "$id", "title", "description", "$defs"] {
+        body_map.remove(key);
+    }
+    assert_eq!(
+        list["$defs"]["machineStatus"], body,
+        "the list's machineStatus"
+    );
+    assert_eq!(list["$defs"]["assignment"], machine["$defs"]["assignment"]);
+}
