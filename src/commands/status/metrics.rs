@@ -158,27 +158,15 @@ fn machine_families(out: &mut String, report: &Report) {
         out,
         "nspawn_lifecycle_state",
         "State of the machine's GPU wiring: 1 for the current state (status: 0 in sync, 5 drift, 6 broken, 7 not running).",
-        ms.iter().flat_map(|s| {
-            STATES.iter().map(move |(state, name)| {
-                (
-                    vec![("machine", s.machine.as_str()), ("state", *name)],
-                    flag(s.state == *state),
-                )
-            })
-        }),
+        ms.iter()
+            .flat_map(|s| state_samples(s, vec![("machine", s.machine.as_str())])),
     );
     gauge(
         out,
         "nspawn_lifecycle_check_failed",
         "1 for each status check that is out of line for the machine (the check of a finding of status --json).",
-        ms.iter().flat_map(|s| {
-            let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
-            checks.sort_unstable();
-            checks.dedup();
-            checks
-                .into_iter()
-                .map(move |c| (vec![("machine", s.machine.as_str()), ("check", c)], 1.0))
-        }),
+        ms.iter()
+            .flat_map(|s| check_samples(s, vec![("machine", s.machine.as_str())])),
     );
     gauge(
         out,
@@ -209,6 +197,33 @@ fn machine_families(out: &mut String, report: &Report) {
             )
         }),
     );
+}
+
+/// One sample per state, 1 for `s`'s and 0 for the others, with `labels` and `state`.
+fn state_samples<'a>(
+    s: &'a Status,
+    labels: Vec<(&'static str, &'a str)>,
+) -> impl Iterator<Item = Sample<'a>> {
+    STATES.iter().map(move |(state, name)| {
+        let mut l = labels.clone();
+        l.push(("state", *name));
+        (l, flag(s.state == *state))
+    })
+}
+
+/// One sample (1) per check out of line in `s`, each once, with `labels` and `check`.
+fn check_samples<'a>(
+    s: &'a Status,
+    labels: Vec<(&'static str, &'a str)>,
+) -> impl Iterator<Item = Sample<'a>> {
+    let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
+    checks.sort_unstable();
+    checks.dedup();
+    checks.into_iter().map(move |c| {
+        let mut l = labels.clone();
+        l.push(("check", c));
+        (l, 1.0)
+    })
 }
 
 fn post_start_families(out: &mut String, machines: &[Status]) {
@@ -270,22 +285,13 @@ fn host_mode_families(out: &mut String, report: &Report) {
         out,
         "nspawn_lifecycle_host_mode_state",
         "State of host mode's GPU wiring: 1 for the current state (host status: 0 in sync, 5 drift, 6 broken, 7 not run).",
-        hm.into_iter().flat_map(|s| {
-            STATES
-                .iter()
-                .map(move |(state, name)| (vec![("state", *name)], flag(s.state == *state)))
-        }),
+        hm.into_iter().flat_map(|s| state_samples(s, vec![])),
     );
     gauge(
         out,
         "nspawn_lifecycle_host_mode_check_failed",
         "1 for each host status check that is out of line.",
-        hm.into_iter().flat_map(|s| {
-            let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
-            checks.sort_unstable();
-            checks.dedup();
-            checks.into_iter().map(|c| (vec![("check", c)], 1.0))
-        }),
+        hm.into_iter().flat_map(|s| check_samples(s, vec![])),
     );
     gauge(
         out,
