@@ -120,6 +120,7 @@ fn privileged_host_status_judges_host_mode_like_a_machine() {
     let summary = v["summary"].as_str().unwrap();
     assert!(
         summary.starts_with("host: broken: containerd and kubelet are gated")
+            && summary.contains("host post-start (nspawn-lifecycle-host.service) has not released")
             && summary.contains("missing on the host")
             && summary.contains("but host mode has no NVIDIA state"),
         "{summary}"

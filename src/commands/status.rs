@@ -702,8 +702,12 @@ fn judge_gate(
             State::Broken,
             "gate",
             format!(
-                "containerd and kubelet are gated this boot and post-start has not released \
-                 them (a marker in {} missing {})",
+                "containerd and kubelet are gated this boot and {} has not released them (a \
+                 marker in {} missing {})",
+                match subject {
+                    Subject::Machine(_) => "post-start".to_owned(),
+                    Subject::Host => format!("host post-start ({})", crate::host_unit::UNIT),
+                },
                 gate::MARKER_DIR,
                 subject.inside()
             ),
@@ -711,7 +715,6 @@ fn judge_gate(
     }
 }
 
-/// GPUs the config's `gpus` names that the host does not have: broken.
 /// The installed helper must be a working binary (the next start runs it); a running machine
 /// whose CDI hooks run another one (the helper was upgraded since its start) has not picked the
 /// upgrade up.
@@ -750,6 +753,7 @@ fn judge_helper(
     }
 }
 
+/// GPUs the config's `gpus` names that the host does not have: broken.
 fn judge_missing_gpus(
     missing: &[String],
     require: bool,
