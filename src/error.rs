@@ -97,11 +97,16 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     ),
 ];
 
-/// The exit code for an error: the first [`Classified`] in its chain, else 1.
-pub fn exit_code(err: &anyhow::Error) -> u8 {
+/// The kind of an error: the first [`Classified`] in its chain.
+pub fn kind(err: &anyhow::Error) -> Option<Kind> {
     err.chain()
         .find_map(|e| e.downcast_ref::<Classified>())
-        .map_or(1, |c| c.kind.exit_code())
+        .map(|c| c.kind)
+}
+
+/// The exit code for an error: its [`kind`]'s, else 1.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    kind(err).map_or(1, Kind::exit_code)
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> 
         .and_then(|inv| crate::render::as_pre_start(ctx, machine, &inv))
     {
         Ok((mc, _)) => Ok(mc),
-        Err(e) if crate::error::exit_code(&e) == Kind::DriverIncomplete.exit_code() => {
+        Err(e) if crate::error::kind(&e) == Some(Kind::DriverIncomplete) => {
             tracing::warn!(%machine, "pre-start will refuse the start until the NVIDIA driver \
                 install finishes (systemd retries it): {e:#}");
             ctx.config.machine(&ctx.host, machine)
