@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{NoSystemd, run_helper as run, snapshot};
+use common::{run_helper as run, snapshot};
 use nspawn_lifecycle::fixture;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
@@ -1374,66 +1374,52 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
 /// links untouched; then the no-GPU cleanup removes exactly the links and the spec.
 #[test]
 fn host_file_steps_wire_and_clean_a_host_tree() {
-    use nspawn_lifecycle::commands::post_start::{FileStep, Wiring, Work as _};
-    use nspawn_lifecycle::{cdi, config, discovery, failpoint, host, machine_root, rewire};
+    use nspawn_lifecycle::commands::post_start::{FileStep, Work as _};
+    use nspawn_lifecycle::{cdi, failpoint, machine_root, rewire};
     let dir = host("two-gpus");
-    let hroot = host::HostRoot::new(dir.path());
-    let hc = config::Config::default().host().unwrap();
-    let inv = discovery::discover(&hroot).unwrap();
-    let helper = config::DEFAULT_HELPER_PATH;
-    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, helper)
-        .unwrap()
-        .unwrap();
-    let json = cdi::render(&spec);
-    let root = machine_root::MachineRoot::open(dir.path()).unwrap();
-    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
     let libs_before = snapshot(&libs, &[]);
-    let markers = nspawn_lifecycle::gate::Markers::of_host(&hroot);
-    let wiring = Wiring {
-        machine: "the host",
-        mc: &hc,
-        host: &hroot,
-        markers: &markers,
-        root: &root,
-        inv: &inv,
-        spec_file: &spec_file,
-        json: json.as_bytes(),
-        services: &NoSystemd,
-    };
-    let links = wiring.file(FileStep::DevChar).unwrap();
-    assert!(!links.library_links_changed, "{}", links.line);
-    for d in inv
-        .devices
-        .iter()
-        .filter(|d| d.path.starts_with("/dev/nvidia"))
-    {
-        let link = dir.path().join(format!("dev/char/{}:{}", d.major, d.minor));
-        assert_eq!(
-            std::fs::read_link(&link).unwrap(),
-            Path::new(d.path.as_str())
+    let (hc, written) = common::with_host_wiring(dir.path(), |wiring, hc, inv, json| {
+        let links = wiring.file(FileStep::DevChar).unwrap();
+        assert!(!links.library_links_changed, "{}", links.line);
+        for d in inv
+            .devices
+            .iter()
+            .filter(|d| d.path.starts_with("/dev/nvidia"))
+        {
+            let link = dir.path().join(format!("dev/char/{}:{}", d.major, d.minor));
+            assert_eq!(
+                std::fs::read_link(&link).unwrap(),
+                Path::new(d.path.as_str())
+            );
+        }
+        // The host's ld.so.cache lists the driver already: no ldconfig (NoSystemd would panic).
+        let ld = wiring.ldconfig(links.library_links_changed).unwrap();
+        assert!(ld.starts_with("ldconfig: not needed"), "{ld}");
+        wiring.file(FileStep::Cdi).unwrap();
+        let written = dir
+            .path()
+            .join("var/run/cdi")
+            .join(cdi::spec_file_name(&hc.cdi_kind));
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), json);
+        assert!(!json.contains("/run/nvidia/driver"));
+        wiring
+            .release(
+                &hc.containerd_unit,
+                failpoint::Point::PostStartMidGateRelease,
+            )
+            .unwrap();
+        assert!(
+            dir.path()
+                .join("run/nspawn-lifecycle/released/containerd.service")
+                .is_file()
         );
-    }
-    // The host's ld.so.cache lists the driver already: no ldconfig (NoSystemd would panic).
-    let ld = wiring.ldconfig(links.library_links_changed).unwrap();
-    assert!(ld.starts_with("ldconfig: not needed"), "{ld}");
-    wiring.file(FileStep::Cdi).unwrap();
-    let written = dir.path().join("var/run/cdi").join(&spec_file);
-    assert_eq!(std::fs::read_to_string(&written).unwrap(), json);
-    assert!(!json.contains("/run/nvidia/driver"));
-    wiring
-        .release(
-            &hc.containerd_unit,
-            failpoint::Point::PostStartMidGateRelease,
-        )
-        .unwrap();
-    assert!(
-        dir.path()
-            .join("run/nspawn-lifecycle/released/containerd.service")
-            .is_file()
-    );
+        (hc.clone(), written)
+    });
     assert_same_tree(&libs_before, &snapshot(&libs, &[]), "host library dir");
 
+    let root = machine_root::MachineRoot::open(dir.path()).unwrap();
+    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
     let report = rewire::cleanup_host(&root, &hc.cdi_dir, &spec_file).unwrap();
     assert!(!written.exists(), "{report}");
     let left: Vec<_> = std::fs::read_dir(dir.path().join("dev/char"))

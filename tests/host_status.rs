@@ -10,9 +10,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{NoSystemd, run_helper, snapshot};
-use nspawn_lifecycle::commands::post_start::{FileStep, Wiring, Work as _};
-use nspawn_lifecycle::{cdi, config, discovery, failpoint, gate, host, machine_root};
+use common::{run_helper, snapshot, with_host_wiring};
+use nspawn_lifecycle::commands::post_start::{FileStep, Work as _};
+use nspawn_lifecycle::failpoint;
 use std::path::Path;
 
 fn two_gpus() -> tempfile::TempDir {
@@ -56,33 +56,15 @@ fn checks(v: &serde_json::Value) -> Vec<(String, String)> {
 
 /// What `host post-start` does to the files, by its own file steps (no systemd here).
 fn wire(root: &Path) {
-    let hroot = host::HostRoot::new(root);
-    let hc = config::Config::default().host().unwrap();
-    let inv = discovery::discover(&hroot).unwrap();
-    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, config::DEFAULT_HELPER_PATH)
-        .unwrap()
-        .unwrap();
-    let json = cdi::render(&spec);
-    let mroot = machine_root::MachineRoot::open(root).unwrap();
-    let markers = gate::Markers::of_host(&hroot);
-    let wiring = Wiring {
-        machine: "the host",
-        mc: &hc,
-        host: &hroot,
-        markers: &markers,
-        root: &mroot,
-        inv: &inv,
-        spec_file: &cdi::spec_file_name(&hc.cdi_kind),
-        json: json.as_bytes(),
-        services: &NoSystemd,
-    };
-    wiring.file(FileStep::DevChar).unwrap();
-    wiring.file(FileStep::Cdi).unwrap();
-    for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        wiring
-            .release(unit, failpoint::Point::PostStartMidGateRelease)
-            .unwrap();
-    }
+    with_host_wiring(root, |wiring, hc, _, _| {
+        wiring.file(FileStep::DevChar).unwrap();
+        wiring.file(FileStep::Cdi).unwrap();
+        for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
+            wiring
+                .release(unit, failpoint::Point::PostStartMidGateRelease)
+                .unwrap();
+        }
+    });
 }
 
 #[test]

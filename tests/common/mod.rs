@@ -202,3 +202,40 @@ impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
         panic!("run {argv:?}")
     }
 }
+
+/// Host mode's wiring of the host tree `root` as `host post-start` builds it (the default host
+/// settings, discovery, the host spec with the installed helper as hook, no systemd): `f` gets
+/// it with the settings, the inventory and the spec's text.
+pub fn with_host_wiring<T>(
+    root: &Path,
+    f: impl FnOnce(
+        &nspawn_lifecycle::commands::post_start::Wiring<'_>,
+        &nspawn_lifecycle::config::MachineConfig,
+        &nspawn_lifecycle::discovery::Inventory,
+        &str,
+    ) -> T,
+) -> T {
+    use nspawn_lifecycle::{cdi, config, discovery, gate, host, machine_root};
+    let hroot = host::HostRoot::new(root);
+    let hc = config::Config::default().host().unwrap();
+    let inv = discovery::discover(&hroot).unwrap();
+    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, config::DEFAULT_HELPER_PATH)
+        .unwrap()
+        .unwrap();
+    let json = cdi::render(&spec);
+    let mroot = machine_root::MachineRoot::open(root).unwrap();
+    let markers = gate::Markers::of_host(&hroot);
+    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
+    let wiring = nspawn_lifecycle::commands::post_start::Wiring {
+        machine: "the host",
+        mc: &hc,
+        host: &hroot,
+        markers: &markers,
+        root: &mroot,
+        inv: &inv,
+        spec_file: &spec_file,
+        json: json.as_bytes(),
+        services: &NoSystemd,
+    };
+    f(&wiring, &hc, &inv, &json)
+}
