@@ -12,7 +12,8 @@
 #    and kubelet begin starting (InactiveExitTimestamp) only after their markers (ctime) of this
 #    run, kubelet once;
 # 3. GPUs gone: our spec and links removed, containerd and kubelet still started;
-#    `host status` at each step: not installed (2), in sync (0), drift after the version switch
+#    `host status` at each step: not installed (2), in sync (0), drift with the host's ld.so.cache
+#    gone (5, in sync again after the oneshot's restart ran ldconfig), drift after the version switch
 #    (5, naming the restart of the oneshot), in sync after it and without GPUs;
 # 4. killed (failpoints build, in place) at each post-start point: 137, rerun 0, healthy;
 # 5. host post-start and kube1's post-start at the same time: both 0, neither logged waiting for a
@@ -121,6 +122,16 @@ assert_match "$(c start.host-status-json-exit-status)" '"exitStatus": 0' "$out"
 out=$(H "$HP" status --all --format prometheus 2>&1)
 assert_match "$(c start.metrics-host-mode-in-sync)" '^nspawn_lifecycle_host_mode_state\{state="in_sync"\} 1$' "$out"
 assert_match "$(c start.metrics-host-mode-last-run-ok)" '^nspawn_lifecycle_host_mode_last_post_start_success 1$' "$out"
+
+# the host's loader cache without the driver (here: gone): drift `ld-cache`; the oneshot's restart
+# runs the real ldconfig and host status agrees it is in sync again
+H mv /etc/ld.so.cache /etc/ld.so.cache.e2e
+host_status_is no-ld-cache 5 '^host: drift: the host.s /etc/ld.so.cache does not list NVIDIA .*\(run `systemctl restart nspawn-lifecycle-host.service`\)$'
+out=$(H timeout 180 systemctl restart "$HU" 2>&1); rc=$?
+assert_eq "$(c no-ld-cache.restart)" 0 "$rc"
+H test -e /etc/ld.so.cache || H mv /etc/ld.so.cache.e2e /etc/ld.so.cache
+H rm -f /etc/ld.so.cache.e2e
+host_status_is ld-cache-rebuilt 0 "^host: in sync: NVIDIA $DRIVER_VERSION"
 
 # ---- 2: driver version change, restart of the host service ------------------------------------------
 fake_driver_version "$NEW_VERSION"
