@@ -29,6 +29,7 @@ pub mod lock;
 pub mod logging;
 pub mod machine_name;
 pub mod machine_root;
+pub mod model;
 pub mod nspawn;
 pub mod output;
 pub mod paths;

@@ -368,7 +368,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
     };
     // The driver root is nspawn's binds: post-start only reads it (tests/rewire.rs checks it
     // against planted trees); the steps below are the ones that write.
-    let r = rewire::rebuild_links(root, &inv);
+    let r = rebuild_links(root, &inv);
     // A success put the versioned links into the machine's multiarch dir (when it has one; a case
     // plants at most one of the two names).
     if r.is_ok()
@@ -385,7 +385,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
     }
     record("links", r.map(|_| String::new()));
     // Every other spec "conflicts", so an escaped step would delete host decoys.
-    let r = rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(NEW), |_, _| true);
+    let r = write_cdi(root, CDI_DIR, CDI_FILE, &spec(NEW), |_, _| true);
     if r.is_ok() {
         let got = root
             .read_file(&format!("{CDI_DIR}/{CDI_FILE}"), 1 << 20)
@@ -512,9 +512,8 @@ fn planted_leaves_never_fail_a_step() {
             plant(&w, path, how);
             let root = MachineRoot::open(&w.machine).unwrap();
             let inv = inventory(NEW);
-            rewire::rebuild_links(&root, &inv)
-                .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
-            rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
+            rebuild_links(&root, &inv).unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
+            write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
                 .unwrap_or_else(|e| panic!("{path} as {how:?}: {e:#}"));
             let at = w.in_machine(path);
             let kind = std::fs::symlink_metadata(&at).map(|m| m.file_type());
@@ -786,11 +785,10 @@ fn a_racing_attacker_never_reaches_the_host() {
             while runs < RUNS && started.elapsed() < TIME {
                 runs += 1;
                 let steps: [(&str, anyhow::Result<()>); 3] = [
-                    ("links", rewire::rebuild_links(&root, &inv).map(drop)),
+                    ("links", rebuild_links(&root, &inv).map(drop)),
                     (
                         "CDI spec",
-                        rewire::write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts)
-                            .map(drop),
+                        write_cdi(&root, CDI_DIR, CDI_FILE, &spec(NEW), conflicts).map(drop),
                     ),
                     ("images", import_step(&root, &mc).map(drop)),
                 ];

@@ -358,7 +358,7 @@ fn a_real_tool_in_the_image_is_left_alone_and_reported() {
     let (dir, root) = machine();
     let p = dir.path().join("usr/bin/nvidia-smi");
     std::fs::write(&p, "the image's own").unwrap();
-    let r = rewire::rebuild_links(&root, &inventory(NEW)).unwrap();
+    let r = rebuild_links(&root, &inventory(NEW)).unwrap();
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "the image's own");
     assert!(
         r.to_string()
@@ -380,7 +380,7 @@ fn regular_files_in_the_way_are_reported_not_replaced() {
         .path()
         .join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
     std::fs::write(&p, "machine's own").unwrap();
-    let r = rewire::rebuild_links(&root, &inventory(NEW)).unwrap();
+    let r = rebuild_links(&root, &inventory(NEW)).unwrap();
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "machine's own");
     assert!(
         r.to_string()
@@ -394,7 +394,7 @@ fn spec_file_name_is_checked() {
     let (_dir, root) = machine();
     for bad in ["../x.json", "a/b.json", "x.txt", ".x.json", ""] {
         assert!(
-            rewire::write_cdi(&root, CDI_DIR, bad, b"{}", |_, _| false).is_err(),
+            write_cdi(&root, CDI_DIR, bad, b"{}", |_, _| false).is_err(),
             "{bad:?} accepted"
         );
     }
@@ -438,13 +438,13 @@ fn privileged_ld_cache_check_agrees_with_real_ldconfig() {
             .unwrap();
         assert!(st.success());
     };
-    assert!(!rewire::ld_cache_lists_driver(&root, driver).unwrap());
+    assert!(!nspawn_lifecycle::model::ld_cache::lists_driver(&root, driver).unwrap());
     run_ldconfig();
-    assert!(rewire::ld_cache_lists_driver(&root, driver).unwrap());
+    assert!(nspawn_lifecycle::model::ld_cache::lists_driver(&root, driver).unwrap());
     // A library that was not there when ldconfig ran (its link dangled) is missing from the cache.
     std::fs::remove_file(host.join(format!("libnvidia-ml.so.{OLD}"))).unwrap();
     run_ldconfig();
-    assert!(!rewire::ld_cache_lists_driver(&root, driver).unwrap());
+    assert!(!nspawn_lifecycle::model::ld_cache::lists_driver(&root, driver).unwrap());
 }
 
 /// A stand-in driver library: nvidia-ctk calls NVML first and goes on without it when it fails,

@@ -1,25 +1,86 @@
 //! `plan <MACHINE>`: what pre-start would write, and a unified diff against the file on disk, or
-//! why pre-start would refuse the start.
+//! why pre-start would refuse the start; and, for a running machine, what post-start run now
+//! would change in it (the wiring model's diff, the one `status` judges).
 
 use crate::Ctx;
 use crate::machine_name::MachineName;
+use crate::model::{self, Change, Desired, Target};
 use crate::output::print_all;
-use crate::render::as_pre_start;
+use crate::render::{Rendered, as_pre_start};
+use crate::systemd::{MachineHandle, Systemd};
 use anyhow::{Context as _, Result};
+use std::time::{Duration, Instant};
 
-/// `plan`: print what pre-start would write and a unified diff against the file on disk (or,
-/// with `json`, one `MachinePlan` object); returns whether the file on disk is already exactly
-/// that. Where pre-start would refuse the start, plan fails with its message and exit code.
+/// How long the bus reads for a running machine may take.
+const BUS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `plan`: print what pre-start would write and a unified diff against the file on disk, and
+/// for a running machine what post-start would change in it now (or, with `json`, one
+/// `MachinePlan` object); returns whether the file on disk is already exactly that. Where
+/// pre-start would refuse the start, plan fails with its message and exit code.
 pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
-    let (_, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
+    let (mc, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
         .with_context(|| format!("pre-start would refuse to start {machine}"))?;
+    let now = post_start_now(ctx, machine, &mc, &r);
     if json {
-        print_all(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&r.to_json(machine))?
-        ))?;
+        let mut v = r.to_json(machine);
+        v["postStart"] = match &now {
+            Ok(None) => serde_json::Value::Null,
+            Ok(Some(changes)) => serde_json::json!({ "changes": changes }),
+            Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+        };
+        print_all(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else {
-        print_all(&r.to_string())?;
+        print_all(&format!("{r}{}", post_start_text(machine, &now)))?;
     }
     Ok(r.up_to_date())
+}
+
+/// What post-start run now would change in `machine` when it runs ([`model::pending`] through
+/// its leader's root): `None` when it is not running, or under `--host-root` (no machine is
+/// reachable there). Reads only.
+fn post_start_now(
+    ctx: &Ctx,
+    machine: &MachineName,
+    mc: &crate::config::MachineConfig,
+    r: &Rendered,
+) -> Result<Option<Vec<Change>>> {
+    if !ctx.host.is_real_root() {
+        return Ok(None);
+    }
+    let deadline = Instant::now() + BUS_TIMEOUT;
+    let host = Systemd::host(deadline)?;
+    if host.machine_leader(machine.as_str(), deadline)?.is_none() {
+        return Ok(None);
+    }
+    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let desired = Desired::of(
+        Target::Machine,
+        &ctx.host,
+        &r.assignment.view,
+        mc,
+        ctx.config.helper_path().as_str(),
+    )?;
+    Ok(Some(model::pending(handle.root(), &ctx.host, &desired)))
+}
+
+/// The text of [`post_start_now`].
+fn post_start_text(machine: &MachineName, now: &Result<Option<Vec<Change>>>) -> String {
+    match now {
+        Ok(None) => String::new(),
+        Ok(Some(changes)) if changes.is_empty() => {
+            format!("# post-start now ({machine} is running): nothing to change.\n")
+        }
+        Ok(Some(changes)) => {
+            let mut out = format!(
+                "# post-start now ({machine} is running): {} change(s):\n",
+                changes.len()
+            );
+            for c in changes {
+                out.push_str(&format!("#   {c}\n"));
+            }
+            out
+        }
+        Err(e) => format!("# post-start now: {machine} could not be read: {e:#}\n"),
+    }
 }

@@ -27,13 +27,14 @@ use crate::Ctx;
 use crate::cdi;
 use crate::config::MachineConfig;
 use crate::discovery::check_complete;
-use crate::discovery::{self, Inventory, assign};
+use crate::discovery::{self, assign};
 use crate::failpoint::{self, Point};
 use crate::gate;
 use crate::host::HostRoot;
 use crate::lock;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, MachineDir, MachineRoot};
+use crate::model::{self, Desired};
 use crate::paths::{MachinePath, UnitName};
 use crate::rewire;
 use crate::systemd::{self, MachineHandle, Systemd, TransientOutcome};
@@ -117,27 +118,11 @@ impl Services for MachineServices<'_> {
     }
 }
 
-/// Where post-start works: a machine, or the host itself (host mode, for nodes whose
-/// kubelet and containerd run directly on the host). The one thing that differs between the two;
-/// everything else is the same [`plan`], [`execute`] and [`Wiring`]:
-///
-/// | | machine | host |
-/// |---|---|---|
-/// | root | the machine's, by its leader's descriptor | the host's `/` ([`MachineRoot::open`]) |
-/// | bus | the machine's systemd | the host's systemd |
-/// | lock | `locks/<machine>.lock` | `locks/host` ([`lock::lock_host`]) |
-/// | driver root | `/run/nvidia/driver`, checked | `/`, the host's install |
-/// | links | library, tool and `/dev/char` links | `/dev/char` links only |
-/// | CDI spec | [`cdi::spec`] | [`cdi::spec_on_host`] (host paths, installed helper as hook) |
-/// | gate drop-in | the machine's `/run/systemd/system` | the host's `/etc/systemd/system` |
-///
-/// Units, CDI directory, staged images directory, gate markers and timeouts come from the
-/// config (`machines.<name>`/`defaults`, or `host`) and resolve in the target's root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Machine,
-    Host,
-}
+/// Where post-start works ([`crate::model::Target`]); everything but the file steps is the same
+/// [`plan`], [`execute`] and [`Wiring`] for both. Units, CDI directory, staged images directory,
+/// gate markers and timeouts come from the config (`machines.<name>`/`defaults`, or `host`) and
+/// resolve in the target's root.
+pub use crate::model::Target;
 
 /// How host mode names itself in messages and log lines (the `machine` field).
 pub const HOST_LABEL: &str = "the host";
@@ -214,10 +199,15 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         mc: &mc,
         host: &ctx.host,
         root: handle.root(),
-        inv: &inv,
+        desired: &Desired::of(
+            Target::Machine,
+            &ctx.host,
+            &inv,
+            &mc,
+            ctx.config.helper_path().as_str(),
+        )?,
     };
     run.finish(
-        cdi::spec(&inv, &mc.cdi_kind),
         total,
         // Without GPUs the start returns once the boot is done, as it did when post-start ran
         // after it (`NotifyReady=yes`): the boot starts this machine's services itself.
@@ -247,7 +237,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     let inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     check_complete(&inv).context("host post-start")?;
     let root = MachineRoot::open(ctx.host.root())?;
-    let spec = cdi::spec_on_host(&inv, &hc.cdi_kind, ctx.config.helper_path().as_str())?;
+    let helper = ctx.config.helper_path();
     let run = TargetRun {
         who,
         in_its_start: false,
@@ -255,11 +245,11 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
         mc: &hc,
         host: &ctx.host,
         root: &root,
-        inv: &inv,
+        desired: &Desired::of(Target::Host, &ctx.host, &inv, &hc, helper.as_str())?,
     };
     // No boot to wait for: this runs as a unit of the host's own boot.
     let bus = || Systemd::host(Instant::now() + hc.job_timeout);
-    run.finish(spec, total, bus, bus)
+    run.finish(total, bus, bus)
 }
 
 /// `host plan`: what `host post-start` would do on this host now, from the same
@@ -412,7 +402,7 @@ struct TargetRun<'a> {
     mc: &'a MachineConfig,
     host: &'a HostRoot,
     root: &'a MachineRoot,
-    inv: &'a Inventory,
+    desired: &'a Desired,
 }
 
 impl TargetRun<'_> {
@@ -421,17 +411,16 @@ impl TargetRun<'_> {
     /// `running` gives; otherwise [`TargetRun::wire`] on the one `bus` gives.
     fn finish(
         &self,
-        spec: Option<cdi::Spec>,
         total: Instant,
         running: impl FnOnce() -> Result<Systemd>,
         bus: impl FnOnce() -> Result<Systemd>,
     ) -> Result<()> {
-        let (Some(_), Some(spec)) = (self.inv.complete_driver(), spec) else {
+        if self.desired.driver.is_none() {
             return self.without_gpus(running);
-        };
+        }
         let sd = timed(self.who, "wait bus", bus)?;
         failpoint::hit(Point::AfterBus);
-        self.wire(&cdi::render(&spec), &sd)?;
+        self.wire(&sd)?;
         tracing::debug!(
             machine = self.who,
             step = "post-start",
@@ -442,13 +431,12 @@ impl TargetRun<'_> {
     }
 
     /// Run the target's plan over its root and systemd, and log what was wired.
-    fn wire(&self, json: &str, sd: &Systemd) -> Result<()> {
+    fn wire(&self, sd: &Systemd) -> Result<()> {
         let (who, mc) = (self.who, self.mc);
         let services = MachineServices {
             sd,
             job_timeout: mc.job_timeout,
         };
-        let spec_file = cdi::spec_file_name(&mc.cdi_kind);
         let markers = self.target.markers(self.host, who);
         let order = Order::of(self.target, &markers, mc, self.in_its_start)?;
         if order == Order::ContainerdReleased {
@@ -462,9 +450,7 @@ impl TargetRun<'_> {
             host: self.host,
             markers: &markers,
             root: self.root,
-            inv: self.inv,
-            spec_file: &spec_file,
-            json: json.as_bytes(),
+            desired: self.desired,
             services: &services,
         };
         let started = Instant::now();
@@ -474,7 +460,7 @@ impl TargetRun<'_> {
             "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
             started.elapsed().as_secs_f64(),
             wiring.driver()?.version,
-            self.inv.gpus.len()
+            self.desired.gpus
         );
         Ok(())
     }
@@ -540,13 +526,18 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     if let Some(driver) = inv.complete_driver() {
         bind_driver_root(&root, &host, driver)?;
     }
-    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
-    let Some(spec) = cdi::spec(&inv, &mc.cdi_kind) else {
-        let report = rewire::cleanup(&root, &mc.cdi_dir, &spec_file)?;
+    let desired = Desired::of(
+        Target::Machine,
+        &host,
+        &inv,
+        &mc,
+        ctx.config.helper_path().as_str(),
+    )?;
+    if desired.driver.is_none() {
+        let report = rewire::cleanup(&root, &mc.cdi_dir, &desired.spec.file)?;
         tracing::info!(%machine, "{report}");
         return Ok(());
-    };
-    let json = cdi::render(&spec);
+    }
     let services = OnDisk { dir };
     // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves them.
     gate::prepare_boot(&host, machine.as_str(), None)?;
@@ -557,9 +548,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         host: &host,
         markers: &markers,
         root: &root,
-        inv: &inv,
-        spec_file: &spec_file,
-        json: json.as_bytes(),
+        desired: &desired,
         services: &services,
     };
     execute(
@@ -949,15 +938,14 @@ pub struct Wiring<'a> {
     pub host: &'a HostRoot,
     pub markers: &'a gate::Markers<'a>,
     pub root: &'a MachineRoot,
-    pub inv: &'a Inventory,
-    pub spec_file: &'a str,
-    pub json: &'a [u8],
+    /// What the file steps make the target: the wiring model's [`Desired`].
+    pub desired: &'a Desired,
     pub services: &'a dyn Services,
 }
 
 impl Wiring<'_> {
     fn driver(&self) -> Result<&discovery::UserspaceDriver> {
-        self.inv.complete_driver().context(
+        self.desired.driver.as_ref().context(
             "file steps without a complete NVIDIA driver: post-start runs them only when \
              discovery found one (a bug)",
         )
@@ -967,33 +955,45 @@ impl Wiring<'_> {
 impl Work for Wiring<'_> {
     fn file(&self, step: FileStep) -> Result<FileDone> {
         let driver = self.driver()?;
+        let d = self.desired;
         let (line, library_links_changed) = match step {
-            FileStep::DriverRoot => (
-                format!(
-                    "driver root: {} binds of driver {} checked against the host",
-                    rewire::verify_driver_root(self.root, self.host, driver).map_err(|e| {
-                        crate::driver_tree::distrust(self.host, self.machine, e)
-                    })?,
-                    driver.version
-                ),
-                false,
-            ),
+            FileStep::DriverRoot => {
+                let want = d.driver_root.as_ref().context(
+                    "the driver root step without a driver root to check (a bug: host mode has none)",
+                )?;
+                let seen = model::driver_root::observe(self.root, want)?;
+                if let Some(why) = model::driver_root::diff(want, &seen).message(want) {
+                    return Err(crate::driver_tree::distrust(
+                        self.host,
+                        self.machine,
+                        anyhow::anyhow!(why),
+                    ));
+                }
+                (
+                    format!(
+                        "driver root: {} binds of driver {} checked against the host",
+                        want.len(),
+                        driver.version
+                    ),
+                    false,
+                )
+            }
             FileStep::Links => {
-                let report = rewire::rebuild_links(self.root, self.inv)?;
+                let lib = d
+                    .lib_links
+                    .as_ref()
+                    .context("the links step without library links (a bug: host mode has none)")?;
+                let report = rewire::rebuild_links(self.root, lib, &d.dev_char)?;
                 (report.to_string(), rewire::library_links_changed(&report))
             }
             // Only /dev/char links: no library link of ours changes ldconfig's verdict on the
             // host, whose cache alone decides (ld_cache_current).
             FileStep::DevChar => (
-                rewire::rebuild_dev_char(self.root, self.inv)?.to_string(),
+                rewire::rebuild_dev_char(self.root, &d.dev_char)?.to_string(),
                 false,
             ),
             FileStep::Cdi => {
-                let kind = self.mc.cdi_kind.clone();
-                let report =
-                    rewire::write_cdi(self.root, &self.mc.cdi_dir, self.spec_file, self.json, {
-                        |name, bytes| cdi::conflicts(&kind, name, bytes)
-                    })?;
+                let report = rewire::write_cdi(self.root, &d.spec, |n, b| d.spec.conflicts(n, b))?;
                 (report.to_string(), false)
             }
         };
@@ -1037,9 +1037,9 @@ impl Work for Wiring<'_> {
     }
 }
 
-/// [`rewire::ld_cache_lists_driver`], where a cache that cannot be read means running `ldconfig`.
+/// [`model::ld_cache::lists_driver`], where a cache that cannot be read means running `ldconfig`.
 fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> bool {
-    rewire::ld_cache_lists_driver(root, driver).unwrap_or_else(|e| {
+    model::ld_cache::lists_driver(root, driver).unwrap_or_else(|e| {
         tracing::debug!("reading the machine's ld.so.cache: {e:#}; running ldconfig");
         false
     })

@@ -26,7 +26,7 @@ use crate::gate;
 use crate::layout::DRIVER_ROOT;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, Lookup, MachineRoot};
-use crate::rewire;
+use crate::model::{self, Action, Change, Desired, Target, links};
 use crate::systemd::{ExecRun, MachineHandle, ServiceRun, Systemd};
 use crate::units;
 use anyhow::{Context as _, Result};
@@ -177,6 +177,9 @@ pub struct MachineFacts {
     /// machine's start.
     #[serde(skip)]
     pub hook_binary: Option<(u64, u64)>,
+    /// What post-start run now would change (the wiring model's diff, [`model::pending`]), in
+    /// order: the machine is in sync with the host only when this is empty.
+    pub pending_changes: Vec<Change>,
 }
 
 /// A unit and its state.
@@ -270,9 +273,6 @@ pub struct Observed {
     pub missing_gpus: Vec<String>,
     /// The helper installed at its stable path, as the units and the next start run it.
     pub helper: Option<HelperFacts>,
-    /// Why the root's `/etc/ld.so.cache` does not serve the driver, when it does not (host mode:
-    /// `host post-start` runs `ldconfig` then).
-    pub ld_cache: Option<String>,
     /// Why pre-start would refuse the machine's next start ([`crate::render::as_pre_start`]),
     /// with the exit code it would refuse it with.
     pub next_start: Option<(u8, String)>,
@@ -344,14 +344,18 @@ fn push_unique(v: &mut Vec<String>, s: &str) {
     }
 }
 
-/// Read the machine's NVIDIA state through its root: the CDI spec, the driver root, our links.
-/// `expected_spec` is what post-start would write for the host now. Reads only.
+/// Read the machine's NVIDIA state through its root (the CDI spec, the driver root, our links)
+/// and what post-start would change there to make it `desired` ([`model::pending`]). `judged`
+/// false (the host's driver is incomplete: post-start refuses, changing nothing) lists no
+/// change. Reads only.
 pub fn inspect_machine(
     root: &MachineRoot,
+    host: &crate::host::HostRoot,
     mc: &MachineConfig,
-    expected_spec: Option<&str>,
+    desired: &Desired,
+    judged: bool,
 ) -> Result<MachineFacts> {
-    let cdi_spec = inspect_spec(root, mc, expected_spec)?;
+    let cdi_spec = inspect_spec(root, mc, desired.spec.bytes.as_deref())?;
     let mut dangling = Vec::new();
     let driver_root_versions = inspect_driver_root(root, &mut dangling)?;
     let link_versions = inspect_lib_links(root, &mut dangling)?;
@@ -360,6 +364,11 @@ pub fn inspect_machine(
         gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
     let gate_released =
         gate::is_released(root, &mc.containerd_unit)? && gate::is_released(root, &mc.kubelet_unit)?;
+    let pending_changes = if judged {
+        model::pending(root, host, desired)
+    } else {
+        Vec::new()
+    };
     Ok(MachineFacts {
         cdi_spec,
         driver_root_versions,
@@ -367,11 +376,15 @@ pub fn inspect_machine(
         dangling_links: dangling,
         gated,
         gate_released,
-        driver_root_mismatch: None,
+        driver_root_mismatch: pending_changes
+            .iter()
+            .find(|c| c.check == "driver-root")
+            .map(|c| c.detail.clone()),
         hook_binary: root
             .pin_no_symlinks(crate::layout::HOOK_BINARY)?
             .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
             .map(|st| (st.st_dev, st.st_ino)),
+        pending_changes,
     })
 }
 
@@ -380,7 +393,7 @@ pub fn inspect_machine(
 fn inspect_spec(
     root: &MachineRoot,
     mc: &MachineConfig,
-    expected_spec: Option<&str>,
+    expected_spec: Option<&[u8]>,
 ) -> Result<SpecFacts> {
     let path = format!(
         "{}/{}",
@@ -393,7 +406,7 @@ fn inspect_spec(
     Ok(match bytes {
         None => SpecFacts::missing(path),
         Some(bytes) => {
-            let current = expected_spec.is_some_and(|e| e.as_bytes() == bytes.as_slice());
+            let current = expected_spec.is_some_and(|e| e == bytes.as_slice());
             match cdi::check(&mc.cdi_kind, &bytes) {
                 Err(e) => SpecFacts {
                     state: "invalid",
@@ -448,26 +461,16 @@ fn inspect_driver_root(root: &MachineRoot, dangling: &mut Vec<String>) -> Result
     Ok(versions)
 }
 
-/// The driver versions our library links name (links into the driver root, and links to
-/// those); the dangling ones into `dangling`.
+/// The driver versions our library links name ([`links::ours`]); the dangling ones into
+/// `dangling`.
 fn inspect_lib_links(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<Vec<String>> {
     let mut versions = Vec::new();
-    for dir_path in rewire::machine_lib_dirs(root)? {
+    for dir_path in links::machine_lib_dirs(root)? {
         let Lookup::Dir(dir) = root.lookup_dir(&dir_path)? else {
             continue;
         };
-        let links = rewire::symlinks(&dir)?;
-        let direct: Vec<&str> = links
-            .iter()
-            .filter(|(_, t)| rewire::points_into_driver(dir.path(), t))
-            .map(|(n, _)| n.as_str())
-            .collect();
-        for (name, target) in &links {
-            let ours = direct.contains(&name.as_str())
-                || (!target.contains('/') && direct.contains(&target.as_str()));
-            if !ours {
-                continue;
-            }
+        let seen = links::observe_dir(&dir, &links::DirLinks::new())?;
+        for (name, target) in links::ours(&seen) {
             if let Some(v) = libcuda_version(name) {
                 push_unique(&mut versions, v);
             }
@@ -482,14 +485,12 @@ fn inspect_lib_links(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<V
 
 /// Our `/dev/char` links to NVIDIA nodes that dangle, into `dangling`.
 fn inspect_dev_char(root: &MachineRoot, dangling: &mut Vec<String>) -> Result<()> {
-    if let Lookup::Dir(dev_char) = root.lookup_dir(rewire::DEV_CHAR)? {
-        for (name, target) in rewire::symlinks(&dev_char)? {
-            if rewire::is_dev_numbers(&name) && rewire::is_nvidia_dev_char(dev_char.path(), &target)
-            {
-                let p = dev_char.child(&name);
-                if !root.resolves(&p)? {
-                    dangling.push(format!("{p} -> {target}"));
-                }
+    if let Lookup::Dir(dev_char) = root.lookup_dir(links::DEV_CHAR)? {
+        let seen = links::observe_dir(&dev_char, &links::DirLinks::new())?;
+        for (name, target) in links::ours_dev_char(&seen) {
+            let p = dev_char.child(name);
+            if !root.resolves(&p)? {
+                dangling.push(format!("{p} -> {target}"));
             }
         }
     }
@@ -574,15 +575,15 @@ pub fn evaluate(
     if let Some(h) = &observed.helper {
         judge_helper(subject, h, observed.machine.as_ref(), &mut add);
     }
-    if let Some(why) = &observed.ld_cache {
-        add(State::Drift, "ld-cache", why.clone());
-    }
     if let Some((code, why)) = &observed.next_start {
         add(
             State::Broken,
             "next-start",
             format!("pre-start would refuse the next start (exit {code}): {why}"),
         );
+    }
+    if let Some(m) = &observed.machine {
+        judge_pending(subject, inv, m, &mut findings);
     }
 
     let worst = findings.iter().map(|f| f.state).max();
@@ -802,6 +803,82 @@ fn judge_services(
                 ),
             );
         }
+    }
+}
+
+/// What post-start run now would change that no finding names yet ([`MachineFacts::pending_changes`]):
+/// one finding per part, drift when post-start (or, for the driver root and the helper, a new
+/// start) makes it, broken when post-start would fail there. A part a finding already names is
+/// not named again, nor is drift that a finding of the host's change explains (another driver
+/// version, GPUs, the spec, stale state, the driver root): `reconcile` mends it all at once. So
+/// the subject is in sync only when post-start would change nothing.
+fn judge_pending(
+    subject: Subject<'_>,
+    inv: &Inventory,
+    m: &MachineFacts,
+    findings: &mut Vec<Finding>,
+) {
+    const EXPLAINING: [&str; 5] = [
+        "driver-version",
+        "gpus",
+        "cdi-spec",
+        "stale-nvidia-state",
+        "driver-root",
+    ];
+    let explained = findings.iter().any(|f| EXPLAINING.contains(&f.check));
+    let changes = &m.pending_changes;
+    let mut checks: Vec<&'static str> = Vec::new();
+    for c in changes {
+        if !checks.contains(&c.check) {
+            checks.push(c.check);
+        }
+    }
+    let post_start = match subject {
+        Subject::Machine(_) => "post-start",
+        Subject::Host => "host post-start",
+    };
+    for check in checks {
+        let part: Vec<&Change> = changes.iter().filter(|c| c.check == check).collect();
+        let failing = part.iter().find(|c| c.action == Action::Fails);
+        let links_change = changes.iter().any(|c| c.check == "links");
+        if findings.iter().any(|f| f.check == check)
+            || (failing.is_none() && (explained || (check == "ld-cache" && links_change)))
+        {
+            continue;
+        }
+        let (state, message) = match failing {
+            Some(c) => (
+                State::Broken,
+                format!("{post_start} would fail {}: {}", subject.inside(), c.detail),
+            ),
+            None if check == "ld-cache" => (
+                State::Drift,
+                format!(
+                    "{}'s /etc/ld.so.cache does not list NVIDIA {}'s libraries ({post_start} runs \
+                     ldconfig)",
+                    subject.the(),
+                    inv.complete_driver().map_or("?", |d| d.version.as_str())
+                ),
+            ),
+            None => {
+                let shown: Vec<String> = part.iter().take(3).map(ToString::to_string).collect();
+                (
+                    State::Drift,
+                    format!(
+                        "{post_start} would make {} change(s) {}: {}{}",
+                        part.len(),
+                        subject.inside(),
+                        shown.join("; "),
+                        if part.len() > 3 { "; …" } else { "" }
+                    ),
+                )
+            }
+        };
+        findings.push(Finding {
+            state,
+            check,
+            message,
+        });
     }
 }
 
@@ -1173,14 +1250,15 @@ fn observe(
     inv: &Inventory,
     machine: &MachineName,
     mc: &MachineConfig,
-    expected_spec: Option<&str>,
+    desired: &Desired,
     machine_root: Option<&Path>,
 ) -> Result<Observed> {
+    let judged = !matches!(inv.verdict, Verdict::Incomplete { .. });
     if let Some(dir) = machine_root {
         let root = MachineRoot::open(dir)?;
         return Ok(Observed {
             unit: None,
-            machine: Some(inspect_machine(&root, mc, expected_spec)?),
+            machine: Some(inspect_machine(&root, &ctx.host, mc, desired, judged)?),
             services: None,
             ..Observed::default()
         });
@@ -1216,12 +1294,7 @@ fn observe(
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let mut facts = inspect_machine(handle.root(), mc, expected_spec)?;
-    if let Some(driver) = inv.complete_driver()
-        && let Err(e) = rewire::verify_driver_root(handle.root(), &ctx.host, driver)
-    {
-        facts.driver_root_mismatch = Some(format!("{e:#}"));
-    }
+    let facts = inspect_machine(handle.root(), &ctx.host, mc, desired, judged)?;
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
     let sd = Systemd::machine_in_any_userns(&handle, deadline)?;
     Ok(Observed {
@@ -1291,8 +1364,15 @@ pub fn machine_status(
     let host_inv = inv;
     let a = assign::assign(inv, &mc.gpus);
     let inv = &a.view;
-    let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
-    let mut observed = observe(ctx, inv, machine, &mc, expected.as_deref(), machine_root)
+    let desired = Desired::of(
+        Target::Machine,
+        &ctx.host,
+        inv,
+        &mc,
+        ctx.config.helper_path().as_str(),
+    )
+    .with_context(|| format!("status of {machine}"))?;
+    let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(helper_facts(&ctx.host, ctx.config.helper_path().as_str()));
@@ -1604,10 +1684,9 @@ mod tests {
             inv.complete_driver().is_some(),
             "wire() wants a complete driver"
         );
-        rewire::rebuild_links(&root, inv).unwrap();
-        let json = cdi::render(&cdi::spec(inv, &mc.cdi_kind).unwrap());
-        let file = cdi::spec_file_name(&mc.cdi_kind);
-        rewire::write_cdi(&root, &mc.cdi_dir, &file, json.as_bytes(), |_, _| false).unwrap();
+        let d = Desired::of(Target::Machine, host, inv, &mc, "/nonexistent").unwrap();
+        crate::rewire::rebuild_links(&root, d.lib_links.as_ref().unwrap(), &d.dev_char).unwrap();
+        crate::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
         // What the machine shows at MARKER_DIR (the host's directory, bound there).
         let dir = m.join(crate::gate::MARKER_DIR.trim_start_matches('/'));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1660,12 +1739,30 @@ mod tests {
         .collect()
     }
 
+    /// What status reads of machine tree `m` for the host as it is now. The driver root here
+    /// is copies of the host's file names standing in for nspawn's read-only binds, which a unit
+    /// test cannot mount, and `ldconfig` never ran: the model's driver-root and ld-cache parts
+    /// are left out (tests/wiring_model.rs judges them with real binds and a real `ldconfig`).
+    fn facts_of(
+        root: &MachineRoot,
+        host: &HostRoot,
+        inv: &Inventory,
+        mc: &MachineConfig,
+    ) -> MachineFacts {
+        let desired = Desired::of(Target::Machine, host, inv, mc, "/nonexistent").unwrap();
+        let mut facts = inspect_machine(root, host, mc, &desired, true).unwrap();
+        facts
+            .pending_changes
+            .retain(|c| !matches!(c.check, "driver-root" | "ld-cache"));
+        facts.driver_root_mismatch = None;
+        facts
+    }
+
     /// Status of machine tree `m` against the host as it is now.
     fn judge(m: &Path, host: &HostRoot, inv: &Inventory) -> Status {
         let mc = mc(host);
-        let expected = cdi::spec(inv, &mc.cdi_kind).map(|s| cdi::render(&s));
         let root = MachineRoot::open(m).unwrap();
-        let facts = inspect_machine(&root, &mc, expected.as_deref()).unwrap();
+        let facts = facts_of(&root, host, inv, &mc);
         evaluate(
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,
@@ -1685,6 +1782,7 @@ mod tests {
             gate_released: false,
             driver_root_mismatch: None,
             hook_binary: None,
+            pending_changes: Vec::new(),
         }
     }
 
@@ -1816,9 +1914,8 @@ mod tests {
         let m = machine();
         wire(m.path(), &host, &inv);
         let mc = mc(&host);
-        let expected = cdi::spec(&inv, &mc.cdi_kind).map(|s| cdi::render(&s));
         let root = MachineRoot::open(m.path()).unwrap();
-        let mut facts = inspect_machine(&root, &mc, expected.as_deref()).unwrap();
+        let mut facts = facts_of(&root, &host, &inv, &mc);
         let why = "the driver root /run/nvidia/driver does not match the host's NVIDIA driver \
                    (1 not the host's file: /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libc.so.6)";
         facts.driver_root_mismatch = Some(why.to_owned());
@@ -1973,7 +2070,7 @@ mod tests {
         let mut mc = mc(&cpu);
         mc.gpus = crate::config::Gpus::None;
         let root = MachineRoot::open(m.path()).unwrap();
-        let facts = inspect_machine(&root, &mc, None).unwrap();
+        let facts = facts_of(&root, &cpu, &cpu_inv, &mc);
         let s = evaluate(
             Subject::Machine(&"kube1".parse().unwrap()),
             &mc,

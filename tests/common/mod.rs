@@ -215,7 +215,7 @@ pub fn with_host_wiring<T>(
         &str,
     ) -> T,
 ) -> T {
-    use nspawn_lifecycle::{cdi, config, discovery, gate, host, machine_root};
+    use nspawn_lifecycle::{cdi, config, discovery, gate, host, machine_root, model};
     let hroot = host::HostRoot::new(root);
     let hc = config::Config::default().host().unwrap();
     let inv = discovery::discover(&hroot).unwrap();
@@ -225,16 +225,21 @@ pub fn with_host_wiring<T>(
     let json = cdi::render(&spec);
     let mroot = machine_root::MachineRoot::open(root).unwrap();
     let markers = gate::Markers::of_host(&hroot);
-    let spec_file = cdi::spec_file_name(&hc.cdi_kind);
+    let desired = model::Desired::of(
+        model::Target::Host,
+        &hroot,
+        &inv,
+        &hc,
+        config::DEFAULT_HELPER_PATH,
+    )
+    .unwrap();
     let wiring = nspawn_lifecycle::commands::post_start::Wiring {
         machine: "the host",
         mc: &hc,
         host: &hroot,
         markers: &markers,
         root: &mroot,
-        inv: &inv,
-        spec_file: &spec_file,
-        json: json.as_bytes(),
+        desired: &desired,
         services: &NoSystemd,
     };
     f(&wiring, &hc, &inv, &json)

@@ -159,13 +159,41 @@ pub fn debian_machine(root: &Path) {
     link("/dev/nvidia-modeset", "dev/char/195:254");
 }
 
+/// post-start's links step for `inv` (the model's wanted links of its driver and devices).
+pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> anyhow::Result<Report> {
+    use nspawn_lifecycle::model::links;
+    rewire::rebuild_links(
+        root,
+        &links::lib_links(inv.driver.as_ref()),
+        &links::dev_char_links(inv),
+    )
+}
+
+/// post-start's CDI step writing `bytes` as `dir/file`, with `conflicts` deciding which other
+/// specs go.
+pub fn write_cdi(
+    root: &MachineRoot,
+    dir: &str,
+    file: &str,
+    bytes: &[u8],
+    conflicts: impl Fn(&str, &[u8]) -> bool,
+) -> anyhow::Result<Report> {
+    let want = nspawn_lifecycle::model::spec::Want {
+        dir: dir.into(),
+        file: file.into(),
+        kind: "nvidia.com/gpu".into(),
+        bytes: Some(bytes.to_vec()),
+    };
+    rewire::write_cdi(root, &want, conflicts)
+}
+
 /// Everything `post-start` writes inside the machine for a host with GPUs, in order (the driver
 /// root is nspawn's binds, which post-start only checks: see [`DriverRootBinds`]).
 pub fn gpu_pass(root: &MachineRoot, inv: &Inventory) -> Vec<Report> {
     let driver = inv.driver.as_ref().unwrap();
     vec![
-        rewire::rebuild_links(root, inv).unwrap(),
-        rewire::write_cdi(root, CDI_DIR, CDI_FILE, &spec(&driver.version), conflicts).unwrap(),
+        rebuild_links(root, inv).unwrap(),
+        write_cdi(root, CDI_DIR, CDI_FILE, &spec(&driver.version), conflicts).unwrap(),
     ]
 }
 

@@ -7,6 +7,8 @@
 //! run. Reads only, like `status`; the same states and exit codes. Under `--host-root` no systemd
 //! is asked: the files alone are judged.
 
+#[cfg(test)]
+use super::{MachineFacts, SpecFacts};
 use super::{
     Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, helper_facts,
     inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
@@ -17,6 +19,7 @@ use crate::discovery::{self, Inventory};
 use crate::gate;
 use crate::host_unit;
 use crate::machine_root::MachineRoot;
+use crate::model::{Desired, Target};
 use crate::systemd::Systemd;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
@@ -70,11 +73,11 @@ pub fn judge(ctx: &Ctx, inv: &Inventory) -> Result<Status> {
 
 /// What `host post-start` left on the host, and (on the real host) its unit and both services.
 fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Result<Observed> {
-    let expected =
-        crate::cdi::spec_on_host(inv, &hc.cdi_kind, helper)?.map(|s| crate::cdi::render(&s));
+    let desired = Desired::of(Target::Host, &ctx.host, inv, hc, helper)?;
     let root = MachineRoot::open(ctx.host.root())?;
+    let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     let mut facts = super::MachineFacts {
-        cdi_spec: inspect_spec(&root, hc, expected.as_deref())?,
+        cdi_spec: inspect_spec(&root, hc, desired.spec.bytes.as_deref())?,
         driver_root_versions: Vec::new(),
         link_versions: Vec::new(),
         dangling_links: Vec::new(),
@@ -86,16 +89,13 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         },
         driver_root_mismatch: None,
         hook_binary: None,
+        pending_changes: if judged {
+            crate::model::pending(&root, &ctx.host, &desired)
+        } else {
+            Vec::new()
+        },
     };
     inspect_dev_char(&root, &mut facts.dangling_links)?;
-    let ld_cache = match inv.complete_driver() {
-        Some(driver) if !crate::rewire::ld_cache_lists_driver(&root, driver)? => Some(format!(
-            "the host's /etc/ld.so.cache does not list NVIDIA {}'s libraries (host post-start \
-             runs ldconfig)",
-            driver.version
-        )),
-        _ => None,
-    };
     let (unit, services) = if ctx.host.is_real_root() {
         let (u, s) = ask_systemd(hc)?;
         (Some(u), Some(s))
@@ -106,7 +106,6 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         unit,
         machine: Some(facts),
         services,
-        ld_cache,
         ..Observed::default()
     })
 }
@@ -149,9 +148,22 @@ mod tests {
             &hc,
             &inv,
             Observed {
-                ld_cache: Some(
-                    "the host's /etc/ld.so.cache does not list NVIDIA 1's libraries".into(),
-                ),
+                machine: Some(MachineFacts {
+                    cdi_spec: SpecFacts::missing("/var/run/cdi/x.json".into()),
+                    driver_root_versions: Vec::new(),
+                    link_versions: Vec::new(),
+                    dangling_links: Vec::new(),
+                    gated: false,
+                    gate_released: false,
+                    driver_root_mismatch: None,
+                    hook_binary: None,
+                    pending_changes: vec![crate::model::Change {
+                        check: "ld-cache",
+                        action: crate::model::Action::Run,
+                        path: "ldconfig".into(),
+                        detail: "/etc/ld.so.cache does not list the driver's libraries".into(),
+                    }],
+                }),
                 ..Observed::default()
             },
         );

@@ -8,6 +8,7 @@ use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::config::MachineConfig;
 use nspawn_lifecycle::discovery::Inventory;
 use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::model::{links, spec};
 use nspawn_lifecycle::rewire::{self, Report};
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -54,16 +55,18 @@ pub fn rewire_pass(root: &MachineRoot, inv: &Inventory, mc: &MachineConfig) -> R
     if inv.complete_driver().is_none() {
         return Ok(vec![rewire::cleanup(root, &mc.cdi_dir, &file_name)?]);
     }
-    let mut reports = vec![rewire::rebuild_links(root, inv)?];
-    let spec = cdi::spec(inv, &mc.cdi_kind).context("a complete host has a CDI spec")?;
-    let json = cdi::render(&spec);
-    let kind = mc.cdi_kind.as_str();
-    reports.push(rewire::write_cdi(
+    let mut reports = vec![rewire::rebuild_links(
         root,
-        &mc.cdi_dir,
-        &file_name,
-        json.as_bytes(),
-        |name, bytes| cdi::conflicts(kind, name, bytes),
-    )?);
+        &links::lib_links(inv.driver.as_ref()),
+        &links::dev_char_links(inv),
+    )?];
+    let spec = cdi::spec(inv, &mc.cdi_kind).context("a complete host has a CDI spec")?;
+    let want = spec::Want {
+        dir: mc.cdi_dir.to_string(),
+        file: file_name,
+        kind: mc.cdi_kind.to_string(),
+        bytes: Some(cdi::render(&spec).into_bytes()),
+    };
+    reports.push(rewire::write_cdi(root, &want, |n, b| want.conflicts(n, b))?);
     Ok(reports)
 }

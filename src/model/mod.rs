@@ -1,0 +1,401 @@
+//! The wiring as a value: what post-start must leave in a target (a machine, or the host itself
+//! in host mode) for the host as discovered now ([`Desired`]), and what it would change there
+//! ([`pending`]).
+//!
+//! [`Desired`] is computed once, from discovery (the machine's share of it), the host facts it
+//! names (the inode of every driver file, the installed helper's) and the configuration. Each
+//! part of it is read through the target's root handle and compared with what is there by one
+//! pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
+//! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]), which both consumers
+//! share:
+//!
+//! - post-start applies each part's difference (src/rewire.rs), part by part, reading each part
+//!   just before it changes it;
+//! - `status` and `plan` read every part at once and list the differences as [`Change`]s
+//!   without writing anything. `status` is out of sync exactly when that list is not empty
+//!   (tests/wiring_model.rs holds it to that over every example host and a list of mutations).
+//!
+//! A change is post-start's to make, or only a new start's (the driver root and the helper bound
+//! into a machine are made with it: [`Action::Restart`]), or nobody's until a person acts
+//! (post-start would fail there: [`Action::Fails`]).
+
+pub mod driver_root;
+pub mod ld_cache;
+pub mod links;
+pub mod spec;
+
+use crate::config::MachineConfig;
+use crate::discovery::{Inventory, UserspaceDriver};
+use crate::gate;
+use crate::host::HostRoot;
+use crate::layout::DRIVER_ROOT;
+use crate::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::paths::UnitName;
+use anyhow::Result;
+use links::DirLinks;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Where post-start works: a machine, or the host itself (host mode, for nodes whose kubelet
+/// and containerd run directly on the host).
+///
+/// | | machine | host |
+/// |---|---|---|
+/// | root | the machine's, by its leader's descriptor | the host's `/` |
+/// | driver root | `/run/nvidia/driver`, checked | `/`, the host's install |
+/// | links | library, tool and `/dev/char` links | `/dev/char` links only |
+/// | CDI spec | [`crate::cdi::spec`] | [`crate::cdi::spec_on_host`] (host paths, installed helper as hook) |
+/// | gate drop-in | the machine's `/run/systemd/system` | the host's `/etc/systemd/system` |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Machine,
+    Host,
+}
+
+/// Staging name beside the driver root of versions that built it in the machine; a leftover is
+/// removed without GPUs.
+pub const STAGING: &str = ".driver.new";
+
+/// What post-start must leave in a target.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    pub target: Target,
+    /// The driver the target is wired for; `None` when no NVIDIA state of ours belongs there (no
+    /// GPU for it, no driver): every piece of ours is removed.
+    pub driver: Option<UserspaceDriver>,
+    /// A wired machine's driver root, as its start must have made it.
+    pub driver_root: Option<driver_root::Expected>,
+    /// A machine's library and tool links, dir → name → target (none of ours without a driver);
+    /// `None` in host mode, where they are the driver installer's and `ldconfig`'s.
+    pub lib_links: Option<BTreeMap<String, DirLinks>>,
+    /// `/dev/char/<major>:<minor>` links (none of ours without a driver).
+    pub dev_char: DirLinks,
+    pub spec: spec::Want,
+    /// The units whose gate post-start releases when the gate holds them.
+    pub gate: Vec<UnitName>,
+    /// The helper a machine's CDI hooks must run: the installed one's device and inode.
+    pub helper: Option<(u64, u64)>,
+    /// How many GPUs the target is wired for.
+    pub gpus: usize,
+}
+
+impl Desired {
+    /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
+    /// host's whole discovery in host mode) under the settings `mc`; `helper` is the installed
+    /// helper's host path (host mode's CDI hooks run it). Stats the host's driver files and the
+    /// helper: the facts the driver root and the hooks must match.
+    pub fn of(
+        target: Target,
+        host: &HostRoot,
+        inv: &Inventory,
+        mc: &MachineConfig,
+        helper: &str,
+    ) -> Result<Desired> {
+        let bytes = match target {
+            Target::Machine => crate::cdi::spec(inv, &mc.cdi_kind),
+            Target::Host => crate::cdi::spec_on_host(inv, &mc.cdi_kind, helper)?,
+        }
+        .map(|s| crate::cdi::render(&s).into_bytes());
+        let driver = inv.complete_driver().filter(|_| bytes.is_some()).cloned();
+        let driver_root = match (target, &driver) {
+            (Target::Machine, Some(d)) => Some(driver_root::Expected::of(host, d)?),
+            _ => None,
+        };
+        let helper = host.metadata(helper).ok().map(|m| {
+            (
+                std::os::unix::fs::MetadataExt::dev(&m),
+                std::os::unix::fs::MetadataExt::ino(&m),
+            )
+        });
+        Ok(Desired {
+            target,
+            lib_links: (target == Target::Machine).then(|| links::lib_links(driver.as_ref())),
+            dev_char: if driver.is_some() {
+                links::dev_char_links(inv)
+            } else {
+                DirLinks::new()
+            },
+            driver,
+            driver_root,
+            spec: spec::Want {
+                dir: mc.cdi_dir.to_string(),
+                file: crate::cdi::spec_file_name(&mc.cdi_kind),
+                kind: mc.cdi_kind.to_string(),
+                bytes,
+            },
+            gate: vec![mc.containerd_unit.clone(), mc.kubelet_unit.clone()],
+            helper: (target == Target::Machine).then_some(helper).flatten(),
+            gpus: inv.gpus.len(),
+        })
+    }
+}
+
+/// What a [`Change`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    Create,
+    Replace,
+    Remove,
+    Write,
+    /// Run `ldconfig`.
+    Run,
+    /// Create a unit's gate marker.
+    Release,
+    /// Only a new start of the machine changes it (its pre-start, its binds).
+    Restart,
+    /// post-start would fail here: something a person must mend first.
+    Fails,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Replace => "replace",
+            Action::Remove => "remove",
+            Action::Write => "write",
+            Action::Run => "run",
+            Action::Release => "release",
+            Action::Restart => "restart",
+            Action::Fails => "fails",
+        }
+    }
+}
+
+/// One difference between a target and its [`Desired`] state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    /// The part it belongs to, named as `status` names its checks: `driver-root`, `links`,
+    /// `dev-char`, `ld-cache`, `cdi-spec`, `gate`, `helper`, `stale-nvidia-state`.
+    pub check: &'static str,
+    pub action: Action,
+    /// What it changes (a path in the target, a unit).
+    pub path: String,
+    /// The new link target, or why.
+    pub detail: String,
+}
+
+impl Change {
+    fn new(check: &'static str, action: Action, path: String, detail: impl Into<String>) -> Self {
+        Change {
+            check,
+            action,
+            path,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether post-start run now makes it.
+    pub fn by_post_start(&self) -> bool {
+        !matches!(self.action, Action::Restart | Action::Fails)
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.action.as_str(), self.path)?;
+        if !self.detail.is_empty() {
+            write!(f, " ({})", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything post-start run now would change in the target at `root` to make it `d`, in the
+/// order it would: read through `root` (and the host's markers), compared part by part with the
+/// same functions post-start applies. Reads only; a part that cannot be read is a change that
+/// fails ([`Action::Fails`]), as post-start would.
+pub fn pending(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Vec<Change> {
+    let mut out = Vec::new();
+    let mut part = |check: &'static str, r: Result<Vec<Change>>| match r {
+        Ok(changes) => out.extend(changes),
+        Err(e) => out.push(Change::new(
+            check,
+            Action::Fails,
+            String::new(),
+            format!("{e:#}"),
+        )),
+    };
+    if d.target == Target::Machine {
+        part("driver-root", driver_root_changes(root, d));
+        part("helper", helper_changes(root, d));
+    }
+    let lib = d.lib_links.as_ref().map(|w| lib_link_changes(root, w));
+    let links_changed = matches!(&lib, Some(Ok(c)) if !c.is_empty());
+    if let Some(r) = lib {
+        part("links", r);
+    }
+    part("dev-char", dev_char_changes(root, d));
+    if let Some(driver) = &d.driver {
+        part(
+            "ld-cache",
+            ld_cache::lists_driver(root, driver).map(|lists| {
+                let why = match (links_changed, lists) {
+                    (true, _) => "library links change",
+                    (false, false) => "/etc/ld.so.cache does not list the driver's libraries",
+                    (false, true) => return Vec::new(),
+                };
+                vec![Change::new("ld-cache", Action::Run, "ldconfig".into(), why)]
+            }),
+        );
+    }
+    part(
+        "cdi-spec",
+        spec::pending(root, &d.spec).map(|v| {
+            v.into_iter()
+                .map(|(path, action, why)| {
+                    let action = if action == "write" {
+                        Action::Write
+                    } else {
+                        Action::Remove
+                    };
+                    Change::new("cdi-spec", action, path, why)
+                })
+                .collect()
+        }),
+    );
+    part("gate", gate_changes(root, host, d));
+    out
+}
+
+/// The driver root: wired, it must be the host's driver as [`driver_root::Expected`] says (only
+/// a new start mends it); without a driver, it and a staging leftover go (a bind made at this
+/// boot only with the next start).
+fn driver_root_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
+    if let Some(want) = &d.driver_root {
+        let seen = driver_root::observe(root, want)?;
+        return Ok(driver_root::diff(want, &seen)
+            .message(want)
+            .map(|why| Change::new("driver-root", Action::Restart, DRIVER_ROOT.into(), why))
+            .into_iter()
+            .collect());
+    }
+    let (parent, name) = DRIVER_ROOT.rsplit_once('/').unwrap_or(("/", DRIVER_ROOT));
+    let Lookup::Dir(dir) = root.lookup_dir(parent)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for n in [STAGING, name] {
+        let Some(kind) = dir.kind(n)? else { continue };
+        let bound = kind == FileKind::Dir
+            && matches!(dir.open_subdir(n)?, crate::machine_root::Subdir::Dir(sub) if sub.read_only()?);
+        out.push(if bound {
+            Change::new(
+                "stale-nvidia-state",
+                Action::Restart,
+                dir.child(n),
+                "this boot's driver binds, gone at the next start",
+            )
+        } else {
+            Change::new(
+                "stale-nvidia-state",
+                Action::Remove,
+                dir.child(n),
+                "no NVIDIA driver for this machine",
+            )
+        });
+    }
+    Ok(out)
+}
+
+/// A machine's CDI hooks run the helper bound at its start: another than the installed one
+/// (upgraded since) is picked up only by a new start.
+fn helper_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
+    let bound = root
+        .pin_no_symlinks(crate::layout::HOOK_BINARY)?
+        .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
+        .map(|st| (st.st_dev, st.st_ino));
+    Ok(match (bound, d.helper) {
+        (Some(b), Some(h)) if b != h => vec![Change::new(
+            "helper",
+            Action::Restart,
+            crate::layout::HOOK_BINARY.into(),
+            "the CDI hooks run the helper as it was at the machine's start, not the one installed now",
+        )],
+        _ => Vec::new(),
+    })
+}
+
+/// A link change as a [`Change`].
+fn link_change<'a>(
+    check: &'static str,
+    diff: &'a links::DirDiff,
+) -> impl Iterator<Item = Change> + 'a {
+    diff.ops.iter().map(move |(name, op)| {
+        let path = diff.child(name);
+        match op {
+            links::LinkOp::Create { target } => {
+                Change::new(check, Action::Create, path, format!("-> {target}"))
+            }
+            links::LinkOp::Replace { from, to } => Change::new(
+                check,
+                Action::Replace,
+                path,
+                format!(
+                    "-> {to}, was -> {}",
+                    from.as_deref().unwrap_or("(not UTF-8)")
+                ),
+            ),
+            links::LinkOp::Remove { target } => {
+                Change::new(check, Action::Remove, path, format!("-> {target}"))
+            }
+        }
+    })
+}
+
+fn lib_link_changes(
+    root: &MachineRoot,
+    wanted: &BTreeMap<String, DirLinks>,
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    links::each_lib_dir(root, wanted, |dir, want| {
+        let diff = links::diff_lib_dir(&links::observe_dir(dir, want)?, want);
+        out.extend(link_change("links", &diff));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// `/dev/char`: wired, made if missing; without a driver, only ours removed where it is.
+fn dev_char_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
+    let seen = match root.lookup_dir(links::DEV_CHAR)? {
+        Lookup::Dir(dir) => links::observe_dir(&dir, &d.dev_char)?,
+        Lookup::Missing => links::DirSeen {
+            path: links::DEV_CHAR.into(),
+            links: BTreeMap::new(),
+            others: BTreeMap::new(),
+        },
+        Lookup::NotDir if d.driver.is_none() => return Ok(Vec::new()),
+        Lookup::NotDir => anyhow::bail!(
+            "{} is not a directory (or one of its parents is not)",
+            links::DEV_CHAR
+        ),
+    };
+    let diff = links::diff_dev_char(&seen, &d.dev_char);
+    Ok(link_change("dev-char", &diff).collect())
+}
+
+/// A gated unit whose marker is missing waits until post-start releases it.
+fn gate_changes(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    for unit in &d.gate {
+        let (gated, released) = match d.target {
+            Target::Machine => (gate::is_gated(root, unit)?, gate::is_released(root, unit)?),
+            Target::Host => (
+                gate::is_gated_on_host(root, unit)?,
+                gate::Markers::of_host(host).is_released(unit)?,
+            ),
+        };
+        if gated && !released {
+            out.push(Change::new(
+                "gate",
+                Action::Release,
+                unit.to_string(),
+                format!("its marker in {} is missing", gate::MARKER_DIR),
+            ));
+        }
+    }
+    Ok(out)
+}
