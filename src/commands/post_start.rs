@@ -472,23 +472,8 @@ impl TargetRun<'_> {
     /// released and both services started, on the systemd `running` gives once it may.
     fn without_gpus(&self, running: impl FnOnce() -> Result<Systemd>) -> Result<()> {
         let (who, target, mc, root) = (self.who, self.target, self.mc, self.root);
-        let spec_file = cdi::spec_file_name(&mc.cdi_kind);
-        let report = target
-            .cleanup(root, mc, &spec_file)
-            .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
-        let why = if mc.gpus == crate::config::Gpus::None {
-            "no NVIDIA GPUs for this machine (gpus: none)"
-        } else {
-            "no NVIDIA GPUs on the host"
-        };
-        tracing::info!(machine = who, "{why}; {report}");
-        let gated = target.is_gated(root, &mc.kubelet_unit)?
-            || target.is_gated(root, &mc.containerd_unit)?;
-        if gated {
-            let markers = target.markers(self.host, who);
-            markers.release(&mc.containerd_unit, Point::PostStartMidGateRelease)?;
-            markers.release(&mc.kubelet_unit, Point::PostStartMidKubeletGateRelease)?;
-        }
+        let markers = target.markers(self.host, who);
+        let gated = clean(who, target, mc, root, &markers)?;
         let sd = running()?;
         if gated {
             let services = MachineServices {
@@ -504,6 +489,95 @@ impl TargetRun<'_> {
         }
         Ok(())
     }
+}
+
+/// post-start without NVIDIA devices, in the target's files: our stale NVIDIA state removed
+/// and, when the unit gate holds the services, both released. Returns whether it did (the
+/// caller then starts both).
+fn clean(
+    who: &str,
+    target: Target,
+    mc: &MachineConfig,
+    root: &MachineRoot,
+    markers: &gate::Markers,
+) -> Result<bool> {
+    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
+    let report = target
+        .cleanup(root, mc, &spec_file)
+        .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
+    let why = if mc.gpus == crate::config::Gpus::None {
+        "no NVIDIA GPUs for this machine (gpus: none)"
+    } else {
+        "no NVIDIA GPUs on the host"
+    };
+    tracing::info!(machine = who, "{why}; {report}");
+    let gated =
+        target.is_gated(root, &mc.kubelet_unit)? || target.is_gated(root, &mc.containerd_unit)?;
+    if gated {
+        markers.release(&mc.containerd_unit, Point::PostStartMidGateRelease)?;
+        markers.release(&mc.kubelet_unit, Point::PostStartMidKubeletGateRelease)?;
+    }
+    Ok(gated)
+}
+
+/// post-start of `machine` against a machine rootfs on disk, with `services` in place of its
+/// systemd: the product's lock, discovery, [`Desired`], no-GPU cleanup and, with GPUs, [`plan`]
+/// (the gated order) run by [`execute`] over [`Wiring`]. For the crash tests (`rewire-root`) and
+/// the wiring model's property test.
+#[cfg(any(feature = "failpoints", feature = "testkit"))]
+pub fn run_on_disk(
+    ctx: &Ctx,
+    machine: &MachineName,
+    root: &MachineRoot,
+    services: &dyn Services,
+) -> Result<()> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
+    let inv =
+        assign::for_machine(&ctx.config, machine, &mc, &discovery::discover(&ctx.host)?)?.view;
+    check_complete(&inv)?;
+    on_disk(ctx, machine, &mc, &ctx.host, &inv, root, services)
+}
+
+/// [`run_on_disk`] once locked and discovered.
+#[cfg(any(feature = "failpoints", feature = "testkit"))]
+fn on_disk(
+    ctx: &Ctx,
+    machine: &MachineName,
+    mc: &MachineConfig,
+    host: &HostRoot,
+    inv: &crate::discovery::Inventory,
+    root: &MachineRoot,
+    services: &dyn Services,
+) -> Result<()> {
+    let who = machine.as_str();
+    let desired = Desired::of(
+        Target::Machine,
+        host,
+        inv,
+        mc,
+        ctx.config.helper_path().as_str(),
+    )?;
+    let markers = gate::Markers::of_machine(host, who);
+    if desired.driver.is_none() {
+        clean(who, Target::Machine, mc, root, &markers)?;
+        return Ok(());
+    }
+    let wiring = Wiring {
+        machine: who,
+        mc,
+        host,
+        markers: &markers,
+        root,
+        desired: &desired,
+        services,
+    };
+    execute(
+        &plan(mc, Target::Machine, Order::Gated),
+        who,
+        &wiring,
+        services,
+    )
 }
 
 /// `rewire-root` (failpoints builds only): post-start's plan and executor, exactly as the product
@@ -526,38 +600,13 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     if let Some(driver) = inv.complete_driver() {
         bind_driver_root(&root, &host, driver)?;
     }
-    let desired = Desired::of(
-        Target::Machine,
-        &host,
-        &inv,
-        &mc,
-        ctx.config.helper_path().as_str(),
-    )?;
-    if desired.driver.is_none() {
-        let report = rewire::cleanup(&root, &mc.cdi_dir, &desired.spec.file)?;
-        tracing::info!(%machine, "{report}");
-        return Ok(());
-    }
     let services = OnDisk { dir };
-    // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves them.
-    gate::prepare_boot(&host, machine.as_str(), None)?;
-    let markers = gate::Markers::of_machine(&host, machine.as_str());
-    let wiring = Wiring {
-        machine: machine.as_str(),
-        mc: &mc,
-        host: &host,
-        markers: &markers,
-        root: &root,
-        desired: &desired,
-        services: &services,
-    };
-    execute(
-        // The crash tests kill every point of the gated order, the one with the most steps.
-        &plan(&mc, Target::Machine, Order::Gated),
-        machine.as_str(),
-        &wiring,
-        &services,
-    )
+    if inv.complete_driver().is_some() {
+        // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves
+        // them.
+        gate::prepare_boot(&host, machine.as_str(), None)?;
+    }
+    on_disk(ctx, machine, &mc, &host, &inv, &root, &services)
 }
 
 /// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,
@@ -677,12 +726,12 @@ fn bind_read_only(host: &HostRoot, source: &str, target: &str, shown: &str) -> R
 /// rebuilds the rootfs's own `/etc/ld.so.cache` from its own `ld.so.conf`, as the machine's
 /// `ldconfig` would. `ctr` needs the machine's containerd, so an import fails as one whose `ctr`
 /// could not run: the tarball is set aside like any failed import.
-#[cfg(feature = "failpoints")]
-struct OnDisk<'a> {
-    dir: &'a std::path::Path,
+#[cfg(any(feature = "failpoints", feature = "testkit"))]
+pub struct OnDisk<'a> {
+    pub dir: &'a std::path::Path,
 }
 
-#[cfg(feature = "failpoints")]
+#[cfg(any(feature = "failpoints", feature = "testkit"))]
 impl Services for OnDisk<'_> {
     fn stop(&self, unit: &str) -> Result<()> {
         tracing::info!(%unit, "no systemd in a rootfs on disk: nothing to stop");

@@ -26,6 +26,7 @@ use crate::gate;
 use crate::layout::DRIVER_ROOT;
 use crate::machine_name::MachineName;
 use crate::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::model::helper::{HelperFacts, helper_facts};
 use crate::model::{self, Action, Change, Desired, Target, links};
 use crate::systemd::{ExecRun, MachineHandle, ServiceRun, Systemd};
 use crate::units;
@@ -277,59 +278,6 @@ pub struct Observed {
     /// with the exit code it would refuse it with.
     pub next_start: Option<(u8, String)>,
 }
-
-/// The helper binary installed at the configuration's stable path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HelperFacts {
-    pub path: String,
-    /// Device and inode, when it is there at all.
-    pub identity: Option<(u64, u64)>,
-    /// Why it cannot run, when it cannot: missing, not a regular executable file, not an ELF
-    /// program for this machine.
-    pub problem: Option<String>,
-}
-
-/// Look at the helper installed at `path` (inside the host root): reads its ELF header only.
-pub fn helper_facts(host: &crate::host::HostRoot, path: &str) -> HelperFacts {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let mut facts = HelperFacts {
-        path: path.to_owned(),
-        identity: None,
-        problem: None,
-    };
-    let meta = match host.metadata(path) {
-        Ok(m) => m,
-        Err(e) => {
-            facts.problem = Some(format!("{path} cannot be read ({e})"));
-            return facts;
-        }
-    };
-    facts.identity = Some((meta.dev(), meta.ino()));
-    let elf = host
-        .open_read(path)
-        .map_err(|e| e.to_string())
-        .and_then(|f| crate::discovery::parse::elf_info(&f).map_err(|e| e.to_string()));
-    facts.problem = if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        Some(format!("{path} is not an executable file"))
-    } else {
-        match elf {
-            Err(e) => Some(format!("{path} is not a working binary: {e}")),
-            Ok(info) if info.machine != THIS_MACHINE => Some(format!(
-                "{path} is not a working binary: an ELF program for machine {}, not this one's {THIS_MACHINE}",
-                info.machine
-            )),
-            Ok(_) => None,
-        }
-    };
-    facts
-}
-
-/// This build's ELF `e_machine`.
-const THIS_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
-    crate::discovery::parse::EM_AARCH64
-} else {
-    crate::discovery::parse::EM_X86_64
-};
 
 /// The version in a driver library file name `libcuda.so.<version>`.
 fn libcuda_version(file_name: &str) -> Option<&str> {
@@ -1375,7 +1323,7 @@ pub fn machine_status(
     let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
-    observed.helper = Some(helper_facts(&ctx.host, ctx.config.helper_path().as_str()));
+    observed.helper = Some(desired.helper.clone());
     observed.next_start = crate::render::as_pre_start(ctx, machine, host_inv)
         .err()
         .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));

@@ -20,6 +20,7 @@
 //! (post-start would fail there: [`Action::Fails`]).
 
 pub mod driver_root;
+pub mod helper;
 pub mod ld_cache;
 pub mod links;
 pub mod spec;
@@ -73,8 +74,9 @@ pub struct Desired {
     pub spec: spec::Want,
     /// The units whose gate post-start releases when the gate holds them.
     pub gate: Vec<UnitName>,
-    /// The helper a machine's CDI hooks must run: the installed one's device and inode.
-    pub helper: Option<(u64, u64)>,
+    /// The installed helper: the units run it, and a machine's CDI hooks must run that very
+    /// file.
+    pub helper: helper::HelperFacts,
     /// How many GPUs the target is wired for.
     pub gpus: usize,
 }
@@ -101,12 +103,6 @@ impl Desired {
             (Target::Machine, Some(d)) => Some(driver_root::Expected::of(host, d)?),
             _ => None,
         };
-        let helper = host.metadata(helper).ok().map(|m| {
-            (
-                std::os::unix::fs::MetadataExt::dev(&m),
-                std::os::unix::fs::MetadataExt::ino(&m),
-            )
-        });
         Ok(Desired {
             target,
             lib_links: (target == Target::Machine).then(|| links::lib_links(driver.as_ref())),
@@ -124,7 +120,7 @@ impl Desired {
                 bytes,
             },
             gate: vec![mc.containerd_unit.clone(), mc.kubelet_unit.clone()],
-            helper: (target == Target::Machine).then_some(helper).flatten(),
+            helper: helper::helper_facts(host, helper),
             gpus: inv.gpus.len(),
         })
     }
@@ -220,8 +216,8 @@ pub fn pending(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Vec<Change> 
     };
     if d.target == Target::Machine {
         part("driver-root", driver_root_changes(root, d));
-        part("helper", helper_changes(root, d));
     }
+    part("helper", helper_changes(root, d));
     let lib = d.lib_links.as_ref().map(|w| lib_link_changes(root, w));
     let links_changed = matches!(&lib, Some(Ok(c)) if !c.is_empty());
     if let Some(r) = lib {
@@ -300,19 +296,36 @@ fn driver_root_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
     Ok(out)
 }
 
-/// A machine's CDI hooks run the helper bound at its start: another than the installed one
-/// (upgraded since) is picked up only by a new start.
+/// The installed helper must be a working binary (the units run it: the next post-start, the
+/// next start). A machine's CDI hooks run the helper bound at its start: another than the
+/// installed one (upgraded since) is picked up only by a new start.
 fn helper_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
+    let h = &d.helper;
+    if let Some(problem) = &h.problem {
+        return Ok(vec![Change::new(
+            "helper",
+            Action::Fails,
+            h.path.clone(),
+            problem.clone(),
+        )]);
+    }
+    if d.target == Target::Host {
+        return Ok(Vec::new());
+    }
     let bound = root
         .pin_no_symlinks(crate::layout::HOOK_BINARY)?
         .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
         .map(|st| (st.st_dev, st.st_ino));
-    Ok(match (bound, d.helper) {
-        (Some(b), Some(h)) if b != h => vec![Change::new(
+    Ok(match bound {
+        Some(b) if Some(b) != h.identity => vec![Change::new(
             "helper",
             Action::Restart,
             crate::layout::HOOK_BINARY.into(),
-            "the CDI hooks run the helper as it was at the machine's start, not the one installed now",
+            format!(
+                "the CDI hooks run the helper as it was at the machine's start, not the one \
+                 installed now at {}",
+                h.path
+            ),
         )],
         _ => Vec::new(),
     })

@@ -1,0 +1,694 @@
+//! The wiring model holds over every example host and a list of mutations:
+//!
+//! - `status` is out of sync exactly when post-start run now would change something (the model's
+//!   pending changes are not empty), and what it would change is post-start's to make exactly
+//!   when post-start alone mends it;
+//! - after the mend an operator makes (post-start; a restart; `install` and a restart),
+//!   `status` is in sync and nothing is pending;
+//! - what `plan` shows as the `.nspawn` file is byte for byte what pre-start then writes, and
+//!   where pre-start refuses, `plan` refuses alike (same exit code and message).
+//!
+//! One process, single-threaded (`harness = false`): it unshares its mount namespace and boots
+//! each machine as systemd-nspawn does from the `.nspawn` file pre-start wrote (the driver tree
+//! and every bind of it read-only, the helper, the unit gate and its markers; device nodes stood
+//! in for by empty files), then runs post-start's own run ([`post_start::run_on_disk`]: the
+//! product's lock, discovery, model and executor, with `ldconfig -r` for the machine's) and
+//! judges with `status`'s own function. Privileged: fails, not skips, without root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nspawn_lifecycle::Ctx;
+use nspawn_lifecycle::commands::post_start::{self, OnDisk};
+use nspawn_lifecycle::commands::pre_start;
+use nspawn_lifecycle::commands::status::{self, State, Status};
+use nspawn_lifecycle::config::Config;
+use nspawn_lifecycle::discovery::{self, Verdict};
+use nspawn_lifecycle::host::HostRoot;
+use nspawn_lifecycle::machine_name::MachineName;
+use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::model::{Action, Change};
+use nspawn_lifecycle::{error, fixture, render};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+const MACHINE: &str = "kube1";
+
+/// What an operator does about a mutation, by what `status` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mend {
+    /// post-start alone (`systemctl restart` of nothing: the next post-start).
+    PostStart,
+    /// A new start of the machine (`reconcile`): pre-start, the boot's binds, post-start.
+    Restart,
+    /// `install` (the helper, the drop-in for the config), then a new start.
+    InstallAndRestart,
+}
+
+/// One machine on one host: the host tree (installed), the machine tree, and the mounts its
+/// last boot made (innermost last).
+struct Node {
+    example: &'static str,
+    host: tempfile::TempDir,
+    /// Hosts replaced by a mutation, kept until the machine no longer binds from them.
+    old_hosts: Vec<tempfile::TempDir>,
+    machine: tempfile::TempDir,
+    mounts: Vec<PathBuf>,
+}
+
+fn name() -> MachineName {
+    MACHINE.parse().unwrap()
+}
+
+/// A host tree from host description `text`, with the machine installed by `install` (the
+/// helper copied to its stable path, the drop-in and the `.nspawn` file written).
+fn installed(text: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fixture::materialize(text, dir.path()).unwrap();
+    std::fs::create_dir_all(dir.path().join("var/lib/machines").join(MACHINE)).unwrap();
+    let out = common::run_helper(dir.path(), &["install", MACHINE]);
+    assert!(
+        out.status.success(),
+        "install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// A Debian-like machine tree: merged /usr, `/var/run -> ../run`, the loader's config.
+fn machine_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    for d in [
+        "usr/lib/x86_64-linux-gnu",
+        "usr/bin",
+        "etc/cdi",
+        "run",
+        "var/lib",
+        "dev/char",
+    ] {
+        std::fs::create_dir_all(p.join(d)).unwrap();
+    }
+    symlink("usr/lib", p.join("lib")).unwrap();
+    symlink("usr/bin", p.join("bin")).unwrap();
+    symlink("../run", p.join("var/run")).unwrap();
+    std::fs::write(p.join("etc/ld.so.conf"), "/usr/lib/x86_64-linux-gnu\n").unwrap();
+    dir
+}
+
+impl Node {
+    fn new(example: &'static str) -> Node {
+        Node {
+            example,
+            host: installed(fixture::example(example).unwrap()),
+            old_hosts: Vec::new(),
+            machine: machine_tree(),
+            mounts: Vec::new(),
+        }
+    }
+
+    fn h(&self) -> &Path {
+        self.host.path()
+    }
+
+    fn m(&self) -> &Path {
+        self.machine.path()
+    }
+
+    fn ctx(&self) -> Ctx {
+        let host = HostRoot::open(self.h()).unwrap();
+        let config = Config::load(&host, None).unwrap();
+        Ctx { host, config }
+    }
+
+    /// pre-start, checked against `plan`, then the boot's binds. `Err`: pre-start refused
+    /// (exit code, message), as `plan` did.
+    fn start(&mut self, t: &mut Tally) -> Result<(), (u8, String)> {
+        // A new start follows the machine's stop: its binds are gone before pre-start runs.
+        self.shut_down();
+        let ctx = self.ctx();
+        let inv = discovery::discover(&ctx.host).unwrap();
+        let planned = render::as_pre_start(&ctx, &name(), &inv).map(|(_, r)| r.text());
+        let started = pre_start::pre_start(&ctx, &name());
+        let what = format!("{}: plan and pre-start", self.example);
+        match (planned, started) {
+            (Ok(text), Ok(())) => {
+                let written = std::fs::read_to_string(
+                    self.h()
+                        .join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")),
+                )
+                .unwrap();
+                t.check(text == written, &what, || {
+                    format!("plan showed\n{text}\npre-start wrote\n{written}")
+                });
+            }
+            (Err(p), Err(s)) => {
+                let (pc, sc) = (error::exit_code(&p), error::exit_code(&s));
+                t.check(
+                    pc == sc && format!("{p:#}").ends_with(&format!("{:#}", s.root_cause())),
+                    &what,
+                    || format!("plan refused with {pc}: {p:#}\npre-start with {sc}: {s:#}"),
+                );
+                return Err((sc, format!("{s:#}")));
+            }
+            (p, s) => t.fail(
+                &what,
+                format!(
+                    "plan: {}\npre-start: {}",
+                    p.map_or_else(|e| format!("{e:#}"), |_| "ok".into()),
+                    s.map_or_else(|e| format!("{e:#}"), |()| "ok".into())
+                ),
+            ),
+        }
+        self.boot();
+        Ok(())
+    }
+
+    /// What systemd-nspawn does with the `.nspawn` file at boot, for what post-start and status
+    /// read: every read-only bind into `/run` (the driver tree and the binds inside it, the
+    /// helper, the unit gate, its markers) made read-only; each device bound is an empty file.
+    fn boot(&mut self) {
+        self.shut_down();
+        let text = std::fs::read_to_string(
+            self.h()
+                .join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")),
+        )
+        .unwrap();
+        let dev = self.m().join("dev");
+        for e in std::fs::read_dir(&dev).unwrap() {
+            let p = e.unwrap().path();
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            if n.starts_with("nvidia") || n == "dri" {
+                if p.is_dir() {
+                    std::fs::remove_dir_all(&p).unwrap();
+                } else {
+                    std::fs::remove_file(&p).unwrap();
+                }
+            }
+        }
+        for line in text.lines() {
+            if let Some(node) = line.strip_prefix("Bind=/dev/") {
+                let p = dev.join(node);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, b"").unwrap();
+                continue;
+            }
+            let Some(spec) = line.strip_prefix("BindReadOnly=") else {
+                continue;
+            };
+            let (source, target) = spec.split_once(':').unwrap_or((spec, spec));
+            if !target.starts_with("/run/") {
+                continue;
+            }
+            let from = self.h().join(&source[1..]);
+            let at = self.m().join(&target[1..]);
+            if !at.exists() {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                if from.is_dir() {
+                    std::fs::create_dir(&at).unwrap();
+                } else {
+                    std::fs::write(&at, b"").unwrap();
+                }
+            }
+            mount(
+                Some(&from),
+                &at,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .unwrap_or_else(|e| panic!("bind {} at {}: {e}", from.display(), at.display()));
+            mount(
+                None::<&str>,
+                &at,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .unwrap();
+            self.mounts.push(at);
+        }
+    }
+
+    /// The machine stops: its binds go.
+    fn shut_down(&mut self) {
+        while let Some(at) = self.mounts.pop() {
+            umount2(&at, MntFlags::MNT_DETACH).unwrap();
+        }
+    }
+
+    /// post-start's own run against the machine tree.
+    fn post_start(&self) -> anyhow::Result<()> {
+        let root = MachineRoot::open(self.m())?;
+        post_start::run_on_disk(&self.ctx(), &name(), &root, &OnDisk { dir: self.m() })
+    }
+
+    /// `status` of the machine (its own function, reading the machine tree) and what it says
+    /// post-start would change.
+    fn judge(&self) -> (Status, Vec<Change>) {
+        let ctx = self.ctx();
+        let inv = discovery::discover(&ctx.host).unwrap();
+        let s = status::machine_status(&ctx, &inv, &name(), Some(self.m())).unwrap();
+        let pending = s
+            .machine_facts
+            .as_ref()
+            .map(|m| m.pending_changes.clone())
+            .unwrap_or_default();
+        (s, pending)
+    }
+
+    /// Replace the host by one from `text` (the machine still binds the old one's tree until
+    /// its next start).
+    fn swap_host(&mut self, text: &str) {
+        let new = installed(text);
+        self.old_hosts.push(std::mem::replace(&mut self.host, new));
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// Checks made and failed.
+#[derive(Default)]
+struct Tally {
+    checks: usize,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn check(&mut self, ok: bool, what: &str, why: impl FnOnce() -> String) {
+        self.checks += 1;
+        if !ok {
+            self.failures.push(format!("{what}: {}", why()));
+        }
+    }
+
+    fn fail(&mut self, what: &str, why: String) {
+        self.checks += 1;
+        self.failures.push(format!("{what}: {why}"));
+    }
+}
+
+fn listed(changes: &[Change]) -> String {
+    changes
+        .iter()
+        .map(|c| format!("  [{}] {c}", c.check))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `status` and the model agree: out of sync exactly when something is pending.
+fn agree(t: &mut Tally, what: &str, s: &Status, pending: &[Change]) {
+    t.check(
+        (s.state != State::InSync) == !pending.is_empty(),
+        what,
+        || {
+            format!(
+                "status says {} but pending is\n{}",
+                s.summary,
+                listed(pending)
+            )
+        },
+    );
+}
+
+/// A mutation of a wired node, and the mend that brings it back.
+struct Mutation {
+    name: &'static str,
+    mend: Mend,
+    /// Apply it; `false` when it does not apply to this host.
+    apply: fn(&mut Node) -> bool,
+}
+
+/// The first symlink in the machine directory `dir` whose target contains `needle`.
+fn first_link(m: &Path, dir: &str, needle: &str) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(m.join(dir))
+        .ok()?
+        .map(|e| e.unwrap().path())
+        .filter(|p| std::fs::read_link(p).is_ok_and(|t| t.to_string_lossy().contains(needle)))
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+/// The host's path of the first driver library discovery names.
+fn a_driver_library(n: &Node) -> Option<PathBuf> {
+    let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
+    let d = inv.complete_driver()?;
+    let dir = d.lib_dirs.first()?;
+    let f = dir.files.first()?;
+    Some(n.h().join(&dir.path.as_str()[1..]).join(&f.name))
+}
+
+fn gpu_mutations() -> Vec<Mutation> {
+    vec![
+        Mutation {
+            name: "a library link removed",
+            mend: Mend::PostStart,
+            apply: |n| {
+                first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver")
+                    .map(|p| std::fs::remove_file(p).unwrap())
+                    .is_some()
+            },
+        },
+        Mutation {
+            name: "a library link pointing elsewhere",
+            mend: Mend::PostStart,
+            apply: |n| {
+                first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver")
+                    .map(|p| {
+                        std::fs::remove_file(&p).unwrap();
+                        symlink("/run/nvidia/driver/usr/lib/libcuda.so.1.0", p).unwrap();
+                    })
+                    .is_some()
+            },
+        },
+        Mutation {
+            name: "a tool link removed",
+            mend: Mend::PostStart,
+            apply: |n| {
+                first_link(n.m(), "usr/bin", "/run/nvidia/driver")
+                    .map(|p| std::fs::remove_file(p).unwrap())
+                    .is_some()
+            },
+        },
+        Mutation {
+            name: "a /dev/char link removed",
+            mend: Mend::PostStart,
+            apply: |n| {
+                first_link(n.m(), "dev/char", "/dev/nvidia")
+                    .map(|p| std::fs::remove_file(p).unwrap())
+                    .is_some()
+            },
+        },
+        Mutation {
+            name: "the CDI spec edited",
+            mend: Mend::PostStart,
+            apply: |n| {
+                let p = n.m().join("run/cdi/nvidia.com-gpu.json");
+                let mut text = std::fs::read_to_string(&p).unwrap();
+                text.push('\n');
+                std::fs::write(p, text).unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "another spec of our kind in /etc/cdi",
+            mend: Mend::PostStart,
+            apply: |n| {
+                std::fs::write(
+                    n.m().join("etc/cdi/nvidia-old.json"),
+                    r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[]}"#,
+                )
+                .unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "the loader cache gone",
+            mend: Mend::PostStart,
+            apply: |n| {
+                let p = n.m().join("etc/ld.so.cache");
+                // Only where the cache has libraries of ours to list.
+                first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver").is_some()
+                    && std::fs::remove_file(p).is_ok()
+            },
+        },
+        Mutation {
+            name: "kubelet's gate marker removed",
+            mend: Mend::PostStart,
+            apply: |n| {
+                let p = n.h().join(format!(
+                    "run/nspawn-lifecycle/machines/{MACHINE}/released/kubelet.service"
+                ));
+                std::fs::remove_file(p).is_ok()
+            },
+        },
+        Mutation {
+            name: "GPUs renumbered",
+            mend: Mend::PostStart,
+            apply: |n| {
+                let dir = n.h().join("proc/driver/nvidia/gpus");
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    return false;
+                };
+                let mut files: Vec<PathBuf> = entries
+                    .map(|e| e.unwrap().path().join("information"))
+                    .filter(|p| p.is_file())
+                    .collect();
+                files.sort();
+                if files.len() < 2 {
+                    return false;
+                }
+                let uuid = |t: &str| {
+                    t.lines()
+                        .find(|l| l.starts_with("GPU UUID:"))
+                        .unwrap()
+                        .to_owned()
+                };
+                let (a, b) = (files[0].clone(), files[files.len() - 1].clone());
+                let (ta, tb) = (
+                    std::fs::read_to_string(&a).unwrap(),
+                    std::fs::read_to_string(&b).unwrap(),
+                );
+                let (ua, ub) = (uuid(&ta), uuid(&tb));
+                std::fs::write(&a, ta.replace(&ua, &ub)).unwrap();
+                std::fs::write(&b, tb.replace(&ub, &ua)).unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "a host driver file replaced (another inode)",
+            mend: Mend::Restart,
+            apply: |n| {
+                let Some(p) = a_driver_library(n) else {
+                    return false;
+                };
+                let tmp = p.with_extension("new");
+                std::fs::copy(&p, &tmp).unwrap();
+                std::fs::rename(&tmp, &p).unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "the installed helper corrupted",
+            mend: Mend::InstallAndRestart,
+            apply: corrupt_helper,
+        },
+        Mutation {
+            name: "the driver upgraded",
+            mend: Mend::Restart,
+            apply: |n| {
+                let text = fixture::example(n.example).unwrap();
+                let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
+                let Some(v) = inv.complete_driver().map(|d| d.version.clone()) else {
+                    return false;
+                };
+                n.swap_host(&text.replace(&v, "590.10.01"));
+                true
+            },
+        },
+        Mutation {
+            name: "the machine's gpus changed in the config",
+            mend: Mend::InstallAndRestart,
+            apply: |n| {
+                let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
+                if inv.gpus.len() < 2 {
+                    return false;
+                }
+                let dir = n.h().join("etc/nspawn-lifecycle");
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(
+                    dir.join("config.json"),
+                    format!(r#"{{"machines": {{"{MACHINE}": {{"gpus": [0]}}}}}}"#),
+                )
+                .unwrap();
+                true
+            },
+        },
+    ]
+}
+
+/// Garbage written over the installed helper, in place.
+fn corrupt_helper(n: &mut Node) -> bool {
+    let p = n
+        .h()
+        .join(&nspawn_lifecycle::config::DEFAULT_HELPER_PATH[1..]);
+    std::fs::write(p, b"garbage written over the helper").unwrap();
+    true
+}
+
+fn no_gpu_mutations() -> Vec<Mutation> {
+    vec![
+        Mutation {
+            name: "a stale library link of ours",
+            mend: Mend::PostStart,
+            apply: |n| {
+                symlink(
+                    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    n.m().join("usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                )
+                .unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "a stale spec of ours",
+            mend: Mend::PostStart,
+            apply: |n| {
+                std::fs::create_dir_all(n.m().join("run/cdi")).unwrap();
+                std::fs::write(
+                    n.m().join("run/cdi/nvidia.com-gpu.json"),
+                    r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[]}"#,
+                )
+                .unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "a stale /dev/char link of ours",
+            mend: Mend::PostStart,
+            apply: |n| {
+                symlink("/dev/nvidia0", n.m().join("dev/char/195:0")).unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "the installed helper corrupted",
+            mend: Mend::InstallAndRestart,
+            apply: corrupt_helper,
+        },
+    ]
+}
+
+/// The mend, then `status` in sync with nothing pending.
+fn mend(t: &mut Tally, n: &mut Node, how: Mend, what: &str) {
+    if how == Mend::InstallAndRestart {
+        let out = common::run_helper(n.h(), &["install", MACHINE]);
+        t.check(out.status.success(), what, || {
+            format!("install: {}", String::from_utf8_lossy(&out.stderr))
+        });
+    }
+    if how != Mend::PostStart {
+        if let Err((code, why)) = n.start(t) {
+            t.fail(what, format!("the new start was refused ({code}): {why}"));
+            return;
+        }
+    }
+    if let Err(e) = n.post_start() {
+        t.fail(what, format!("post-start failed: {e:#}"));
+        return;
+    }
+    let (s, pending) = n.judge();
+    t.check(
+        s.state == State::InSync && pending.is_empty(),
+        &format!("{what}: after the mend ({how:?})"),
+        || format!("status: {}\npending:\n{}", s.summary, listed(&pending)),
+    );
+}
+
+/// One mutation: detected by both, classed as the mend it needs, then mended.
+fn mutate(t: &mut Tally, n: &mut Node, m: &Mutation) -> bool {
+    if !(m.apply)(n) {
+        return false;
+    }
+    let what = format!("{}: {}", n.example, m.name);
+    let (s, pending) = n.judge();
+    agree(t, &what, &s, &pending);
+    t.check(!pending.is_empty(), &what, || {
+        format!("nothing pending; status: {}", s.summary)
+    });
+    let by_post_start = pending.iter().all(Change::by_post_start);
+    let fails = pending.iter().any(|c| c.action == Action::Fails)
+        || s.findings.iter().any(|f| f.check == "next-start");
+    let class = match (by_post_start, fails) {
+        (true, false) => Mend::PostStart,
+        (_, true) => Mend::InstallAndRestart,
+        (false, false) => Mend::Restart,
+    };
+    t.check(class == m.mend, &what, || {
+        format!(
+            "expected a mend by {:?}, the changes ask for {class:?}:\n{}",
+            m.mend,
+            listed(&pending)
+        )
+    });
+    mend(t, n, m.mend, &what);
+    true
+}
+
+fn run_host(t: &mut Tally, example: &'static str) -> usize {
+    let mut n = Node::new(example);
+    let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
+    if let Verdict::Incomplete { .. } = inv.verdict {
+        // pre-start and plan refuse alike (exit 3); status is broken and nothing is pending:
+        // post-start refuses too.
+        let refused = n.start(t);
+        t.check(
+            matches!(&refused, Err((3, _))),
+            &format!("{example}: an incomplete driver"),
+            || format!("pre-start: {refused:?}"),
+        );
+        let (s, pending) = n.judge();
+        t.check(
+            s.state == State::Broken && pending.is_empty(),
+            &format!("{example}: status of an incomplete driver"),
+            || format!("status: {}\npending:\n{}", s.summary, listed(&pending)),
+        );
+        return 0;
+    }
+    let what = format!("{example}: first start");
+    if let Err((code, why)) = n.start(t) {
+        t.fail(&what, format!("pre-start refused ({code}): {why}"));
+        return 0;
+    }
+    // Before post-start: the boot's binds are there, nothing of post-start's is.
+    let (s, pending) = n.judge();
+    agree(t, &format!("{what}, before post-start"), &s, &pending);
+    mend(t, &mut n, Mend::PostStart, &what);
+    let list = if inv.complete_driver().is_some() {
+        gpu_mutations()
+    } else {
+        no_gpu_mutations()
+    };
+    list.iter().filter(|m| mutate(t, &mut n, m)).count()
+}
+
+fn main() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the wiring model test mounts and builds host trees with mknod: run it as root"
+    );
+    // A mount namespace of our own: the binds go with this process.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .unwrap();
+    let mut t = Tally::default();
+    let mut mutations = 0;
+    for (example, _) in fixture::EXAMPLES {
+        mutations += run_host(&mut t, example);
+    }
+    println!(
+        "wiring model: {} example hosts, {mutations} mutations, {} checks, {} failed",
+        fixture::EXAMPLES.len(),
+        t.checks,
+        t.failures.len()
+    );
+    if !t.failures.is_empty() {
+        for f in &t.failures {
+            eprintln!("FAIL {f}\n");
+        }
+        std::process::exit(1);
+    }
+}
