@@ -305,7 +305,7 @@ fn listed(changes: &[Change]) -> String {
 /// `status` and the model agree: out of sync exactly when something is pending.
 fn agree(t: &mut Tally, what: &str, s: &Status, pending: &[Change]) {
     t.check(
-        (s.state != State::InSync) == !pending.is_empty(),
+        (s.state == State::InSync) == pending.is_empty(),
         what,
         || {
             format!(
@@ -574,11 +574,11 @@ fn mend(t: &mut Tally, n: &mut Node, how: Mend, what: &str) {
             format!("install: {}", String::from_utf8_lossy(&out.stderr))
         });
     }
-    if how != Mend::PostStart {
-        if let Err((code, why)) = n.start(t) {
-            t.fail(what, format!("the new start was refused ({code}): {why}"));
-            return;
-        }
+    if how != Mend::PostStart
+        && let Err((code, why)) = n.start(t)
+    {
+        t.fail(what, format!("the new start was refused ({code}): {why}"));
+        return;
     }
     if let Err(e) = n.post_start() {
         t.fail(what, format!("post-start failed: {e:#}"));
