@@ -419,8 +419,8 @@ pub fn run(hook: &crate::cli::CdiHook, state: impl std::io::Read) -> Result<()> 
     match hook {
         CdiHook::CreateSymlinks { .. } => create_symlinks(&root, &args),
         CdiHook::UpdateLdcache { .. } => update_ldcache(&root, &args),
-        CdiHook::DisableDeviceNodeModification { host_params } => {
-            disable_device_node_modification(&root, host_params)
+        CdiHook::DisableDeviceNodeModification { testkit } => {
+            disable_device_node_modification(&root, testkit.host_params())
         }
     }
 }

@@ -107,9 +107,8 @@ pub enum Command {
         /// nspawn_lifecycle_status_errors 1 and exit 1 when status could not judge).
         #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "json")]
         format: Option<StatusFormat>,
-        /// (tests, chroots) Read the machine's tree from DIR and ask no systemd.
-        #[arg(long, value_name = "DIR", hide = true)]
-        machine_root: Option<PathBuf>,
+        #[command(flatten)]
+        testkit: StatusTestkit,
     },
 
     /// Write `status --all` as Prometheus metrics into the node exporter's textfile collector
@@ -174,17 +173,6 @@ pub enum Command {
         /// Print the report as one JSON object (kind InstallReport) instead of lines.
         #[arg(long)]
         json: bool,
-    },
-
-    /// Build an example GPU host in a temporary directory (needs root for mknod) and show what
-    /// discovery sees, the .nspawn file and the CDI spec this tool renders for it.
-    Demo {
-        /// Example host to build; `--list` shows them.
-        #[arg(long, default_value = "two-gpus")]
-        host: String,
-        /// List the example hosts and exit.
-        #[arg(long)]
-        list: bool,
     },
 
     /// Print the completion script for SHELL, generated from this command line. For bash:
@@ -268,10 +256,50 @@ pub enum CdiHook {
     },
     /// Cover the container's /proc/driver/nvidia/params with a copy saying ModifyDeviceFiles: 0.
     DisableDeviceNodeModification {
-        /// The host's driver parameters (tests point this at a fixture).
-        #[arg(long, value_name = "FILE", default_value = crate::cdi_hook::HOST_PARAMS)]
-        host_params: PathBuf,
+        #[command(flatten)]
+        testkit: HookTestkit,
     },
+}
+
+/// `status`'s flags for tests: only in builds with the test kit (feature `testkit`, on for every
+/// test, bench and example build), never in the release binary.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct StatusTestkit {
+    /// (tests) Read the machine's tree from DIR and ask no systemd.
+    #[cfg(feature = "testkit")]
+    #[arg(long, value_name = "DIR", hide = true)]
+    machine_root: Option<PathBuf>,
+}
+
+impl StatusTestkit {
+    /// The machine tree to read instead of asking systemd (tests only).
+    pub fn machine_root(&self) -> Option<&std::path::Path> {
+        #[cfg(feature = "testkit")]
+        return self.machine_root.as_deref();
+        #[cfg(not(feature = "testkit"))]
+        None
+    }
+}
+
+/// The device-node hook's flag for tests: only in builds with the test kit, never in the release
+/// binary, whose hook reads the host's own parameters.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HookTestkit {
+    /// (tests) The host's driver parameters to read instead of the host's own.
+    #[cfg(feature = "testkit")]
+    #[arg(long, value_name = "FILE", hide = true)]
+    host_params: Option<PathBuf>,
+}
+
+impl HookTestkit {
+    /// The host's driver parameters file the hook reads.
+    pub fn host_params(&self) -> &std::path::Path {
+        #[cfg(feature = "testkit")]
+        if let Some(p) = &self.host_params {
+            return p;
+        }
+        std::path::Path::new(crate::cdi_hook::HOST_PARAMS)
+    }
 }
 
 /// The node exporter's textfile directory on Debian (`prometheus-node-exporter`'s default), where

@@ -16,6 +16,7 @@ pub mod dropin;
 pub mod error;
 pub mod failpoint;
 pub mod fd_mount;
+#[cfg(any(test, feature = "testkit"))]
 pub mod fixture;
 pub mod gate;
 pub mod host;

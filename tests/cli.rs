@@ -331,13 +331,12 @@ fn the_readme_lists_every_exit_code() {
 }
 
 /// The visible subcommands of the top-level page, as `--help` lists them.
-const SUBCOMMANDS: [&str; 8] = [
+const SUBCOMMANDS: [&str; 7] = [
     "nspawn-lifecycle",
     "discover",
     "plan",
     "install",
     "uninstall",
-    "demo",
     "completions",
     "help",
 ];
@@ -617,7 +616,7 @@ wait $pid
 #[test]
 fn a_log_filter_typo_and_quiet_with_verbose_are_usage_errors() {
     let out = Command::new(BIN)
-        .args(["demo", "--list"])
+        .args(["completions", "bash"])
         .env("NSPAWN_LIFECYCLE_LOG", "inf")
         .output()
         .unwrap();
@@ -628,9 +627,9 @@ fn a_log_filter_typo_and_quiet_with_verbose_are_usage_errors() {
         "error: NSPAWN_LIFECYCLE_LOG=\"inf\": \"inf\" is not a level (trace, debug, info, warn, \
          error, off) or target=level\n"
     );
-    let out = helper(&["-q", "-v", "demo", "--list"]);
+    let out = helper(&["-q", "-v", "completions", "bash"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let out = helper(&["-q", "demo", "--list"]);
+    let out = helper(&["-q", "completions", "bash"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 

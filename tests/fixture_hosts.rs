@@ -15,7 +15,6 @@ use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
 const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
 /// The machine locks' directory (`lock::LOCK_DIR`) under a host root.
 const LOCKS: &str = "run/nspawn-lifecycle/locks";
@@ -831,21 +830,22 @@ fn privileged_unusable_ld_so_cache_falls_back_to_the_standard_dirs() {
 #[test]
 fn privileged_demo_shows_discovery_and_the_nspawn_file() {
     require_root();
-    let out = Command::new(BIN).args(["demo"]).output().unwrap();
+    let demo = common::example_bin("demo");
+    let out = Command::new(&demo).output().unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let shown = text(&out.stdout);
     assert!(shown.contains("verdict: complete"), "{shown}");
     assert!(shown.contains("Bind=/dev/nvidia1\n"), "{shown}");
-    let out = Command::new(BIN)
-        .args(["demo", "--host", "version-mismatch"])
+    let out = Command::new(&demo)
+        .args(["--host", "version-mismatch"])
         .output()
         .unwrap();
     assert_eq!(code(&out), 0);
     assert!(text(&out.stdout).contains("refuses to start"));
-    let out = Command::new(BIN).args(["demo", "--list"]).output().unwrap();
+    let out = Command::new(&demo).args(["--list"]).output().unwrap();
     assert_eq!(text(&out.stdout).lines().count(), fixture::EXAMPLES.len());
-    let out = Command::new(BIN)
-        .args(["demo", "--host", "nope"])
+    let out = Command::new(&demo)
+        .args(["--host", "nope"])
         .output()
         .unwrap();
     assert_eq!(code(&out), 2);
@@ -863,8 +863,8 @@ fn privileged_demo_interrupted_leaves_no_example_host() {
     let tmp = tempfile::tempdir().unwrap();
     let (r, w) = nix::unistd::pipe().unwrap();
     nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["demo", "--host", "eight-gpus"])
+    let mut child = Command::new(common::example_bin("demo"))
+        .args(["--host", "eight-gpus"])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::from(w))
         .stderr(std::process::Stdio::null())

@@ -71,6 +71,15 @@ for b in "$bin" "$installed/bin/nspawn-lifecycle-helper"; do
     if ldd "$b" 2>&1 | grep -q '=>'; then echo "FAIL: ldd lists shared libraries for $b" >&2; exit 1; fi
 done
 rm -rf "$installed"
+# The test kit (example hosts, test-only flags: feature `testkit`) is in test builds only: the
+# product binary must not know its flags.
+for probe in "status kube1 --machine-root /" "cdi-hook disable-device-node-modification --host-params /"; do
+    # shellcheck disable=SC2086 # the probe is split into words on purpose
+    if "$bin" $probe >/dev/null 2>&1 || [ $? -ne 2 ]; then
+        echo "FAIL: $bin accepts a test-kit flag ($probe)" >&2; exit 1
+    fi
+    "$bin" $probe 2>&1 | grep -q "unexpected argument" || { echo "FAIL: $bin: '$probe' is not refused as an unknown flag" >&2; exit 1; }
+done
 # The same, with the crash points compiled in, for the crash scenario of the harness. Its own
 # target dir, so the two builds do not invalidate each other.
 step "static release build with --features failpoints"

@@ -345,10 +345,6 @@ fn top_page_sections() -> String {
             "nspawn-lifecycle-helper reconcile kube1",
             "Restart the machine so both hooks run again.",
         ),
-        (
-            "nspawn-lifecycle-helper demo",
-            "Show the main job on an example host, no GPU needed.",
-        ),
     ] {
         out.push_str(&item(cmd, what));
     }

@@ -1,6 +1,5 @@
 //! The commands, one module each, and the dispatch from a parsed command line to them.
 
-pub mod demo;
 pub mod discover;
 pub mod install;
 pub mod manual;
@@ -25,15 +24,16 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             all,
             json,
             format,
-            machine_root,
+            testkit,
         } => {
+            let machine_root = testkit.machine_root();
             let format = match format {
                 Some(f) => *f,
                 None if *json => StatusFormat::Json,
                 None => StatusFormat::Text,
             };
             if format == StatusFormat::Prometheus {
-                let (report, code) = monitor(&cli, machine.as_ref(), *all, machine_root.as_deref());
+                let (report, code) = monitor(&cli, machine.as_ref(), *all, machine_root);
                 let mut out = std::io::stdout().lock();
                 std::io::Write::write_all(&mut out, status::metrics::render(&report).as_bytes())
                     .context("writing to stdout")?;
@@ -52,7 +52,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
                 }
                 Err(e) => return Err(e),
             };
-            status::status(&ctx, machine.as_ref(), *all, json, machine_root.as_deref())
+            status::status(&ctx, machine.as_ref(), *all, json, machine_root)
         }
         Command::Host(HostCommand::Status { json }) => {
             let ctx = match Ctx::load(&cli) {
@@ -123,13 +123,6 @@ fn monitor(
 
 /// Run one parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
-    if let Command::Demo {
-        host: example,
-        list,
-    } = &cli.command
-    {
-        return demo::demo(example, *list);
-    }
     // Generated from the command line alone: no host, no configuration, no root (packaging).
     match &cli.command {
         Command::Completions { shell } => {
@@ -173,10 +166,7 @@ pub fn run(cli: Cli) -> Result<()> {
         command @ (Command::Install { .. } | Command::Uninstall { .. }) => {
             install_or_uninstall(&ctx, command)
         }
-        Command::Demo { .. }
-        | Command::Completions { .. }
-        | Command::Manpages { .. }
-        | Command::CdiHook(_) => {
+        Command::Completions { .. } | Command::Manpages { .. } | Command::CdiHook(_) => {
             unreachable!("handled above")
         }
         Command::Status { .. }
