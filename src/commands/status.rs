@@ -1689,8 +1689,9 @@ mod tests {
 
     /// What status reads of machine tree `m` for the host as it is now. The driver root here
     /// is copies of the host's file names standing in for nspawn's read-only binds, which a unit
-    /// test cannot mount, and `ldconfig` never ran: the model's driver-root and ld-cache parts
-    /// are left out (tests/wiring_model.rs judges them with real binds and a real `ldconfig`).
+    /// test cannot mount, `ldconfig` never ran and no helper is installed: the model's
+    /// driver-root, ld-cache and helper parts are left out (tests/wiring_model.rs judges them
+    /// with real binds, a real `ldconfig` and an installed helper).
     fn facts_of(
         root: &MachineRoot,
         host: &HostRoot,
@@ -1701,7 +1702,7 @@ mod tests {
         let mut facts = inspect_machine(root, host, mc, &desired, true).unwrap();
         facts
             .pending_changes
-            .retain(|c| !matches!(c.check, "driver-root" | "ld-cache"));
+            .retain(|c| !matches!(c.check, "driver-root" | "ld-cache" | "helper"));
         facts.driver_root_mismatch = None;
         facts
     }
