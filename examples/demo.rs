@@ -11,11 +11,13 @@ use anyhow::{Context as _, Result};
 use clap::Parser;
 use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery;
-use nspawn_lifecycle::host::HostRoot;
-use nspawn_lifecycle::machine_name::MachineName;
+use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::model::render;
 use nspawn_lifecycle::model::{Desired, Target};
 use nspawn_lifecycle::output::{discovery_text, print_all};
-use nspawn_lifecycle::{Ctx, error, fixture, render, units};
+use nspawn_lifecycle::types::machine_name::MachineName;
+use nspawn_lifecycle::types::units;
+use nspawn_lifecycle::{Ctx, error, fixture};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 

@@ -1,7 +1,7 @@
 //! The command line. The hook entry points keep the exact shape
 //! `nspawn-lifecycle {pre-start|post-start|reconcile} <MACHINE>`.
 
-use crate::machine_name::MachineName;
+use crate::types::machine_name::MachineName;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -240,7 +240,7 @@ pub enum HostCommand {
     },
 }
 
-/// The hooks of `cdi-hook` (see src/cdi_hook.rs). This shape is what CDI specs written by
+/// The hooks of `cdi-hook` (see src/apply/cdi_hook.rs). This shape is what CDI specs written by
 /// earlier starts still name: keep it.
 #[derive(Debug, Subcommand)]
 pub enum CdiHook {
@@ -298,7 +298,7 @@ impl HookTestkit {
         if let Some(p) = &self.host_params {
             return p;
         }
-        std::path::Path::new(crate::cdi_hook::HOST_PARAMS)
+        std::path::Path::new(crate::apply::cdi_hook::HOST_PARAMS)
     }
 }
 

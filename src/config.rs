@@ -5,9 +5,9 @@
 
 use crate::discovery::parse::PciAddress;
 use crate::error::bad_input;
-use crate::host::HostRoot;
-use crate::machine_name::MachineName;
-use crate::paths::{HostPath, MachinePath, UnitName};
+use crate::fs::host::HostRoot;
+use crate::types::machine_name::MachineName;
+use crate::types::paths::{HostPath, MachinePath, UnitName};
 use anyhow::{Context as _, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -857,7 +857,7 @@ impl Settings {
     }
 }
 
-/// `p` as a checked [`HostPath`] or [`MachinePath`] (see [`crate::paths`] for what a rendered
+/// `p` as a checked [`HostPath`] or [`MachinePath`] (see [`crate::types::paths`] for what a rendered
 /// file can carry), or a bad-input error naming `key` and the value.
 pub fn checked_path<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
     p.parse().map_err(|e| bad_input(format!("{key}: {e}")))
@@ -895,7 +895,7 @@ fn fixed(p: &'static str) -> HostPath {
 fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     for (i, c) in caps.unwrap_or_default().iter().enumerate() {
-        if !crate::nspawn::CAPABILITIES.contains(&c.as_str()) {
+        if !crate::model::nspawn::CAPABILITIES.contains(&c.as_str()) {
             return Err(bad_input(format!(
                 "{key}.dropCapabilities[{i}]: \"{}\" is not a Linux capability name \
                  (CAP_CHOWN … CAP_CHECKPOINT_RESTORE, upper case, as in capabilities(7))",

@@ -2,7 +2,7 @@
 
 use crate::cli::Cli;
 use crate::config::Config;
-use crate::host::HostRoot;
+use crate::fs::host::HostRoot;
 use anyhow::Result;
 
 /// What every command gets: the host tree and the loaded configuration.

@@ -207,15 +207,15 @@ pub fn elf_shared_object(arch: Arch, soname: Option<&str>) -> Vec<u8> {
 }
 
 /// A glibc `ld.so.cache` in the `glibc-ld.so.cache1.1` format holding `(key, path, flags)` entries
-/// in the given order, written by the product's own writer ([`crate::ldcache::render`]). (glibc's
+/// in the given order, written by the product's own writer ([`crate::discovery::ldcache::render`]). (glibc's
 /// own lookup binary-searches ldconfig's sort order; our reader does not care, and ldconfig -p
 /// prints any order.)
 pub fn ld_so_cache(entries: &[(&str, &str, u32)]) -> Vec<u8> {
-    let entries: Vec<crate::ldcache::Entry> = entries
+    let entries: Vec<crate::discovery::ldcache::Entry> = entries
         .iter()
-        .map(|&(key, path, flags)| crate::ldcache::Entry::new(flags as i32, key, path))
+        .map(|&(key, path, flags)| crate::discovery::ldcache::Entry::new(flags as i32, key, path))
         .collect();
-    crate::ldcache::render(&entries)
+    crate::discovery::ldcache::render(&entries)
 }
 
 /// The driver's libraries as `nvidia-libs` lays them out: (name without `.so.<version>`, SONAME

@@ -1,42 +1,30 @@
 //! nspawn-lifecycle: keeps systemd-nspawn machines that hold Kubernetes GPU nodes in step with
-//! their host, around every start. See README.md for the operator's view and DESIGN notes there.
+//! their host, around every start. See README.md for the operator's view, and its repository
+//! map for how the modules below depend on one another (each only on those listed before it).
 
-pub mod atomic;
+pub mod types;
+
 pub mod build_info;
-pub mod cdi;
-pub mod cdi_hook;
-pub mod cli;
-pub mod commands;
-pub mod config;
-pub mod ctx;
-pub mod device_cgroup;
-pub mod discovery;
-pub mod driver_tree;
-pub mod dropin;
 pub mod error;
 pub mod failpoint;
-pub mod fd_mount;
+
+pub mod fs;
+pub mod systemd;
+
+pub mod config;
+pub mod discovery;
+
+pub mod model;
+
+pub mod apply;
+
+pub mod cli;
+pub mod commands;
+pub mod ctx;
+pub mod logging;
+pub mod output;
+
 #[cfg(any(test, feature = "testkit"))]
 pub mod fixture;
-pub mod gate;
-pub mod host;
-pub mod host_dir;
-pub mod host_unit;
-pub mod image;
-pub mod layout;
-pub mod ldcache;
-pub mod legacy;
-pub mod lock;
-pub mod logging;
-pub mod machine_name;
-pub mod machine_root;
-pub mod model;
-pub mod nspawn;
-pub mod output;
-pub mod paths;
-pub mod render;
-pub mod rewire;
-pub mod systemd;
-pub mod units;
 
 pub use ctx::Ctx;

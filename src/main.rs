@@ -6,7 +6,7 @@ fn main() -> ExitCode {
     // A CDI hook runs on what a pod controls: nothing of its environment or working directory
     // may reach logging or anything after it.
     if let nspawn_lifecycle::cli::Command::CdiHook(_) = cli.command
-        && let Err(err) = nspawn_lifecycle::cdi_hook::isolate_process()
+        && let Err(err) = nspawn_lifecycle::apply::cdi_hook::isolate_process()
     {
         eprintln!("error: {err:#}");
         return ExitCode::from(1);

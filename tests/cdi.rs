@@ -11,10 +11,10 @@
 
 use container_device_interface as cdi_lib;
 use jsonschema::{Draft, Registry, Validator};
-use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{
     DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict,
 };
+use nspawn_lifecycle::model::cdi;
 use oci_spec::runtime as oci;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -466,7 +466,7 @@ fn check_injection(
     for dir in &driver.lib_dirs {
         let std_dir = format!("/usr/lib/{}", dir.triplet);
         for f in &dir.files {
-            // In the driver root, where nspawn binds the host file (src/layout.rs).
+            // In the driver root, where nspawn binds the host file (src/model/layout.rs).
             let src = format!("/run/nvidia/driver{std_dir}/{}", f.name);
             let dest = format!("{std_dir}/{}", f.name);
             let m = find(&format!("{x}{dest}"));
@@ -538,7 +538,7 @@ fn check_injection(
     let hooks = oci_create_container_hooks(after);
     assert_eq!(hooks.len(), 3, "{case}: {hooks:#?}");
     for (path, args) in &hooks {
-        assert_eq!(path, nspawn_lifecycle::layout::HOOK_BINARY, "{case}");
+        assert_eq!(path, nspawn_lifecycle::model::layout::HOOK_BINARY, "{case}");
         assert_eq!(args[..2], ["nspawn-lifecycle-helper", "cdi-hook"], "{case}");
     }
     let values = |args: &[String], flag: &str| -> Vec<String> {

@@ -746,7 +746,7 @@ fn a_hook_past_its_deadline_fails_naming_the_step() {
         err,
         "error: cdi-hook: deadline passed while reading the OCI state and config.json\n"
     );
-    let deadline = u64::from(nspawn_lifecycle::cdi_hook::DEADLINE_SECONDS);
+    let deadline = u64::from(nspawn_lifecycle::apply::cdi_hook::DEADLINE_SECONDS);
     assert!(
         waited >= std::time::Duration::from_secs(deadline - 1),
         "{waited:?}"

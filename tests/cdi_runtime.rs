@@ -18,10 +18,10 @@
 mod common;
 
 use container_device_interface as cdi_lib;
-use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{
     DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict,
 };
+use nspawn_lifecycle::model::cdi;
 use oci_spec::runtime as oci;
 use std::collections::HashMap;
 use std::os::unix::fs::symlink;
@@ -176,7 +176,7 @@ fn inventory() -> Inventory {
 fn spec_json(machine: &Path) -> String {
     let spec = cdi::spec(&inventory(), cdi::DEFAULT_KIND).unwrap();
     let text = cdi::render(&spec);
-    let hook = nspawn_lifecycle::layout::HOOK_BINARY;
+    let hook = nspawn_lifecycle::model::layout::HOOK_BINARY;
     text.replace(
         "\"/run/nvidia/driver/",
         &format!("\"{}/run/nvidia/driver/", machine.display()),

@@ -1,4 +1,4 @@
-//! [`nspawn_lifecycle::fd_mount`] as the CDI hook uses it: a file of a tmpfs attached nowhere,
+//! [`nspawn_lifecycle::fs::fd_mount`] as the CDI hook uses it: a file of a tmpfs attached nowhere,
 //! bound read-only onto a pinned target, with the kernel's own clone and with the
 //! private-namespace hop of older kernels (which this kernel may never take, so it is called by
 //! name). A test binary of its own without the libtest harness: `unshare`/`setns` of a mount
@@ -9,7 +9,7 @@
 use nix::fcntl::OFlag;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::stat::Mode;
-use nspawn_lifecycle::fd_mount::{self, Tmpfs};
+use nspawn_lifecycle::fs::fd_mount::{self, Tmpfs};
 use std::path::Path;
 
 fn mounts() -> Vec<String> {

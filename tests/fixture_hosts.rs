@@ -186,7 +186,7 @@ fn check_example(name: &str) {
             golden(&format!("{name}.nspawn"), &file);
             let mode = std::fs::metadata(&nspawn).unwrap().mode();
             assert_eq!(mode & 0o7777, 0o644);
-            // A GPU machine's containerd and kubelet are gated (src/gate.rs): the drop-in both
+            // A GPU machine's containerd and kubelet are gated (src/apply/gate.rs): the drop-in both
             // binds name must exist on the host, or nspawn refuses to start.
             let gate = root.join("run/nspawn-lifecycle/unit-gate.conf");
             let binds = file
@@ -987,7 +987,7 @@ fn a_missing_host_root_is_bad_input_and_creates_nothing() {
 /// meant: odd config paths, and the gate drop-in of a unit whose name holds ':' or '\'.
 #[test]
 fn privileged_odd_paths_and_unit_names_render_escaped_and_read_back() {
-    use nspawn_lifecycle::paths::parse_bind_line;
+    use nspawn_lifecycle::types::paths::parse_bind_line;
     let dir = host("one-gpu");
     let root = dir.path();
     let source = "/data/odd dir:with\\back ümlaut";
@@ -1374,8 +1374,11 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
 /// links untouched; then the no-GPU cleanup removes exactly the links and the spec.
 #[test]
 fn host_file_steps_wire_and_clean_a_host_tree() {
+    use nspawn_lifecycle::apply::rewire;
     use nspawn_lifecycle::commands::post_start::{FileStep, Work as _};
-    use nspawn_lifecycle::{cdi, failpoint, machine_root, rewire};
+    use nspawn_lifecycle::failpoint;
+    use nspawn_lifecycle::fs::machine_root;
+    use nspawn_lifecycle::model::cdi;
     let dir = host("two-gpus");
     let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
     let libs_before = snapshot(&libs, &[]);

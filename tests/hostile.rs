@@ -13,11 +13,11 @@ mod rewire_support;
 
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
+use nspawn_lifecycle::apply::rewire;
 use nspawn_lifecycle::commands::post_start::{self, Services};
 use nspawn_lifecycle::config::{Config, MachineConfig};
-use nspawn_lifecycle::host::HostRoot;
-use nspawn_lifecycle::machine_root::MachineRoot;
-use nspawn_lifecycle::rewire;
+use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::fs::machine_root::MachineRoot;
 use nspawn_lifecycle::systemd::{ExitStatus, TransientOutcome};
 use rewire_support::*;
 use std::cell::RefCell;
@@ -397,7 +397,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
         );
     }
     record("CDI spec", r.map(|_| String::new()));
-    // The unit gate's markers are host files (src/gate.rs): no step writes them in the machine.
+    // The unit gate's markers are host files (src/apply/gate.rs): no step writes them in the machine.
     let r = import_step(root, &machine_config());
     record(
         "images",

@@ -235,7 +235,7 @@ fn effective_of_text(text: &str) -> Vec<(String, String, String)> {
 #[test]
 fn dropin_matches_golden() {
     let machine = "kube1".parse().unwrap();
-    let text = nspawn_lifecycle::dropin::Dropin::new(
+    let text = nspawn_lifecycle::model::dropin::Dropin::new(
         &machine,
         &nspawn_lifecycle::config::DEFAULT_HELPER_PATH
             .parse()
@@ -251,7 +251,7 @@ fn dropin_matches_golden() {
         "drop-in differs from tests/golden/dropin-kube1.conf; rerun with UPDATE_GOLDEN=1 if intended"
     );
     assert_eq!(
-        nspawn_lifecycle::units::dropin_path(&machine),
+        nspawn_lifecycle::types::units::dropin_path(&machine),
         format!("/{DROPIN}")
     );
     // The hooks, the clean-up and the device groups DESIGN §4 asks for, once each.
@@ -820,7 +820,7 @@ fn bad_input_exits_2_naming_the_culprit_and_changes_nothing() {
     let config_arg = config.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["install", "../etc"], "../etc"),
-        // A mistyped name: no image where nspawn looks (src/image.rs).
+        // A mistyped name: no image where nspawn looks (src/model/image.rs).
         (
             vec!["install", "kube9"],
             "no directory kube9 or image kube9.raw in /etc/machines, /run/machines, \

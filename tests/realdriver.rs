@@ -17,10 +17,10 @@ mod common;
 #[path = "realdriver/host.rs"]
 mod realdriver_host;
 use common::run_helper as run;
-use nspawn_lifecycle::cdi;
 use nspawn_lifecycle::discovery::{self, Verdict};
 use nspawn_lifecycle::fixture;
-use nspawn_lifecycle::host::HostRoot;
+use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::model::cdi;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::os::unix::fs::DirBuilderExt as _;

@@ -8,8 +8,8 @@ mod rewire_support;
 
 mod common;
 
-use nspawn_lifecycle::machine_root::MachineRoot;
-use nspawn_lifecycle::rewire;
+use nspawn_lifecycle::apply::rewire;
+use nspawn_lifecycle::fs::machine_root::MachineRoot;
 use rewire_support::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
@@ -219,7 +219,7 @@ fn privileged_driver_root_of_binds_matches_the_host() {
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
     let (_binds, host, dir, root) = machine_with_driver_root(&inv);
-    let hr = nspawn_lifecycle::host::HostRoot::new(host.path());
+    let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
     let n = rewire::verify_driver_root(&root, &hr, driver).unwrap();
     // 4 x86_64 files + 3 SONAMEs, 1 i386 file + 1 SONAME, 2 tools, firmware, 1 socket dir.
     assert_eq!(n, 13);
@@ -258,7 +258,7 @@ fn privileged_a_driver_root_of_another_version_is_refused_by_name() {
     let (_binds, host, _dir, root) = machine_with_driver_root(&inv);
     let newer = inventory(NEW);
     host_driver_files(host.path(), newer.driver.as_ref().unwrap());
-    let hr = nspawn_lifecycle::host::HostRoot::new(host.path());
+    let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
     let e = format!(
         "{:#}",
         rewire::verify_driver_root(&root, &hr, newer.driver.as_ref().unwrap()).unwrap_err()
@@ -288,7 +288,7 @@ fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
     let inv = inventory(NEW);
     let driver = inv.driver.as_ref().unwrap();
     let (_binds, host, _dir, root) = machine_with_driver_root(&inv);
-    let hr = nspawn_lifecycle::host::HostRoot::new(host.path());
+    let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
     // The tree is read-only in the machine; planted on the host side, it shows there.
     let tree = host
         .path()
@@ -325,7 +325,7 @@ fn a_missing_or_planted_driver_root_is_refused_not_followed() {
     let inv = inventory(NEW);
     let host = tempfile::tempdir().unwrap();
     host_driver_files(host.path(), inv.driver.as_ref().unwrap());
-    let hr = nspawn_lifecycle::host::HostRoot::new(host.path());
+    let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
     let (dir, root) = machine();
     let e = format!(
         "{:#}",

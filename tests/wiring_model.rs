@@ -26,11 +26,12 @@ use nspawn_lifecycle::commands::pre_start;
 use nspawn_lifecycle::commands::status::{self, State, Status};
 use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery::{self, Verdict};
-use nspawn_lifecycle::host::HostRoot;
-use nspawn_lifecycle::machine_name::MachineName;
-use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::fs::machine_root::MachineRoot;
+use nspawn_lifecycle::model::render;
 use nspawn_lifecycle::model::{Action, Change};
-use nspawn_lifecycle::{error, fixture, render};
+use nspawn_lifecycle::types::machine_name::MachineName;
+use nspawn_lifecycle::{error, fixture};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 

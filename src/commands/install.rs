@@ -26,23 +26,23 @@
 //!   stock unit's `-U` makes systemd-nspawn chown the whole rootfs to a private UID range.
 //! - No machine image (a mistyped name), or a directory image whose root an earlier `-U` start
 //!   shifted off UID 0: install refuses (exit 2) before writing anything, as pre-start does
-//!   (src/image.rs); the message names every place looked at, or the command that shifts the
+//!   (src/model/image.rs); the message names every place looked at, or the command that shifts the
 //!   rootfs back.
 
 use crate::Ctx;
 use crate::config::{Gpus, MachineConfig};
-use crate::dropin::{DROPIN_HEADER, Dropin, exec_escape};
 use crate::error::{Classified, Kind, bad_input};
 use crate::failpoint::Point;
-use crate::host::HostRoot;
-use crate::legacy::{
+use crate::fs::host::HostRoot;
+use crate::fs::lock;
+use crate::model::dropin::{DROPIN_HEADER, Dropin, exec_escape};
+use crate::model::legacy::{
     LEGACY_OVERRIDE, foreign_nspawn_losses, is_ours_nspawn, migrate_override, overlaps,
 };
-use crate::lock;
-use crate::machine_name::MachineName;
-use crate::nspawn::{NspawnFile, describe_change};
-use crate::paths::HostPath;
-use crate::units::{
+use crate::model::nspawn::{NspawnFile, describe_change};
+use crate::types::machine_name::MachineName;
+use crate::types::paths::HostPath;
+use crate::types::units::{
     DROPIN_NAME, UNIT_DIR, dropin_dir, dropin_dir_machine, dropin_path, nspawn_path,
     template_dropin_dir, unit_name,
 };
@@ -105,7 +105,7 @@ enum Op {
     RemoveDir,
     /// A symlink to this target (replacing whatever link was there).
     Symlink(String),
-    /// A directory and everything in it, never following a link (src/driver_tree.rs).
+    /// A directory and everything in it, never following a link (src/apply/driver_tree.rs).
     RemoveTree,
 }
 
@@ -179,7 +179,7 @@ impl Plan {
                     host.remove_file(&f.shown)?;
                 }
                 Some(Op::RemoveTree) => {
-                    crate::driver_tree::remove_path(host, &f.shown)?;
+                    crate::apply::driver_tree::remove_path(host, &f.shown)?;
                 }
                 Some(Op::Symlink(target)) => host.symlink(&f.shown, target)?,
                 Some(Op::RemoveDir) => match host.remove_dir(&f.shown) {
@@ -345,7 +345,7 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     let mc = ctx.config.machine(host, machine)?;
     // The same lookup as pre-start: no image (a mistyped name) or a rootfs shifted by an earlier
     // `-U` start is bad input, refused before anything is written.
-    crate::image::require(host, machine, &mc)?;
+    crate::model::image::require(host, machine, &mc)?;
     let helper = ctx.config.helper_path();
     let mut plan = Plan::new("install", machine.as_str());
     plan.files.push(helper_copy(host, helper, exe)?);
@@ -383,7 +383,7 @@ fn nspawn_render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result
     if let Some(text) = foreign {
         refuse_lost_settings(mc, &shown, text)?;
     }
-    match crate::render::render(ctx, machine, mc) {
+    match crate::model::render::render(ctx, machine, mc) {
         Ok(r) => {
             let bytes = r.text().into_bytes();
             write_line(
@@ -420,7 +420,7 @@ fn refuse_lost_settings(mc: &MachineConfig, shown: &str, text: &str) -> Result<(
         .mounts
         .iter()
         .map(|m| {
-            crate::nspawn::BindLine {
+            crate::model::nspawn::BindLine {
                 source: m.source.clone(),
                 target: m.target.clone(),
                 read_only: m.read_only,
@@ -576,12 +576,15 @@ fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
 /// and the machine's unit-gate markers on the host (pre-start's and post-start's).
 fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
     for (dir, what) in [
-        (crate::layout::TREE_HOST_DIR, "pre-start's driver tree"),
         (
-            crate::layout::LEGACY_TREE_HOST_DIR,
+            crate::model::layout::TREE_HOST_DIR,
             "pre-start's driver tree",
         ),
-        (crate::gate::MACHINES_DIR, "the unit gate's markers"),
+        (
+            crate::model::layout::LEGACY_TREE_HOST_DIR,
+            "pre-start's driver tree",
+        ),
+        (crate::apply::gate::MACHINES_DIR, "the unit gate's markers"),
     ] {
         let shown = format!("{dir}/{machine}");
         if host.symlink_metadata(&shown).is_ok() {
@@ -719,13 +722,13 @@ fn helper_users(ctx: &Ctx, helper: &str, except: &str) -> Result<Vec<String>> {
         }
     };
     // Host mode's unit calls it too.
-    let host_unit = crate::host_unit::unit_path();
+    let host_unit = crate::model::host_unit::unit_path();
     if host_unit != except
         && host
             .read(&host_unit)
             .is_ok_and(|t| String::from_utf8_lossy(&t).contains(&needle))
     {
-        users.push(crate::host_unit::UNIT.to_owned());
+        users.push(crate::model::host_unit::UNIT.to_owned());
     }
     let mut dirs: Vec<_> = entries
         .into_iter()
@@ -796,7 +799,7 @@ fn execute(
     if !reload_needed && ctx.host.is_real_root() {
         let unit = match subject {
             Subject::Machine(machine) => unit_name(machine),
-            Subject::Host => crate::host_unit::UNIT.to_owned(),
+            Subject::Host => crate::model::host_unit::UNIT.to_owned(),
         };
         match (systemd.pending)(&unit) {
             Ok(p) => {
@@ -853,7 +856,7 @@ enum Subject<'a> {
 /// at one of these paths that install did not write is bad input (exit 2): it is the
 /// operator's, and ours would replace it.
 fn plan_install_host(ctx: &Ctx, exe: &[u8]) -> Result<Plan> {
-    use crate::host_unit;
+    use crate::model::host_unit;
     let host = &ctx.host;
     let hc = ctx.config.host()?;
     let helper = ctx.config.helper_path();
@@ -861,7 +864,7 @@ fn plan_install_host(ctx: &Ctx, exe: &[u8]) -> Result<Plan> {
     plan.files.push(helper_copy(host, helper, exe)?);
     let mut files = Vec::new();
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        let shown = crate::gate::host_dropin(unit).to_string();
+        let shown = crate::apply::gate::host_dropin(unit).to_string();
         files.push((
             shown,
             host_unit::gate_dropin(unit),
@@ -919,7 +922,7 @@ fn plan_install_host(ctx: &Ctx, exe: &[u8]) -> Result<Plan> {
 /// wrote (their directories when nothing else is in them), and the helper when no machine uses
 /// it. A file there that install did not write is left alone with a warning.
 fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
-    use crate::host_unit;
+    use crate::model::host_unit;
     let host = &ctx.host;
     let hc = ctx.config.host()?;
     let mut plan = Plan::new("uninstall", "--host");
@@ -935,7 +938,7 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
     }
     let mut shown = vec![host_unit::unit_path()];
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        shown.push(crate::gate::host_dropin(unit).to_string());
+        shown.push(crate::apply::gate::host_dropin(unit).to_string());
     }
     for file in shown {
         match read_optional(host, &file)? {
@@ -960,9 +963,9 @@ fn plan_uninstall_host(ctx: &Ctx) -> Result<Plan> {
     // the next reboot): a later install --host would otherwise let containerd and kubelet start
     // before host post-start wrote this boot's spec.
     for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
-        let marker = crate::gate::marker(unit).to_string();
+        let marker = crate::apply::gate::marker(unit).to_string();
         if read_optional(host, &marker)?
-            .is_some_and(|b| b.starts_with(crate::gate::RELEASED_BY_POST_START.as_bytes()))
+            .is_some_and(|b| b.starts_with(crate::apply::gate::RELEASED_BY_POST_START.as_bytes()))
         {
             plan.files
                 .push(FileLine::removing(&marker, "gate marker of this boot"));
@@ -1080,7 +1083,7 @@ mod tests {
             .join("etc/systemd/system/nspawn-lifecycle-host.service");
         assert_eq!(
             std::fs::read_to_string(&unit).unwrap(),
-            crate::host_unit::unit(ctx.config.helper_path())
+            crate::model::host_unit::unit(ctx.config.helper_path())
         );
         assert_eq!(
             std::fs::read_link(

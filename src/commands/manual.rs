@@ -313,7 +313,7 @@ fn top_page_sections() -> String {
             "The machine's settings, rendered by pre-start at every start.",
         ),
         (
-            crate::layout::TREE_HOST_DIR,
+            crate::model::layout::TREE_HOST_DIR,
             "Each machine's driver tree, bound read-only at /run/nvidia/driver in the machine.",
         ),
         (

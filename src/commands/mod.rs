@@ -46,7 +46,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
                     return Err(status::print_unjudged(
                         machine
                             .as_ref()
-                            .map(crate::machine_name::MachineName::as_str),
+                            .map(crate::types::machine_name::MachineName::as_str),
                         e,
                     ));
                 }
@@ -63,7 +63,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             status::host::host_status(&ctx, *json)
         }
         Command::Metrics { textfile_dir } => {
-            let host = crate::host::HostRoot::open(&cli.host_root)?;
+            let host = crate::fs::host::HostRoot::open(&cli.host_root)?;
             let (report, _) = monitor(&cli, None, true, None);
             status::metrics::write_textfile(
                 &host,
@@ -95,7 +95,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
 /// judged.
 fn monitor(
     cli: &Cli,
-    machine: Option<&crate::machine_name::MachineName>,
+    machine: Option<&crate::types::machine_name::MachineName>,
     all: bool,
     machine_root: Option<&std::path::Path>,
 ) -> (status::metrics::Report, u8) {
@@ -138,7 +138,7 @@ pub fn run(cli: Cli) -> Result<()> {
     }
     // Run by a container runtime inside the machine: no host tree, no configuration there.
     if let Command::CdiHook(hook) = &cli.command {
-        return crate::cdi_hook::run(hook, std::io::stdin().lock());
+        return crate::apply::cdi_hook::run(hook, std::io::stdin().lock());
     }
     // Needs no host and no configuration: a crash test lists the points before it arms one.
     #[cfg(feature = "failpoints")]

@@ -3,11 +3,11 @@
 //! would change in it (the wiring model's diff, the one `status` judges).
 
 use crate::Ctx;
-use crate::machine_name::MachineName;
+use crate::model::render::{Rendered, as_pre_start};
 use crate::model::{self, Change, Desired, Target};
 use crate::output::print_all;
-use crate::render::{Rendered, as_pre_start};
 use crate::systemd::{MachineHandle, Systemd};
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 

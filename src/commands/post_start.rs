@@ -8,7 +8,7 @@
 //! → start kubelet. When pre-start released containerd for this boot (`containerdAtBoot`, the
 //! default; [`Order::ContainerdReleased`]) the boot starts containerd itself: post-start neither
 //! stops nor releases it, and its start of containerd waits for the boot's start job.
-//! In a GPU machine the gate (src/gate.rs) holds each service until its own
+//! In a GPU machine the gate (src/apply/gate.rs) holds each service until its own
 //! marker exists, so a boot that reaches a service first skips it, and one that reaches it later
 //! finds its precondition met; the stops cancel a start job the boot still has queued for either
 //! (waiting on its `After=` units) and find nothing running, so each service starts once, from
@@ -24,20 +24,20 @@
 //! the whole start.
 
 use crate::Ctx;
-use crate::cdi;
+use crate::apply::gate;
+use crate::apply::rewire;
 use crate::config::MachineConfig;
 use crate::discovery::check_complete;
 use crate::discovery::{self, assign};
 use crate::failpoint::{self, Point};
-use crate::gate;
-use crate::host::HostRoot;
-use crate::lock;
-use crate::machine_name::MachineName;
-use crate::machine_root::{FileKind, MachineDir, MachineRoot};
+use crate::fs::host::HostRoot;
+use crate::fs::lock;
+use crate::fs::machine_root::{FileKind, MachineDir, MachineRoot};
+use crate::model::cdi;
 use crate::model::{self, Desired};
-use crate::paths::{MachinePath, UnitName};
-use crate::rewire;
 use crate::systemd::{self, MachineHandle, Systemd, TransientOutcome};
+use crate::types::machine_name::MachineName;
+use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
 use std::os::fd::{AsFd as _, BorrowedFd};
 use std::time::{Duration, Instant};
@@ -194,7 +194,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     })?;
     let run = TargetRun {
         who,
-        in_its_start: crate::units::runs_in_its_start(machine),
+        in_its_start: crate::types::units::runs_in_its_start(machine),
         target: Target::Machine,
         mc: &mc,
         host: &ctx.host,
@@ -628,7 +628,7 @@ fn private_mount_namespace() -> Result<()> {
 
 /// What systemd-nspawn does with the driver binds of the `.nspawn` file, for `rewire-root` (in
 /// the namespace of [`private_mount_namespace`]): a tmpfs at the driver root with every bind of
-/// [`crate::layout::driver_binds`] mounted read-only at its target.
+/// [`crate::model::layout::driver_binds`] mounted read-only at its target.
 #[cfg(feature = "failpoints")]
 fn bind_driver_root(
     root: &MachineRoot,
@@ -637,7 +637,7 @@ fn bind_driver_root(
 ) -> Result<()> {
     use nix::mount::{MsFlags, mount};
     use std::os::fd::{AsFd as _, AsRawFd as _};
-    let top = root.create_dir_all(crate::layout::DRIVER_ROOT, 0o755)?;
+    let top = root.create_dir_all(crate::model::layout::DRIVER_ROOT, 0o755)?;
     // By descriptor: the directory was resolved inside the machine root once.
     let at = format!("/proc/self/fd/{}", top.as_fd().as_raw_fd());
     mount(
@@ -652,15 +652,15 @@ fn bind_driver_root(
     // /proc magic link) still names the directory underneath. Ours alone, so plain paths below
     // it are safe.
     let tmp = root
-        .open_dir(crate::layout::DRIVER_ROOT)?
+        .open_dir(crate::model::layout::DRIVER_ROOT)?
         .context("rewire-root: the driver root tmpfs vanished")?;
     let base = format!("/proc/self/fd/{}", tmp.as_fd().as_raw_fd());
     // Every node of pre-start's host tree (files bound rather than hard-linked), then the
     // directory binds, then the tree read-only, as nspawn binds it.
-    use crate::layout::TreeNode;
-    for (rel, node) in crate::layout::driver_tree(driver)? {
+    use crate::model::layout::TreeNode;
+    for (rel, node) in crate::model::layout::driver_tree(driver)? {
         let at = format!("{base}/{rel}");
-        let shown = format!("{}/{rel}", crate::layout::DRIVER_ROOT);
+        let shown = format!("{}/{rel}", crate::model::layout::DRIVER_ROOT);
         match node {
             TreeNode::Dir => std::fs::create_dir_all(&at),
             TreeNode::Hard(source) | TreeNode::Bound(source) => {
@@ -674,10 +674,10 @@ fn bind_driver_root(
         }
         .with_context(|| format!("rewire-root: {shown}"))?;
     }
-    for b in crate::layout::dir_binds(driver)? {
+    for b in crate::model::layout::dir_binds(driver)? {
         let rel = b
             .target
-            .strip_prefix(crate::layout::DRIVER_ROOT)
+            .strip_prefix(crate::model::layout::DRIVER_ROOT)
             .unwrap_or(b.target.as_str());
         let target = format!("{base}{rel}");
         bind_read_only(host, b.source.as_str(), &target, &b.target)?;
@@ -689,7 +689,12 @@ fn bind_driver_root(
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
         None::<&str>,
     )
-    .with_context(|| format!("rewire-root: read-only {}", crate::layout::DRIVER_ROOT))?;
+    .with_context(|| {
+        format!(
+            "rewire-root: read-only {}",
+            crate::model::layout::DRIVER_ROOT
+        )
+    })?;
     Ok(())
 }
 
@@ -836,7 +841,7 @@ pub enum Step {
     /// and a full cache rebuild on every start otherwise, most of the rewiring's time when
     /// nothing changed).
     Ldconfig,
-    /// Create the unit's gate marker (src/gate.rs): from now on the unit may start. The point is
+    /// Create the unit's gate marker (src/apply/gate.rs): from now on the unit may start. The point is
     /// the failpoint between the marker's temp file and its rename; `key` the log line's `step`.
     Release {
         unit: UnitName,
@@ -1012,7 +1017,7 @@ impl Work for Wiring<'_> {
                 )?;
                 let seen = model::driver_root::observe(self.root, want)?;
                 if let Some(why) = model::driver_root::diff(want, &seen).message(want) {
-                    return Err(crate::driver_tree::distrust(
+                    return Err(crate::apply::driver_tree::distrust(
                         self.host,
                         self.machine,
                         anyhow::anyhow!(why),
@@ -1526,12 +1531,12 @@ fn aside_name(name: &str, n: usize) -> String {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::host::HostRoot;
+    use crate::fs::host::HostRoot;
     use crate::systemd::ExitStatus;
     use std::cell::RefCell;
 
     /// Records every call; fails the calls named in `fail`. Models what the tests rely on of
-    /// the machine's systemd: which units run, and the unit gate (src/gate.rs): while the boot
+    /// the machine's systemd: which units run, and the unit gate (src/apply/gate.rs): while the boot
     /// is gated and the marker does not exist, a start of containerd or kubelet is skipped the
     /// way systemd skips a unit with an unmet `ConditionPathExists=`, so the start job ends
     /// "done", the unit stays inactive, and [`MachineServices::start`] reports it. Each unit has

@@ -2,16 +2,16 @@
 //! file, its unit gate, driver tree and device cgroup, under the machine's lock.
 
 use crate::Ctx;
+use crate::apply::gate;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
-use crate::device_cgroup;
 use crate::discovery::assign::Assignment;
 use crate::failpoint::Point;
-use crate::gate;
-use crate::lock;
-use crate::machine_name::MachineName;
-use crate::nspawn::describe_change;
-use crate::render::{Rendered, check_rendered, check_startable, render};
+use crate::fs::lock;
+use crate::model::device_cgroup;
+use crate::model::nspawn::describe_change;
+use crate::model::render::{Rendered, check_rendered, check_startable, render};
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result};
 
 /// ExecStartPre=: refuse what must not start before the lock, then under the machine's lock
@@ -32,13 +32,13 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
     if r.file.binds_gate() && gate::write_host_file(&ctx.host)? {
         tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
     }
-    crate::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
+    crate::apply::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
     if r.file.binds_gate() {
         release_for_the_boot(ctx, machine, mc)?;
     }
     let new = r.text();
     if ctx.host.write_if_changed(
-        crate::units::nspawn_path(machine),
+        crate::types::units::nspawn_path(machine),
         new.as_bytes(),
         0o644,
         Point::PreStartMidNspawnWrite,
@@ -61,10 +61,10 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
 /// machine may be running, and its boot keeps its markers. Under `--host-root` no machine runs
 /// from the tree.
 fn release_for_the_boot(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<()> {
-    if ctx.host.is_real_root() && !crate::units::runs_in_its_start(machine) {
+    if ctx.host.is_real_root() && !crate::types::units::runs_in_its_start(machine) {
         tracing::info!(%machine, step = "gate",
             "unit gate: markers left alone (pre-start run outside {}'s start; a running boot \
-             keeps its own)", crate::units::unit_name(machine));
+             keeps its own)", crate::types::units::unit_name(machine));
         return Ok(());
     }
     let containerd = mc.containerd_at_boot.then_some(&mc.containerd_unit);
@@ -85,7 +85,7 @@ fn set_device_cgroup(ctx: &Ctx, machine: &MachineName, a: &Assignment) -> Result
     if a.setting == Gpus::All || !ctx.host.is_real_root() {
         return Ok(());
     }
-    let unit = crate::units::unit_name(machine);
+    let unit = crate::types::units::unit_name(machine);
     let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
     let sd = crate::systemd::Systemd::host(deadline)?;
     let current = sd.device_allow(&unit, deadline)?;

@@ -7,9 +7,9 @@
 use crate::Ctx;
 use crate::config::MachineConfig;
 use crate::error::{Kind, bad_input};
-use crate::machine_name::MachineName;
 use crate::systemd::{Systemd, UnitState};
-use crate::units::{dropin_path, unit_name};
+use crate::types::machine_name::MachineName;
+use crate::types::units::{dropin_path, unit_name};
 use anyhow::{Result, anyhow};
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant, SystemTime};
@@ -81,7 +81,7 @@ fn check_restartable(ctx: &Ctx, machine: &MachineName) -> Result<MachineConfig> 
         )));
     }
     match crate::discovery::discover(&ctx.host)
-        .and_then(|inv| crate::render::as_pre_start(ctx, machine, &inv))
+        .and_then(|inv| crate::model::render::as_pre_start(ctx, machine, &inv))
     {
         Ok((mc, _)) => Ok(mc),
         Err(e) if crate::error::kind(&e) == Some(Kind::DriverIncomplete) => {
@@ -293,7 +293,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::error::exit_code;
-    use crate::host::HostRoot;
+    use crate::fs::host::HostRoot;
 
     fn m(s: &str) -> MachineName {
         s.parse().unwrap()
@@ -342,7 +342,7 @@ mod tests {
             .path()
             .join("etc/systemd/system/systemd-nspawn@kube1.service.d");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(crate::units::DROPIN_NAME), "[Service]\n").unwrap();
+        std::fs::write(d.join(crate::types::units::DROPIN_NAME), "[Service]\n").unwrap();
         let err = reconcile(&ctx(dir.path()), &m("kube1")).unwrap_err();
         assert_eq!(exit_code(&err), 2);
         assert!(format!("{err:#}").contains("--host-root"), "{err:#}");

@@ -19,17 +19,17 @@ pub mod host;
 pub mod metrics;
 
 use crate::Ctx;
-use crate::cdi;
+use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, Verdict, assign, parse::is_version};
-use crate::gate;
-use crate::layout::DRIVER_ROOT;
-use crate::machine_name::MachineName;
-use crate::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::model::cdi;
 use crate::model::helper::{HelperFacts, helper_facts};
+use crate::model::layout::DRIVER_ROOT;
 use crate::model::{self, Action, Change, Desired, Target, links};
 use crate::systemd::{ExecRun, MachineHandle, ServiceRun, Systemd};
-use crate::units;
+use crate::types::machine_name::MachineName;
+use crate::types::units;
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 use std::path::Path;
@@ -174,7 +174,7 @@ pub struct MachineFacts {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub driver_root_mismatch: Option<String>,
     /// Device and inode of the helper bound in the machine for its CDI hooks
-    /// ([`crate::layout::HOOK_BINARY`]), when it is there: the installed helper as it was at the
+    /// ([`crate::model::layout::HOOK_BINARY`]), when it is there: the installed helper as it was at the
     /// machine's start.
     #[serde(skip)]
     pub hook_binary: Option<(u64, u64)>,
@@ -274,7 +274,7 @@ pub struct Observed {
     pub missing_gpus: Vec<String>,
     /// The helper installed at its stable path, as the units and the next start run it.
     pub helper: Option<HelperFacts>,
-    /// Why pre-start would refuse the machine's next start ([`crate::render::as_pre_start`]),
+    /// Why pre-start would refuse the machine's next start ([`crate::model::render::as_pre_start`]),
     /// with the exit code it would refuse it with.
     pub next_start: Option<(u8, String)>,
 }
@@ -298,7 +298,7 @@ fn push_unique(v: &mut Vec<String>, s: &str) {
 /// change. Reads only.
 pub fn inspect_machine(
     root: &MachineRoot,
-    host: &crate::host::HostRoot,
+    host: &crate::fs::host::HostRoot,
     mc: &MachineConfig,
     desired: &Desired,
     judged: bool,
@@ -329,7 +329,7 @@ pub fn inspect_machine(
             .find(|c| c.check == "driver-root")
             .map(|c| c.detail.clone()),
         hook_binary: root
-            .pin_no_symlinks(crate::layout::HOOK_BINARY)?
+            .pin_no_symlinks(crate::model::layout::HOOK_BINARY)?
             .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
             .map(|st| (st.st_dev, st.st_ino)),
         pending_changes,
@@ -480,7 +480,7 @@ impl Subject<'_> {
             Subject::Machine(m) => {
                 format!("nspawn-lifecycle-helper nspawn-lifecycle reconcile {m}")
             }
-            Subject::Host => format!("systemctl restart {}", crate::host_unit::UNIT),
+            Subject::Host => format!("systemctl restart {}", crate::model::host_unit::UNIT),
         }
     }
 }
@@ -655,7 +655,7 @@ fn judge_gate(
                  marker in {} missing {})",
                 match subject {
                     Subject::Machine(_) => "post-start".to_owned(),
-                    Subject::Host => format!("host post-start ({})", crate::host_unit::UNIT),
+                    Subject::Host => format!("host post-start ({})", crate::model::host_unit::UNIT),
                 },
                 gate::MARKER_DIR,
                 subject.inside()
@@ -1228,7 +1228,10 @@ fn observe(
         sub_state: run.unit.sub_state.clone(),
         result: run.result.clone(),
         invocation_id: run.unit.invocation_id.clone(),
-        last_post_start: last_post_start(&run.exec_start_post, crate::dropin::POST_START_ARGS),
+        last_post_start: last_post_start(
+            &run.exec_start_post,
+            crate::model::dropin::POST_START_ARGS,
+        ),
     };
     // Only an active unit has a machine to inspect; while it starts, post-start may be halfway.
     if run.unit.active_state != "active"
@@ -1324,7 +1327,7 @@ pub fn machine_status(
         .with_context(|| format!("status of {machine}"))?;
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(desired.helper.clone());
-    observed.next_start = crate::render::as_pre_start(ctx, machine, host_inv)
+    observed.next_start = crate::model::render::as_pre_start(ctx, machine, host_inv)
         .err()
         .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));
     let mut status = evaluate(Subject::Machine(machine), &mc, inv, observed);
@@ -1513,8 +1516,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::fixture;
-    use crate::host::HostRoot;
-    use crate::layout;
+    use crate::fs::host::HostRoot;
+    use crate::model::layout;
 
     const OLD: &str = "580.82.07";
     const NEW: &str = "580.95.05";
@@ -1633,10 +1636,11 @@ mod tests {
             "wire() wants a complete driver"
         );
         let d = Desired::of(Target::Machine, host, inv, &mc, "/nonexistent").unwrap();
-        crate::rewire::rebuild_links(&root, d.lib_links.as_ref().unwrap(), &d.dev_char).unwrap();
-        crate::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
+        crate::apply::rewire::rebuild_links(&root, d.lib_links.as_ref().unwrap(), &d.dev_char)
+            .unwrap();
+        crate::apply::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
         // What the machine shows at MARKER_DIR (the host's directory, bound there).
-        let dir = m.join(crate::gate::MARKER_DIR.trim_start_matches('/'));
+        let dir = m.join(crate::apply::gate::MARKER_DIR.trim_start_matches('/'));
         std::fs::create_dir_all(&dir).unwrap();
         for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
             std::fs::write(dir.join(unit.as_str()), "released\n").unwrap();

@@ -270,7 +270,7 @@ pub struct AssignmentReport {
 /// against the host (exit 2), index and missing entries logged, `require` enforced (exit 3).
 pub fn for_machine(
     config: &crate::config::Config,
-    machine: &crate::machine_name::MachineName,
+    machine: &crate::types::machine_name::MachineName,
     mc: &crate::config::MachineConfig,
     inv: &Inventory,
 ) -> Result<Assignment> {

@@ -4,13 +4,14 @@
 //! [`discover`] touches the filesystem, always through a [`HostRoot`].
 
 pub mod assign;
+pub mod ldcache;
 pub mod parse;
 mod runtime;
 mod scan;
 mod verdict;
 
-use crate::host::HostRoot;
-use crate::paths::HostPath;
+use crate::fs::host::HostRoot;
+use crate::types::paths::HostPath;
 use serde::Serialize;
 
 pub use scan::discover;

@@ -285,9 +285,9 @@ pub fn pci_id(bytes: &[u8]) -> Result<u16> {
 pub const NVIDIA_VENDOR: u16 = 0x10de;
 
 // ---------------------------------------------------------------------------------------------
-// glibc ld.so.cache: read by [`crate::ldcache`], the one reader and writer of the format.
+// glibc ld.so.cache: read by [`crate::discovery::ldcache`], the one reader and writer of the format.
 
-pub use crate::ldcache::{
+pub use crate::discovery::ldcache::{
     LdCacheEntry, MAX_CACHE_ENTRIES, each as ld_so_cache_each, entries as ld_so_cache,
 };
 

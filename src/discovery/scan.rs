@@ -19,9 +19,9 @@
 
 use super::parse::{self, PciAddress};
 use super::{DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict};
-use crate::host::HostRoot;
-use crate::machine_root::FileKind;
-use crate::paths::HostPath;
+use crate::fs::host::HostRoot;
+use crate::fs::machine_root::FileKind;
+use crate::types::paths::HostPath;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::Metadata;

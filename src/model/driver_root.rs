@@ -1,16 +1,16 @@
 //! The driver root `/run/nvidia/driver` a machine must have been started with, read and compared.
 //!
 //! It is not built in the machine: it is pre-start's host tree of hard links of the driver files,
-//! which systemd-nspawn binds read-only at boot (src/layout.rs, src/driver_tree.rs), so it exists
+//! which systemd-nspawn binds read-only at boot (src/model/layout.rs, src/apply/driver_tree.rs), so it exists
 //! whole before any service of the machine starts and changes only with the machine. What it
 //! must be is known from the host ([`Expected::of`]: every driver file and directory discovery
 //! names, as the host inode it must be); what it is, from a walk through the machine's root
 //! ([`observe`]); the difference ([`diff`]) is pure. Only a new start can mend a difference.
 
 use crate::discovery::UserspaceDriver;
-use crate::host::HostRoot;
-use crate::layout::{DRIVER_ROOT, TreeNode, driver_binds};
-use crate::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, Subdir};
+use crate::fs::host::HostRoot;
+use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, Subdir};
+use crate::model::layout::{DRIVER_ROOT, TreeNode, driver_binds};
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,7 +32,7 @@ pub struct Expected {
     version: String,
     /// Driver files and directories: the host identity each must have.
     files: BTreeMap<String, Wanted>,
-    /// SONAME names: links in the tree to the library file beside them (src/layout.rs).
+    /// SONAME names: links in the tree to the library file beside them (src/model/layout.rs).
     links: BTreeMap<String, String>,
     /// Files pre-start writes (the tree's loader cache): their bytes.
     contents: BTreeMap<String, Vec<u8>>,
@@ -44,7 +44,7 @@ impl Expected {
     /// Stat every host source discovery names now: the facts the tree must match.
     pub fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
         let (mut links, mut contents, mut sources) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
-        for (p, n) in crate::layout::driver_tree(driver)? {
+        for (p, n) in crate::model::layout::driver_tree(driver)? {
             match n {
                 TreeNode::Link(t) => {
                     links.insert(p, t);

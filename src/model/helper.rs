@@ -13,7 +13,7 @@ pub struct HelperFacts {
 }
 
 /// Look at the helper installed at `path` (inside the host root): reads its ELF header only.
-pub fn helper_facts(host: &crate::host::HostRoot, path: &str) -> HelperFacts {
+pub fn helper_facts(host: &crate::fs::host::HostRoot, path: &str) -> HelperFacts {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let mut facts = HelperFacts {
         path: path.to_owned(),

@@ -3,7 +3,7 @@
 
 use super::links::open_dir_if_dir;
 use crate::discovery::UserspaceDriver;
-use crate::machine_root::MachineRoot;
+use crate::fs::machine_root::MachineRoot;
 use anyhow::Result;
 use std::collections::HashSet;
 
@@ -45,11 +45,11 @@ pub fn lists_driver(root: &MachineRoot, driver: &UserspaceDriver) -> Result<bool
 
 /// Whether `cache` (the bytes of an `ld.so.cache`) has an entry for every path in `wanted`
 /// (`/lib/<triplet>/<name>`), written `/lib/…` or `/usr/lib/…` (one dir under usrmerge). Read
-/// with the one reader of the format ([`crate::ldcache::each`]); a cache it cannot read lists
+/// with the one reader of the format ([`crate::discovery::ldcache::each`]); a cache it cannot read lists
 /// nothing, which costs an `ldconfig` run, never a stale cache.
 fn lists(cache: &[u8], wanted: &[String]) -> bool {
     let mut have: HashSet<&str> = HashSet::new();
-    let read = crate::ldcache::each(cache, |e| {
+    let read = crate::discovery::ldcache::each(cache, |e| {
         have.insert(match e.path.strip_prefix("/usr") {
             Some(rest) if rest.starts_with("/lib/") => rest,
             _ => e.path,
@@ -64,7 +64,7 @@ mod tests {
 
     #[test]
     fn ld_cache_must_list_every_path_whole() {
-        use crate::ldcache::{Entry, render};
+        use crate::discovery::ldcache::{Entry, render};
         let cache = render(&[
             Entry::new(
                 0x303,

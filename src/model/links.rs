@@ -20,8 +20,8 @@
 //! `status` looks exactly where post-start writes.
 
 use crate::discovery::{Inventory, UserspaceDriver};
-use crate::layout::{DRIVER_ROOT, EntryKind, LEGACY_HOST_NVIDIA, driver_entries};
-use crate::machine_root::{FileKind, Lookup, MachineDir, MachineRoot};
+use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot};
+use crate::model::layout::{DRIVER_ROOT, EntryKind, LEGACY_HOST_NVIDIA, driver_entries};
 use anyhow::{Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -9,7 +9,7 @@
 //! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]), which both consumers
 //! share:
 //!
-//! - post-start applies each part's difference (src/rewire.rs), part by part, reading each part
+//! - post-start applies each part's difference (src/apply/rewire.rs), part by part, reading each part
 //!   just before it changes it;
 //! - `status` and `plan` read every part at once and list the differences as [`Change`]s
 //!   without writing anything. `status` is out of sync exactly when that list is not empty
@@ -19,19 +19,28 @@
 //! into a machine are made with it: [`Action::Restart`]), or nobody's until a person acts
 //! (post-start would fail there: [`Action::Fails`]).
 
+pub mod cdi;
+pub mod device_cgroup;
 pub mod driver_root;
+pub mod dropin;
 pub mod helper;
+pub mod host_unit;
+pub mod image;
+pub mod layout;
 pub mod ld_cache;
+pub mod legacy;
 pub mod links;
+pub mod nspawn;
+pub mod render;
 pub mod spec;
 
+use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{Inventory, UserspaceDriver};
-use crate::gate;
-use crate::host::HostRoot;
-use crate::layout::DRIVER_ROOT;
-use crate::machine_root::{FileKind, Lookup, MachineRoot};
-use crate::paths::UnitName;
+use crate::fs::host::HostRoot;
+use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
+use crate::model::layout::DRIVER_ROOT;
+use crate::types::paths::UnitName;
 use anyhow::Result;
 use links::DirLinks;
 use serde::Serialize;
@@ -45,7 +54,7 @@ use std::collections::BTreeMap;
 /// | root | the machine's, by its leader's descriptor | the host's `/` |
 /// | driver root | `/run/nvidia/driver`, checked | `/`, the host's install |
 /// | links | library, tool and `/dev/char` links | `/dev/char` links only |
-/// | CDI spec | [`crate::cdi::spec`] | [`crate::cdi::spec_on_host`] (host paths, installed helper as hook) |
+/// | CDI spec | [`crate::model::cdi::spec`] | [`crate::model::cdi::spec_on_host`] (host paths, installed helper as hook) |
 /// | gate drop-in | the machine's `/run/systemd/system` | the host's `/etc/systemd/system` |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -94,10 +103,10 @@ impl Desired {
         helper: &str,
     ) -> Result<Desired> {
         let bytes = match target {
-            Target::Machine => crate::cdi::spec(inv, &mc.cdi_kind),
-            Target::Host => crate::cdi::spec_on_host(inv, &mc.cdi_kind, helper)?,
+            Target::Machine => crate::model::cdi::spec(inv, &mc.cdi_kind),
+            Target::Host => crate::model::cdi::spec_on_host(inv, &mc.cdi_kind, helper)?,
         }
-        .map(|s| crate::cdi::render(&s).into_bytes());
+        .map(|s| crate::model::cdi::render(&s).into_bytes());
         let driver = inv.complete_driver().filter(|_| bytes.is_some()).cloned();
         let driver_root = match (target, &driver) {
             (Target::Machine, Some(d)) => Some(driver_root::Expected::of(host, d)?),
@@ -115,7 +124,7 @@ impl Desired {
             driver_root,
             spec: spec::Want {
                 dir: mc.cdi_dir.to_string(),
-                file: crate::cdi::spec_file_name(&mc.cdi_kind),
+                file: crate::model::cdi::spec_file_name(&mc.cdi_kind),
                 kind: mc.cdi_kind.to_string(),
                 bytes,
             },
@@ -276,7 +285,7 @@ fn driver_root_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
     for n in [STAGING, name] {
         let Some(kind) = dir.kind(n)? else { continue };
         let bound = kind == FileKind::Dir
-            && matches!(dir.open_subdir(n)?, crate::machine_root::Subdir::Dir(sub) if sub.read_only()?);
+            && matches!(dir.open_subdir(n)?, crate::fs::machine_root::Subdir::Dir(sub) if sub.read_only()?);
         out.push(if bound {
             Change::new(
                 "stale-nvidia-state",
@@ -313,14 +322,14 @@ fn helper_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
         return Ok(Vec::new());
     }
     let bound = root
-        .pin_no_symlinks(crate::layout::HOOK_BINARY)?
+        .pin_no_symlinks(crate::model::layout::HOOK_BINARY)?
         .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
         .map(|st| (st.st_dev, st.st_ino));
     Ok(match bound {
         Some(b) if Some(b) != h.identity => vec![Change::new(
             "helper",
             Action::Restart,
-            crate::layout::HOOK_BINARY.into(),
+            crate::model::layout::HOOK_BINARY.into(),
             format!(
                 "the CDI hooks run the helper as it was at the machine's start, not the one \
                  installed now at {}",

@@ -3,7 +3,7 @@
 //! name the same devices twice and is removed.
 
 use super::links::open_dir_if_dir;
-use crate::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, check_name};
+use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, check_name};
 use anyhow::{Context as _, Result, bail};
 use std::collections::BTreeSet;
 
@@ -29,7 +29,7 @@ pub struct Want {
 impl Want {
     /// Whether the spec file `name` holding `bytes` names devices of our kind: it goes.
     pub fn conflicts(&self, name: &str, bytes: &[u8]) -> bool {
-        crate::cdi::conflicts(&self.kind, name, bytes)
+        crate::model::cdi::conflicts(&self.kind, name, bytes)
     }
 
     /// The spec's machine path.

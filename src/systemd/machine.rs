@@ -6,7 +6,7 @@
 //! socket, and connected through `/proc/self/fd/<n>`, which names exactly that inode.
 
 use super::{Systemd, SystemdError};
-use crate::machine_root::MachineRoot;
+use crate::fs::machine_root::MachineRoot;
 use anyhow::{Context as _, Result, anyhow, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat2};

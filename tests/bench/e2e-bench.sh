@@ -24,7 +24,7 @@
 #     upgrade        the driver version flipped before each run (every file name changes).
 # reconcile (item 4): wall time of `nspawn-lifecycle reconcile kube1` against `systemctl restart`
 #   of the same unit with a drop-in lacking our ExecStartPre=/ExecStartPost= (the rest identical)
-#   and a .nspawn file lacking the unit gate (src/gate.rs; nothing would release it),
+#   and a .nspawn file lacking the unit gate (src/apply/gate.rs; nothing would release it),
 #   both timed inside the host container until they return (unit active) and until kubelet is
 #   active in the machine ("serving", read from its ActiveEnterTimestamp), interleaved (ABAB..,
 #   order alternating) with a daemon-reload between; plus a per-restart breakdown from the unit's

@@ -215,7 +215,10 @@ pub fn with_host_wiring<T>(
         &str,
     ) -> T,
 ) -> T {
-    use nspawn_lifecycle::{cdi, config, discovery, gate, host, machine_root, model};
+    use nspawn_lifecycle::apply::gate;
+    use nspawn_lifecycle::fs::{host, machine_root};
+    use nspawn_lifecycle::model::cdi;
+    use nspawn_lifecycle::{config, discovery, model};
     let hroot = host::HostRoot::new(root);
     let hc = config::Config::default().host().unwrap();
     let inv = discovery::discover(&hroot).unwrap();

@@ -2,11 +2,11 @@
 //! here and built at test time, inventories built directly, listings and checksums of trees.
 #![allow(dead_code, clippy::unwrap_used)] // test fixtures: a panic is the failure report
 
+use nspawn_lifecycle::apply::rewire::{self, Report};
 use nspawn_lifecycle::discovery::{
     DeviceNode, DeviceRole, DriverFile, Gpu, Inventory, LibDir, UserspaceDriver, Verdict,
 };
-use nspawn_lifecycle::machine_root::MachineRoot;
-use nspawn_lifecycle::rewire::{self, Report};
+use nspawn_lifecycle::fs::machine_root::MachineRoot;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt as _, symlink};
 use std::path::{Path, PathBuf};
@@ -346,13 +346,13 @@ pub struct DriverRootBinds {
 impl DriverRootBinds {
     pub fn mount(machine: &Path, host: &Path, driver: &UserspaceDriver) -> DriverRootBinds {
         use nix::mount::{MsFlags, mount};
-        use nspawn_lifecycle::layout;
+        use nspawn_lifecycle::model::layout;
         let mut out = DriverRootBinds { mounts: Vec::new() };
         // As pre-start and nspawn do: the host tree, then its bind and the binds on its mount
         // points, in nspawn's order (by target).
-        let hr = nspawn_lifecycle::host::HostRoot::new(host);
-        let mut plan = nspawn_lifecycle::driver_tree::plan(&hr, driver).unwrap();
-        nspawn_lifecycle::driver_tree::ensure(&hr, "kube1", &mut plan).unwrap();
+        let hr = nspawn_lifecycle::fs::host::HostRoot::new(host);
+        let mut plan = nspawn_lifecycle::apply::driver_tree::plan(&hr, driver).unwrap();
+        nspawn_lifecycle::apply::driver_tree::ensure(&hr, "kube1", &mut plan).unwrap();
         let mut binds = vec![layout::tree_bind("kube1").unwrap()];
         binds.extend(layout::dir_binds(driver).unwrap());
         binds.extend(layout::file_binds(&plan.tree).unwrap());

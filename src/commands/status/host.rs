@@ -14,11 +14,11 @@ use super::{
     inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
 };
 use crate::Ctx;
+use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
-use crate::gate;
-use crate::host_unit;
-use crate::machine_root::MachineRoot;
+use crate::fs::machine_root::MachineRoot;
+use crate::model::host_unit;
 use crate::model::{Desired, Target};
 use crate::systemd::Systemd;
 use anyhow::{Context as _, Result};

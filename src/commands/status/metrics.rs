@@ -308,7 +308,7 @@ fn host_mode_families(out: &mut String, report: &Report) {
 /// fsync, rename over the old file, so a scrape reads the old file or the new one, never half.
 /// Writes nothing else.
 pub fn write_textfile(
-    host: &crate::host::HostRoot,
+    host: &crate::fs::host::HostRoot,
     dir: &std::path::Path,
     text: &str,
 ) -> Result<()> {
@@ -318,7 +318,7 @@ pub fn write_textfile(
             host.path(dir).display()
         )
     })?;
-    crate::atomic::write_if_changed_unnamed(
+    crate::fs::atomic::write_if_changed_unnamed(
         &fd,
         &host.path(dir),
         TEXTFILE,

@@ -4,12 +4,12 @@
 //! each side), which needs those mounts: not measured here.
 
 use anyhow::{Context as _, Result};
-use nspawn_lifecycle::cdi;
+use nspawn_lifecycle::apply::rewire::{self, Report};
 use nspawn_lifecycle::config::MachineConfig;
 use nspawn_lifecycle::discovery::Inventory;
-use nspawn_lifecycle::machine_root::MachineRoot;
+use nspawn_lifecycle::fs::machine_root::MachineRoot;
+use nspawn_lifecycle::model::cdi;
 use nspawn_lifecycle::model::{links, spec};
-use nspawn_lifecycle::rewire::{self, Report};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 

@@ -202,7 +202,7 @@ env = ce.get("env", [])
 mounts = ce.get("mounts", [])
 cps = {m.get("containerPath", ""): m for m in mounts}
 # Driver files are bound under a tmpfs (DRIVER_DIR); the standard paths and SONAME links are made
-# by our create-symlinks hook, libraries listed in ld.so.cache by update-ldcache (src/cdi.rs).
+# by our create-symlinks hook, libraries listed in ld.so.cache by update-ldcache (src/model/cdi.rs).
 DRIVER_DIR = "/run/nspawn-lifecycle-driver"
 HOOK = "/run/nspawn-lifecycle/nspawn-lifecycle-helper"
 tm = cps.get(DRIVER_DIR, {})

@@ -127,7 +127,7 @@ info "/dev/char in kube1: $(M ls -l /dev/char 2>&1 | awk 'NR>1{print $(NF-2), $N
 check_cdi_spec kube1 2
 
 # ---- services: containerd with the boot, kubelet gated until post-start, in order ---------------
-# The .nspawn file binds the unit gate (src/gate.rs) over both units, and the host's marker
+# The .nspawn file binds the unit gate (src/apply/gate.rs) over both units, and the host's marker
 # directory of this machine read-only where the gate looks. pre-start emptied it and released
 # containerd (its driver root is built and checked), so the boot starts containerd itself;
 # kubelet is skipped at boot until post-start (running while the machine boots) has wired the

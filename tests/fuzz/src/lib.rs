@@ -12,8 +12,8 @@
 use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery::parse::{self, PciAddress};
 use nspawn_lifecycle::error::exit_code;
-use nspawn_lifecycle::host::HostRoot;
-use nspawn_lifecycle::machine_name::MachineName;
+use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::types::machine_name::MachineName;
 
 /// A fuzz target: its name (the directory under `tests/fuzz/corpus/`) and its entry point.
 pub type Target = (&'static str, fn(&[u8]));
@@ -200,8 +200,8 @@ pub fn config(data: &[u8]) {
                     assert!(mc.directory.starts_with('/'), "{mc:?}");
                     for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
                         assert_reads_back(
-                            nspawn_lifecycle::gate::HOST_FILE,
-                            &nspawn_lifecycle::gate::dropin(unit),
+                            nspawn_lifecycle::apply::gate::HOST_FILE,
+                            &nspawn_lifecycle::apply::gate::dropin(unit),
                         );
                     }
                 }
@@ -229,8 +229,8 @@ pub fn config(data: &[u8]) {
 
 /// `source` → `target` rendered as a bind line reads back (as systemd 252 reads it) unchanged.
 fn assert_reads_back(source: &str, target: &str) {
-    use nspawn_lifecycle::nspawn::BindLine;
-    use nspawn_lifecycle::paths::parse_bind_line;
+    use nspawn_lifecycle::model::nspawn::BindLine;
+    use nspawn_lifecycle::types::paths::parse_bind_line;
     for read_only in [true, false] {
         let line = BindLine {
             source: source.parse().unwrap_or_else(|e| panic!("{e}")),

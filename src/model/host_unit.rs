@@ -6,8 +6,8 @@
 //!   incomplete (exit 3), `RemainAfterExit=yes` so `systemctl restart` runs it again after a
 //!   driver change.
 //! - The unit gate for the host's containerd and kubelet ([`gate_dropin`], at
-//!   [`crate::gate::host_dropin`]): `ConditionPathExists=` on the marker `host post-start`
-//!   creates for each unit in the host's `/run` ([`crate::gate::marker`]). `/run` is a tmpfs, so
+//!   [`crate::apply::gate::host_dropin`]): `ConditionPathExists=` on the marker `host post-start`
+//!   creates for each unit in the host's `/run` ([`crate::apply::gate::marker`]). `/run` is a tmpfs, so
 //!   after a reboot (say, after a driver upgrade) neither service starts before host post-start
 //!   wrote the new CDI spec and released it: a boot that reaches them first skips them ("unmet
 //!   condition") and host post-start starts them. `Wants=` the oneshot, so a start of either
@@ -18,9 +18,9 @@
 //! oneshot would wait for its own end (until its job timeout). The gate orders them instead, as
 //! it does in a machine.
 
-use crate::dropin::{AFTER, RESTART_SEC, TIMEOUT_START, exec_escape};
-use crate::paths::{HostPath, UnitName};
-use crate::units::UNIT_DIR;
+use crate::model::dropin::{AFTER, RESTART_SEC, TIMEOUT_START, exec_escape};
+use crate::types::paths::{HostPath, UnitName};
+use crate::types::units::UNIT_DIR;
 
 /// The words after the helper in [`UNIT`]'s `ExecStart=`: `host status` finds its last run by
 /// them.
@@ -92,7 +92,7 @@ pub fn gate_dropin(unit: &UnitName) -> String {
 ConditionPathExists={}/%n
 Wants={UNIT}
 ",
-        crate::gate::MARKER_DIR
+        crate::apply::gate::MARKER_DIR
     )
 }
 
@@ -106,13 +106,13 @@ mod tests {
         let text = gate_dropin(&unit);
         assert!(text.starts_with(HEADER));
         // The same condition as the machine's gate: gate::marker names the file it waits for.
-        let condition = crate::gate::CONTENT
+        let condition = crate::apply::gate::CONTENT
             .lines()
             .find(|l| l.starts_with("ConditionPathExists="))
             .unwrap();
         assert!(text.contains(&format!("\n{condition}\n")), "{text}");
         assert_eq!(
-            crate::gate::host_dropin(&unit),
+            crate::apply::gate::host_dropin(&unit),
             "/etc/systemd/system/kubelet.service.d/50-nspawn-lifecycle-gate.conf"
         );
     }

@@ -1,6 +1,6 @@
 //! Where host driver files appear inside the machine: the driver root, laid out as a driver install.
 //!
-//! One mapping shared by the `.nspawn` renderer, pre-start's host tree (src/driver_tree.rs),
+//! One mapping shared by the `.nspawn` renderer, pre-start's host tree (src/apply/driver_tree.rs),
 //! post-start's check of the driver root, its links into it, and the CDI spec (which points at the
 //! tree's files).
 //!
@@ -23,7 +23,7 @@
 //! links rather than a bind per file, and no bind per name.
 
 use crate::discovery::UserspaceDriver;
-use crate::paths::{HostPath, MachinePath};
+use crate::types::paths::{HostPath, MachinePath};
 use anyhow::Result;
 use std::collections::BTreeSet;
 
@@ -226,14 +226,15 @@ fn add_runtime(tree: &mut Tree, driver: &UserspaceDriver) -> Result<()> {
             || runtime.contains(abs.as_str())
             || own_soname.contains(rel);
         if listed {
-            entries.push(crate::ldcache::Entry::new(
-                crate::ldcache::flags_for(&abs),
+            entries.push(crate::discovery::ldcache::Entry::new(
+                crate::discovery::ldcache::flags_for(&abs),
                 name,
                 &abs,
             ));
         }
     }
-    let bytes = crate::ldcache::render(&crate::ldcache::merge(Vec::new(), &entries));
+    let bytes =
+        crate::discovery::ldcache::render(&crate::discovery::ldcache::merge(Vec::new(), &entries));
     tree.insert("etc".to_owned(), TreeNode::Dir);
     tree.insert(TREE_LD_CACHE.to_owned(), TreeNode::File(bytes));
     Ok(())

@@ -11,7 +11,7 @@
 //! Refusals are exit 1: the message names the path, and the fix is an operator's (remove it), not
 //! a retry (exit 4) or a different command line (exit 2).
 
-use crate::host::HostRoot;
+use crate::fs::host::HostRoot;
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};

@@ -1,11 +1,11 @@
 //! The host tree every read and write goes through: `/` in production, a fixture under `--host-root`.
 //!
-//! [`HostRoot`] holds the root directory open, like the machine side ([`crate::machine_root`]):
+//! [`HostRoot`] holds the root directory open, like the machine side ([`crate::fs::machine_root`]):
 //! every host path (`/dev/nvidia0`) is resolved from that descriptor with `openat2`
 //! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` (the resolution the machine side uses), so an
 //! absolute symlink in a `--host-root` fixture resolves inside the fixture, as it would on a real
 //! host, and never into the real `/`. What is created or removed is addressed as (directory
-//! descriptor, one name); the one atomic writer is [`crate::atomic`]'s, for both sides.
+//! descriptor, one name); the one atomic writer is [`crate::fs::atomic`]'s, for both sides.
 //!
 //! [`HostRoot::path`] still joins a string: only for what is a string by nature (text rendered
 //! into `.nspawn`/unit files, subprocess arguments, messages), never to open a file
@@ -16,7 +16,7 @@
 //! holder's `/proc/<pid>`) opens them by their real path, never through a `HostRoot`.
 
 use crate::failpoint::Point;
-use crate::machine_root::{FileKind, in_root, openat2};
+use crate::fs::machine_root::{FileKind, in_root, openat2};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow};
@@ -228,7 +228,7 @@ impl HostRoot {
     }
 
     /// Replace the file `abs` atomically with `contents` and `mode` unless it already holds
-    /// them, creating its missing parent directories (`0o755`); see [`crate::atomic`]. Returns
+    /// them, creating its missing parent directories (`0o755`); see [`crate::fs::atomic`]. Returns
     /// whether the file was written.
     pub fn write_if_changed(
         &self,
@@ -240,7 +240,7 @@ impl HostRoot {
         let abs = abs.as_ref();
         let (parent, name) = split(abs)?;
         let dir = self.create_dir_all(parent, 0o755)?;
-        crate::atomic::write_if_changed(&dir, &self.path(parent), name, contents, mode, point)
+        crate::fs::atomic::write_if_changed(&dir, &self.path(parent), name, contents, mode, point)
     }
 
     /// Remove the file (or symlink) `abs` if it exists and fsync its directory. Returns whether
@@ -252,7 +252,7 @@ impl HostRoot {
             Err(e) if is_not_found(&e) => return Ok(false),
             Err(e) => return Err(e),
         };
-        crate::atomic::remove_at(&dir, name)
+        crate::fs::atomic::remove_at(&dir, name)
             .with_context(|| format!("removing {}", self.path(abs).display()))
     }
 
@@ -263,7 +263,7 @@ impl HostRoot {
         let (parent, name) = split(abs)?;
         let dir = self.create_dir_all(parent, 0o755)?;
         let tmp = format!(".{name}.tmp");
-        crate::atomic::remove_at(&dir, &tmp)
+        crate::fs::atomic::remove_at(&dir, &tmp)
             .with_context(|| format!("removing {}", self.path(parent).join(&tmp).display()))?;
         nix::unistd::symlinkat(target, &dir, tmp.as_str())
             .with_context(|| format!("linking {} to {target}", self.path(abs).display()))?;

@@ -25,9 +25,9 @@
 //! NVIDIA GPUs). pre-start empties the markers before every start, so every boot is gated afresh.
 
 use crate::failpoint::Point;
-use crate::host::HostRoot;
-use crate::machine_root::MachineRoot;
-use crate::paths::{HostPath, MachinePath, UnitName};
+use crate::fs::host::HostRoot;
+use crate::fs::machine_root::MachineRoot;
+use crate::types::paths::{HostPath, MachinePath, UnitName};
 use anyhow::{Context as _, Result, bail};
 use std::path::Path;
 
@@ -35,7 +35,7 @@ use std::path::Path;
 pub const HOST_FILE: &str = "/run/nspawn-lifecycle/unit-gate.conf";
 
 /// The drop-in's bytes.
-pub const CONTENT: &str = include_str!("../assets/unit-gate.conf");
+pub const CONTENT: &str = include_str!("../../assets/unit-gate.conf");
 
 /// The directory, in the machine, of the markers whose existence lets each gated unit start
 /// (the drop-in's `%n`: one file per unit, named after it).
@@ -70,20 +70,24 @@ pub fn dropin(unit: &UnitName) -> MachinePath {
 pub fn host_dropin(unit: &UnitName) -> MachinePath {
     format!(
         "{}/{unit}.d/50-nspawn-lifecycle-gate.conf",
-        crate::units::UNIT_DIR
+        crate::types::units::UNIT_DIR
     )
     .parse()
     .expect("a unit name holds no '/', control character or space, so the path is valid")
 }
 
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
-pub fn write_host_file(host: &crate::host::HostRoot) -> Result<bool> {
+pub fn write_host_file(host: &crate::fs::host::HostRoot) -> Result<bool> {
     let dir = Path::new(HOST_FILE)
         .parent()
         .context("gate file has a parent")?;
     // Ours, root-owned and writable by root alone (shared with the lock directory): verified, so
     // the drop-in nspawn binds into the machine cannot have been swapped by another user.
-    crate::host_dir::open(host, &dir.to_string_lossy(), crate::host_dir::PARENT_MODE)?;
+    crate::fs::host_dir::open(
+        host,
+        &dir.to_string_lossy(),
+        crate::fs::host_dir::PARENT_MODE,
+    )?;
     host.write_if_changed(
         HOST_FILE,
         CONTENT.as_bytes(),
@@ -176,7 +180,7 @@ impl<'a> Markers<'a> {
     /// longer skipped. `point` is the failpoint between its temp file and the rename. Returns
     /// whether it wrote.
     pub fn release(&self, unit: &UnitName, point: Point) -> Result<bool> {
-        crate::host_dir::open(self.host, &self.dir, crate::host_dir::PARENT_MODE)?;
+        crate::fs::host_dir::open(self.host, &self.dir, crate::fs::host_dir::PARENT_MODE)?;
         self.write(
             unit,
             &format!("{RELEASED_BY_POST_START} {unit} this boot\n"),
@@ -210,14 +214,14 @@ pub fn prepare_boot(
     let markers = Markers::of_machine(host, machine);
     let dir = &markers.dir;
     // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
-    crate::host_dir::open(host, dir, crate::host_dir::PARENT_MODE)?;
+    crate::fs::host_dir::open(host, dir, crate::fs::host_dir::PARENT_MODE)?;
     let entries = host
         .read_dir(dir)
         .with_context(|| format!("listing {dir}"))?;
     // Checked before anything is removed: a refusal leaves the directory as it was.
     if let Some((name, _)) = entries
         .iter()
-        .find(|(_, kind)| *kind == crate::machine_root::FileKind::Dir)
+        .find(|(_, kind)| *kind == crate::fs::machine_root::FileKind::Dir)
     {
         bail!(
             "{dir}/{} is a directory, which nspawn-lifecycle never puts there; remove it",
@@ -268,7 +272,7 @@ mod tests {
         std::fs::create_dir_all(t.path().join("host/run")).unwrap();
         let link = t.path().join("host/run/nspawn-lifecycle");
         std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-        let host = crate::host::HostRoot::new(t.path().join("host"));
+        let host = crate::fs::host::HostRoot::new(t.path().join("host"));
         let err = format!("{:#}", write_host_file(&host).unwrap_err());
         assert!(
             err.contains(&format!("{} is a symbolic link", link.display())),

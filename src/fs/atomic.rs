@@ -24,7 +24,7 @@ use std::path::Path;
 /// Replace `name` in the directory `dir` with `contents` atomically unless it already holds
 /// exactly those bytes and `mode`. `shown` is the directory's host path, for messages; `point`
 /// names the moment between the temp file's fsync and the rename for crash tests. Returns
-/// whether the file was written. (Host files: [`crate::host::HostRoot::write_if_changed`].)
+/// whether the file was written. (Host files: [`crate::fs::host::HostRoot::write_if_changed`].)
 pub fn write_if_changed(
     dir: &OwnedFd,
     shown: &Path,
@@ -227,7 +227,7 @@ fn remove_dead_temps(dir: &OwnedFd, shown: &Path, prefix: &str) -> Result<()> {
 }
 
 /// Remove `name` from `dir` if it exists (never a directory) and fsync `dir`. Returns whether
-/// something was removed. (Host files: [`crate::host::HostRoot::remove_file`].)
+/// something was removed. (Host files: [`crate::fs::host::HostRoot::remove_file`].)
 pub fn remove_at(dir: &OwnedFd, name: &str) -> Result<bool> {
     match nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) => {
@@ -247,7 +247,7 @@ mod tests {
 
     /// Through the host root, as every caller writes.
     fn write(p: &Path, contents: &[u8], mode: u32) -> Result<bool> {
-        let h = crate::host::HostRoot::new("/");
+        let h = crate::fs::host::HostRoot::new("/");
         h.write_if_changed(p, contents, mode, P)
     }
 
@@ -274,7 +274,7 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(leftovers, vec![std::ffi::OsString::from("kube1.nspawn")]);
-        let h = crate::host::HostRoot::new("/");
+        let h = crate::fs::host::HostRoot::new("/");
         assert!(h.remove_file(&p).unwrap());
         assert!(!h.remove_file(&p).unwrap());
     }

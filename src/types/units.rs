@@ -2,7 +2,7 @@
 //! directory and our drop-in there, and the machine's `.nspawn` file. install writes these
 //! paths, uninstall removes them, reconcile and status look them up; none of them owns them.
 
-use crate::machine_name::MachineName;
+use crate::types::machine_name::MachineName;
 
 /// File name of our drop-in. `50-` sorts before `override.conf` (what `systemctl edit` writes),
 /// so an operator's own edits still win.

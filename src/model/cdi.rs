@@ -29,13 +29,13 @@
 //!   [`layout::HOOK_BINARY`] (the machine has no `nvidia-cdi-hook`): `create-symlinks`,
 //!   `update-ldcache` (the driver's SONAMEs into the container's `/etc/ld.so.cache`, so
 //!   `ldconfig -p` lists them and `/usr/lib64` images load them) and
-//!   `disable-device-node-modification`. See src/cdi_hook.rs; no image code ever runs.
+//!   `disable-device-node-modification`. See src/apply/cdi_hook.rs; no image code ever runs.
 //! - Only fields that CDI 0.5.2 (Debian 12's podman 4.3) knows: its strict parser rejects
 //!   `annotations`, `additionalGids`, `intelRdt` and `netDevices`. The types below cannot even
 //!   hold them.
 
 use crate::discovery::{DeviceNode as HostNode, DeviceRole, Inventory, UserspaceDriver};
-use crate::layout::{self, EntryKind};
+use crate::model::layout::{self, EntryKind};
 use serde::Serialize;
 use std::collections::BTreeSet;
 

@@ -9,9 +9,9 @@
 
 use crate::discovery::UserspaceDriver;
 use crate::failpoint::{self, Point};
-use crate::host::HostRoot;
-use crate::layout::DRIVER_ROOT;
-use crate::machine_root::{FileKind, LinkOutcome, MachineDir, MachineRoot, Subdir};
+use crate::fs::host::HostRoot;
+use crate::fs::machine_root::{FileKind, LinkOutcome, MachineDir, MachineRoot, Subdir};
+use crate::model::layout::DRIVER_ROOT;
 use crate::model::links::{self, DEV_CHAR, LinkOp, open_dir_if_dir};
 use crate::model::{self, STAGING, spec};
 use anyhow::{Context as _, Result};

@@ -64,7 +64,7 @@ pub fn merge(current: &[(String, String)], ours: &[(String, String)]) -> Vec<(St
 /// every NVIDIA group, any other's none (a `daemon-reload` would add it back after the
 /// runtime list). A mismatch is bad input until `install` is run again.
 pub fn check_dropin(machine: &str, dropin_path: &str, text: &str, gpus: &Gpus) -> Result<()> {
-    let has_all = crate::dropin::allows_all_gpus(text);
+    let has_all = crate::model::dropin::allows_all_gpus(text);
     let want_all = *gpus == Gpus::All;
     if has_all == want_all {
         return Ok(());
@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn the_dropin_must_match_the_setting() {
-        use crate::dropin::Dropin;
+        use crate::model::dropin::Dropin;
         let (m, helper) = ("kube1".parse().unwrap(), "/usr/bin/h".parse().unwrap());
         // The drop-ins install renders, so the check and the renderer cannot drift apart.
         let all = Dropin::for_gpus(&m, &helper, &Gpus::All).to_string();

@@ -25,9 +25,9 @@
 //! each new entry is checked to be the inode [`plan`] stat'ed.
 
 use crate::discovery::UserspaceDriver;
-use crate::host::HostRoot;
-use crate::host_dir;
-use crate::layout::{self, Tree, TreeNode};
+use crate::fs::host::HostRoot;
+use crate::fs::host_dir;
+use crate::model::layout::{self, Tree, TreeNode};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, RenameFlags};
@@ -190,7 +190,7 @@ fn resolve(host: &HostRoot, source: &str) -> Result<(OwnedFd, FileStat)> {
 /// pre-start's step: build (or check) the tree `r` binds and, when the kernel refused to link a
 /// file, add its bind to `r`'s `.nspawn` file; without a driver, remove the machine's tree so it
 /// holds no old driver's files.
-pub fn apply(host: &HostRoot, machine: &str, r: &mut crate::render::Rendered) -> Result<()> {
+pub fn apply(host: &HostRoot, machine: &str, r: &mut crate::model::render::Rendered) -> Result<()> {
     let dir = layout::tree_host_path(machine);
     let Some(plan) = &mut r.tree else {
         if remove(host, machine)? {
@@ -686,7 +686,7 @@ fn write_stamp(top: &OwnedFd, machine: &str, text: &str) -> Result<()> {
         Mode::from_bits_truncate(FILE_MODE),
     )
     .with_context(|| format!("creating {tmp}"))?;
-    crate::atomic::replace_at(
+    crate::fs::atomic::replace_at(
         top,
         std::fs::File::from(fd),
         &tmp,
@@ -854,7 +854,7 @@ mod tests {
         let libc = t.join(LIB).join("libc.so.6");
         assert_eq!(ino(&libc), ino(&dir.path().join(LIB).join("libc.so.6")));
         let cache = std::fs::read(t.join("etc/ld.so.cache")).unwrap();
-        let names: Vec<(String, String)> = crate::ldcache::parse(&cache)
+        let names: Vec<(String, String)> = crate::discovery::ldcache::parse(&cache)
             .unwrap()
             .into_iter()
             .map(|e| (e.soname, e.path))

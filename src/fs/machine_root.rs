@@ -208,7 +208,7 @@ pub struct MachineDir {
 }
 
 /// Resolve a path as if the directory were `/`, refusing `/proc` magic links (shared with the host
-/// side, [`crate::host::HostRoot`]).
+/// side, [`crate::fs::host::HostRoot`]).
 pub(crate) fn in_root() -> ResolveFlag {
     ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
 }
@@ -869,7 +869,7 @@ impl MachineDir {
             .resolve(beneath_no_symlinks());
         let fd = openat2(&self.fd, tmp.as_str(), how)
             .with_context(|| format!("creating {} in the {noun}", self.child(&tmp)))?;
-        crate::atomic::replace_at(&self.fd, fd.into(), &tmp, name, contents, mode, point)
+        crate::fs::atomic::replace_at(&self.fd, fd.into(), &tmp, name, contents, mode, point)
             .with_context(|| format!("writing {path} in the {noun}"))?;
         Ok(true)
     }

@@ -6,9 +6,9 @@
 //! lines against what it sets.
 
 use crate::config::Gpus;
-use crate::machine_name::MachineName;
-use crate::paths::HostPath;
-use crate::units::nspawn_path;
+use crate::types::machine_name::MachineName;
+use crate::types::paths::HostPath;
+use crate::types::units::nspawn_path;
 use std::fmt;
 
 /// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
@@ -56,7 +56,7 @@ pub struct Dropin {
     /// what an Exec line can carry; `%` and `$` are escaped when rendered).
     pub helper_path: HostPath,
     /// The config's `gpus` is `all`: the device cgroup allows every NVIDIA and DRM group.
-    /// Otherwise pre-start sets the machine's own nodes at every start (src/device_cgroup.rs).
+    /// Otherwise pre-start sets the machine's own nodes at every start (src/model/device_cgroup.rs).
     pub all_gpus: bool,
 }
 

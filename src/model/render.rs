@@ -6,12 +6,12 @@
 use crate::Ctx;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
-use crate::device_cgroup;
 use crate::discovery::assign::{self, Assignment};
 use crate::discovery::{self, Inventory, check_complete};
-use crate::machine_name::MachineName;
-use crate::nspawn::NspawnFile;
-use crate::units::nspawn_path;
+use crate::model::device_cgroup;
+use crate::model::nspawn::NspawnFile;
+use crate::types::machine_name::MachineName;
+use crate::types::units::nspawn_path;
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 
@@ -20,8 +20,8 @@ use std::fmt::Write as _;
 pub struct Rendered {
     pub host_path: std::path::PathBuf,
     pub old: Option<String>,
-    /// The driver tree `new` binds (src/driver_tree.rs), whose host copy must then exist.
-    pub tree: Option<crate::driver_tree::Plan>,
+    /// The driver tree `new` binds (src/apply/driver_tree.rs), whose host copy must then exist.
+    pub tree: Option<crate::apply::driver_tree::Plan>,
     /// The new file: pre-start adds the binds of files the tree could not link, so its text
     /// ([`Rendered::text`]) and whether it binds the unit gate are read from it, never kept beside.
     pub file: NspawnFile,
@@ -70,10 +70,10 @@ pub fn render_from(
     let tree = assignment
         .view
         .complete_driver()
-        .map(|d| crate::driver_tree::plan(&ctx.host, d))
+        .map(|d| crate::apply::driver_tree::plan(&ctx.host, d))
         .transpose()?;
     if let Some(plan) = &tree {
-        file.bind_driver_files(crate::layout::file_binds(&plan.tree)?);
+        file.bind_driver_files(crate::model::layout::file_binds(&plan.tree)?);
     }
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match ctx.host.read(nspawn_path(machine)) {
@@ -121,7 +121,7 @@ fn plan_text(r: &Rendered) -> String {
             out,
             "# Driver root {} (pre-start's host tree): {} entries; the C runtime of the driver's \
              tools in it: {}",
-            crate::layout::DRIVER_ROOT,
+            crate::model::layout::DRIVER_ROOT,
             plan.tree.len(),
             if d.runtime.is_empty() {
                 "none found (chroot into the driver root cannot run them)".to_owned()
@@ -185,7 +185,7 @@ impl Rendered {
             "diff": diff,
             "gpus": self.assignment.summary(),
             "driverRoot": self.tree.as_ref().map(|plan| serde_json::json!({
-                "path": crate::layout::DRIVER_ROOT,
+                "path": crate::model::layout::DRIVER_ROOT,
                 "entries": plan.tree.len(),
                 "cRuntime": driver.map(|d| d.runtime.clone()).unwrap_or_default(),
             })),
@@ -217,7 +217,7 @@ pub fn check_startable(
     inv: Option<&Inventory>,
 ) -> Result<MachineConfig> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
-    crate::image::require(&ctx.host, machine, &mc)?;
+    crate::model::image::require(&ctx.host, machine, &mc)?;
     // Render checks the GPU lists again under the lock, against the host as it is then.
     // Only lists can overlap: with fewer than two, the host is not scanned a second time.
     let lists = ctx.config.gpu_assignments(machine)?;
@@ -245,8 +245,8 @@ fn refuse_uninstalled(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<
     let uninstalled = r
         .old
         .as_deref()
-        .is_some_and(|old| old.starts_with(crate::nspawn::UNINSTALLED_HEADER));
-    let dropin = crate::units::dropin_path(machine);
+        .is_some_and(|old| old.starts_with(crate::model::nspawn::UNINSTALLED_HEADER));
+    let dropin = crate::types::units::dropin_path(machine);
     if uninstalled && r.file.binds_gate() && !ctx.host.exists(&dropin) {
         return Err(crate::error::bad_input(format!(
             "{machine} is uninstalled ({} is uninstall's and there is no \
@@ -263,11 +263,11 @@ fn refuse_uninstalled(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<
 /// lose its `Port=`, `Boot=`, `Bind=` lines without a word (install refuses it the same way).
 fn refuse_foreign_file(machine: &MachineName, r: &Rendered) -> Result<()> {
     match &r.old {
-        Some(old) if !crate::legacy::is_ours_nspawn(old.as_bytes()) => {
+        Some(old) if !crate::model::legacy::is_ours_nspawn(old.as_bytes()) => {
             Err(crate::error::bad_input(format!(
                 "{} was not written by nspawn-lifecycle-helper; replacing it would lose its settings. Put extra binds in the configuration's `mounts` and other settings in a drop-in of {}, then remove the file; nothing was written",
                 r.host_path.display(),
-                crate::units::unit_name(machine)
+                crate::types::units::unit_name(machine)
             )))
         }
         _ => Ok(()),
@@ -277,7 +277,7 @@ fn refuse_foreign_file(machine: &MachineName, r: &Rendered) -> Result<()> {
 /// The installed drop-in must be the one for the machine's `gpus` (exit 2 until `install`): an
 /// `all` drop-in would let a share open every GPU, a share's would leave an `all` machine none.
 fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
-    let dropin = crate::units::dropin_path(machine);
+    let dropin = crate::types::units::dropin_path(machine);
     match ctx.host.read_to_string(&dropin) {
         Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

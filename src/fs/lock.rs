@@ -8,7 +8,7 @@
 //!
 //! No other local user can take or block the lock, nor make root write through it: the lock
 //! directory is root's own (mode 0700, verified component by component and held as a descriptor,
-//! see [`crate::host_dir`]), so nobody else can open a lock file, even read-only for a shared
+//! see [`crate::fs::host_dir`]), so nobody else can open a lock file, even read-only for a shared
 //! `flock`, or plant anything in it. The lock file is opened relative to that descriptor without
 //! following a symlink, and must be a regular file of ours, mode 0600 or narrower, with one link.
 //! Anything else is refused (exit 1) naming the path, before a byte is written. An earlier version
@@ -17,8 +17,8 @@
 
 use crate::error::{Kind, classified};
 use crate::failpoint::{self, Point};
-use crate::host::HostRoot;
-use crate::machine_name::MachineName;
+use crate::fs::host::HostRoot;
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Directory of the lock files (under the host root): root's own, mode [`LOCK_DIR_MODE`]. Its
-/// parent holds the unit gate's drop-in too (`crate::gate::HOST_FILE`).
+/// parent holds the unit gate's drop-in too (`crate::apply::gate::HOST_FILE`).
 pub const LOCK_DIR: &str = "/run/nspawn-lifecycle/locks";
 
 /// Nobody but the helper's user may look into the lock directory.
@@ -131,7 +131,7 @@ fn take(
         Some(m) => format!("machine {m}"),
         None => "host mode".to_owned(),
     };
-    let dir = crate::host_dir::open(host, LOCK_DIR, LOCK_DIR_MODE)
+    let dir = crate::fs::host_dir::open(host, LOCK_DIR, LOCK_DIR_MODE)
         .with_context(|| format!("{who}: lock directory"))?;
     let path = dir.path().join(name);
     let file =
@@ -218,7 +218,7 @@ fn open_lock_file(dir: &std::os::fd::OwnedFd, name: &str, path: &Path) -> Result
     let euid = nix::unistd::geteuid().as_raw();
     let regular = st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFREG.bits();
     let problem = if !regular {
-        Some(format!("is {}", crate::host_dir::kind(&st)))
+        Some(format!("is {}", crate::fs::host_dir::kind(&st)))
     } else if st.st_uid != euid {
         Some(format!("is owned by uid {}, not {euid}", st.st_uid))
     } else if st.st_nlink != 1 {

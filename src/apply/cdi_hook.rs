@@ -12,13 +12,13 @@
 //!   directories we write in must be on the root's own filesystem (`RESOLVE_NO_XDEV`), so an
 //!   image symlink cannot steer a write into `/proc`, `/sys`, `/dev` or a volume;
 //! - nothing from the image is ever executed: no `ldconfig`, no shell. The linker cache is
-//!   written by [`crate::ldcache`] (see there for why), and image files are only read when they
+//!   written by [`crate::discovery::ldcache`] (see there for why), and image files are only read when they
 //!   are regular files (`/etc/ld.so.cache`), never opened if they are FIFOs or devices.
 //!
-//! The root is a [`MachineRoot`] opened as a [`crate::machine_root::RootKind::Container`]: the
+//! The root is a [`MachineRoot`] opened as a [`crate::fs::machine_root::RootKind::Container`]: the
 //! same descriptor walk the machine side uses, with `RESOLVE_NO_XDEV` on every directory.
 //!
-//! Hooks (CLI shape is stable; the CDI spec in [`crate::cdi`] writes these arguments):
+//! Hooks (CLI shape is stable; the CDI spec in [`crate::model::cdi`] writes these arguments):
 //! - `create-symlinks --link TARGET::LINK …`: make LINK (a path in the container) a symlink to
 //!   TARGET, replacing a stale symlink or file there; a directory there is an error.
 //! - `update-ldcache --lib SONAME::PATH …`: add the libraries to the container's
@@ -30,9 +30,9 @@
 //!   container's, so the driver never creates device nodes in a container that has
 //!   `CAP_MKNOD` (containerd grants it).
 
-use crate::fd_mount;
-use crate::ldcache;
-use crate::machine_root::{ImageFile, Lookup, MachineRoot, split_parent};
+use crate::discovery::ldcache;
+use crate::fs::fd_mount;
+use crate::fs::machine_root::{ImageFile, Lookup, MachineRoot, split_parent};
 use anyhow::{Context as _, Result, bail};
 use nix::sys::stat::SFlag;
 use std::io::Read as _;
@@ -132,7 +132,7 @@ fn symlink(
     root: &MachineRoot,
     target: &str,
     link: &str,
-) -> Result<crate::machine_root::LinkOutcome> {
+) -> Result<crate::fs::machine_root::LinkOutcome> {
     if target.is_empty() || target.contains('\0') {
         bail!("symlink target {target:?} for {link} is empty or holds NUL");
     }
@@ -234,7 +234,7 @@ const MAX_PARAMS: u64 = 64 << 10;
 ///
 /// The copy is made without naming a single path: a tmpfs attached nowhere, the file created
 /// through its mount descriptor, sealed read-only, and its clone attached onto the pinned
-/// target by descriptor ([`crate::fd_mount`]). No scratch directory exists for a pod to swap.
+/// target by descriptor ([`crate::fs::fd_mount`]). No scratch directory exists for a pod to swap.
 pub fn disable_device_node_modification(root: &MachineRoot, host_params: &Path) -> Result<()> {
     step(Step::HostParams);
     // The machine's own procfs (this process has not pivoted into the container): nothing of

@@ -8,8 +8,8 @@
 
 use crate::config::MachineConfig;
 use crate::error::bad_input;
-use crate::host::HostRoot;
-use crate::machine_name::MachineName;
+use crate::fs::host::HostRoot;
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result};
 use std::os::unix::fs::MetadataExt as _;
 

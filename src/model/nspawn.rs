@@ -2,12 +2,12 @@
 //!
 //! Rendering is pure and deterministic: the same inventory and config give the same bytes.
 
+use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::Inventory;
-use crate::gate;
-use crate::layout;
-use crate::machine_name::MachineName;
-use crate::paths::{HostPath, MachinePath, bind_escape};
+use crate::model::layout;
+use crate::types::machine_name::MachineName;
+use crate::types::paths::{HostPath, MachinePath, bind_escape};
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -132,7 +132,7 @@ impl NspawnFile {
                     binds.push(same(&dev.path, false));
                 }
                 // The driver root: pre-start's host tree of hard links, read-only, with the
-                // directory binds on its mount points (src/layout.rs, src/driver_tree.rs); a
+                // directory binds on its mount points (src/model/layout.rs, src/apply/driver_tree.rs); a
                 // file the tree cannot link is bound by `bind_driver_files`.
                 for b in std::iter::once(layout::tree_bind(machine.as_str())?)
                     .chain(layout::dir_binds(driver)?)
@@ -143,14 +143,14 @@ impl NspawnFile {
                         read_only: b.read_only,
                     });
                 }
-                // The CDI spec's hooks run this binary inside the machine (src/cdi_hook.rs).
+                // The CDI spec's hooks run this binary inside the machine (src/apply/cdi_hook.rs).
                 let hook = layout::hook_bind(helper);
                 binds.push(BindLine {
                     source: hook.source,
                     target: hook.target,
                     read_only: hook.read_only,
                 });
-                // containerd and kubelet wait at boot for their markers (src/gate.rs), which
+                // containerd and kubelet wait at boot for their markers (src/apply/gate.rs), which
                 // the host keeps: pre-start empties them before the boot and may release
                 // containerd, post-start releases the rest.
                 for unit in [&cfg.containerd_unit, &cfg.kubelet_unit] {
@@ -383,7 +383,7 @@ mod tests {
     fn uninstalled_file_keeps_private_users_off_mounts_and_drops_but_no_gpu() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
-        let host = crate::host::HostRoot::new(dir.path());
+        let host = crate::fs::host::HostRoot::new(dir.path());
         let m: MachineName = "kube1".parse().unwrap();
         let mc = crate::config::Config::parse(
             br#"{"defaults": {"mounts": [{"source": "/data"}],
@@ -431,7 +431,7 @@ mod tests {
             for ro in [true, false] {
                 let line = bind(s, t, ro).to_string();
                 assert_eq!(
-                    crate::paths::parse_bind_line(&line),
+                    crate::types::paths::parse_bind_line(&line),
                     Some((s.to_owned(), t.to_owned())),
                     "{line}"
                 );

@@ -8,13 +8,13 @@
 //! unit-file reader; `nspawn.rs` only renders. Everything here is pure: text in, verdict out;
 //! install turns the verdicts into plan lines.
 
-use crate::dropin::{
+use crate::model::dropin::{
     ENV, LineKind, SectionSetting, UnitLine, env_name, env_words, parse_unit, section_settings,
     with_sections,
 };
-use crate::machine_name::MachineName;
-use crate::nspawn::UNINSTALLED_HEADER;
-use crate::units::DROPIN_NAME;
+use crate::model::nspawn::UNINSTALLED_HEADER;
+use crate::types::machine_name::MachineName;
+use crate::types::units::DROPIN_NAME;
 
 /// The drop-in an older agent (and `systemctl edit`) wrote; migrated by `install`.
 pub const LEGACY_OVERRIDE: &str = "override.conf";
@@ -297,7 +297,7 @@ fn rendered_by_pre_start(s: &SectionSetting<'_>, config_binds: &[String]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dropin::Dropin;
+    use crate::model::dropin::Dropin;
 
     fn m(s: &str) -> MachineName {
         s.parse().unwrap()
@@ -308,7 +308,7 @@ mod tests {
     #[test]
     fn files_pre_start_and_uninstall_render_are_ours_and_others_are_not() {
         for uninstalled in [false, true] {
-            let file = crate::nspawn::NspawnFile {
+            let file = crate::model::nspawn::NspawnFile {
                 machine: "kube1".into(),
                 summary: "no NVIDIA GPUs".into(),
                 binds: Vec::new(),
