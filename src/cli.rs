@@ -190,7 +190,7 @@ pub enum Command {
     /// OCI hooks the CDI spec names: the container runtime runs them inside the machine as
     /// createContainer hooks, with the OCI state on stdin.
     #[command(subcommand, hide = true)]
-    CdiHook(CdiHook),
+    CdiHook(crate::types::hook::CdiHook),
 
     /// (failpoints builds only) List the crash points, one `<name>` per line.
     #[cfg(feature = "failpoints")]
@@ -240,27 +240,6 @@ pub enum HostCommand {
     },
 }
 
-/// The hooks of `cdi-hook` (see src/apply/cdi_hook.rs). This shape is what CDI specs written by
-/// earlier starts still name: keep it.
-#[derive(Debug, Subcommand)]
-pub enum CdiHook {
-    /// Make each LINK in the container a symlink to TARGET.
-    CreateSymlinks {
-        #[arg(long = "link", value_name = "TARGET::LINK", required = true)]
-        links: Vec<String>,
-    },
-    /// Add each library to the container's /etc/ld.so.cache (keeping the image's entries).
-    UpdateLdcache {
-        #[arg(long = "lib", value_name = "SONAME::PATH", required = true)]
-        libs: Vec<String>,
-    },
-    /// Cover the container's /proc/driver/nvidia/params with a copy saying ModifyDeviceFiles: 0.
-    DisableDeviceNodeModification {
-        #[command(flatten)]
-        testkit: HookTestkit,
-    },
-}
-
 /// `status`'s flags for tests: only in builds with the test kit (feature `testkit`, on for every
 /// test, bench and example build), never in the release binary.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -278,27 +257,6 @@ impl StatusTestkit {
         return self.machine_root.as_deref();
         #[cfg(not(feature = "testkit"))]
         None
-    }
-}
-
-/// The device-node hook's flag for tests: only in builds with the test kit, never in the release
-/// binary, whose hook reads the host's own parameters.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct HookTestkit {
-    /// (tests) The host's driver parameters to read instead of the host's own.
-    #[cfg(feature = "testkit")]
-    #[arg(long, value_name = "FILE", hide = true)]
-    host_params: Option<PathBuf>,
-}
-
-impl HookTestkit {
-    /// The host's driver parameters file the hook reads.
-    pub fn host_params(&self) -> &std::path::Path {
-        #[cfg(feature = "testkit")]
-        if let Some(p) = &self.host_params {
-            return p;
-        }
-        std::path::Path::new(crate::apply::cdi_hook::HOST_PARAMS)
     }
 }
 

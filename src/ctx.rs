@@ -1,6 +1,5 @@
 //! What every command gets: the host tree and the configuration loaded from it.
 
-use crate::cli::Cli;
 use crate::config::Config;
 use crate::fs::host::HostRoot;
 use anyhow::Result;
@@ -13,17 +12,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// The host tree `--host-root` names and the configuration loaded from it.
-    pub(crate) fn load(cli: &Cli) -> Result<Ctx> {
+    /// The host tree `--host-root` names (`host_root`) and the configuration loaded from it
+    /// (`--config`, or the default path in the host tree).
+    pub fn load(host_root: &std::path::Path, config: Option<&std::path::Path>) -> Result<Ctx> {
         // A mistyped --host-root must not become an empty host with verdict "none" and new files.
-        let host = HostRoot::open(&cli.host_root).map_err(|e| {
+        let host = HostRoot::open(host_root).map_err(|e| {
             crate::error::bad_input(format!(
                 "--host-root {}: not a directory that can be opened ({})",
-                cli.host_root.display(),
+                host_root.display(),
                 e.root_cause()
             ))
         })?;
-        let config = Config::load(&host, cli.config.as_deref())?;
+        let config = Config::load(&host, config)?;
         Ok(Ctx { host, config })
     }
 }

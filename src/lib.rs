@@ -12,17 +12,18 @@ pub mod fs;
 pub mod systemd;
 
 pub mod config;
+pub mod ctx;
 pub mod discovery;
 
 pub mod model;
 
 pub mod apply;
 
-pub mod cli;
-pub mod commands;
-pub mod ctx;
 pub mod logging;
 pub mod output;
+
+pub mod cli;
+pub mod commands;
 
 #[cfg(any(test, feature = "testkit"))]
 pub mod fixture;

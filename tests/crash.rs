@@ -281,7 +281,7 @@ fn pre_start_killed_mid_write_keeps_the_old_file_and_the_rerun_heals() {
     assert_eq!(std::fs::read(host.path().join(NSPAWN)).unwrap(), new);
     assert_eq!(
         std::fs::read_to_string(&gate).unwrap(),
-        nspawn_lifecycle::apply::gate::CONTENT
+        nspawn_lifecycle::model::gate::CONTENT
     );
     assert_eq!(leftovers(host.path()), Vec::<PathBuf>::new());
 

@@ -1374,8 +1374,8 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
 /// links untouched; then the no-GPU cleanup removes exactly the links and the spec.
 #[test]
 fn host_file_steps_wire_and_clean_a_host_tree() {
+    use nspawn_lifecycle::apply::executor::{FileStep, Work as _};
     use nspawn_lifecycle::apply::rewire;
-    use nspawn_lifecycle::commands::post_start::{FileStep, Work as _};
     use nspawn_lifecycle::failpoint;
     use nspawn_lifecycle::fs::machine_root;
     use nspawn_lifecycle::model::cdi;

@@ -11,7 +11,7 @@
 
 mod common;
 use common::{run_helper, snapshot, with_host_wiring};
-use nspawn_lifecycle::commands::post_start::{FileStep, Work as _};
+use nspawn_lifecycle::apply::executor::{FileStep, Work as _};
 use nspawn_lifecycle::failpoint;
 use std::path::Path;
 

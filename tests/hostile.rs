@@ -14,10 +14,10 @@ mod rewire_support;
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
 use nspawn_lifecycle::apply::rewire;
-use nspawn_lifecycle::commands::post_start::{self, Services};
 use nspawn_lifecycle::config::{Config, MachineConfig};
 use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
+use nspawn_lifecycle::systemd::services::Services;
 use nspawn_lifecycle::systemd::{ExitStatus, TransientOutcome};
 use rewire_support::*;
 use std::cell::RefCell;
@@ -331,7 +331,7 @@ fn machine_config() -> MachineConfig {
 /// the machine's own (its bytes start with "machine"), never a host decoy.
 fn import_step(root: &MachineRoot, mc: &MachineConfig) -> anyhow::Result<(usize, usize)> {
     let ctr = Ctr::default();
-    let r = post_start::import_images("kube1", root, mc, &ctr);
+    let r = nspawn_lifecycle::apply::images::import_images("kube1", root, mc, &ctr);
     for bytes in ctr.read.borrow().iter() {
         assert!(bytes.starts_with("machine"), "ctr read {bytes:?}");
     }

@@ -1,10 +1,14 @@
-//! Issue 13: no function in `src/` over 80 lines without a comment saying why. A long function
+//! No function in `src/` over 80 lines without a comment saying why. A long function
 //! mixes steps a reader has to tell apart; where one is long on purpose (a grammar's match arms,
 //! a table of test cases, one poll loop), the comment right above it says so, starting "Long on
 //! purpose" or "Over 80 lines".
 //!
 //! The CDI hooks' code (a process on what a pod controls) makes no temporary file or directory:
 //! those follow `TMPDIR`, which is the pod's.
+//!
+//! The layout shows the architecture: each top-level module imports only the modules `src/lib.rs`
+//! declares before it (types first, the commands last), no two modules import each other in a
+//! circle, and no source file but a test module is over 800 lines.
 //!
 //! And the host side goes through its descriptor (`HostRoot`, src/fs/host.rs): no product code in
 //! `src/` hands a joined host path (`host.path(…)`) to `std::fs`/`fs_err` or to a `Path` method
@@ -79,11 +83,13 @@ fn said_why(lines: &[&str], i: usize) -> bool {
         })
         .any(|l| l.contains("Long on purpose") || l.contains("Over 80 lines"))
 }
-/// Every `.rs` file under `src/`, sorted: (path relative to the crate, text).
+/// Every `.rs` file under `src/` but the unit-test modules of their own (`tests.rs`), sorted:
+/// (path relative to the crate, text).
 fn src_files() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    files.retain(|p| !p.ends_with("tests.rs"));
     files.sort();
     files
         .iter()
@@ -277,4 +283,163 @@ fn the_hooks_make_no_temporary_files() {
             );
         }
     }
+}
+
+/// The top-level modules, in the order `src/lib.rs` declares them: the layers of the crate.
+fn layers() -> Vec<String> {
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The module a source file is (`src/model/links.rs` → `model::links`, `src/model/mod.rs` →
+/// `model`); `None` for the crate root and the binary.
+fn module_of(rel: &str) -> Option<Vec<String>> {
+    let path = rel.strip_prefix("src/")?.strip_suffix(".rs")?;
+    let mut parts: Vec<String> = path.split('/').map(str::to_owned).collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    (!parts.is_empty() && parts != ["lib"] && parts != ["main"]).then_some(parts)
+}
+
+/// The modules of this crate a file's product code names (`crate::a::b::…` as `[a, b]`; `Ctx`,
+/// re-exported at the root, is `ctx`), comments and its test module left out.
+fn crate_refs(text: &str) -> Vec<Vec<String>> {
+    let code: String = product(text)
+        .lines()
+        .map(|l| match l.trim_start().starts_with("//") {
+            true => "",
+            false => l.split(" //").next().unwrap_or(l),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let path: Vec<String> = code[i + "crate::".len()..]
+            .split("::")
+            .map(|seg| {
+                seg.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .take_while(|seg| seg.starts_with(|c: char| c.is_ascii_lowercase() || c == 'C'))
+            .take(2)
+            .collect();
+        match path.first().map(String::as_str) {
+            Some("Ctx") => out.push(vec!["ctx".to_owned()]),
+            Some(_) => out.push(path),
+            None => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn each_module_imports_only_the_layers_below_it() {
+    let layers = layers();
+    let rank = |m: &str| layers.iter().position(|l| l == m);
+    let mut offenders = Vec::new();
+    for (rel, text) in src_files() {
+        let Some(me) = module_of(&rel) else { continue };
+        let mine = rank(&me[0]).unwrap_or_else(|| panic!("{rel}: {} is not in src/lib.rs", me[0]));
+        for r in crate_refs(&text) {
+            match rank(&r[0]) {
+                Some(theirs) if theirs > mine => {
+                    offenders.push(format!("{rel} ({}) imports {}", me[0], r.join("::")));
+                }
+                _ => {}
+            }
+        }
+    }
+    offenders.sort();
+    offenders.dedup();
+    assert!(
+        offenders.is_empty(),
+        "a module imports a layer above it (src/lib.rs declares the layers bottom up):\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn no_two_modules_import_each_other_in_a_circle() {
+    use std::collections::{BTreeMap, BTreeSet};
+    // Modules two levels deep (`model::links`), edges between different ones.
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, text) in src_files() {
+        let Some(me) = module_of(&rel) else { continue };
+        let me = me[..me.len().min(2)].join("::");
+        for r in crate_refs(&text) {
+            let to = r.join("::");
+            if to != me
+                && !me.starts_with(&format!("{to}::"))
+                && !to.starts_with(&format!("{me}::"))
+            {
+                edges.entry(me.clone()).or_default().insert(to);
+            }
+        }
+    }
+    // A circle: a module that reaches itself.
+    let mut circles = Vec::new();
+    for start in edges.keys() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+        while let Some((at, path)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if next == start {
+                    circles.push(format!("{} -> {start}", path.join(" -> ")));
+                } else if seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    stack.push((next.clone(), p));
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn no_source_file_is_over_800_lines_but_test_modules() {
+    let offenders: Vec<String> = src_files()
+        .into_iter()
+        .filter_map(|(rel, text)| {
+            let n = text.lines().count();
+            (n > 800).then(|| format!("{rel}: {n} lines"))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "split these by concern (a test module may live in a tests.rs of its own):\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// The check itself: it sees a layer violation and a circle in made-up sources.
+#[test]
+fn the_layer_checks_see_what_they_look_for() {
+    assert_eq!(module_of("src/model/links.rs").unwrap(), ["model", "links"]);
+    assert_eq!(module_of("src/model/mod.rs").unwrap(), ["model"]);
+    assert_eq!(module_of("src/lib.rs"), None);
+    let refs = crate_refs(
+        "use crate::model::links::DirSeen;\n// crate::apply::gate in a comment\nfn f(c: &crate::Ctx) {}\n\
+         #[cfg(test)]\nmod tests { use crate::commands::x; }",
+    );
+    assert_eq!(
+        refs,
+        [
+            vec!["model".to_owned(), "links".to_owned()],
+            vec!["ctx".to_owned()]
+        ]
+    );
 }

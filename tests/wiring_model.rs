@@ -21,7 +21,7 @@ mod common;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nspawn_lifecycle::Ctx;
-use nspawn_lifecycle::commands::post_start::{self, OnDisk};
+use nspawn_lifecycle::commands::post_start;
 use nspawn_lifecycle::commands::pre_start;
 use nspawn_lifecycle::commands::status::{self, State, Status};
 use nspawn_lifecycle::config::Config;
@@ -30,6 +30,7 @@ use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
 use nspawn_lifecycle::model::render;
 use nspawn_lifecycle::model::{Action, Change};
+use nspawn_lifecycle::systemd::services::OnDisk;
 use nspawn_lifecycle::types::machine_name::MachineName;
 use nspawn_lifecycle::{error, fixture};
 use std::os::unix::fs::symlink;

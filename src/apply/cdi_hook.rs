@@ -39,8 +39,8 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The host's driver parameters, which the driver reads `ModifyDeviceFiles` from.
-pub const HOST_PARAMS: &str = "/proc/driver/nvidia/params";
+use crate::types::hook::CdiHook;
+pub use crate::types::hook::HOST_PARAMS;
 /// Where the container sees them (its `/proc`, mounted by the runtime before the hook runs).
 const CONTAINER_PARAMS: &str = "/proc/driver/nvidia/params";
 /// The conf file naming our library directories, read by a later `ldconfig` in the container.
@@ -398,8 +398,7 @@ pub fn isolate_process() -> Result<()> {
 }
 
 /// Run one hook for the container the OCI state in `state` names.
-pub fn run(hook: &crate::cli::CdiHook, state: impl std::io::Read) -> Result<()> {
-    use crate::cli::CdiHook;
+pub fn run(hook: &CdiHook, state: impl std::io::Read) -> Result<()> {
     let pairs = |args: &[String]| -> Result<Vec<(String, String)>> {
         args.iter()
             .map(|a| split_pair(a).map(|(x, y)| (x.to_owned(), y.to_owned())))

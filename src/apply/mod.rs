@@ -4,5 +4,7 @@
 
 pub mod cdi_hook;
 pub mod driver_tree;
+pub mod executor;
 pub mod gate;
+pub mod images;
 pub mod rewire;

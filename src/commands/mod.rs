@@ -40,7 +40,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
                 return Ok(code);
             }
             let json = format == StatusFormat::Json;
-            let ctx = match Ctx::load(&cli) {
+            let ctx = match load(&cli) {
                 Ok(ctx) => ctx,
                 Err(e) if json => {
                     return Err(status::print_unjudged(
@@ -55,7 +55,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             status::status(&ctx, machine.as_ref(), *all, json, machine_root)
         }
         Command::Host(HostCommand::Status { json }) => {
-            let ctx = match Ctx::load(&cli) {
+            let ctx = match load(&cli) {
                 Ok(ctx) => ctx,
                 Err(e) if *json => return Err(status::print_unjudged(Some("host"), e)),
                 Err(e) => return Err(e),
@@ -73,7 +73,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Discover { json, exit_code } => {
-            let ctx = Ctx::load(&cli)?;
+            let ctx = load(&cli)?;
             let complete = discover::discover(&ctx, *json)?;
             Ok(if *exit_code && !complete { 3 } else { 0 })
         }
@@ -82,12 +82,17 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             exit_code,
             json,
         } => {
-            let ctx = Ctx::load(&cli)?;
+            let ctx = load(&cli)?;
             let current = plan::plan(&ctx, machine, *json)?;
             Ok(if *exit_code && !current { 9 } else { 0 })
         }
         _ => run(cli).map(|()| 0),
     }
+}
+
+/// The host tree and configuration the command line names.
+fn load(cli: &Cli) -> Result<Ctx> {
+    Ctx::load(&cli.host_root, cli.config.as_deref())
 }
 
 /// `status` for monitoring: the report, never an error (a configuration that does not load is
@@ -99,7 +104,7 @@ fn monitor(
     all: bool,
     machine_root: Option<&std::path::Path>,
 ) -> (status::metrics::Report, u8) {
-    let report = match Ctx::load(cli) {
+    let report = match load(cli) {
         Ok(ctx) => status::report(&ctx, machine, all, machine_root),
         Err(e) => status::metrics::Report {
             errors: vec![format!("{e:#}")],
@@ -148,7 +153,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         return Ok(());
     }
-    let ctx = Ctx::load(&cli)?;
+    let ctx = load(&cli)?;
     match cli.command {
         Command::NspawnLifecycle(Phase::PreStart { machine }) => {
             pre_start::pre_start(&ctx, &machine)

@@ -61,7 +61,7 @@ fn post_start_now(
         mc,
         ctx.config.helper_path().as_str(),
     )?;
-    Ok(Some(model::pending(handle.root(), &ctx.host, &desired)))
+    Ok(Some(model::pending(handle.root(), &desired)))
 }
 
 /// The text of [`post_start_now`].

@@ -2,13 +2,17 @@
 //! file, its unit gate, driver tree and device cgroup, under the machine's lock.
 
 use crate::Ctx;
+use crate::apply::driver_tree;
 use crate::apply::gate;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
 use crate::discovery::assign::Assignment;
 use crate::failpoint::Point;
+use crate::fs::host::HostRoot;
 use crate::fs::lock;
 use crate::model::device_cgroup;
+use crate::model::gate as gates;
+use crate::model::layout::{self, Tree};
 use crate::model::nspawn::describe_change;
 use crate::model::render::{Rendered, check_rendered, check_startable, render};
 use crate::types::machine_name::MachineName;
@@ -30,9 +34,9 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
     set_device_cgroup(ctx, machine, &r.assignment)
         .with_context(|| format!("pre-start of {machine}: device cgroup"))?;
     if r.file.binds_gate() && gate::write_host_file(&ctx.host)? {
-        tracing::info!(%machine, file = gate::HOST_FILE, "unit gate written");
+        tracing::info!(%machine, file = gates::HOST_FILE, "unit gate written");
     }
-    crate::apply::driver_tree::apply(&ctx.host, machine.as_str(), r)?;
+    build_tree(&ctx.host, machine.as_str(), r)?;
     if r.file.binds_gate() {
         release_for_the_boot(ctx, machine, mc)?;
     }
@@ -51,6 +55,48 @@ fn execute(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig, r: &mut Rendere
         );
     } else {
         tracing::info!(%machine, file = %r.host_path.display(), "unchanged");
+    }
+    Ok(())
+}
+
+/// pre-start's step: build (or check) the tree `r` binds; without a driver, remove the machine's
+/// tree so it holds no old driver's files. The plan links every file the tree's filesystem can
+/// hold ([`crate::model::tree::plan`]); when the kernel still refuses a link (an immutable file,
+/// a link count at its limit, an overlayfs copy-up), the file is bound instead and its bind added
+/// to the `.nspawn` file: the one way the file written differs from what `plan` showed, said in
+/// a warning.
+fn build_tree(host: &HostRoot, machine: &str, r: &mut Rendered) -> Result<()> {
+    let dir = layout::tree_host_path(machine);
+    let Some(plan) = &mut r.tree else {
+        if driver_tree::remove(host, machine)? {
+            tracing::info!(%machine, %dir, "driver tree removed: no NVIDIA driver for this machine");
+        }
+        return Ok(());
+    };
+    let built = driver_tree::ensure(host, machine, plan)?;
+    if !built.unlinked.is_empty() {
+        let named: Vec<String> = built
+            .unlinked
+            .iter()
+            .map(|(p, e)| format!("{p} ({e})"))
+            .collect();
+        tracing::warn!(
+            %machine, %dir,
+            "{} driver files could not be hard-linked into the tree and are bound instead: {}",
+            named.len(),
+            named.join(", ")
+        );
+        let tree: Tree = built
+            .unlinked
+            .iter()
+            .filter_map(|(p, _)| plan.tree.get_key_value(p))
+            .map(|(p, n)| (p.clone(), n.clone()))
+            .collect();
+        r.file.bind_driver_files(layout::file_binds(&tree)?);
+    }
+    if built.changed {
+        let bound = layout::file_binds(&plan.tree)?.len();
+        tracing::info!(%machine, %dir, entries = plan.tree.len(), bound, "driver tree built");
     }
     Ok(())
 }

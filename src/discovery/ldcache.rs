@@ -21,7 +21,7 @@
 //! `0xEAA42174`) names the `glibc-hwcaps` subdirectories that entries with bit 62 of `hwcap`
 //! refer to by index; we keep it for the image's entries.
 
-use crate::discovery::parse::{read_u32, read_u64};
+use crate::types::bytes::{read_u32, read_u64};
 use anyhow::{Result, bail};
 
 const MAGIC_NEW: &[u8] = b"glibc-ld.so.cache1.1";

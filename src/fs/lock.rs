@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Directory of the lock files (under the host root): root's own, mode [`LOCK_DIR_MODE`]. Its
-/// parent holds the unit gate's drop-in too (`crate::apply::gate::HOST_FILE`).
+/// parent holds the unit gate's drop-in too (`crate::model::gate::HOST_FILE`).
 pub const LOCK_DIR: &str = "/run/nspawn-lifecycle/locks";
 
 /// Nobody but the helper's user may look into the lock directory.

@@ -6,8 +6,8 @@
 //!   incomplete (exit 3), `RemainAfterExit=yes` so `systemctl restart` runs it again after a
 //!   driver change.
 //! - The unit gate for the host's containerd and kubelet ([`gate_dropin`], at
-//!   [`crate::apply::gate::host_dropin`]): `ConditionPathExists=` on the marker `host post-start`
-//!   creates for each unit in the host's `/run` ([`crate::apply::gate::marker`]). `/run` is a tmpfs, so
+//!   [`crate::model::gate::host_dropin`]): `ConditionPathExists=` on the marker `host post-start`
+//!   creates for each unit in the host's `/run` ([`crate::model::gate::marker`]). `/run` is a tmpfs, so
 //!   after a reboot (say, after a driver upgrade) neither service starts before host post-start
 //!   wrote the new CDI spec and released it: a boot that reaches them first skips them ("unmet
 //!   condition") and host post-start starts them. `Wants=` the oneshot, so a start of either
@@ -92,7 +92,7 @@ pub fn gate_dropin(unit: &UnitName) -> String {
 ConditionPathExists={}/%n
 Wants={UNIT}
 ",
-        crate::apply::gate::MARKER_DIR
+        crate::model::gate::MARKER_DIR
     )
 }
 
@@ -106,13 +106,13 @@ mod tests {
         let text = gate_dropin(&unit);
         assert!(text.starts_with(HEADER));
         // The same condition as the machine's gate: gate::marker names the file it waits for.
-        let condition = crate::apply::gate::CONTENT
+        let condition = crate::model::gate::CONTENT
             .lines()
             .find(|l| l.starts_with("ConditionPathExists="))
             .unwrap();
         assert!(text.contains(&format!("\n{condition}\n")), "{text}");
         assert_eq!(
-            crate::apply::gate::host_dropin(&unit),
+            crate::model::gate::host_dropin(&unit),
             "/etc/systemd/system/kubelet.service.d/50-nspawn-lifecycle-gate.conf"
         );
     }

@@ -23,6 +23,7 @@ pub mod cdi;
 pub mod device_cgroup;
 pub mod driver_root;
 pub mod dropin;
+pub mod gate;
 pub mod helper;
 pub mod host_unit;
 pub mod image;
@@ -33,8 +34,8 @@ pub mod links;
 pub mod nspawn;
 pub mod render;
 pub mod spec;
+pub mod tree;
 
-use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::fs::host::HostRoot;
@@ -209,10 +210,10 @@ impl std::fmt::Display for Change {
 }
 
 /// Everything post-start run now would change in the target at `root` to make it `d`, in the
-/// order it would: read through `root` (and the host's markers), compared part by part with the
+/// order it would: read through `root`, compared part by part with the
 /// same functions post-start applies. Reads only; a part that cannot be read is a change that
 /// fails ([`Action::Fails`]), as post-start would.
-pub fn pending(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Vec<Change> {
+pub fn pending(root: &MachineRoot, d: &Desired) -> Vec<Change> {
     let mut out = Vec::new();
     let mut part = |check: &'static str, r: Result<Vec<Change>>| match r {
         Ok(changes) => out.extend(changes),
@@ -261,7 +262,7 @@ pub fn pending(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Vec<Change> 
                 .collect()
         }),
     );
-    part("gate", gate_changes(root, host, d));
+    part("gate", gate_changes(root, d));
     out
 }
 
@@ -400,14 +401,15 @@ fn dev_char_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
 }
 
 /// A gated unit whose marker is missing waits until post-start releases it.
-fn gate_changes(root: &MachineRoot, host: &HostRoot, d: &Desired) -> Result<Vec<Change>> {
+fn gate_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
     let mut out = Vec::new();
     for unit in &d.gate {
         let (gated, released) = match d.target {
             Target::Machine => (gate::is_gated(root, unit)?, gate::is_released(root, unit)?),
+            // The host's own markers are at their path in the host's root.
             Target::Host => (
                 gate::is_gated_on_host(root, unit)?,
-                gate::Markers::of_host(host).is_released(unit)?,
+                gate::is_released(root, unit)?,
             ),
         };
         if gated && !released {

@@ -2,9 +2,9 @@
 //!
 //! Rendering is pure and deterministic: the same inventory and config give the same bytes.
 
-use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::Inventory;
+use crate::model::gate;
 use crate::model::layout;
 use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, MachinePath, bind_escape};
@@ -14,50 +14,7 @@ use std::fmt;
 /// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
 pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
 
-/// Linux capability names, index = bit number in `CapBnd` (linux/capability.h, 0 to 40).
-pub const CAPABILITIES: [&str; 41] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_DAC_READ_SEARCH",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_LINUX_IMMUTABLE",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_NET_BROADCAST",
-    "CAP_NET_ADMIN",
-    "CAP_NET_RAW",
-    "CAP_IPC_LOCK",
-    "CAP_IPC_OWNER",
-    "CAP_SYS_MODULE",
-    "CAP_SYS_RAWIO",
-    "CAP_SYS_CHROOT",
-    "CAP_SYS_PTRACE",
-    "CAP_SYS_PACCT",
-    "CAP_SYS_ADMIN",
-    "CAP_SYS_BOOT",
-    "CAP_SYS_NICE",
-    "CAP_SYS_RESOURCE",
-    "CAP_SYS_TIME",
-    "CAP_SYS_TTY_CONFIG",
-    "CAP_MKNOD",
-    "CAP_LEASE",
-    "CAP_AUDIT_WRITE",
-    "CAP_AUDIT_CONTROL",
-    "CAP_SETFCAP",
-    "CAP_MAC_OVERRIDE",
-    "CAP_MAC_ADMIN",
-    "CAP_SYSLOG",
-    "CAP_WAKE_ALARM",
-    "CAP_BLOCK_SUSPEND",
-    "CAP_AUDIT_READ",
-    "CAP_PERFMON",
-    "CAP_BPF",
-    "CAP_CHECKPOINT_RESTORE",
-];
+pub use crate::types::capabilities::CAPABILITIES;
 
 /// One `Bind=`/`BindReadOnly=` line. Both paths are checked types; `Display` escapes the `:` and
 /// `\` they may hold, so systemd-nspawn reads back exactly these two paths.

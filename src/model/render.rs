@@ -21,7 +21,7 @@ pub struct Rendered {
     pub host_path: std::path::PathBuf,
     pub old: Option<String>,
     /// The driver tree `new` binds (src/apply/driver_tree.rs), whose host copy must then exist.
-    pub tree: Option<crate::apply::driver_tree::Plan>,
+    pub tree: Option<crate::model::tree::Plan>,
     /// The new file: pre-start adds the binds of files the tree could not link, so its text
     /// ([`Rendered::text`]) and whether it binds the unit gate are read from it, never kept beside.
     pub file: NspawnFile,
@@ -70,7 +70,7 @@ pub fn render_from(
     let tree = assignment
         .view
         .complete_driver()
-        .map(|d| crate::apply::driver_tree::plan(&ctx.host, d))
+        .map(|d| crate::model::tree::plan(&ctx.host, d))
         .transpose()?;
     if let Some(plan) = &tree {
         file.bind_driver_files(crate::model::layout::file_binds(&plan.tree)?);

@@ -182,7 +182,7 @@ pub fn nvidia_tool(tool: &str) -> std::path::PathBuf {
 /// Services that must not be reached: the host file steps never call systemd.
 pub struct NoSystemd;
 
-impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
+impl nspawn_lifecycle::systemd::services::Services for NoSystemd {
     fn stop(&self, unit: &str) -> anyhow::Result<()> {
         panic!("stop {unit}")
     }
@@ -209,7 +209,7 @@ impl nspawn_lifecycle::commands::post_start::Services for NoSystemd {
 pub fn with_host_wiring<T>(
     root: &Path,
     f: impl FnOnce(
-        &nspawn_lifecycle::commands::post_start::Wiring<'_>,
+        &nspawn_lifecycle::apply::executor::Wiring<'_>,
         &nspawn_lifecycle::config::MachineConfig,
         &nspawn_lifecycle::discovery::Inventory,
         &str,
@@ -236,7 +236,7 @@ pub fn with_host_wiring<T>(
         config::DEFAULT_HELPER_PATH,
     )
     .unwrap();
-    let wiring = nspawn_lifecycle::commands::post_start::Wiring {
+    let wiring = nspawn_lifecycle::apply::executor::Wiring {
         machine: "the host",
         mc: &hc,
         host: &hroot,

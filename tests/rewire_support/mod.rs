@@ -351,7 +351,7 @@ impl DriverRootBinds {
         // As pre-start and nspawn do: the host tree, then its bind and the binds on its mount
         // points, in nspawn's order (by target).
         let hr = nspawn_lifecycle::fs::host::HostRoot::new(host);
-        let mut plan = nspawn_lifecycle::apply::driver_tree::plan(&hr, driver).unwrap();
+        let mut plan = nspawn_lifecycle::model::tree::plan(&hr, driver).unwrap();
         nspawn_lifecycle::apply::driver_tree::ensure(&hr, "kube1", &mut plan).unwrap();
         let mut binds = vec![layout::tree_bind("kube1").unwrap()];
         binds.extend(layout::dir_binds(driver).unwrap());

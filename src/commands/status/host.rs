@@ -18,6 +18,7 @@ use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::fs::machine_root::MachineRoot;
+use crate::model::gate as gates;
 use crate::model::host_unit;
 use crate::model::{Desired, Target};
 use crate::systemd::Systemd;
@@ -81,8 +82,8 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         driver_root_versions: Vec::new(),
         link_versions: Vec::new(),
         dangling_links: Vec::new(),
-        gated: gate::is_gated_on_host(&root, &hc.containerd_unit)?
-            || gate::is_gated_on_host(&root, &hc.kubelet_unit)?,
+        gated: gates::is_gated_on_host(&root, &hc.containerd_unit)?
+            || gates::is_gated_on_host(&root, &hc.kubelet_unit)?,
         gate_released: {
             let markers = gate::Markers::of_host(&ctx.host);
             markers.is_released(&hc.containerd_unit)? && markers.is_released(&hc.kubelet_unit)?
@@ -90,7 +91,7 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         driver_root_mismatch: None,
         hook_binary: None,
         pending_changes: if judged {
-            crate::model::pending(&root, &ctx.host, &desired)
+            crate::model::pending(&root, &desired)
         } else {
             Vec::new()
         },

@@ -200,8 +200,8 @@ pub fn config(data: &[u8]) {
                     assert!(mc.directory.starts_with('/'), "{mc:?}");
                     for unit in [&mc.kubelet_unit, &mc.containerd_unit] {
                         assert_reads_back(
-                            nspawn_lifecycle::apply::gate::HOST_FILE,
-                            &nspawn_lifecycle::apply::gate::dropin(unit),
+                            nspawn_lifecycle::model::gate::HOST_FILE,
+                            &nspawn_lifecycle::model::gate::dropin(unit),
                         );
                     }
                 }
