@@ -11,9 +11,13 @@ use crate::fs::host::HostRoot;
 use crate::fs::lock;
 use crate::fs::machine_root::MachineRoot;
 use crate::model::{Desired, Target};
-use crate::systemd::services::{OnDisk, Services};
+#[cfg(feature = "failpoints")]
+use crate::systemd::services::OnDisk;
+use crate::systemd::services::Services;
 use crate::types::machine_name::MachineName;
-use anyhow::{Context as _, Result};
+#[cfg(feature = "failpoints")]
+use anyhow::Context as _;
+use anyhow::Result;
 
 /// post-start of `machine` against a machine rootfs on disk, with `services` in place of its
 /// systemd: the product's lock, discovery, [`Desired`], no-GPU cleanup and, with GPUs, [`plan`]
