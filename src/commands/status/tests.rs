@@ -1,10 +1,13 @@
 //! Fixture hosts (materialized with mknod: root) and machine trees wired by post-start's own
 //! steps, with the host's binds stood in for by copies of their file names.
+use super::judge::*;
 use super::*;
 use crate::config::Config;
 use crate::fixture;
 use crate::fs::host::HostRoot;
+use crate::model::gate;
 use crate::model::layout;
+use crate::systemd::ExecRun;
 
 const OLD: &str = "580.82.07";
 const NEW: &str = "580.95.05";
