@@ -6,7 +6,7 @@
 pub mod assign;
 pub mod ldcache;
 pub mod parse;
-mod runtime;
+pub(crate) mod runtime;
 mod scan;
 mod verdict;
 

@@ -10,10 +10,15 @@
 //! futures with one `zbus::block_on`, so callers must not call them from inside an async task.
 
 mod deadline;
+mod error;
 mod machine;
 pub mod proxies;
 pub mod services;
 mod transient;
+mod wait;
+
+pub use error::{JobResult, SystemdError};
+pub use wait::{Until, wait_bus, wait_manager, wait_running};
 
 pub use machine::MachineHandle;
 pub use transient::{ExitStatus, OUTPUT_LIMIT, TransientOutcome};
@@ -41,124 +46,6 @@ const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 /// How often [`wait_manager`] retries the machine's bus and reads `SystemState`: post-start
 /// waits on it at the start of every boot, so a poll is a connection attempt, not a sleep.
 const POLL_EVERY: Duration = Duration::from_millis(25);
-
-/// How a systemd job ended (the `result` of `JobRemoved`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JobResult {
-    Done,
-    Canceled,
-    Timeout,
-    Failed,
-    Dependency,
-    Skipped,
-    Other(String),
-}
-
-impl JobResult {
-    pub fn parse(s: &str) -> JobResult {
-        match s {
-            "done" => JobResult::Done,
-            "canceled" => JobResult::Canceled,
-            "timeout" => JobResult::Timeout,
-            "failed" => JobResult::Failed,
-            "dependency" => JobResult::Dependency,
-            "skipped" => JobResult::Skipped,
-            other => JobResult::Other(other.to_owned()),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            JobResult::Done => "done",
-            JobResult::Canceled => "canceled",
-            JobResult::Timeout => "timeout",
-            JobResult::Failed => "failed",
-            JobResult::Dependency => "dependency",
-            JobResult::Skipped => "skipped",
-            JobResult::Other(s) => s,
-        }
-    }
-
-    /// What the result means, in an operator's words.
-    fn meaning(&self) -> &'static str {
-        match self {
-            JobResult::Done => "it finished",
-            JobResult::Canceled => "another job replaced it or the unit was stopped meanwhile",
-            JobResult::Timeout => "the unit's own systemd timeout expired",
-            JobResult::Failed => "the unit failed",
-            JobResult::Dependency => "a unit it depends on failed",
-            JobResult::Skipped => "the unit was not active, so there was nothing to do",
-            JobResult::Other(_) => "systemd reported an unknown result",
-        }
-    }
-}
-
-impl fmt::Display for JobResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Failures a caller may want to tell apart; everything else is a plain `anyhow` error.
-#[derive(Debug)]
-pub enum SystemdError {
-    /// A job ended with a result other than `done`.
-    Job {
-        bus: String,
-        verb: &'static str,
-        unit: String,
-        result: JobResult,
-    },
-    /// A deadline passed while waiting for `what`.
-    Timeout {
-        bus: String,
-        what: String,
-        waited: Duration,
-    },
-    /// The machine runs in a user namespace of its own (stock `-U`): host root is not root in it,
-    /// so its systemd refuses to start or stop units for us.
-    ForeignUserNamespace { machine: String, leader: u32 },
-    /// The machine's bus socket path resolves to something that is not a socket, or through a
-    /// magic link: a broken or hostile machine, not one still booting.
-    UnsafeBusSocket { machine: String, detail: String },
-}
-
-impl fmt::Display for SystemdError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SystemdError::Job {
-                bus,
-                verb,
-                unit,
-                result,
-            } => write!(
-                f,
-                "{bus}: {verb} job for {unit} ended with result '{result}' ({})",
-                result.meaning()
-            ),
-            SystemdError::Timeout { bus, what, waited } => write!(
-                f,
-                "{bus}: gave up waiting for {what} after {:.1}s (deadline passed)",
-                waited.as_secs_f64()
-            ),
-            SystemdError::ForeignUserNamespace { machine, leader } => write!(
-                f,
-                "machine {machine} (leader PID {leader}) runs in a user namespace of its own \
-                 (PrivateUsers= is not \"no\", e.g. the stock -U of systemd-nspawn@.service): host \
-                 root is unmapped inside it, so the machine's systemd would answer \"Access \
-                 denied\" to StopUnit/StartUnit; set PrivateUsers=no in \
-                 /etc/systemd/nspawn/{machine}.nspawn (pre-start renders it) and restart the machine"
-            ),
-            SystemdError::UnsafeBusSocket { machine, detail } => write!(
-                f,
-                "machine {machine}: refusing to connect to /run/dbus/system_bus_socket inside the \
-                 machine: {detail}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for SystemdError {}
 
 /// Called while a job runs with the unit's state and the time waited so far.
 pub type Progress<'a> = &'a mut dyn FnMut(&UnitState, Duration);
@@ -786,138 +673,6 @@ impl JobKind {
             JobKind::Stop => "stop",
             JobKind::Restart => "restart",
         }
-    }
-}
-
-/// What [`wait_manager`] waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Until {
-    /// The machine's manager answers on its bus, whatever its `SystemState` (`initializing` and
-    /// `starting` included: the boot goes on while the caller works).
-    Bus,
-    /// Its `SystemState` is `running` or `degraded` (the boot's jobs are done).
-    Running,
-}
-
-/// [`wait_manager`] until [`Until::Running`].
-pub fn wait_running(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
-    wait_manager(machine, Until::Running, deadline)
-}
-
-/// [`wait_manager`] until [`Until::Bus`]: the earliest moment post-start can talk to the
-/// machine's systemd (its dbus runs, so `basic.target` is reached).
-///
-/// Not PID 1's private socket (`/run/systemd/private`, there a few ms after PID 1 starts), tried
-/// on 2026-12-04 (tests/README.md, Performance): PID 1 refuses a peer without a PID in its
-/// PID namespace, which a host process is ("Incoming private connection from unprivileged
-/// client, refusing: No data available"); connected from a child forked into that namespace,
-/// every message PID 1 sends there carries the sender `org.freedesktop.systemd1`, and zbus 6.2.1
-/// rejects a message whose sender is not a unique name ("Invalid unique name"; zbus#1497).
-pub fn wait_bus(machine: &MachineHandle, deadline: Instant) -> Result<Systemd> {
-    wait_manager(machine, Until::Bus, deadline)
-}
-
-/// Wait until `machine`'s manager answers on its bus and, for [`Until::Running`], reports
-/// `SystemState` `running` or `degraded`, connecting (again) as often as needed: right after a
-/// start the machine's bus may not exist yet. Returns the connection. Fails at once for a
-/// machine in its own user namespace, when the manager reports `stopping`/`maintenance` (which
-/// do not end by waiting), or when the leader exits.
-// Over 80 lines because it is one poll loop: connecting, reading the state and deciding whether
-// waiting can still help share the `last`/`polls` bookkeeping that makes its one debug line.
-pub fn wait_manager(machine: &MachineHandle, until: Until, deadline: Instant) -> Result<Systemd> {
-    machine.check_user_namespace()?;
-    let started = Instant::now();
-    let mut conn: Option<Systemd> = None;
-    let mut last = String::from("nothing yet");
-    let mut polls = 0u32;
-    let note = |last: &mut String, now: String, polls: u32| {
-        if *last != now {
-            tracing::debug!(machine = %machine.name(), polls, "{now}");
-            *last = now;
-        }
-    };
-    loop {
-        polls += 1;
-        if conn.is_none() {
-            // Checked once above: the poll only waits for the bus.
-            match Systemd::machine_in_any_userns(machine, deadline) {
-                Ok(c) => conn = Some(c),
-                Err(e)
-                    if matches!(
-                        e.downcast_ref::<SystemdError>(),
-                        Some(SystemdError::UnsafeBusSocket { .. })
-                    ) =>
-                {
-                    return Err(e);
-                }
-                Err(e) => note(&mut last, format!("no bus yet ({e:#})"), polls),
-            }
-        }
-        if let Some(c) = &conn {
-            match c.system_state(deadline) {
-                Ok(state) => {
-                    note(&mut last, format!("SystemState '{state}'"), polls);
-                    match state.as_str() {
-                        "stopping" | "maintenance" => {
-                            return Err(anyhow!(
-                                "machine {}: its systemd reports SystemState '{state}', which \
-                                 will not turn into running by waiting",
-                                machine.name()
-                            ));
-                        }
-                        "running" | "degraded" => {
-                            tracing::info!(machine = %machine.name(), %state, polls,
-                                "machine's systemd is up after {:.2}s", started.elapsed().as_secs_f64());
-                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
-                        }
-                        _ if until == Until::Bus => {
-                            tracing::info!(machine = %machine.name(), %state, polls,
-                                "machine's systemd answers on its bus after {:.2}s (still booting)",
-                                started.elapsed().as_secs_f64());
-                            return conn.ok_or_else(|| anyhow!("unreachable: connection vanished"));
-                        }
-                        _ => {}
-                    }
-                }
-                Err(e) => {
-                    // The bus went away (the machine is still starting or restarting): reconnect.
-                    note(
-                        &mut last,
-                        format!("reading SystemState failed ({e:#})"),
-                        polls,
-                    );
-                    conn = None;
-                }
-            }
-        }
-        if !machine.leader_alive() {
-            return Err(anyhow!(
-                "machine {}: its leader (PID {}) exited while waiting for its systemd; last seen: \
-                 {last}",
-                machine.name(),
-                machine.leader()
-            ));
-        }
-        if Instant::now() + POLL_EVERY >= deadline {
-            return Err(anyhow!(SystemdError::Timeout {
-                bus: format!("machine {}", machine.name()),
-                what: match until {
-                    Until::Bus => "its systemd to answer on its bus",
-                    Until::Running => "SystemState running or degraded",
-                }
-                .into(),
-                waited: started.elapsed(),
-            })
-            .context(format!(
-                "machine {} {}; last seen: {last}",
-                machine.name(),
-                match until {
-                    Until::Bus => "did not get its systemd on its bus",
-                    Until::Running => "did not finish booting",
-                }
-            )));
-        }
-        std::thread::sleep(POLL_EVERY);
     }
 }
 

@@ -1,3 +1,4 @@
+use super::host::*;
 use super::*;
 
 /// Our drop-in for `m` under the host tree `root` (what makes a machine installed).
