@@ -72,9 +72,10 @@ pub enum Command {
         machine: MachineName,
     },
 
-    /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk.
-    /// Writes nothing. With `--exit-code`, exit 9 when pre-start would change the file. Where
-    /// pre-start would refuse the start, says so with its message and exit code.
+    /// Show the .nspawn file pre-start would write for MACHINE and a diff against the one on disk
+    /// and, while MACHINE runs, what post-start run now would change in it (the changes `status`
+    /// judges). Writes nothing. With `--exit-code`, exit 9 when pre-start would change the file.
+    /// Where pre-start would refuse the start, says so with its message and exit code.
     Plan {
         /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
         machine: MachineName,
@@ -82,7 +83,8 @@ pub enum Command {
         /// 0 when it is up to date, as `git diff --exit-code` does for scripts.
         #[arg(long)]
         exit_code: bool,
-        /// Print one JSON object (kind MachinePlan: the file, the diff, the driver root).
+        /// Print one JSON object (kind MachinePlan: the file, the diff, the driver root, and
+        /// `postStart`, post-start's changes for a running machine).
         #[arg(long)]
         json: bool,
     },

@@ -84,6 +84,37 @@ info "status kube1 after reconcile: exit $rc: $out"
 assert_eq "$(c after-reconcile-exit-0)" 0 "$rc"
 assert_match "$(c after-reconcile-new-version)" "^kube1: in sync: NVIDIA $NEWVER, $E2E_GPUS GPU" "$out"
 
+# ---- a library link removed in the running machine: status and plan show post-start's change -----
+# The wiring model: in sync exactly when post-start would change nothing. A link gone with the
+# driver unchanged is drift, plan lists the very change for the running machine, and after
+# reconcile both say nothing is pending.
+LINK=/usr/lib/x86_64-linux-gnu/libcuda.so.1
+M -m kube1 rm -f "$LINK"
+out=$(status_of kube1); rc=$?
+info "status kube1 ($LINK removed): exit $rc: $out"
+assert_eq "$(c link-removed-exit-5)" 5 "$rc"
+assert_match "$(c link-removed-named)" "^kube1: drift: post-start would make 1 change\\(s\\) in the machine: create $LINK \\(-> libcuda.so.$NEWVER\\)" "$out"
+json=$(H timeout 60 "$HP" status kube1 --json 2>/dev/null)
+assert_eq "$(c link-removed-pending)" "links create $LINK; ld-cache run ldconfig" "$(printf '%s' "$json" | python3 -c '
+import json, sys; v = json.load(sys.stdin)
+print("; ".join("%s %s %s" % (c["check"], c["action"], c["path"]) for c in v["machineState"]["pendingChanges"]))' 2>&1)"
+out=$(helper plan kube1 2>&1); rc=$?
+assert_eq "$(c plan-running-exit-0)" 0 "$rc"
+assert_match "$(c plan-says-post-start-now)" "^# post-start now \\(kube1 is running\\): 2 change\\(s\\):$" "$out"
+assert_match "$(c plan-lists-the-link)" "^#   create $LINK \\(-> libcuda.so.$NEWVER\\)$" "$out"
+assert_match "$(c plan-lists-ldconfig)" "^#   run ldconfig \\(library links change\\)$" "$out"
+json=$(helper plan kube1 --json 2>/dev/null)
+assert_eq "$(c plan-json-post-start)" "links create $LINK" "$(printf '%s' "$json" | python3 -c '
+import json, sys; v = json.load(sys.stdin)
+c = v["postStart"]["changes"][0]; print(c["check"], c["action"], c["path"])' 2>&1)"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c link-reconcile-exit-0)" 0 "$rc"
+wait_machine_up kube1 60 || fail "$(c link-machine-up)" "$(uprop ActiveState kube1)"
+assert_cmd "$(c link-made-again)" M -m kube1 test -L "$LINK"
+out=$(status_of kube1); rc=$?
+assert_eq "$(c link-after-reconcile-exit-0)" 0 "$rc"
+assert_match "$(c plan-nothing-pending)" "# post-start now \\(kube1 is running\\): nothing to change." "$(helper plan kube1 2>&1)"
+
 # ---- broken: kubelet stopped in the machine ------------------------------------------------------
 H systemctl -M kube1 stop kubelet.service
 out=$(status_of kube1); rc=$?
