@@ -16,10 +16,10 @@
 //! holder's `/proc/<pid>`) opens them by their real path, never through a `HostRoot`.
 
 use crate::failpoint::Point;
-use crate::fs::machine_root::{FileKind, in_root, openat2};
+use crate::fs::machine_root::{FileKind, Links, resolve_in_root};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, OpenHow};
+use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 use std::ffi::OsString;
 use std::io::{self, Read as _};
@@ -95,12 +95,36 @@ impl HostRoot {
         self.root.join(relative(abs.as_ref()))
     }
 
-    /// A descriptor of the host path `abs`, resolved inside the root with `flags`.
+    /// A descriptor of the host path `abs`, resolved inside the root by libpathrs
+    /// ([`resolve_in_root`]) and, unless `flags` is `O_PATH`, reopened through that descriptor
+    /// with `flags`: the inode resolved is the inode opened.
     fn at(&self, abs: &Path, flags: OFlag) -> io::Result<OwnedFd> {
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_CLOEXEC)
-            .resolve(in_root());
-        openat2(&self.fd, relative(abs), how).map_err(io)
+        let rel = relative(abs);
+        let links = if flags.contains(OFlag::O_NOFOLLOW) {
+            Links::NotLast
+        } else {
+            Links::Follow
+        };
+        let pinned =
+            resolve_in_root(&self.fd, &rel.to_string_lossy(), links).map_err(|u| {
+                match u.errno {
+                    Some(e) => io(e),
+                    None => io::Error::other(u.error),
+                }
+            })?;
+        let flags = flags - OFlag::O_NOFOLLOW;
+        if flags == OFlag::O_PATH {
+            return Ok(pinned);
+        }
+        let reopen =
+            pathrs::flags::OpenFlags::from_bits_retain(u64::from(flags.bits().cast_unsigned()));
+        pathrs::Handle::from_fd(pinned)
+            .reopen(reopen)
+            .map(OwnedFd::from)
+            .map_err(|e| match e.kind() {
+                pathrs::error::ErrorKind::OsError(Some(n)) => io::Error::from_raw_os_error(n),
+                _ => io::Error::other(e),
+            })
     }
 
     /// An `O_PATH` descriptor of `abs`, following links inside the root: names the very inode

@@ -2,9 +2,10 @@
 //!
 //! The rootfs is untrusted: root in the machine can plant symlinks (absolute or `../../..`),
 //! FIFOs, device nodes or files of the wrong type anywhere. The rules that keep the host safe:
-//! - Paths are machine-absolute strings (`/run/nvidia`) resolved from the root fd with `openat2`
-//!   `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`: a planted symlink resolves inside the machine,
-//!   never on the host, and `/proc/<pid>/…` magic links are refused. Never `root.join(p)`.
+//! - Paths are machine-absolute strings (`/run/nvidia`) resolved from the root fd by libpathrs
+//!   ([`resolve_in_root`]: `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`): a planted symlink resolves
+//!   inside the machine, never on the host, and `/proc/<pid>/…` magic links are refused. Never
+//!   `root.join(p)`.
 //! - What the helper creates, replaces or deletes is addressed as (directory fd, one name) with
 //!   `*at()` calls that never follow the last component (`mkdirat`, `symlinkat`, `renameat`,
 //!   `unlinkat`, `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`).
@@ -19,7 +20,10 @@
 //! [`MachineRoot::open_container`]): the rules are the same, the messages say "container", and
 //! every directory walked to (and so written in) must also be on the root's own filesystem
 //! (`RESOLVE_NO_XDEV`), so an image symlink cannot steer a write into `/proc`, `/sys`, `/dev` or
-//! a volume the runtime mounted.
+//! a volume the runtime mounted. libpathrs has no such flag (its resolver flags are
+//! `NO_SYMLINKS` alone), so a container's paths are resolved by `openat2` itself with
+//! `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`: the kernel's walk, refused at the
+//! first mount crossed, which a check of the final mount would not be.
 //!
 //! Ownership: the helper runs as host root and our `.nspawn` sets `PrivateUsers=no`, so host uid 0
 //! is the machine's uid 0 and everything created here is `root:root` in the machine too. A
@@ -217,6 +221,50 @@ fn beneath_no_symlinks() -> ResolveFlag {
     ResolveFlag::RESOLVE_BENEATH
         | ResolveFlag::RESOLVE_NO_SYMLINKS
         | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// Why [`resolve_in_root`] found nothing: the errno when the kernel gave one, and libpathrs's
+/// error for the message.
+#[derive(Debug)]
+pub(crate) struct Unresolved {
+    pub errno: Option<Errno>,
+    pub error: pathrs::error::Error,
+}
+
+/// How [`resolve_in_root`] treats symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Links {
+    /// Followed, inside the root, the last component too.
+    Follow,
+    /// Followed on the way; a symlink at the last component is itself what is named.
+    NotLast,
+    /// None anywhere on the way; a symlink at the last component is itself what is named.
+    None,
+}
+
+/// `path` under `root` as the root's own `/`, by libpathrs: every symlink resolved inside the
+/// root, `..` never above it, magic links refused; an `O_PATH` descriptor of what it names.
+pub(crate) fn resolve_in_root(
+    root: &OwnedFd,
+    path: &str,
+    links: Links,
+) -> std::result::Result<OwnedFd, Unresolved> {
+    use std::os::fd::AsFd as _;
+    let r = pathrs::RootRef::from_fd(root.as_fd());
+    let resolved = match links {
+        Links::Follow => r.resolve(path),
+        Links::NotLast => r.resolve_nofollow(path),
+        Links::None => r
+            .with_resolver_flags(pathrs::flags::ResolverFlags::NO_SYMLINKS)
+            .resolve_nofollow(path),
+    };
+    resolved.map(OwnedFd::from).map_err(|error| Unresolved {
+        errno: match error.kind() {
+            pathrs::error::ErrorKind::OsError(Some(n)) => Some(Errno::from_raw(n)),
+            _ => None,
+        },
+        error,
+    })
 }
 
 /// How often an `openat2` that the kernel refused with `EAGAIN` is retried.
@@ -462,10 +510,23 @@ impl MachineRoot {
     pub fn lookup_dir(&self, path: &str) -> Result<Lookup> {
         let noun = self.tree.noun();
         components(path)?;
-        let how = OpenHow::new()
-            .flags(dir_flags())
-            .resolve(in_root() | self.tree.walk());
-        match openat2(&self.fd, path, how) {
+        let opened = match self.tree {
+            RootKind::Machine => match resolve_in_root(&self.fd, path, Links::Follow) {
+                Ok(pinned) => nix::fcntl::openat(&pinned, ".", dir_flags(), Mode::empty()),
+                Err(Unresolved { errno: Some(e), .. }) => Err(e),
+                Err(u) => {
+                    return Err(anyhow::Error::new(u.error))
+                        .with_context(|| format!("opening {path} in the {noun}"));
+                }
+            },
+            RootKind::Container => {
+                let how = OpenHow::new()
+                    .flags(dir_flags())
+                    .resolve(in_root() | ResolveFlag::RESOLVE_NO_XDEV);
+                openat2(&self.fd, path, how)
+            }
+        };
+        match opened {
             Ok(fd) => Ok(Lookup::Dir(MachineDir {
                 fd,
                 path: path.to_owned(),
@@ -533,13 +594,14 @@ impl MachineRoot {
     pub fn resolves(&self, path: &str) -> Result<bool> {
         let noun = self.tree.noun();
         components(path)?;
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(in_root());
-        match openat2(&self.fd, path, how) {
+        match resolve_in_root(&self.fd, path, Links::Follow) {
             Ok(_) => Ok(true),
-            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => Ok(false),
-            Err(e) => Err(e).with_context(|| format!("resolving {path} in the {noun}")),
+            Err(Unresolved {
+                errno: Some(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR),
+                ..
+            }) => Ok(false),
+            Err(u) => Err(anyhow::Error::new(u.error))
+                .with_context(|| format!("resolving {path} in the {noun}")),
         }
     }
 
@@ -605,10 +667,23 @@ impl MachineRoot {
     pub fn pin_no_symlinks(&self, path: &str) -> Result<Option<OwnedFd>> {
         let noun = self.tree.noun();
         components(path)?;
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(in_root() | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        match openat2(&self.fd, path, how) {
+        let pinned = match self.tree {
+            RootKind::Machine => match resolve_in_root(&self.fd, path, Links::None) {
+                Ok(fd) => Ok(fd),
+                Err(Unresolved { errno: Some(e), .. }) => Err(e),
+                Err(u) => {
+                    return Err(anyhow::Error::new(u.error))
+                        .with_context(|| format!("opening {path} in the {noun}"));
+                }
+            },
+            RootKind::Container => {
+                let how = OpenHow::new()
+                    .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+                    .resolve(in_root() | ResolveFlag::RESOLVE_NO_SYMLINKS);
+                openat2(&self.fd, path, how)
+            }
+        };
+        match pinned {
             Ok(fd) => Ok(Some(fd)),
             Err(Errno::ENOENT) => Ok(None),
             Err(e) => Err(e).with_context(|| format!("opening {path} in the {noun}")),
