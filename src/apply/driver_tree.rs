@@ -8,7 +8,7 @@
 //! directory, so every name resolves inside it wherever it is seen. A file that cannot be linked
 //! — on another filesystem than the tree ([`plan`] sees it from `st_dev`), or refused by the
 //! kernel when linking (`EPERM`, `EMLINK`, …; [`ensure`] names it and the errno in one log line)
-//! — is an empty mount point with a read-only bind of the file instead, as before hard links.
+//! — is an empty mount point with a read-only bind of the file instead.
 //! The tree is built fresh beside the current one and swapped in with one
 //! `renameat2(RENAME_EXCHANGE)`, so a reader (nspawn) sees the old tree or the new, never half of
 //! one; a tree that is already exactly right is left alone (the usual restart: nothing is

@@ -11,9 +11,9 @@
 //! see [`crate::fs::host_dir`]), so nobody else can open a lock file, even read-only for a shared
 //! `flock`, or plant anything in it. The lock file is opened relative to that descriptor without
 //! following a symlink, and must be a regular file of ours, mode 0600 or narrower, with one link.
-//! Anything else is refused (exit 1) naming the path, before a byte is written. An earlier version
-//! kept the locks in `/run/lock/nspawn-lifecycle` (world-writable `/run/lock`: any user could
-//! hold a shared lock and stop every start, or pre-create the directory and a symlink in it).
+//! Anything else is refused (exit 1) naming the path, before a byte is written. Not under the
+//! world-writable `/run/lock`: any user could hold a shared lock there and stop every start, or
+//! pre-create the directory and a symlink in it.
 
 use crate::error::{Kind, classified};
 use crate::failpoint::{self, Point};

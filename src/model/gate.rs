@@ -98,7 +98,7 @@ pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
 /// [`MARKER_DIR`] in the machine, so what the drop-in's `ConditionPathExists=` looks at is the
 /// host's: pre-start can release containerd before the machine boots ([`crate::apply::gate::prepare_boot`]), and
 /// only the helper (on the host) ever creates or removes a marker. pre-start empties it at every
-/// start, so every boot is gated afresh, as the machine's own `/run` tmpfs used to make it.
+/// start, so every boot is gated afresh.
 pub fn machine_marker_dir(machine: &str) -> String {
     format!("{MACHINES_DIR}/{machine}/released")
 }

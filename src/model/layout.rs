@@ -27,8 +27,8 @@ use crate::types::paths::{HostPath, MachinePath};
 use anyhow::Result;
 use std::collections::BTreeSet;
 
-/// Where earlier versions bound whole host directories (`lib/<n>`, `bin/`, …). Nothing is bound
-/// there any more; links into it that an older version left in a machine are stale and removed.
+/// The legacy layout's directory of whole host directories bound into a machine (`lib/<n>`,
+/// `bin/`, …). Nothing is bound there; links into it found in a machine are stale and removed.
 pub const LEGACY_HOST_NVIDIA: &str = "/run/host-nvidia";
 /// The driver root in the machine: shaped like a host driver install, made of bind mounts.
 pub const DRIVER_ROOT: &str = "/run/nvidia/driver";

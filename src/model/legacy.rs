@@ -50,7 +50,7 @@ fn is_ours_device(spec: &str) -> bool {
 }
 
 /// A hook or clean-up command ours replaces: `machinectl terminate <machine>` (any prefix, any
-/// path) or any earlier version of this helper (`nspawn-lifecycle*`).
+/// path) or any helper of ours, whatever its name or path (`nspawn-lifecycle*`).
 fn is_ours_command(value: &str, machine: &MachineName) -> bool {
     let cmd = value.trim_start_matches(['-', '@', ':', '+', '!']);
     let mut words = cmd.split_whitespace();

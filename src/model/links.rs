@@ -7,8 +7,8 @@
 //!   tree's shape does not depend on how discovery found the host's library dirs. SONAME names
 //!   point at the versioned name beside them (`libcuda.so.1 → libcuda.so.<ver>`): exactly what
 //!   `ldconfig` writes, so the `ldconfig` run that follows leaves them alone and the next start
-//!   finds nothing to change. Links into `/run/host-nvidia`, where older versions bound the
-//!   host's directories, are stale and removed.
+//!   finds nothing to change. Links into `/run/host-nvidia` (the legacy layout's binds of the
+//!   host's directories) are stale and removed.
 //! - The driver's tools get `/usr/bin/<tool> → /run/nvidia/driver/usr/bin/<tool>`, so
 //!   `nvidia-smi` is on the machine's PATH; removed like the library links when GPUs go. A real
 //!   file the image has at that name is left alone (and reported).

@@ -100,7 +100,7 @@ impl std::fmt::Display for Rendered {
 
 fn plan_text(r: &Rendered) -> String {
     let shown = r.host_path.display().to_string();
-    // `all` (the default) shows nothing new: every GPU, as before the setting existed.
+    // `all` (the default) shows nothing more: every GPU.
     let mut out = match r.assignment.setting {
         Gpus::All => String::new(),
         _ => format!(

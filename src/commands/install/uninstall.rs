@@ -23,7 +23,7 @@ pub(super) fn plan_uninstall(ctx: &Ctx, machine: &MachineName) -> Result<Plan> {
 }
 
 /// pre-start's driver tree of the machine: hard links of the host's driver files, which would
-/// keep an old driver's files on disk after an upgrade (and the one of older versions on `/run`);
+/// keep an old driver's files on disk after an upgrade (and the legacy layout's tree on `/run`);
 /// and the machine's unit-gate markers on the host (pre-start's and post-start's).
 pub(super) fn tree_removal(host: &HostRoot, machine: &MachineName, plan: &mut Plan) {
     for (dir, what) in [
