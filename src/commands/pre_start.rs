@@ -82,7 +82,8 @@ fn build_tree(host: &HostRoot, machine: &str, r: &mut Rendered) -> Result<()> {
             .collect();
         tracing::warn!(
             %machine, %dir,
-            "{} driver files could not be hard-linked into the tree and are bound instead: {}",
+            "{} driver files could not be hard-linked into the tree and are bound instead (the \
+             .nspawn file written binds them, which `plan` could not foresee): {}",
             named.len(),
             named.join(", ")
         );

@@ -184,6 +184,24 @@ pub struct MachineFacts {
     pub pending_changes: Vec<Change>,
 }
 
+#[cfg(test)]
+impl MachineFacts {
+    /// A running target with no NVIDIA state at all and nothing pending (tests add to it).
+    pub(crate) fn bare() -> MachineFacts {
+        MachineFacts {
+            cdi_spec: SpecFacts::missing("/var/run/cdi/nvidia.com-gpu.json".into()),
+            driver_root_versions: Vec::new(),
+            link_versions: Vec::new(),
+            dangling_links: Vec::new(),
+            gated: false,
+            gate_released: false,
+            driver_root_mismatch: None,
+            hook_binary: None,
+            pending_changes: Vec::new(),
+        }
+    }
+}
+
 /// A unit and its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -190,14 +190,14 @@ pub fn ours(seen: &DirSeen) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// A library or tool directory: our links that are not wanted go, then every wanted link is
-/// made. Anything that is not a symlink is never removed or replaced.
-pub fn diff_lib_dir(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
+/// A directory's difference: `ours` that are not wanted go, then every wanted link is made.
+/// Anything that is not a symlink is never removed or replaced.
+fn diff_dir(seen: &DirSeen, ours: Vec<(&str, &str)>, wanted: &DirLinks) -> DirDiff {
     let mut out = DirDiff {
         path: seen.path.clone(),
         ..DirDiff::default()
     };
-    for (name, target) in ours(seen) {
+    for (name, target) in ours {
         if !wanted.contains_key(name) {
             out.ops.push((
                 name.to_owned(),
@@ -209,6 +209,12 @@ pub fn diff_lib_dir(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
     }
     out.wanted(seen, wanted);
     out
+}
+
+/// A library or tool directory: our links ([`ours`]) that are not wanted go, then every wanted
+/// link is made.
+pub fn diff_lib_dir(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
+    diff_dir(seen, ours(seen), wanted)
 }
 
 /// Our NVIDIA links in `/dev/char` ([`is_nvidia_dev_char`] at a `<major>:<minor>` name, or at
@@ -227,24 +233,10 @@ pub fn ours_dev_char(seen: &DirSeen) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// `/dev/char`: our NVIDIA links that are not wanted go, then every wanted link is made.
+/// `/dev/char`: our NVIDIA links ([`ours_dev_char`]) that are not wanted go, then every wanted
+/// link is made.
 pub fn diff_dev_char(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
-    let mut out = DirDiff {
-        path: seen.path.clone(),
-        ..DirDiff::default()
-    };
-    for (name, target) in ours_dev_char(seen) {
-        if !wanted.contains_key(name) {
-            out.ops.push((
-                name.to_owned(),
-                LinkOp::Remove {
-                    target: target.to_owned(),
-                },
-            ));
-        }
-    }
-    out.wanted(seen, wanted);
-    out
+    diff_dir(seen, ours_dev_char(seen), wanted)
 }
 
 /// Visit every library and tool directory post-start keeps links in, in the order it changes

@@ -8,7 +8,7 @@
 //! is asked: the files alone are judged.
 
 #[cfg(test)]
-use super::{MachineFacts, SpecFacts};
+use super::MachineFacts;
 use super::{
     Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, helper_facts,
     inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
@@ -150,20 +150,13 @@ mod tests {
             &inv,
             Observed {
                 machine: Some(MachineFacts {
-                    cdi_spec: SpecFacts::missing("/var/run/cdi/x.json".into()),
-                    driver_root_versions: Vec::new(),
-                    link_versions: Vec::new(),
-                    dangling_links: Vec::new(),
-                    gated: false,
-                    gate_released: false,
-                    driver_root_mismatch: None,
-                    hook_binary: None,
                     pending_changes: vec![crate::model::Change {
                         check: "ld-cache",
                         action: crate::model::Action::Run,
                         path: "ldconfig".into(),
                         detail: "/etc/ld.so.cache does not list the driver's libraries".into(),
                     }],
+                    ..MachineFacts::bare()
                 }),
                 ..Observed::default()
             },

@@ -215,17 +215,7 @@ fn judge(m: &Path, host: &HostRoot, inv: &Inventory) -> Status {
 
 /// A running machine with no NVIDIA state at all.
 fn bare_facts() -> MachineFacts {
-    MachineFacts {
-        cdi_spec: SpecFacts::missing("/var/run/cdi/nvidia.com-gpu.json".into()),
-        driver_root_versions: Vec::new(),
-        link_versions: Vec::new(),
-        dangling_links: Vec::new(),
-        gated: false,
-        gate_released: false,
-        driver_root_mismatch: None,
-        hook_binary: None,
-        pending_changes: Vec::new(),
-    }
+    MachineFacts::bare()
 }
 
 fn checks(s: &Status) -> Vec<(State, &'static str)> {
