@@ -477,6 +477,17 @@ impl MachineRoot {
         Ok(())
     }
 
+    /// `path` resolved in the root by [`resolve_in_root`]: the errno of a path that does not
+    /// resolve, for the caller to tell apart; an error for anything else libpathrs refuses.
+    fn resolve(&self, path: &str, links: Links) -> Result<nix::Result<OwnedFd>> {
+        match resolve_in_root(&self.fd, path, links) {
+            Ok(fd) => Ok(Ok(fd)),
+            Err(Unresolved { errno: Some(e), .. }) => Ok(Err(e)),
+            Err(u) => Err(anyhow::Error::new(u.error))
+                .with_context(|| format!("resolving {path} in the {}", self.tree.noun())),
+        }
+    }
+
     /// The host path the root was opened from.
     pub fn origin(&self) -> &Path {
         &self.origin
@@ -511,14 +522,9 @@ impl MachineRoot {
         let noun = self.tree.noun();
         components(path)?;
         let opened = match self.tree {
-            RootKind::Machine => match resolve_in_root(&self.fd, path, Links::Follow) {
-                Ok(pinned) => nix::fcntl::openat(&pinned, ".", dir_flags(), Mode::empty()),
-                Err(Unresolved { errno: Some(e), .. }) => Err(e),
-                Err(u) => {
-                    return Err(anyhow::Error::new(u.error))
-                        .with_context(|| format!("opening {path} in the {noun}"));
-                }
-            },
+            RootKind::Machine => self
+                .resolve(path, Links::Follow)?
+                .and_then(|pinned| nix::fcntl::openat(&pinned, ".", dir_flags(), Mode::empty())),
             RootKind::Container => {
                 let how = OpenHow::new()
                     .flags(dir_flags())
@@ -594,14 +600,10 @@ impl MachineRoot {
     pub fn resolves(&self, path: &str) -> Result<bool> {
         let noun = self.tree.noun();
         components(path)?;
-        match resolve_in_root(&self.fd, path, Links::Follow) {
+        match self.resolve(path, Links::Follow)? {
             Ok(_) => Ok(true),
-            Err(Unresolved {
-                errno: Some(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR),
-                ..
-            }) => Ok(false),
-            Err(u) => Err(anyhow::Error::new(u.error))
-                .with_context(|| format!("resolving {path} in the {noun}")),
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("resolving {path} in the {noun}")),
         }
     }
 
@@ -668,14 +670,7 @@ impl MachineRoot {
         let noun = self.tree.noun();
         components(path)?;
         let pinned = match self.tree {
-            RootKind::Machine => match resolve_in_root(&self.fd, path, Links::None) {
-                Ok(fd) => Ok(fd),
-                Err(Unresolved { errno: Some(e), .. }) => Err(e),
-                Err(u) => {
-                    return Err(anyhow::Error::new(u.error))
-                        .with_context(|| format!("opening {path} in the {noun}"));
-                }
-            },
+            RootKind::Machine => self.resolve(path, Links::None)?,
             RootKind::Container => {
                 let how = OpenHow::new()
                     .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
