@@ -483,6 +483,11 @@ fn gpu_mutations() -> Vec<Mutation> {
             apply: corrupt_helper,
         },
         Mutation {
+            name: "the machine's unit drop-in edited",
+            mend: Mend::InstallAndRestart,
+            apply: edit_dropin,
+        },
+        Mutation {
             name: "the driver upgraded",
             mend: Mend::Restart,
             apply: |n| {
@@ -514,6 +519,17 @@ fn gpu_mutations() -> Vec<Mutation> {
             },
         },
     ]
+}
+
+/// A line added to the machine's unit drop-in by hand.
+fn edit_dropin(n: &mut Node) -> bool {
+    let p = n.h().join(format!(
+        "etc/systemd/system/systemd-nspawn@{MACHINE}.service.d/50-nspawn-lifecycle.conf"
+    ));
+    let mut text = std::fs::read_to_string(&p).unwrap();
+    text.push_str("# edited by hand\n");
+    std::fs::write(p, text).unwrap();
+    true
 }
 
 /// Garbage written over the installed helper, in place.
@@ -565,6 +581,11 @@ fn no_gpu_mutations() -> Vec<Mutation> {
             mend: Mend::InstallAndRestart,
             apply: corrupt_helper,
         },
+        Mutation {
+            name: "the machine's unit drop-in edited",
+            mend: Mend::InstallAndRestart,
+            apply: edit_dropin,
+        },
     ]
 }
 
@@ -606,7 +627,9 @@ fn mutate(t: &mut Tally, n: &mut Node, m: &Mutation) -> bool {
         format!("nothing pending; status: {}", s.summary)
     });
     let by_post_start = pending.iter().all(Change::by_post_start);
-    let fails = pending.iter().any(|c| c.action == Action::Fails)
+    let fails = pending
+        .iter()
+        .any(|c| matches!(c.action, Action::Fails | Action::Install))
         || s.findings.iter().any(|f| f.check == "next-start");
     let class = match (by_post_start, fails) {
         (true, false) => Mend::PostStart,

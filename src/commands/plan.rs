@@ -61,7 +61,14 @@ fn post_start_now(
         mc,
         ctx.config.helper_path().as_str(),
     )?;
-    Ok(Some(model::pending(handle.root(), &desired)))
+    let mut changes = model::pending(handle.root(), &desired);
+    changes.extend(crate::model::dropin::Dropin::pending(
+        &ctx.host,
+        machine,
+        ctx.config.helper_path(),
+        &mc.gpus,
+    )?);
+    Ok(Some(changes))
 }
 
 /// The text of [`post_start_now`].

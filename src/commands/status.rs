@@ -433,6 +433,17 @@ pub fn machine_status(
     .with_context(|| format!("status of {machine}"))?;
     let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
+    // The drop-in is install's: what the next start runs, against what install writes now.
+    if let Some(m) = observed.machine.as_mut()
+        && let Some(change) = crate::model::dropin::Dropin::pending(
+            &ctx.host,
+            machine,
+            ctx.config.helper_path(),
+            &mc.gpus,
+        )?
+    {
+        m.pending_changes.push(change);
+    }
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(desired.helper.clone());
     observed.next_start = crate::model::render::as_pre_start(ctx, machine, host_inv)

@@ -152,6 +152,8 @@ pub enum Action {
     Restart,
     /// post-start would fail here: something a person must mend first.
     Fails,
+    /// Only `install` rewrites it (the machine's unit drop-in).
+    Install,
 }
 
 impl Action {
@@ -165,6 +167,7 @@ impl Action {
             Action::Release => "release",
             Action::Restart => "restart",
             Action::Fails => "fails",
+            Action::Install => "install",
         }
     }
 }
@@ -195,7 +198,10 @@ impl Change {
 
     /// Whether post-start run now makes it.
     pub fn by_post_start(&self) -> bool {
-        !matches!(self.action, Action::Restart | Action::Fails)
+        !matches!(
+            self.action,
+            Action::Restart | Action::Fails | Action::Install
+        )
     }
 }
 

@@ -356,7 +356,9 @@ pub(super) fn judge_pending(
     };
     for check in checks {
         let part: Vec<&Change> = changes.iter().filter(|c| c.check == check).collect();
-        let failing = part.iter().find(|c| c.action == Action::Fails);
+        let failing = part
+            .iter()
+            .find(|c| matches!(c.action, Action::Fails | Action::Install));
         let links_change = changes.iter().any(|c| c.check == "links");
         if findings.iter().any(|f| f.check == check)
             || (failing.is_none() && (explained || (check == "ld-cache" && links_change)))
@@ -364,6 +366,16 @@ pub(super) fn judge_pending(
             continue;
         }
         let (state, message) = match failing {
+            Some(c) if c.action == Action::Install => (
+                State::Broken,
+                format!(
+                    "{} {}: the next start runs what it names; run \
+                     `nspawn-lifecycle-helper install {}`",
+                    c.path,
+                    c.detail,
+                    subject.name()
+                ),
+            ),
             Some(c) => (
                 State::Broken,
                 format!("{post_start} would fail {}: {}", subject.inside(), c.detail),
