@@ -26,6 +26,8 @@ results=tests/bench/results
 mkdir -p "$results"
 target=$(rustc -vV | sed -n 's/^host: //p')
 cargo build --locked --release     # static: .cargo/config.toml
+# `status` is measured with the test kit's --machine-root, which the product binary does not have.
+cargo build --locked --release --features testkit --target-dir target/testkit
 helper=$PWD/target/$target/release/nspawn-lifecycle-helper
 cargo bench --locked --bench hooks --no-run
 

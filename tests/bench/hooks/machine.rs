@@ -19,7 +19,8 @@ use std::path::Path;
 pub const OTHER_LIBS: usize = 150;
 
 /// Build a Debian-like machine root at `root`: merged /usr, `var/run → ../run`, the multiarch
-/// dir with [`OTHER_LIBS`] unrelated libraries, empty `/etc/cdi` and `/dev/char`.
+/// dir with [`OTHER_LIBS`] unrelated libraries, the loader's config naming it, empty `/etc/cdi`
+/// and `/dev/char`.
 pub fn skeleton(root: &Path) -> Result<()> {
     let at = |p: &str| root.join(p);
     for d in [
@@ -35,6 +36,7 @@ pub fn skeleton(root: &Path) -> Result<()> {
     symlink("usr/lib", at("lib")).context("lib link")?;
     symlink("usr/bin", at("bin")).context("bin link")?;
     symlink("../run", at("var/run")).context("var/run link")?;
+    fs_err::write(at("etc/ld.so.conf"), "/usr/lib/x86_64-linux-gnu\n")?;
     for k in 0..OTHER_LIBS {
         let file = format!("libother{k:03}.so.1.2.3");
         fs_err::write(at(&format!("usr/lib/x86_64-linux-gnu/{file}")), b"ELF")?;

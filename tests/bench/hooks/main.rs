@@ -73,10 +73,14 @@ struct Opts {
     system_libs: usize,
     /// Free text recorded in the results, e.g. which helper build this is.
     label: String,
+    /// The helper `status` is measured with: a release build with the test kit, whose `status`
+    /// takes `--machine-root` (the product's does not).
+    status_helper: PathBuf,
 }
 
 const USAGE: &str = "cargo bench --bench hooks -- [--runs N] [--warmup N] [--out FILE] [--helper PATH] [--compare PATH] \
-[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process | --in-process a,b] [--system-libs N] [--label TEXT]";
+[--hosts a,b] [--work-dir DIR] [--machine-dir DIR] [--keep] [--no-processes] [--no-in-process | --in-process a,b] [--system-libs N] [--label TEXT] \
+[--status-helper PATH]";
 
 fn opts() -> Result<Option<Opts>> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -98,6 +102,10 @@ fn opts() -> Result<Option<Opts>> {
         processes: true,
         in_process: IN_PROCESS.iter().map(|s| (*s).to_owned()).collect(),
         label: String::new(),
+        status_helper: manifest.join(format!(
+            "target/testkit/{}-unknown-linux-gnu/release/nspawn-lifecycle-helper",
+            std::env::consts::ARCH
+        )),
         system_libs: 500,
     };
     while let Some(a) = args.next() {
@@ -111,6 +119,7 @@ fn opts() -> Result<Option<Opts>> {
             "--warmup" => o.warmup = value()?.parse().context("--warmup")?,
             "--out" => o.out = value()?.into(),
             "--helper" => o.helper = value()?.into(),
+            "--status-helper" => o.status_helper = value()?.into(),
             "--compare" => o.compare = Some(value()?.into()),
             "--hosts" => o.hosts = Some(value()?.split(',').map(str::to_owned).collect()),
             "--work-dir" => o.work_dir = value()?.into(),
@@ -235,6 +244,25 @@ fn real_main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the benchmark builds fixture hosts with real device nodes (mknod): run it as root");
     }
+    if o.processes && !o.status_helper.is_file() {
+        bail!(
+            "{} missing: `status` is measured with a release build with the test kit (its \
+             --machine-root): cargo build --release --features testkit --target-dir \
+             target/testkit (tests/bench/run.sh does), or pass --status-helper",
+            o.status_helper.display()
+        );
+    }
+    // The machine's driver root is bound read-only as systemd-nspawn binds it, in a mount
+    // namespace of this process alone (still single-threaded here).
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making / private")?;
     if !o.helper.is_file() {
         bail!(
             "{} missing: build it first (tests/bench/run.sh does: RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target {}-unknown-linux-gnu), or pass --helper",
@@ -485,23 +513,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
         if !install.status.success() {
             bail!("install: {}", String::from_utf8_lossy(&install.stderr));
         }
-        // The driver root nspawn binds there: pre-start's tree, copied (another filesystem).
-        let tree = root
-            .join("var/lib/nspawn-lifecycle/driver-root")
-            .join(MACHINE);
-        if tree.is_dir() {
-            let driver_root = dir.join("run/nvidia/driver");
-            fs_err::create_dir_all(driver_root.parent().unwrap_or(&dir))?;
-            let cp = Command::new("cp")
-                .arg("-a")
-                .arg(&tree)
-                .arg(&driver_root)
-                .status()
-                .context("cp -a")?;
-            if !cp.success() {
-                bail!("cp -a {} {}", tree.display(), driver_root.display());
-            }
-        }
+        // The driver root as nspawn binds it: pre-start's tree and the binds inside it, from the
+        // `.nspawn` file install wrote, read-only.
+        let mounted = bind_driver_root(&root, &dir)?;
         // And the NVIDIA device nodes nspawn binds into /dev.
         for e in fs_err::read_dir(root.join("dev"))? {
             let e = e?;
@@ -519,8 +533,17 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
                 }
             }
         }
+        // The machine's own loader cache, as post-start's `ldconfig` leaves it.
+        let ld = Command::new("ldconfig")
+            .arg("-r")
+            .arg(&dir)
+            .status()
+            .context("ldconfig -r")?;
+        if !ld.success() {
+            bail!("ldconfig -r {}", dir.display());
+        }
         let status = || {
-            let mut c = Command::new(&o.helper);
+            let mut c = Command::new(&o.status_helper);
             c.arg("--host-root")
                 .arg(&root)
                 .args(["status", MACHINE, "--machine-root"])
@@ -543,6 +566,10 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             }
         }
         series.insert("status", st);
+        for at in mounted.iter().rev() {
+            nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH)
+                .with_context(|| format!("unmounting {}", at.display()))?;
+        }
     }
 
     for s in series.values_mut() {
@@ -813,4 +840,47 @@ fn tables(r: &Results) -> String {
         );
     }
     s
+}
+
+/// What systemd-nspawn makes of the `.nspawn` file install wrote under `root` for the driver
+/// root: every `BindReadOnly=` into `/run/nvidia/driver`, made in `machine` and remounted
+/// read-only. Returns the mount points, outermost first.
+fn bind_driver_root(root: &Path, machine: &Path) -> Result<Vec<PathBuf>> {
+    use nix::mount::{MsFlags, mount};
+    let text = fs_err::read_to_string(root.join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")))?;
+    let mut mounted = Vec::new();
+    for spec in text.lines().filter_map(|l| l.strip_prefix("BindReadOnly=")) {
+        let (source, target) = spec.split_once(':').unwrap_or((spec, spec));
+        if !target.starts_with("/run/nvidia/driver") {
+            continue;
+        }
+        let from = root.join(source.trim_start_matches('/'));
+        let at = machine.join(target.trim_start_matches('/'));
+        if !at.exists() {
+            fs_err::create_dir_all(at.parent().unwrap_or(machine))?;
+            if from.is_dir() {
+                fs_err::create_dir(&at)?;
+            } else {
+                fs_err::write(&at, b"")?;
+            }
+        }
+        mount(
+            Some(&from),
+            &at,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .with_context(|| format!("binding {} at {}", from.display(), at.display()))?;
+        mount(
+            None::<&str>,
+            &at,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .with_context(|| format!("read-only {}", at.display()))?;
+        mounted.push(at);
+    }
+    Ok(mounted)
 }
