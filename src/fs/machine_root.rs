@@ -236,8 +236,6 @@ pub(crate) struct Unresolved {
 pub(crate) enum Links {
     /// Followed, inside the root, the last component too.
     Follow,
-    /// Followed on the way; a symlink at the last component is itself what is named.
-    NotLast,
     /// None anywhere on the way; a symlink at the last component is itself what is named.
     None,
 }
@@ -253,7 +251,6 @@ pub(crate) fn resolve_in_root(
     let r = pathrs::RootRef::from_fd(root.as_fd());
     let resolved = match links {
         Links::Follow => r.resolve(path),
-        Links::NotLast => r.resolve_nofollow(path),
         Links::None => r
             .with_resolver_flags(pathrs::flags::ResolverFlags::NO_SYMLINKS)
             .resolve_nofollow(path),
