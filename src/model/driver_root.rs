@@ -40,45 +40,75 @@ pub struct Expected {
     parents: BTreeSet<String>,
 }
 
-impl Expected {
-    /// Stat every host source discovery names now: the facts the tree must match.
-    pub fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
-        let (mut links, mut contents, mut sources) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
-        for (p, n) in crate::model::layout::driver_tree(driver)? {
-            match n {
-                TreeNode::Link(t) => {
-                    links.insert(p, t);
-                }
-                TreeNode::File(bytes) => {
-                    contents.insert(p, bytes);
-                }
-                TreeNode::Hard(source) | TreeNode::Bound(source) => {
-                    sources.push((p, source, false))
-                }
-                TreeNode::Dir => {}
+/// The device and inode of each host file or directory a driver root is made of, by host path.
+pub type HostIds = BTreeMap<String, (u64, u64)>;
+
+/// What a driver root holds for `driver`, by path in the tree: its SONAME links, the files
+/// pre-start writes (their bytes), and the host sources it binds or links (path, host path,
+/// whether a directory).
+type Parts = (
+    BTreeMap<String, String>,
+    BTreeMap<String, Vec<u8>>,
+    Vec<(String, String, bool)>,
+);
+
+fn parts(driver: &UserspaceDriver) -> Result<Parts> {
+    let (mut links, mut contents, mut sources) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
+    for (p, n) in crate::model::layout::driver_tree(driver)? {
+        match n {
+            TreeNode::Link(t) => {
+                links.insert(p, t);
             }
+            TreeNode::File(bytes) => {
+                contents.insert(p, bytes);
+            }
+            TreeNode::Hard(source) | TreeNode::Bound(source) => sources.push((p, source, false)),
+            TreeNode::Dir => {}
         }
-        for b in driver_binds(driver)?.into_iter().filter(|b| b.dir) {
-            let rel = b
-                .target
-                .strip_prefix(DRIVER_ROOT)
-                .and_then(|r| r.strip_prefix('/'))
-                .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
-                .to_owned();
-            sources.push((rel, b.source.to_string(), true));
-        }
-        let mut files = BTreeMap::new();
-        for (rel, source, dir) in sources {
-            let st = host.metadata(source.as_str()).with_context(|| {
-                format!(
-                    "host driver file {source} (stat {})",
-                    host.path(source.as_str()).display()
-                )
-            })?;
-            let (dev, ino) = (
+    }
+    for b in driver_binds(driver)?.into_iter().filter(|b| b.dir) {
+        let rel = b
+            .target
+            .strip_prefix(DRIVER_ROOT)
+            .and_then(|r| r.strip_prefix('/'))
+            .with_context(|| format!("bind target {} is outside {DRIVER_ROOT}", b.target))?
+            .to_owned();
+        sources.push((rel, b.source.to_string(), true));
+    }
+    Ok((links, contents, sources))
+}
+
+/// The facts a driver root is checked against: stat every host source of `driver` now.
+pub fn host_ids(host: &HostRoot, driver: &UserspaceDriver) -> Result<HostIds> {
+    let mut ids = HostIds::new();
+    for (_, source, _) in parts(driver)?.2 {
+        let st = host.metadata(source.as_str()).with_context(|| {
+            format!(
+                "host driver file {source} (stat {})",
+                host.path(source.as_str()).display()
+            )
+        })?;
+        ids.insert(
+            source,
+            (
                 std::os::unix::fs::MetadataExt::dev(&st),
                 std::os::unix::fs::MetadataExt::ino(&st),
-            );
+            ),
+        );
+    }
+    Ok(ids)
+}
+
+impl Expected {
+    /// The driver root as it must be for `driver` with the host's files `ids` ([`host_ids`]).
+    /// Pure; a source `ids` does not name is an error (the facts are of another driver).
+    pub fn from_ids(driver: &UserspaceDriver, ids: &HostIds) -> Result<Expected> {
+        let (links, contents, sources) = parts(driver)?;
+        let mut files = BTreeMap::new();
+        for (rel, source, dir) in sources {
+            let (dev, ino) = *ids
+                .get(&source)
+                .with_context(|| format!("no identity of host driver file {source} (a bug)"))?;
             files.insert(rel, Wanted { dev, ino, dir });
         }
         let mut parents = BTreeSet::new();
@@ -95,6 +125,11 @@ impl Expected {
             contents,
             parents,
         })
+    }
+
+    /// [`Expected::from_ids`] with the host's files stat'ed now.
+    pub fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
+        Expected::from_ids(driver, &host_ids(host, driver)?)
     }
 
     /// How many entries the check compares.
@@ -373,5 +408,52 @@ pub fn verify(root: &MachineRoot, host: &HostRoot, driver: &UserspaceDriver) -> 
     match diff(&want, &observe(root, &want)?).message(&want) {
         Some(why) => Err(anyhow::anyhow!(why)),
         None => Ok(want.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::{DriverFile, LibDir};
+
+    fn driver() -> UserspaceDriver {
+        UserspaceDriver {
+            version: "1.2".into(),
+            lib_dirs: vec![LibDir {
+                path: "/usr/lib/x86_64-linux-gnu".parse().unwrap(),
+                triplet: "x86_64-linux-gnu".into(),
+                files: vec![DriverFile {
+                    name: "libcuda.so.1.2".into(),
+                    soname: Some("libcuda.so.1".into()),
+                }],
+            }],
+            binaries: Vec::new(),
+            firmware: None,
+            sockets: Vec::new(),
+            runtime: Vec::new(),
+        }
+    }
+
+    /// The driver root's desired state follows from the driver and the host facts alone: the
+    /// same facts give the same value, each file is the identity the facts name, and facts of
+    /// another driver (a source without an identity) are refused.
+    #[test]
+    fn the_expected_root_follows_from_the_facts_alone() {
+        let d = driver();
+        assert!(Expected::from_ids(&d, &HostIds::new()).is_err());
+        let ids: HostIds = parts(&d)
+            .unwrap()
+            .2
+            .into_iter()
+            .map(|(_, source, _)| (source, (7, 42)))
+            .collect();
+        let a = Expected::from_ids(&d, &ids).unwrap();
+        assert_eq!(a, Expected::from_ids(&d, &ids).unwrap());
+        assert!(!a.files.is_empty());
+        assert!(a.files.values().all(|w| (w.dev, w.ino) == (7, 42)));
+        assert_eq!(
+            a.links.get("usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            Some(&"libcuda.so.1.2".to_owned())
+        );
     }
 }

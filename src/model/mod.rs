@@ -2,8 +2,9 @@
 //! in host mode) for the host as discovered now ([`Desired`]), and what it would change there
 //! ([`pending`]).
 //!
-//! [`Desired`] is computed once, from discovery (the machine's share of it), the host facts it
-//! names (the inode of every driver file, the installed helper's) and the configuration. Each
+//! [`Desired`] is computed once, purely ([`Desired::from_facts`]), from discovery (the machine's
+//! share of it), the host facts it names ([`Facts`]: the inode of every driver file, the
+//! installed helper), gathered by reads alone, and the configuration. Each
 //! part of it is read through the target's root handle and compared with what is there by one
 //! pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
 //! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]), which both consumers
@@ -91,17 +92,53 @@ pub struct Desired {
     pub gpus: usize,
 }
 
+/// The host facts [`Desired`] names: the identity of every driver file and directory a wired
+/// machine's driver root must be, and the installed helper. Gathered by reads only
+/// ([`Facts::gather`]); everything else of the desired state follows from them purely.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub driver_ids: driver_root::HostIds,
+    pub helper: helper::HelperFacts,
+}
+
+impl Facts {
+    /// Stat the host's driver files (a machine with a complete driver only: host mode's driver
+    /// root is the host itself) and look at the helper installed at `helper`.
+    pub fn gather(target: Target, host: &HostRoot, inv: &Inventory, helper: &str) -> Result<Facts> {
+        let driver_ids = match (target, inv.complete_driver()) {
+            (Target::Machine, Some(d)) => driver_root::host_ids(host, d)?,
+            _ => driver_root::HostIds::new(),
+        };
+        Ok(Facts {
+            driver_ids,
+            helper: helper::helper_facts(host, helper),
+        })
+    }
+}
+
 impl Desired {
     /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
-    /// host's whole discovery in host mode) under the settings `mc`; `helper` is the installed
-    /// helper's host path (host mode's CDI hooks run it). Stats the host's driver files and the
-    /// helper: the facts the driver root and the hooks must match.
+    /// host's whole discovery in host mode) under the settings `mc`, with the host's files as
+    /// [`Facts::gather`] finds them now; `helper` is the installed helper's host path (host
+    /// mode's CDI hooks run it).
     pub fn of(
         target: Target,
         host: &HostRoot,
         inv: &Inventory,
         mc: &MachineConfig,
         helper: &str,
+    ) -> Result<Desired> {
+        let facts = Facts::gather(target, host, inv, helper)?;
+        Desired::from_facts(target, inv, mc, helper, facts)
+    }
+
+    /// [`Desired::of`] from facts already gathered: pure.
+    pub fn from_facts(
+        target: Target,
+        inv: &Inventory,
+        mc: &MachineConfig,
+        helper: &str,
+        facts: Facts,
     ) -> Result<Desired> {
         let bytes = match target {
             Target::Machine => crate::model::cdi::spec(inv, &mc.cdi_kind),
@@ -110,7 +147,9 @@ impl Desired {
         .map(|s| crate::model::cdi::render(&s).into_bytes());
         let driver = inv.complete_driver().filter(|_| bytes.is_some()).cloned();
         let driver_root = match (target, &driver) {
-            (Target::Machine, Some(d)) => Some(driver_root::Expected::of(host, d)?),
+            (Target::Machine, Some(d)) => {
+                Some(driver_root::Expected::from_ids(d, &facts.driver_ids)?)
+            }
             _ => None,
         };
         Ok(Desired {
@@ -130,7 +169,7 @@ impl Desired {
                 bytes,
             },
             gate: vec![mc.containerd_unit.clone(), mc.kubelet_unit.clone()],
-            helper: helper::helper_facts(host, helper),
+            helper: facts.helper,
             gpus: inv.gpus.len(),
         })
     }
