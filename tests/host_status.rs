@@ -2,7 +2,7 @@
 //! asked and the files alone are judged): not installed (exit 2, and a StatusError object with
 //! `--json`), installed but never wired (drift), wired by host mode's own file steps (in sync),
 //! then one mutation at a time: the CDI spec edited, a `/dev/char` link dangling, a gate marker
-//! gone, the host's `ld.so.cache` without the driver. Each time the state, the check and the
+//! gone, the host unit edited by hand, the host's `ld.so.cache` without the driver. Each time the state, the check and the
 //! fix, and that status wrote nothing. Also `host plan --json`'s facts against its text.
 //!
 //! Privileged (mknod): fails, not skips, when not run as root.
@@ -134,6 +134,8 @@ fn privileged_host_status_judges_host_mode_like_a_machine() {
     assert!(marker.exists(), "{}", marker.display());
     let cache = root.join("etc/ld.so.cache");
     let cache_bytes = std::fs::read(&cache).unwrap();
+    let unit = root.join("etc/systemd/system/nspawn-lifecycle-host.service");
+    let unit_bytes = std::fs::read(&unit).unwrap();
     type Mutation<'a> = (
         &'static str,
         Box<dyn Fn() + 'a>,
@@ -177,6 +179,17 @@ fn privileged_host_status_judges_host_mode_like_a_machine() {
             "gate",
         ),
         (
+            "the host unit edited by hand",
+            Box::new(|| {
+                let mut t = std::fs::read(&unit).unwrap();
+                t.extend_from_slice(b"# edited by hand\n");
+                std::fs::write(&unit, t).unwrap();
+            }),
+            6,
+            "broken",
+            "dropin",
+        ),
+        (
             "ld.so.cache without the driver",
             Box::new(|| std::fs::write(&cache, b"").unwrap()),
             5,
@@ -193,6 +206,7 @@ fn privileged_host_status_judges_host_mode_like_a_machine() {
             "{what}: {v:#}"
         );
         std::fs::write(&cache, &cache_bytes).unwrap();
+        std::fs::write(&unit, &unit_bytes).unwrap();
         wire(root);
         let (code, v) = status(root);
         assert_eq!(code, 0, "{what}, wired again: {v:#}");

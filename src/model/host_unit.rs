@@ -96,6 +96,42 @@ Wants={UNIT}
     )
 }
 
+/// Host mode's unit files on `host` (the gate drop-ins of `units`, then the oneshot unit) against
+/// what `install --host` writes now: a [`crate::model::Change`] of action `install` for each one
+/// missing or different, which only `install --host` mends. Reads only.
+pub fn pending(
+    host: &crate::fs::host::HostRoot,
+    units: [&UnitName; 2],
+    helper: &HostPath,
+) -> anyhow::Result<Vec<crate::model::Change>> {
+    let mut files: Vec<(String, String)> = units
+        .iter()
+        .map(|u| {
+            (
+                crate::model::gate::host_dropin(u).to_string(),
+                gate_dropin(u),
+            )
+        })
+        .collect();
+    files.push((unit_path(), unit(helper)));
+    let mut out = Vec::new();
+    for (path, want) in files {
+        let why = match host.read(&path) {
+            Ok(have) if have == want.as_bytes() => continue,
+            Ok(_) => "differs from what install --host writes now",
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing",
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {path}"))),
+        };
+        out.push(crate::model::Change {
+            check: "dropin",
+            action: crate::model::Action::Install,
+            path,
+            detail: why.into(),
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,6 +97,14 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         },
     };
     inspect_dev_char(&root, &mut facts.dangling_links)?;
+    // The unit files are install --host's: what the next boot runs, against what it writes now.
+    facts
+        .pending_changes
+        .extend(crate::model::host_unit::pending(
+            &ctx.host,
+            [&hc.containerd_unit, &hc.kubelet_unit],
+            ctx.config.helper_path(),
+        )?);
     let (unit, services) = if ctx.host.is_real_root() {
         let (u, s) = ask_systemd(hc)?;
         (Some(u), Some(s))

@@ -373,7 +373,10 @@ pub(super) fn judge_pending(
                      `nspawn-lifecycle-helper install {}`",
                     c.path,
                     c.detail,
-                    subject.name()
+                    match subject {
+                        Subject::Machine(m) => m.to_string(),
+                        Subject::Host => "--host".to_owned(),
+                    }
                 ),
             ),
             Some(c) => (
