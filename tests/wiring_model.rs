@@ -18,6 +18,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "lib/nspawn_binds.rs"]
+mod nspawn_binds;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nspawn_lifecycle::Ctx;
@@ -190,48 +192,14 @@ impl Node {
                 }
             }
         }
-        for line in text.lines() {
-            if let Some(node) = line.strip_prefix("Bind=/dev/") {
-                let p = dev.join(node);
-                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-                std::fs::write(p, b"").unwrap();
-                continue;
-            }
-            let Some(spec) = line.strip_prefix("BindReadOnly=") else {
-                continue;
-            };
-            let (source, target) = spec.split_once(':').unwrap_or((spec, spec));
-            if !target.starts_with("/run/") {
-                continue;
-            }
-            let from = self.h().join(&source[1..]);
-            let at = self.m().join(&target[1..]);
-            if !at.exists() {
-                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-                if from.is_dir() {
-                    std::fs::create_dir(&at).unwrap();
-                } else {
-                    std::fs::write(&at, b"").unwrap();
-                }
-            }
-            mount(
-                Some(&from),
-                &at,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .unwrap_or_else(|e| panic!("bind {} at {}: {e}", from.display(), at.display()));
-            mount(
-                None::<&str>,
-                &at,
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-                None::<&str>,
-            )
-            .unwrap();
-            self.mounts.push(at);
+        for node in text.lines().filter_map(|l| l.strip_prefix("Bind=/dev/")) {
+            let p = dev.join(node);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"").unwrap();
         }
+        let (h, m) = (self.h().to_owned(), self.m().to_owned());
+        self.mounts = nspawn_binds::bind_read_only(&text, &h, &m, |t| t.starts_with("/run/"))
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     /// The machine stops: its binds go.

@@ -33,6 +33,8 @@
 mod hosts;
 mod machine;
 mod measure;
+#[path = "../../lib/nspawn_binds.rs"]
+mod nspawn_binds;
 #[path = "../../realdriver/host.rs"]
 mod realdriver;
 
@@ -843,44 +845,10 @@ fn tables(r: &Results) -> String {
 }
 
 /// What systemd-nspawn makes of the `.nspawn` file install wrote under `root` for the driver
-/// root: every `BindReadOnly=` into `/run/nvidia/driver`, made in `machine` and remounted
-/// read-only. Returns the mount points, outermost first.
+/// root: every `BindReadOnly=` into `/run/nvidia/driver`, made in `machine` and read-only.
 fn bind_driver_root(root: &Path, machine: &Path) -> Result<Vec<PathBuf>> {
-    use nix::mount::{MsFlags, mount};
     let text = fs_err::read_to_string(root.join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")))?;
-    let mut mounted = Vec::new();
-    for spec in text.lines().filter_map(|l| l.strip_prefix("BindReadOnly=")) {
-        let (source, target) = spec.split_once(':').unwrap_or((spec, spec));
-        if !target.starts_with("/run/nvidia/driver") {
-            continue;
-        }
-        let from = root.join(source.trim_start_matches('/'));
-        let at = machine.join(target.trim_start_matches('/'));
-        if !at.exists() {
-            fs_err::create_dir_all(at.parent().unwrap_or(machine))?;
-            if from.is_dir() {
-                fs_err::create_dir(&at)?;
-            } else {
-                fs_err::write(&at, b"")?;
-            }
-        }
-        mount(
-            Some(&from),
-            &at,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .with_context(|| format!("binding {} at {}", from.display(), at.display()))?;
-        mount(
-            None::<&str>,
-            &at,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .with_context(|| format!("read-only {}", at.display()))?;
-        mounted.push(at);
-    }
-    Ok(mounted)
+    nspawn_binds::bind_read_only(&text, root, machine, |t| {
+        t.starts_with("/run/nvidia/driver")
+    })
 }
