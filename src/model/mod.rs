@@ -292,21 +292,7 @@ pub fn pending(root: &MachineRoot, d: &Desired) -> Vec<Change> {
             }),
         );
     }
-    part(
-        "cdi-spec",
-        spec::pending(root, &d.spec).map(|v| {
-            v.into_iter()
-                .map(|(path, action, why)| {
-                    let action = if action == "write" {
-                        Action::Write
-                    } else {
-                        Action::Remove
-                    };
-                    Change::new("cdi-spec", action, path, why)
-                })
-                .collect()
-        }),
-    );
+    part("cdi-spec", spec::pending(root, &d.spec));
     part("gate", gate_changes(root, d));
     out
 }

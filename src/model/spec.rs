@@ -3,6 +3,7 @@
 //! name the same devices twice and is removed.
 
 use super::links::open_dir_if_dir;
+use super::{Action, Change};
 use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, check_name};
 use anyhow::{Context as _, Result, bail};
 use std::collections::BTreeSet;
@@ -104,9 +105,15 @@ pub fn each_conflict(
     Ok(())
 }
 
-/// What post-start would change of the spec, read through `root`: `(path, action, why)` with
-/// action `write` or `remove`. An error where post-start would fail. Reads only.
-pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<(String, &'static str, String)>> {
+/// What post-start would change of the spec, read through `root`: writes of ours, removals of a
+/// leftover or of others of our kind. An error where post-start would fail. Reads only.
+pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<Change>> {
+    let change = |path: String, action: Action, why: &str| Change {
+        check: "cdi-spec",
+        action,
+        path,
+        detail: why.to_owned(),
+    };
     check_spec_name(&want.file)?;
     let path = want.path();
     let mut out = Vec::new();
@@ -121,10 +128,10 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<(String, &'static 
     if let Some(d) = &dir
         && d.kind(&tmp_name(&want.file))?.is_some()
     {
-        out.push((
+        out.push(change(
             d.child(&tmp_name(&want.file)),
-            "remove",
-            "left by a killed run".to_owned(),
+            Action::Remove,
+            "left by a killed run",
         ));
     }
     let Some(bytes) = &want.bytes else {
@@ -135,7 +142,7 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<(String, &'static 
             .flatten()
         {
             None | Some(FileKind::Dir) => {}
-            Some(_) => out.push((path, "remove", "no GPUs: no spec of ours".to_owned())),
+            Some(_) => out.push(change(path, Action::Remove, "no GPUs: no spec of ours")),
         }
         return Ok(out);
     };
@@ -155,11 +162,11 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<(String, &'static 
         },
     };
     match current {
-        None => out.push((path, "write", "missing".to_owned())),
-        Some(false) => out.push((
+        None => out.push(change(path, Action::Write, "missing")),
+        Some(false) => out.push(change(
             path,
-            "write",
-            "differs from what post-start writes for the host now".to_owned(),
+            Action::Write,
+            "differs from what post-start writes for the host now",
         )),
         Some(true) => {}
     }
@@ -171,10 +178,10 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<(String, &'static 
         |n, b| want.conflicts(n, b),
         |d, names| {
             for n in names {
-                out.push((
+                out.push(change(
                     d.child(&n),
-                    "remove",
-                    format!("another spec of kind {}", want.kind),
+                    Action::Remove,
+                    &format!("another spec of kind {}", want.kind),
                 ));
             }
             Ok(())
