@@ -30,7 +30,9 @@ use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory, Verdict, assign};
 use crate::fs::machine_root::MachineRoot;
 use crate::model::cdi;
-use crate::model::helper::{HelperFacts, helper_facts};
+use crate::model::helper::HelperFacts;
+#[cfg(test)]
+use crate::model::helper::helper_facts;
 use crate::model::{Change, Desired, Target};
 use crate::systemd::{MachineHandle, ServiceRun, Systemd};
 use crate::types::machine_name::MachineName;

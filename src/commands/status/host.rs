@@ -10,8 +10,8 @@
 #[cfg(test)]
 use super::MachineFacts;
 use super::{
-    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, helper_facts,
-    inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
+    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, inspect_dev_char,
+    inspect_spec, last_post_start, print_status, print_unjudged,
 };
 use crate::Ctx;
 use crate::apply::gate;
@@ -65,8 +65,7 @@ fn require_installed(ctx: &Ctx) -> Result<()> {
 pub fn judge(ctx: &Ctx, inv: &Inventory) -> Result<Status> {
     let hc = ctx.config.host()?;
     let helper = ctx.config.helper_path();
-    let mut observed = observe(ctx, &hc, inv, helper.as_str()).context("host status")?;
-    observed.helper = Some(helper_facts(&ctx.host, helper.as_str()));
+    let observed = observe(ctx, &hc, inv, helper.as_str()).context("host status")?;
     let mut status = evaluate(Subject::Host, &hc, inv, observed);
     status.kind = KIND;
     Ok(status)
@@ -115,6 +114,8 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
         unit,
         machine: Some(facts),
         services,
+        // Read once, for the model: the same facts its helper part judged.
+        helper: Some(desired.helper),
         ..Observed::default()
     })
 }
