@@ -105,6 +105,24 @@ pub fn each_conflict(
     Ok(())
 }
 
+/// Whether `name` in `d` is exactly the spec post-start writes (bytes and mode); `None` when
+/// there is no such file. A directory there is an error: post-start would fail on it.
+fn holds(d: &MachineDir, name: &str, bytes: &[u8]) -> Result<Option<bool>> {
+    Ok(match d.stat(name)? {
+        None => None,
+        Some(st) if FileKind::from_stat(&st) == FileKind::Dir => bail!(
+            "{} in the machine is a directory where a file is expected",
+            d.child(name)
+        ),
+        Some(st) => Some(
+            FileKind::from_stat(&st) == FileKind::File
+                && st.st_mode & 0o7777 == SPEC_MODE
+                && u64::try_from(st.st_size).ok() == Some(bytes.len() as u64)
+                && d.read_regular(name, bytes.len())?.as_deref() == Some(bytes),
+        ),
+    })
+}
+
 /// What post-start would change of the spec, read through `root`: writes of ours, removals of a
 /// leftover or of others of our kind. An error where post-start would fail. Reads only.
 pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<Change>> {
@@ -148,18 +166,7 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<Change>> {
     };
     let current = match &dir {
         None => None,
-        Some(d) => match d.stat(&want.file)? {
-            None => None,
-            Some(st) if FileKind::from_stat(&st) == FileKind::Dir => {
-                bail!("{path} in the machine is a directory where a file is expected")
-            }
-            Some(st) => Some(
-                FileKind::from_stat(&st) == FileKind::File
-                    && st.st_mode & 0o7777 == SPEC_MODE
-                    && u64::try_from(st.st_size).ok() == Some(bytes.len() as u64)
-                    && d.read_regular(&want.file, bytes.len())?.as_deref() == Some(bytes),
-            ),
-        },
+        Some(d) => holds(d, &want.file, bytes)?,
     };
     match current {
         None => out.push(change(path, Action::Write, "missing")),
