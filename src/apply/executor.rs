@@ -1,7 +1,8 @@
-//! post-start's plan and its one executor: the steps in the order of DESIGN §5 ([`plan`]), run by
-//! [`execute`] over a target's files ([`Wiring`]: the wiring model's changes made by
-//! src/apply/rewire.rs) and its services, with the crash points on its steps and the
-//! restore-on-failure rule.
+//! The hooks' plans and their one executor. pre-start's plan ([`pre_start`]) makes what the
+//! machine's next boot binds on the host (src/apply/boot.rs); post-start's ([`plan`]), in the
+//! order of DESIGN §5, makes a target's files ([`Wiring`]: the wiring model's changes made by
+//! src/apply/rewire.rs) and drives its services. [`execute`] runs either, step by step: one log
+//! line and timing per step, the crash points on its steps, and the restore-on-failure rule.
 
 use crate::apply::gate;
 use crate::apply::images::{FAILED_DIR, import_images};
@@ -30,9 +31,37 @@ pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The file steps: what post-start writes or checks in the machine's rootfs.
+/// Which hook a plan is of: named in every error and log line of its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    PreStart,
+    PostStart,
+}
+
+impl std::fmt::Display for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Hook::PreStart => "pre-start",
+            Hook::PostStart => "post-start",
+        })
+    }
+}
+
+/// The file steps: what a hook writes or checks. pre-start's are the host's, for the machine's
+/// next boot; post-start's are in the target's rootfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileStep {
+    /// pre-start: the unit's own GPUs in its runtime `DeviceAllow=` (which systemd keeps in a
+    /// runtime drop-in), when the config's `gpus` is not `all`.
+    DeviceCgroup,
+    /// pre-start: the host's unit gate drop-in, which the `.nspawn` file binds.
+    GateFile,
+    /// pre-start: the machine's driver tree on the host (removed without a driver).
+    DriverTree,
+    /// pre-start: the gate markers for the boot ahead.
+    BootGate,
+    /// pre-start: the `.nspawn` file itself, last: it binds what the steps before made.
+    NspawnFile,
     DriverRoot,
     Links,
     /// Host mode's links ([`Target::Host`]): `/dev/char` only.
@@ -43,6 +72,11 @@ pub enum FileStep {
 impl FileStep {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            FileStep::DeviceCgroup => "device cgroup",
+            FileStep::GateFile => "unit gate file",
+            FileStep::DriverTree => "driver tree",
+            FileStep::BootGate => "unit gate for the boot",
+            FileStep::NspawnFile => ".nspawn file",
             FileStep::DriverRoot => "driver root",
             FileStep::Links => "library and /dev/char links",
             FileStep::DevChar => "/dev/char links",
@@ -53,6 +87,11 @@ impl FileStep {
     /// The `step` field of the step's log line (`journalctl STEP=cdi`).
     fn key(self) -> &'static str {
         match self {
+            FileStep::DeviceCgroup => "device-cgroup",
+            FileStep::GateFile => "gate-file",
+            FileStep::DriverTree => "driver-tree",
+            FileStep::BootGate => "gate",
+            FileStep::NspawnFile => "nspawn",
             FileStep::DriverRoot => "driver-root",
             FileStep::Links => "links",
             FileStep::DevChar => "dev-char",
@@ -61,7 +100,7 @@ impl FileStep {
     }
 }
 
-/// One step of post-start's rewire plan.
+/// One step of a hook's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Stop the unit (noting first whether it ran: a failure puts back only that), then reach
@@ -104,10 +143,10 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// post-start's rewire plan: a plain value, computed from the configuration before anything is
-/// touched, run by [`execute`] (the product and `rewire-root` alike).
+/// A hook's plan: a plain value, computed before anything is touched, run by [`execute`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
+    pub hook: Hook,
     pub steps: Vec<Step>,
 }
 
@@ -179,6 +218,7 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
         key: "gate",
     });
     Plan {
+        hook: Hook::PostStart,
         steps: stops
             .chain(files)
             .chain([Step::Ldconfig, Step::File(FileStep::Cdi)])
@@ -205,6 +245,24 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
     }
 }
 
+/// pre-start's plan: the machine's own GPUs in its device cgroup (`device_cgroup`: when the
+/// config's `gpus` is not `all`), the unit gate's drop-in and the boot's markers (`gate`: when the
+/// `.nspawn` file binds them), the driver tree, and last the `.nspawn` file: nspawn refuses to
+/// start when a bind's source is missing, so what it binds is made first.
+pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan {
+    let steps = [
+        device_cgroup.then_some(FileStep::DeviceCgroup),
+        gate.then_some(FileStep::GateFile),
+        Some(FileStep::DriverTree),
+        gate.then_some(FileStep::BootGate),
+        Some(FileStep::NspawnFile),
+    ];
+    Plan {
+        hook: Hook::PreStart,
+        steps: steps.into_iter().flatten().map(Step::File).collect(),
+    }
+}
+
 /// What a file step did.
 pub struct FileDone {
     /// The step's log line.
@@ -213,16 +271,28 @@ pub struct FileDone {
     pub library_links_changed: bool,
 }
 
-/// What [`execute`] does in the machine apart from its services: a trait so the ordering and
-/// the restore-on-failure rules are unit-tested with a recording fake.
+/// What [`execute`] does apart from the services: a trait so the ordering and the
+/// restore-on-failure rules are unit-tested with a recording fake. pre-start's work
+/// (src/apply/boot.rs) has file steps only; the others are post-start's.
 pub trait Work {
     fn file(&self, step: FileStep) -> Result<FileDone>;
     /// Run `ldconfig` unless nothing needs it (see [`Step::Ldconfig`]). Returns the log line.
-    fn ldconfig(&self, library_links_changed: bool) -> Result<String>;
+    fn ldconfig(&self, _library_links_changed: bool) -> Result<String> {
+        not_a_step("ldconfig")
+    }
     /// Create `unit`'s gate marker. Returns the log line.
-    fn release(&self, unit: &UnitName, point: Point) -> Result<String>;
+    fn release(&self, unit: &UnitName, _point: Point) -> Result<String> {
+        not_a_step(&format!("release {unit}"))
+    }
     /// Import the staged images: (imported, set aside).
-    fn import(&self) -> Result<(usize, usize)>;
+    fn import(&self) -> Result<(usize, usize)> {
+        not_a_step("import")
+    }
+}
+
+/// A step a plan holds that its work does not make.
+pub(crate) fn not_a_step<T>(step: &str) -> Result<T> {
+    anyhow::bail!("step '{step}' is not this hook's (a bug in its plan)")
 }
 
 /// The real machine: its rootfs, the inventory it is wired for and its systemd.
@@ -251,6 +321,11 @@ impl Work for Wiring<'_> {
         let driver = self.driver()?;
         let d = self.desired;
         let (line, library_links_changed) = match step {
+            FileStep::DeviceCgroup
+            | FileStep::GateFile
+            | FileStep::DriverTree
+            | FileStep::BootGate
+            | FileStep::NspawnFile => return not_a_step(step.name()),
             FileStep::DriverRoot => {
                 let want = d.driver_root.as_ref().context(
                     "the driver root step without a driver root to check (a bug: host mode has none)",
@@ -344,6 +419,7 @@ fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> 
 /// documentation) and return the error.
 pub fn execute(plan: &Plan, machine: &str, work: &dyn Work, services: &dyn Services) -> Result<()> {
     let mut run = Run {
+        hook: plan.hook,
         machine,
         work,
         services,
@@ -369,6 +445,7 @@ pub fn execute(plan: &Plan, machine: &str, work: &dyn Work, services: &dyn Servi
 
 /// The state of one run of a plan.
 struct Run<'a> {
+    hook: Hook,
     machine: &'a str,
     work: &'a dyn Work,
     services: &'a dyn Services,
@@ -380,8 +457,8 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn step(&mut self, step: &Step) -> Result<()> {
-        let machine = self.machine;
-        let what = || format!("post-start of {machine}: step '{step}'");
+        let (hook, machine) = (self.hook, self.machine);
+        let what = || format!("{hook} of {machine}: step '{step}'");
         let started = Instant::now();
         let line = match step {
             Step::Stop(unit, point) => {
@@ -396,7 +473,7 @@ impl Run<'_> {
             } => {
                 before.map(failpoint::hit);
                 timed(machine, &step.to_string(), || self.services.start(unit))
-                    .with_context(|| format!("post-start of {machine}: starting {unit}"))?;
+                    .with_context(|| format!("{hook} of {machine}: starting {unit}"))?;
                 tracing::info!(%machine, %unit, "started");
                 after.map(failpoint::hit);
                 return Ok(());
@@ -434,7 +511,7 @@ impl Run<'_> {
     }
 
     fn stop(&mut self, unit: &UnitName) -> Result<()> {
-        let machine = self.machine;
+        let (hook, machine) = (self.hook, self.machine);
         let running = self.services.is_active(unit).unwrap_or_else(|e| {
             // Unknown: count it as running, so a failure tries to put it back rather than
             // leave a node down that was serving.
@@ -444,7 +521,7 @@ impl Run<'_> {
         timed(machine, &format!("stop {unit}"), || {
             self.services.stop(unit)
         })
-        .with_context(|| format!("post-start of {machine}: stopping {unit}"))?;
+        .with_context(|| format!("{hook} of {machine}: stopping {unit}"))?;
         tracing::info!(%machine, %unit, "stopped");
         if running {
             self.was_running.push(unit.clone());
@@ -469,17 +546,18 @@ impl Run<'_> {
 
 /// Best-effort starts after a failure of the services in `units`, which ran before post-start
 /// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
-/// an operator had stopped them), say why nothing is started.
+/// an operator had stopped them), say why nothing is started; a plan that starts no service
+/// (pre-start's) has nothing to say.
 fn start_again(machine: &str, plan: &Plan, services: &dyn Services, units: &[&UnitName]) {
-    if units.is_empty() {
-        let names: Vec<String> = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Start { unit, .. } => Some(unit.to_string()),
-                _ => None,
-            })
-            .collect();
+    let names: Vec<String> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Start { unit, .. } => Some(unit.to_string()),
+            _ => None,
+        })
+        .collect();
+    if units.is_empty() && !names.is_empty() {
         tracing::warn!(
             %machine,
             "post-start failed: neither {} was running before it, so neither is started \

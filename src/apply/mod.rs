@@ -1,7 +1,9 @@
-//! What changes the world: the driver tree pre-start builds on the host, post-start's rewiring
-//! of a target from the model's differences, the unit gate's markers, and the CDI hooks that
-//! wire a container.
+//! What changes the world: the hooks' plans and their one executor, pre-start's work on the host
+//! (the driver tree, the gate, the device cgroup, the `.nspawn` file), post-start's rewiring of a
+//! target from the model's differences, the unit gate's markers, and the CDI hooks that wire a
+//! container.
 
+pub mod boot;
 pub mod cdi_hook;
 pub mod driver_tree;
 pub mod executor;

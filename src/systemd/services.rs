@@ -82,6 +82,36 @@ impl Services for MachineServices<'_> {
     }
 }
 
+/// What pre-start reaches: no service. Its plan has no service step; one there is a bug.
+pub struct NoServices;
+
+impl NoServices {
+    fn refuse<T>(what: &str) -> Result<T> {
+        anyhow::bail!("{what}: pre-start reaches no service (a bug in its plan)")
+    }
+}
+
+impl Services for NoServices {
+    fn stop(&self, unit: &str) -> Result<()> {
+        Self::refuse(&format!("stop {unit}"))
+    }
+    fn start(&self, unit: &str) -> Result<()> {
+        Self::refuse(&format!("start {unit}"))
+    }
+    fn is_active(&self, unit: &str) -> Result<bool> {
+        Self::refuse(&format!("is {unit} active"))
+    }
+    fn run(
+        &self,
+        _: &str,
+        argv: &[&str],
+        _: Option<BorrowedFd<'_>>,
+        _: Duration,
+    ) -> Result<TransientOutcome> {
+        Self::refuse(&format!("run {}", argv.join(" ")))
+    }
+}
+
 /// A machine rootfs on disk with no systemd in it. Nothing runs there, so no unit is active and
 /// stops and starts are logged no-ops. `ldconfig` is the host's `ldconfig -r <rootfs>`, which
 /// rebuilds the rootfs's own `/etc/ld.so.cache` from its own `ld.so.conf`, as the machine's

@@ -265,6 +265,58 @@ fn the_host_plan_differs_only_in_its_file_steps() {
     assert_eq!(others(&machine), others(&host));
 }
 
+/// pre-start's plan runs through the same executor: what the boot binds first, the `.nspawn`
+/// file last; a failed step names pre-start and the step, ends the run there and starts no
+/// service (pre-start reaches none).
+#[test]
+fn the_pre_start_plan_runs_through_the_same_executor() {
+    use crate::apply::executor::pre_start;
+    assert_eq!(
+        pre_start(true, true).to_string(),
+        "device cgroup → unit gate file → driver tree → unit gate for the boot → .nspawn file"
+    );
+    assert_eq!(
+        pre_start(false, false).to_string(),
+        "driver tree → .nspawn file"
+    );
+    let fake = Fake::default();
+    let work = FakeWork {
+        fake: &fake,
+        fail: Some(FileStep::DriverTree),
+        import_fails: false,
+    };
+    let services = crate::systemd::services::NoServices;
+    let e = execute(&pre_start(true, true), "kube1", &work, &services).unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        "pre-start of kube1: step 'driver tree': planted failure"
+    );
+    assert_eq!(
+        fake.log(),
+        [
+            "file device cgroup",
+            "file unit gate file",
+            "file driver tree"
+        ]
+    );
+    let fake = Fake::default();
+    let work = FakeWork {
+        fake: &fake,
+        fail: None,
+        import_fails: false,
+    };
+    execute(&pre_start(false, true), "kube1", &work, &services).unwrap();
+    assert_eq!(
+        fake.log(),
+        [
+            "file unit gate file",
+            "file driver tree",
+            "file unit gate for the boot",
+            "file .nspawn file"
+        ]
+    );
+}
+
 /// The one executor runs the host plan with the same rules: on a gated boot each
 /// service starts once after its own gate; a failed `/dev/char` step on a running host puts
 /// both services back and names the step.
