@@ -1431,3 +1431,43 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
     assert!(left.is_empty(), "{report}");
     assert_same_tree(&libs_before, &snapshot(&libs, &[]), "host library dir");
 }
+
+/// Root only: a driver file the kernel would refuse to hard-link into the machine's driver tree
+/// (immutable) is foreseen by the plan: `plan` shows it bound, and pre-start writes byte for byte
+/// the `.nspawn` file `plan` showed, without binding anything behind the plan's back.
+#[test]
+fn privileged_plan_foresees_a_driver_file_the_kernel_refuses_to_link() {
+    let h = common::installed_host("two-gpus", &["kube1"]);
+    let lib = h
+        .path()
+        .join("usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05");
+    let chattr = |flag: &str| {
+        assert!(
+            Command::new("chattr")
+                .arg(flag)
+                .arg(&lib)
+                .status()
+                .unwrap()
+                .success(),
+            "chattr {flag}"
+        );
+    };
+    chattr("+i");
+    let planned = run(h.path(), &["plan", "kube1"]);
+    let started = run(h.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
+    chattr("-i");
+    assert_eq!(code(&planned), 0, "{}", text(&planned.stderr));
+    assert_eq!(code(&started), 0, "{}", text(&started.stderr));
+    let written = std::fs::read_to_string(h.path().join(NSPAWN)).unwrap();
+    let bind = "BindReadOnly=/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05:/run/nvidia/driver/";
+    assert!(written.contains(bind), "{written}");
+    let shown = text(&planned.stdout);
+    for line in written.lines() {
+        assert!(shown.contains(line), "plan did not show {line:?}:\n{shown}");
+    }
+    assert!(
+        !text(&started.stderr).contains("could not be hard-linked"),
+        "{}",
+        text(&started.stderr)
+    );
+}

@@ -6,9 +6,10 @@
 //! The tree is made of directories, hard links of the host's driver files (the very host inodes:
 //! real files at their standard names, no mount each), and SONAME links relative to their own
 //! directory, so every name resolves inside it wherever it is seen. A file that cannot be linked
-//! — on another filesystem than the tree ([`plan`] sees it from `st_dev`), or refused by the
-//! kernel when linking (`EPERM`, `EMLINK`, …; [`ensure`] names it and the errno in one log line)
-//! — is an empty mount point with a read-only bind of the file instead.
+//! is an empty mount point with a read-only bind of the file instead: [`plan`] foresees a file on
+//! another mount than the tree, an immutable or append-only one, and one at its filesystem's
+//! link limit; one the kernel still refuses when linking (a flag set since the plan, an
+//! overlayfs copy-up: `EPERM`, `EXDEV`, …) is bound by [`ensure`], which names it and the errno.
 //! The tree is built fresh beside the current one and swapped in with one
 //! `renameat2(RENAME_EXCHANGE)`, so a reader (nspawn) sees the old tree or the new, never half of
 //! one; a tree that is already exactly right is left alone (the usual restart: nothing is

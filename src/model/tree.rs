@@ -26,12 +26,11 @@ pub struct Plan {
 
 /// Plan `driver`'s tree for the host: stat every host driver file (a regular file; a link, such
 /// as Debian's `/usr/bin/nvidia-smi` → `/etc/alternatives/…`, resolved inside the host root as
-/// the host sees it) and the mount the tree is on: a file on another mount cannot be hard-linked
-/// there (`EXDEV`, whatever `st_dev` says: overlayfs reports the upper layer's device for a
-/// file, a bind mount its source's), so it is bound. Reads only.
+/// the host sees it) and the mount the tree is on, and bind what the kernel would refuse to
+/// link ([`linkable`]). Reads only.
 pub fn plan(host: &HostRoot, driver: &UserspaceDriver) -> Result<Plan> {
     let mut tree = layout::driver_tree(driver)?;
-    let tree_mnt = tree_mount(host)?;
+    let tree_fs = tree_mount(host)?;
     let root = host.fd();
     let mut ids = BTreeMap::new();
     for node in tree.values_mut() {
@@ -54,18 +53,35 @@ pub fn plan(host: &HostRoot, driver: &UserspaceDriver) -> Result<Plan> {
             );
         }
         ids.insert(source.clone(), (st.dev, st.ino));
-        if st.mnt_id.is_some() && st.mnt_id != tree_mnt {
+        if !linkable(&st, &tree_fs) {
             *node = TreeNode::Bound(std::mem::take(source));
         }
     }
     Ok(Plan { tree, ids })
 }
 
-/// What `statx` says of a file: device, inode, mode, and mount id (`None` before Linux 5.8).
+/// Whether the kernel would hard-link the file `st` into the tree on `tree`, as far as can be
+/// known before trying: a file on another mount cannot be (`EXDEV`, whatever `st_dev` says:
+/// overlayfs reports the upper layer's device for a file, a bind mount its source's); nor can an
+/// immutable or append-only one (`EPERM`), nor one whose link count is at its filesystem's
+/// limit (`EMLINK`). What stays unforeseeable (a flag set or a link made between this stat and
+/// the link, an overlayfs copy-up) is bound by pre-start when it happens
+/// (src/apply/driver_tree.rs).
+fn linkable(st: &Statx, tree: &TreeFs) -> bool {
+    let other_mount = st.mnt_id.is_some() && st.mnt_id != tree.mnt_id;
+    let flags = (libc::STATX_ATTR_IMMUTABLE | libc::STATX_ATTR_APPEND).unsigned_abs();
+    let refused_flags = st.attributes & u64::from(flags) != 0;
+    !other_mount && !refused_flags && u64::from(st.nlink) < tree.link_max
+}
+
+/// What `statx` says of a file: device, inode, mode, link count, the attributes it reports
+/// (immutable, append-only), and mount id (`None` before Linux 5.8).
 struct Statx {
     dev: u64,
     ino: u64,
     mode: u32,
+    nlink: u32,
+    attributes: u64,
     mnt_id: Option<u64>,
 }
 
@@ -75,7 +91,7 @@ fn statx(dir: &impl AsFd, path: &str, flags: libc::c_int) -> nix::Result<Statx> 
     use std::os::fd::AsRawFd as _;
     let c = std::ffi::CString::new(path).map_err(|_| Errno::EINVAL)?;
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
+    let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_NLINK | libc::STATX_MNT_ID;
     // SAFETY: `c` is a valid C string, `buf` is a writable statx buffer, the fd is open.
     let r = unsafe {
         libc::statx(
@@ -93,6 +109,8 @@ fn statx(dir: &impl AsFd, path: &str, flags: libc::c_int) -> nix::Result<Statx> 
         dev: libc::makedev(b.stx_dev_major, b.stx_dev_minor),
         ino: b.stx_ino,
         mode: u32::from(b.stx_mode),
+        nlink: b.stx_nlink,
+        attributes: b.stx_attributes & b.stx_attributes_mask,
         mnt_id: (b.stx_mask & libc::STATX_MNT_ID != 0).then_some(b.stx_mnt_id),
     })
 }
@@ -110,15 +128,41 @@ fn kind_name(mode: u32) -> &'static str {
     }
 }
 
+/// The mount the tree is on and the most links its filesystem gives a file.
+struct TreeFs {
+    mnt_id: Option<u64>,
+    link_max: u64,
+}
+
+/// Links per file: ext2/3/4's `EXT4_LINK_MAX`, btrfs's `BTRFS_LINK_MAX`, XFS's `XFS_MAXLINK`;
+/// no limit known for another filesystem (tmpfs has none).
+fn link_max(fs: nix::sys::statfs::FsType) -> u64 {
+    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
+    match fs {
+        EXT4_SUPER_MAGIC => 65_000,
+        BTRFS_SUPER_MAGIC => 65_535,
+        XFS_SUPER_MAGIC => (1 << 31) - 1,
+        _ => u64::MAX,
+    }
+}
+
 /// The mount [`layout::TREE_HOST_DIR`] is on (or will be: its nearest existing ancestor's).
-fn tree_mount(host: &HostRoot) -> Result<Option<u64>> {
+fn tree_mount(host: &HostRoot) -> Result<TreeFs> {
     let mut p = std::path::PathBuf::from(layout::TREE_HOST_DIR);
     loop {
         match host.open_dir(&p) {
             Ok(fd) => {
-                return Ok(statx(&fd, "", libc::AT_EMPTY_PATH)
-                    .with_context(|| format!("stat {}", host.path(&p).display()))?
-                    .mnt_id);
+                let shown = || format!("stat {}", host.path(&p).display());
+                return Ok(TreeFs {
+                    mnt_id: statx(&fd, "", libc::AT_EMPTY_PATH)
+                        .with_context(shown)?
+                        .mnt_id,
+                    link_max: link_max(
+                        nix::sys::statfs::fstatfs(&fd)
+                            .with_context(shown)?
+                            .filesystem_type(),
+                    ),
+                });
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.pop() => {}
             Err(e) => {

@@ -570,8 +570,46 @@ fn privileged_a_file_on_another_filesystem_is_bound_instead() {
     );
 }
 
-/// Root only: a file the kernel refuses to link (immutable: EPERM) is bound instead, named
-/// with its errno in [`Built::unlinked`].
+/// `chattr flag path`, as root.
+fn chattr(flag: &str, path: &std::path::Path) {
+    let ok = std::process::Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "chattr {flag} {} failed", path.display());
+}
+
+/// Root only: a file the kernel would refuse to link (immutable or append-only: EPERM) is
+/// planned as a bind, so the tree is built as planned (and stamped) with nothing left to bind
+/// behind the plan's back.
+#[test]
+fn privileged_the_plan_binds_a_file_the_kernel_would_refuse_to_link() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test sets the immutable flag"
+    );
+    for flag in ["i", "a"] {
+        let (dir, host, driver) = host();
+        let smi = dir.path().join("usr/bin/nvidia-smi");
+        chattr(&format!("+{flag}"), &smi);
+        let mut plan = plan(&host, &driver).unwrap();
+        let built = ensure(&host, "kube1", &mut plan);
+        chattr(&format!("-{flag}"), &smi);
+        assert_eq!(
+            plan.tree.get("usr/bin/nvidia-smi"),
+            Some(&TreeNode::Bound("/usr/bin/nvidia-smi".into())),
+            "+{flag}"
+        );
+        assert_eq!(built.unwrap().unlinked, [], "+{flag}");
+        assert!(stamp_path(dir.path()).exists(), "+{flag}");
+    }
+}
+
+/// Root only: a file the kernel refuses to link when the plan did not foresee it (made
+/// immutable after the plan: EPERM) is bound instead, named with its errno in
+/// [`Built::unlinked`].
 #[test]
 fn privileged_a_file_the_kernel_refuses_to_link_is_bound_and_named() {
     assert!(
@@ -580,19 +618,10 @@ fn privileged_a_file_the_kernel_refuses_to_link_is_bound_and_named() {
     );
     let (dir, host, driver) = host();
     let smi = dir.path().join("usr/bin/nvidia-smi");
-    let chattr = |flag: &str| {
-        let ok = std::process::Command::new("chattr")
-            .arg(flag)
-            .arg(&smi)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "chattr {flag} failed");
-    };
-    chattr("+i");
     let mut plan = plan(&host, &driver).unwrap();
+    chattr("+i", &smi);
     let built = ensure(&host, "kube1", &mut plan);
-    chattr("-i");
+    chattr("-i", &smi);
     let built = built.unwrap();
     // Not stamped: its plan says a hard link where it holds a mount point.
     assert!(!stamp_path(dir.path()).exists());
