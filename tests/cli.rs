@@ -579,15 +579,16 @@ wait $pid
     let nspawn = host.join("etc/systemd/nspawn/kube1.nspawn");
     let line = entries
         .iter()
-        .find(|e| e["MACHINE"] == "kube1")
-        .unwrap_or_else(|| panic!("no entry with MACHINE=kube1 in {entries:?}"));
+        .find(|e| e["MACHINE"] == "kube1" && e["STEP"] == "nspawn")
+        .unwrap_or_else(|| panic!("no entry with MACHINE=kube1 STEP=nspawn in {entries:?}"));
     let message = line["MESSAGE"].as_str().unwrap();
+    let us = line["US"].as_str().unwrap();
     assert!(
-        message.starts_with(" INFO ")
-            && message.ends_with(&format!(" machine=kube1 file={}", nspawn.display())),
+        us.parse::<u64>().is_ok()
+            && message.starts_with(&format!(" INFO {}: ", nspawn.display()))
+            && message.ends_with(&format!(" machine=kube1 step=nspawn us={us}")),
         "MESSAGE is not the plain line: {message:?}"
     );
-    assert_eq!(line["FILE"], nspawn.display().to_string());
     assert_eq!(line["SYSLOG_IDENTIFIER"], NAME);
     assert_eq!(line["PRIORITY"], "6");
     assert!(
@@ -604,7 +605,7 @@ wait $pid
     assert!(entries.is_empty(), "{entries:?}");
     assert!(
         stderr.contains(&format!(
-            " INFO unchanged machine=kube1 file={}",
+            " INFO {}: unchanged machine=kube1 step=nspawn us=",
             nspawn.display()
         )),
         "{stderr}"
