@@ -11,9 +11,10 @@ use anyhow::{Context as _, Result};
 use clap::Parser;
 use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery;
+use nspawn_lifecycle::discovery::assign;
 use nspawn_lifecycle::fs::host::HostRoot;
+use nspawn_lifecycle::model::Desired;
 use nspawn_lifecycle::model::render;
-use nspawn_lifecycle::model::{Desired, Target};
 use nspawn_lifecycle::output::{discovery_text, print_all};
 use nspawn_lifecycle::types::machine_name::MachineName;
 use nspawn_lifecycle::types::units;
@@ -122,14 +123,11 @@ fn show(example: &str, text: &str) -> Result<()> {
             );
         }
     }
-    let view = rendered.as_ref().map_or(&inv, |r| &r.assignment.view);
-    let desired = Desired::of(
-        Target::Machine,
-        &ctx.host,
-        view,
-        &mc,
-        ctx.config.helper_path().as_str(),
-    )?;
+    // The desired state pre-start rendered; where it refuses, the same for the machine's share.
+    let desired = match rendered {
+        Ok(r) => r.desired,
+        Err(_) => Desired::machine(&ctx, &machine, &mc, &inv, &assign::assign(&inv, &mc.gpus))?,
+    };
     match &desired.spec.bytes {
         Some(spec) => {
             let _ = write!(

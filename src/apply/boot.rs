@@ -31,13 +31,13 @@ impl Boot<'_> {
     /// Whether pre-start sets the machine's own GPUs in its device cgroup: with `gpus: all` the
     /// drop-in's device groups allow every NVIDIA node; under `--host-root` there is no unit.
     pub fn sets_device_cgroup(&self) -> bool {
-        self.rendered.borrow().assignment.setting != crate::config::Gpus::All
+        self.rendered.borrow().start().assignment.setting != crate::config::Gpus::All
             && self.ctx.host.is_real_root()
     }
 
     /// Whether the file binds the unit gate (its drop-in and the boot's markers).
     pub fn binds_gate(&self) -> bool {
-        self.rendered.borrow().file.binds_gate()
+        self.rendered.borrow().start().file.binds_gate()
     }
 
     fn device_cgroup(&self) -> Result<String> {
@@ -46,7 +46,7 @@ impl Boot<'_> {
         let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
         let sd = crate::systemd::Systemd::host(deadline)?;
         let current = sd.device_allow(&unit, deadline)?;
-        let ours = device_cgroup::machine_entries(&self.rendered.borrow().assignment.view);
+        let ours = device_cgroup::machine_entries(&self.rendered.borrow().start().assignment.view);
         let new = device_cgroup::merge(&current, &ours);
         if new == current {
             return Ok(format!(
@@ -82,8 +82,8 @@ impl Boot<'_> {
         let machine = self.machine.as_str();
         let dir = layout::tree_host_path(machine);
         let mut r = self.rendered.borrow_mut();
-        let r = &mut *r;
-        let Some(plan) = &mut r.tree else {
+        let start = r.start_mut();
+        let Some(plan) = &mut start.tree else {
             return Ok(if driver_tree::remove(&self.ctx.host, machine)? {
                 format!("driver tree {dir} removed: no NVIDIA driver for this machine")
             } else {
@@ -110,7 +110,7 @@ impl Boot<'_> {
                 .filter_map(|(p, _)| plan.tree.get_key_value(p))
                 .map(|(p, n)| (p.clone(), n.clone()))
                 .collect();
-            r.file.bind_driver_files(layout::file_binds(&tree)?);
+            start.file.bind_driver_files(layout::file_binds(&tree)?);
         }
         let bound = layout::file_binds(&plan.tree)?.len();
         Ok(format!(

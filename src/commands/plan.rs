@@ -4,7 +4,7 @@
 
 use crate::Ctx;
 use crate::model::render::{Rendered, as_pre_start};
-use crate::model::{self, Change, Desired, Target};
+use crate::model::{self, Change};
 use crate::output::print_all;
 use crate::systemd::{MachineHandle, Systemd};
 use crate::types::machine_name::MachineName;
@@ -54,14 +54,7 @@ fn post_start_now(
         return Ok(None);
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let desired = Desired::of(
-        Target::Machine,
-        &ctx.host,
-        &r.assignment.view,
-        mc,
-        ctx.config.helper_path().as_str(),
-    )?;
-    let mut changes = model::pending(handle.root(), &desired);
+    let mut changes = model::pending(handle.root(), &r.desired);
     changes.extend(crate::model::dropin::Dropin::pending(
         &ctx.host,
         machine,

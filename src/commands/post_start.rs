@@ -101,10 +101,9 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     })?;
     let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     // The machine's share of the host (the config's `gpus`): all it is wired for.
-    let inv = assign::for_machine(&ctx.config, machine, &mc, &host_inv)
-        .with_context(|| format!("post-start of {machine}"))?
-        .view;
-    check_complete(&inv).with_context(|| format!("post-start of {machine}"))?;
+    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)
+        .with_context(|| format!("post-start of {machine}"))?;
+    check_complete(&a.view).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
     let handle = timed(who, "find machine", || {
@@ -117,13 +116,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         mc: &mc,
         host: &ctx.host,
         root: handle.root(),
-        desired: &Desired::of(
-            Target::Machine,
-            &ctx.host,
-            &inv,
-            &mc,
-            ctx.config.helper_path().as_str(),
-        )?,
+        desired: &Desired::machine(ctx, machine, &mc, &host_inv, &a)?,
     };
     run.finish(
         total,
@@ -163,7 +156,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
         mc: &hc,
         host: &ctx.host,
         root: &root,
-        desired: &Desired::of(Target::Host, &ctx.host, &inv, &hc, helper.as_str())?,
+        desired: &Desired::host(&ctx.host, &inv, &hc, helper.as_str())?,
     };
     // No boot to wait for: this runs as a unit of the host's own boot.
     let bus = || Systemd::host(Instant::now() + hc.job_timeout);

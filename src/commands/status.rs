@@ -33,7 +33,7 @@ use crate::model::cdi;
 use crate::model::helper::HelperFacts;
 #[cfg(test)]
 use crate::model::helper::helper_facts;
-use crate::model::{Change, Desired, Target};
+use crate::model::{Change, Desired};
 use crate::systemd::{MachineHandle, ServiceRun, Systemd};
 use crate::types::machine_name::MachineName;
 use crate::types::units;
@@ -425,14 +425,16 @@ pub fn machine_status(
     let host_inv = inv;
     let a = assign::assign(inv, &mc.gpus);
     let inv = &a.view;
-    let desired = Desired::of(
-        Target::Machine,
-        &ctx.host,
-        inv,
-        &mc,
-        ctx.config.helper_path().as_str(),
-    )
-    .with_context(|| format!("status of {machine}"))?;
+    // The machine's desired state, made once: pre-start's when it would start the machine, else
+    // for its share as it is, beside why pre-start would refuse the next start.
+    let (next_start, desired) = match crate::model::render::as_pre_start(ctx, machine, host_inv) {
+        Ok((_, r)) => (None, r.desired),
+        Err(e) => (
+            Some((crate::error::exit_code(&e), format!("{e:#}"))),
+            Desired::machine(ctx, machine, &mc, host_inv, &a)
+                .with_context(|| format!("status of {machine}"))?,
+        ),
+    };
     let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
     // The drop-in is install's: what the next start runs, against what install writes now.
@@ -448,9 +450,7 @@ pub fn machine_status(
     }
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(desired.helper.clone());
-    observed.next_start = crate::model::render::as_pre_start(ctx, machine, host_inv)
-        .err()
-        .map(|e| (crate::error::exit_code(&e), format!("{e:#}")));
+    observed.next_start = next_start;
     let mut status = evaluate(Subject::Machine(machine), &mc, inv, observed);
     if a.setting != crate::config::Gpus::All {
         status.assignment = Some(a.report(machine.as_str(), mc.require));

@@ -78,10 +78,19 @@ fn parts(driver: &UserspaceDriver) -> Result<Parts> {
     Ok((links, contents, sources))
 }
 
-/// The facts a driver root is checked against: stat every host source of `driver` now.
-pub fn host_ids(host: &HostRoot, driver: &UserspaceDriver) -> Result<HostIds> {
+/// The facts a driver root is checked against: the identity of every host source of `driver`,
+/// the files' as the tree's plan stat'ed them (`files`), any other source stat'ed now.
+pub fn host_ids(
+    host: &HostRoot,
+    driver: &UserspaceDriver,
+    files: &BTreeMap<String, (u64, u64)>,
+) -> Result<HostIds> {
     let mut ids = HostIds::new();
     for (_, source, _) in parts(driver)?.2 {
+        if let Some(id) = files.get(&source) {
+            ids.insert(source, *id);
+            continue;
+        }
         let st = host.metadata(source.as_str()).with_context(|| {
             format!(
                 "host driver file {source} (stat {})",
@@ -129,7 +138,7 @@ impl Expected {
 
     /// [`Expected::from_ids`] with the host's files stat'ed now.
     pub fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
-        Expected::from_ids(driver, &host_ids(host, driver)?)
+        Expected::from_ids(driver, &host_ids(host, driver, &BTreeMap::new())?)
     }
 
     /// How many entries the check compares.

@@ -1,14 +1,16 @@
-//! The wiring as a value: what post-start must leave in a target (a machine, or the host itself
-//! in host mode) for the host as discovered now ([`Desired`]), and what it would change there
-//! ([`pending`]).
+//! The wiring as a value: what the hooks must leave for a target (a machine, or the host itself
+//! in host mode) for the host as discovered now ([`Desired`]), and what post-start would change
+//! there ([`pending`]).
 //!
-//! [`Desired`] is computed once, purely ([`Desired::from_facts`]), from discovery (the machine's
-//! share of it), the host facts it names ([`Facts`]: the inode of every driver file, the
-//! installed helper), gathered by reads alone, and the configuration. Each
-//! part of it is read through the target's root handle and compared with what is there by one
-//! pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
-//! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]), which both consumers
-//! share:
+//! [`Desired`] is computed once, purely ([`Desired::from_facts`], [`Start::from_facts`]), from
+//! discovery (the machine's share of it), the host facts it names ([`Facts`]: the identity of
+//! every driver file and whether the tree can link it, the installed helper), gathered by reads
+//! alone, and the configuration. A machine's holds its next start ([`Start`]: the `.nspawn` file
+//! and the driver tree it binds), which pre-start makes and `plan` prints
+//! (src/model/render.rs), and what post-start makes in the running machine, which post-start,
+//! `plan` and `status` read through the target's root handle and compare with what is there by
+//! one pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
+//! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]):
 //!
 //! - post-start applies each part's difference (src/apply/rewire.rs), part by part, reading each part
 //!   just before it changes it;
@@ -37,12 +39,16 @@ pub mod render;
 pub mod spec;
 pub mod tree;
 
-use crate::config::MachineConfig;
+use crate::Ctx;
+use crate::config::{Gpus, MachineConfig};
+use crate::discovery::assign::Assignment;
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
 use crate::model::layout::DRIVER_ROOT;
-use crate::types::paths::UnitName;
+use crate::model::nspawn::NspawnFile;
+use crate::types::machine_name::MachineName;
+use crate::types::paths::{HostPath, UnitName};
 use anyhow::Result;
 use links::DirLinks;
 use serde::Serialize;
@@ -68,10 +74,14 @@ pub enum Target {
 /// removed without GPUs.
 pub const STAGING: &str = ".driver.new";
 
-/// What post-start must leave in a target.
+/// What the hooks must leave for a target: a machine's next start ([`Start`], pre-start's), and
+/// what post-start must leave in the target.
 #[derive(Debug, Clone)]
 pub struct Desired {
     pub target: Target,
+    /// A machine's next start, as pre-start makes it; `None` in host mode (no pre-start) and
+    /// where pre-start refuses the start for incomplete NVIDIA state.
+    pub start: Option<Start>,
     /// The driver the target is wired for; `None` when no NVIDIA state of ours belongs there (no
     /// GPU for it, no driver): every piece of ours is removed.
     pub driver: Option<UserspaceDriver>,
@@ -92,53 +102,128 @@ pub struct Desired {
     pub gpus: usize,
 }
 
+/// A machine's next start as pre-start makes it: the `.nspawn` file, and the driver tree it binds
+/// (each entry, the host identity of each driver file, linked or bound), for the machine's share
+/// of the host's GPUs.
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// The machine's share of the host's GPUs (the config's `gpus`).
+    pub assignment: Assignment,
+    /// The file pre-start writes.
+    pub file: NspawnFile,
+    /// The driver tree the file binds (src/apply/driver_tree.rs); `None` without a driver.
+    pub tree: Option<tree::Plan>,
+}
+
+impl Start {
+    /// `machine`'s next start for its share `a` of a host with `host_gpus` GPUs, from the facts
+    /// gathered for `a.view`: pure. `None` where pre-start refuses the start (incomplete NVIDIA
+    /// state, [`crate::discovery::check_complete`]).
+    pub fn from_facts(
+        machine: &MachineName,
+        mc: &MachineConfig,
+        a: &Assignment,
+        host_gpus: usize,
+        helper: &HostPath,
+        facts: &Facts,
+    ) -> Result<Option<Start>> {
+        if crate::discovery::check_complete(&a.view).is_err() {
+            return Ok(None);
+        }
+        let mut file = NspawnFile::render(machine, &a.view, mc, facts.has_lib_modules, helper)?;
+        if a.setting != Gpus::All {
+            file.summary = format!(
+                "{} ({} of the host's {host_gpus} by the config's gpus)",
+                file.summary,
+                a.gpus.len(),
+            );
+        }
+        if let Some(plan) = &facts.tree {
+            file.bind_driver_files(layout::file_binds(&plan.tree)?);
+        }
+        Ok(Some(Start {
+            assignment: a.clone(),
+            file,
+            tree: facts.tree.clone(),
+        }))
+    }
+}
+
 /// The host facts [`Desired`] names: the identity of every driver file and directory a wired
-/// machine's driver root must be, and the installed helper. Gathered by reads only
-/// ([`Facts::gather`]); everything else of the desired state follows from them purely.
+/// machine's driver root must be, and whether the tree can link each file (its plan), whether the
+/// host has `/lib/modules`, and the installed helper. Gathered by reads only ([`Facts::gather`]);
+/// everything else of the desired state follows from them purely.
 #[derive(Debug, Clone)]
 pub struct Facts {
+    /// A machine's driver tree as pre-start would build it now (a complete driver only).
+    pub tree: Option<tree::Plan>,
     pub driver_ids: driver_root::HostIds,
+    pub has_lib_modules: bool,
     pub helper: helper::HelperFacts,
 }
 
 impl Facts {
-    /// Stat the host's driver files (a machine with a complete driver only: host mode's driver
-    /// root is the host itself) and look at the helper installed at `helper`.
+    /// Plan the driver tree, stating every host driver file once (a machine with a complete
+    /// driver only: host mode's driver root is the host itself), and the directories the driver
+    /// root binds; look at `/lib/modules` and at the helper installed at `helper`.
     pub fn gather(target: Target, host: &HostRoot, inv: &Inventory, helper: &str) -> Result<Facts> {
-        let driver_ids = match (target, inv.complete_driver()) {
-            (Target::Machine, Some(d)) => driver_root::host_ids(host, d)?,
-            _ => driver_root::HostIds::new(),
+        let (tree, driver_ids) = match (target, inv.complete_driver()) {
+            (Target::Machine, Some(d)) => {
+                let plan = tree::plan(host, d)?;
+                let ids = driver_root::host_ids(host, d, &plan.ids)?;
+                (Some(plan), ids)
+            }
+            _ => (None, driver_root::HostIds::new()),
         };
         Ok(Facts {
+            tree,
             driver_ids,
+            has_lib_modules: target == Target::Machine && host.is_dir("/lib/modules"),
             helper: helper::helper_facts(host, helper),
         })
     }
 }
 
 impl Desired {
-    /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
-    /// host's whole discovery in host mode) under the settings `mc`, with the host's files as
-    /// [`Facts::gather`] finds them now; `helper` is the installed helper's host path (host
-    /// mode's CDI hooks run it).
-    pub fn of(
-        target: Target,
-        host: &HostRoot,
-        inv: &Inventory,
+    /// `machine`'s desired state for its share `a` of the host `host_inv` (the config's `gpus`;
+    /// pre- and post-start check it with [`crate::discovery::assign::for_machine`], `status`
+    /// takes it as it is) under its settings `mc`, with the host's files as [`Facts::gather`]
+    /// finds them now.
+    pub fn machine(
+        ctx: &Ctx,
+        machine: &MachineName,
         mc: &MachineConfig,
-        helper: &str,
+        host_inv: &Inventory,
+        a: &Assignment,
     ) -> Result<Desired> {
-        let facts = Facts::gather(target, host, inv, helper)?;
-        Desired::from_facts(target, inv, mc, helper, facts)
+        let helper = ctx.config.helper_path();
+        let facts = Facts::gather(Target::Machine, &ctx.host, &a.view, helper.as_str())?;
+        let mut d = Desired::from_facts(Target::Machine, &a.view, mc, helper.as_str(), &facts)?;
+        d.start = Start::from_facts(machine, mc, a, host_inv.gpus.len(), helper, &facts)?;
+        Ok(d)
     }
 
-    /// [`Desired::of`] from facts already gathered: pure.
+    /// Host mode's desired state for the host's discovery `inv` under the settings `hc`; `helper`
+    /// is the installed helper's host path (host mode's CDI hooks run it).
+    pub fn host(
+        host: &HostRoot,
+        inv: &Inventory,
+        hc: &MachineConfig,
+        helper: &str,
+    ) -> Result<Desired> {
+        let facts = Facts::gather(Target::Host, host, inv, helper)?;
+        Desired::from_facts(Target::Host, inv, hc, helper, &facts)
+    }
+
+    /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
+    /// host's whole discovery in host mode) under the settings `mc`, from facts already
+    /// gathered: pure. Without its start ([`Desired::machine`] adds a machine's).
     pub fn from_facts(
         target: Target,
         inv: &Inventory,
         mc: &MachineConfig,
         helper: &str,
-        facts: Facts,
+        facts: &Facts,
     ) -> Result<Desired> {
         let bytes = match target {
             Target::Machine => crate::model::cdi::spec(inv, &mc.cdi_kind),
@@ -154,6 +239,7 @@ impl Desired {
         };
         Ok(Desired {
             target,
+            start: None,
             lib_links: (target == Target::Machine).then(|| links::lib_links(driver.as_ref())),
             dev_char: if driver.is_some() {
                 links::dev_char_links(inv)
@@ -169,7 +255,7 @@ impl Desired {
                 bytes,
             },
             gate: vec![mc.containerd_unit.clone(), mc.kubelet_unit.clone()],
-            helper: facts.helper,
+            helper: facts.helper.clone(),
             gpus: inv.gpus.len(),
         })
     }

@@ -6,33 +6,46 @@
 use crate::Ctx;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
-use crate::discovery::assign::{self, Assignment};
+use crate::discovery::assign;
 use crate::discovery::{self, Inventory, check_complete};
 use crate::model::device_cgroup;
-use crate::model::nspawn::NspawnFile;
+use crate::model::{Desired, Start};
 use crate::types::machine_name::MachineName;
 use crate::types::units::nspawn_path;
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 
-/// The `.nspawn` file as pre-start would write it, beside what is on disk.
+/// The machine's desired state, whose next start pre-start makes, beside the `.nspawn` file on
+/// disk.
 #[derive(Debug)]
 pub struct Rendered {
     pub host_path: std::path::PathBuf,
     pub old: Option<String>,
-    /// The driver tree `new` binds (src/apply/driver_tree.rs), whose host copy must then exist.
-    pub tree: Option<crate::model::tree::Plan>,
-    /// The new file: pre-start adds the binds of files the tree could not link, so its text
-    /// ([`Rendered::text`]) and whether it binds the unit gate are read from it, never kept beside.
-    pub file: NspawnFile,
-    /// The machine's share of the host's GPUs (the config's `gpus`).
-    pub assignment: Assignment,
+    /// With its [`Start`] ([`render_from`] makes a `Rendered` only then).
+    pub desired: Desired,
 }
 
 impl Rendered {
+    /// The machine's next start: the file, the tree it binds, the machine's GPUs.
+    pub fn start(&self) -> &Start {
+        self.desired
+            .start
+            .as_ref()
+            .expect("render_from makes a Rendered only of a desired state with its start")
+    }
+
+    /// The start, for pre-start's driver tree step: a file the kernel refuses to link after all
+    /// is bound instead, and the file binds it.
+    pub fn start_mut(&mut self) -> &mut Start {
+        self.desired
+            .start
+            .as_mut()
+            .expect("render_from makes a Rendered only of a desired state with its start")
+    }
+
     /// The `.nspawn` file's bytes as pre-start writes them.
     pub fn text(&self) -> String {
-        self.file.to_string()
+        self.start().file.to_string()
     }
 }
 
@@ -42,7 +55,7 @@ pub fn render(ctx: &Ctx, machine: &MachineName, mc: &MachineConfig) -> Result<Re
     render_from(ctx, machine, mc, &discovery::discover(&ctx.host)?)
 }
 
-/// [`render`] from a discovery of the host already made.
+/// [`render`] from a discovery of the host already made: the machine's [`Desired`] state.
 pub fn render_from(
     ctx: &Ctx,
     machine: &MachineName,
@@ -51,30 +64,11 @@ pub fn render_from(
 ) -> Result<Rendered> {
     let assignment = assign::for_machine(&ctx.config, machine, mc, inv)?;
     check_complete(&assignment.view)?;
-    let has_lib_modules = ctx.host.is_dir("/lib/modules");
-    let mut file = NspawnFile::render(
-        machine,
-        &assignment.view,
-        mc,
-        has_lib_modules,
-        ctx.config.helper_path(),
-    )?;
-    if assignment.setting != Gpus::All {
-        file.summary = format!(
-            "{} ({} of the host's {} by the config's gpus)",
-            file.summary,
-            assignment.gpus.len(),
-            inv.gpus.len()
-        );
-    }
-    let tree = assignment
-        .view
-        .complete_driver()
-        .map(|d| crate::model::tree::plan(&ctx.host, d))
-        .transpose()?;
-    if let Some(plan) = &tree {
-        file.bind_driver_files(crate::model::layout::file_binds(&plan.tree)?);
-    }
+    let desired = Desired::machine(ctx, machine, mc, inv, &assignment)?;
+    anyhow::ensure!(
+        desired.start.is_some(),
+        "no start rendered for {machine}, whose NVIDIA state is complete (a bug)"
+    );
     let host_path = ctx.host.path(nspawn_path(machine));
     let old = match ctx.host.read(nspawn_path(machine)) {
         Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
@@ -84,9 +78,7 @@ pub fn render_from(
     Ok(Rendered {
         host_path,
         old,
-        tree,
-        file,
-        assignment,
+        desired,
     })
 }
 
@@ -100,13 +92,14 @@ impl std::fmt::Display for Rendered {
 
 fn plan_text(r: &Rendered) -> String {
     let shown = r.host_path.display().to_string();
+    let start = r.start();
     // `all` (the default) shows nothing more: every GPU.
-    let mut out = match r.assignment.setting {
+    let mut out = match start.assignment.setting {
         Gpus::All => String::new(),
         _ => format!(
             "# GPUs (the config's gpus): {}\n# Device cgroup (runtime DeviceAllow=, set by pre-start): {}\n",
-            r.assignment.summary(),
-            match device_cgroup::machine_entries(&r.assignment.view) {
+            start.assignment.summary(),
+            match device_cgroup::machine_entries(&start.assignment.view) {
                 e if e.is_empty() => "no NVIDIA or DRM node".to_owned(),
                 e => e
                     .iter()
@@ -116,7 +109,7 @@ fn plan_text(r: &Rendered) -> String {
             }
         ),
     };
-    if let (Some(plan), Some(d)) = (&r.tree, r.assignment.view.complete_driver()) {
+    if let (Some(plan), Some(d)) = (&start.tree, start.assignment.view.complete_driver()) {
         let _ = writeln!(
             out,
             "# Driver root {} (pre-start's host tree): {} entries; the C runtime of the driver's \
@@ -173,7 +166,8 @@ impl Rendered {
 
     /// `plan --json`: what pre-start would do, as one object (kind `MachinePlan`).
     pub fn to_json(&self, machine: &MachineName) -> serde_json::Value {
-        let driver = self.assignment.view.complete_driver();
+        let start = self.start();
+        let driver = start.assignment.view.complete_driver();
         let diff = self.diff();
         serde_json::json!({
             "apiVersion": crate::discovery::API_VERSION,
@@ -183,8 +177,8 @@ impl Rendered {
             "upToDate": diff.is_none(),
             "nspawn": self.text(),
             "diff": diff,
-            "gpus": self.assignment.summary(),
-            "driverRoot": self.tree.as_ref().map(|plan| serde_json::json!({
+            "gpus": start.assignment.summary(),
+            "driverRoot": start.tree.as_ref().map(|plan| serde_json::json!({
                 "path": crate::model::layout::DRIVER_ROOT,
                 "entries": plan.tree.len(),
                 "cRuntime": driver.map(|d| d.runtime.clone()).unwrap_or_default(),
@@ -247,7 +241,7 @@ fn refuse_uninstalled(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<
         .as_deref()
         .is_some_and(|old| old.starts_with(crate::model::nspawn::UNINSTALLED_HEADER));
     let dropin = crate::types::units::dropin_path(machine);
-    if uninstalled && r.file.binds_gate() && !ctx.host.exists(&dropin) {
+    if uninstalled && r.start().file.binds_gate() && !ctx.host.exists(&dropin) {
         return Err(crate::error::bad_input(format!(
             "{machine} is uninstalled ({} is uninstall's and there is no \
              {dropin}): its .nspawn file would bind the unit gate, which only post-start \

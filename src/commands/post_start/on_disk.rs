@@ -32,31 +32,24 @@ pub fn run_on_disk(
 ) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let inv =
-        assign::for_machine(&ctx.config, machine, &mc, &discovery::discover(&ctx.host)?)?.view;
-    check_complete(&inv)?;
-    on_disk(ctx, machine, &mc, &ctx.host, &inv, root, services)
+    let host_inv = discovery::discover(&ctx.host)?;
+    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)?;
+    check_complete(&a.view)?;
+    let desired = Desired::machine(ctx, machine, &mc, &host_inv, &a)?;
+    on_disk(machine, &mc, &ctx.host, &desired, root, services)
 }
 
 /// [`run_on_disk`] once locked and discovered.
 #[cfg(any(feature = "failpoints", feature = "testkit"))]
 fn on_disk(
-    ctx: &Ctx,
     machine: &MachineName,
     mc: &MachineConfig,
     host: &HostRoot,
-    inv: &crate::discovery::Inventory,
+    desired: &Desired,
     root: &MachineRoot,
     services: &dyn Services,
 ) -> Result<()> {
     let who = machine.as_str();
-    let desired = Desired::of(
-        Target::Machine,
-        host,
-        inv,
-        mc,
-        ctx.config.helper_path().as_str(),
-    )?;
     let markers = gate::Markers::of_machine(host, who);
     if desired.driver.is_none() {
         clean(who, Target::Machine, mc, root, &markers)?;
@@ -68,7 +61,7 @@ fn on_disk(
         host,
         markers: &markers,
         root,
-        desired: &desired,
+        desired,
         services,
     };
     execute(
@@ -86,9 +79,11 @@ fn on_disk(
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let inv =
-        assign::for_machine(&ctx.config, machine, &mc, &discovery::discover(&ctx.host)?)?.view;
-    check_complete(&inv)?;
+    let host_inv = discovery::discover(&ctx.host)?;
+    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)?;
+    check_complete(&a.view)?;
+    let desired = Desired::machine(ctx, machine, &mc, &host_inv, &a)?;
+    let inv = &a.view;
     // Before the machine root and the host root are opened (again): a descriptor opened in the
     // old mount namespace would not see the mounts made in the new one, and a bind from it is
     // refused (EINVAL: its source is not in this namespace).
@@ -105,7 +100,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         // them.
         gate::prepare_boot(&host, machine.as_str(), None)?;
     }
-    on_disk(ctx, machine, &mc, &host, &inv, &root, &services)
+    on_disk(machine, &mc, &host, &desired, &root, &services)
 }
 
 /// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,

@@ -18,9 +18,9 @@ use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::fs::machine_root::MachineRoot;
+use crate::model::Desired;
 use crate::model::gate as gates;
 use crate::model::host_unit;
-use crate::model::{Desired, Target};
 use crate::systemd::Systemd;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
@@ -73,7 +73,7 @@ pub fn judge(ctx: &Ctx, inv: &Inventory) -> Result<Status> {
 
 /// What `host post-start` left on the host, and (on the real host) its unit and both services.
 fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Result<Observed> {
-    let desired = Desired::of(Target::Host, &ctx.host, inv, hc, helper)?;
+    let desired = Desired::host(&ctx.host, inv, hc, helper)?;
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     let mut facts = super::MachineFacts {

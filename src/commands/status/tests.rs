@@ -117,6 +117,14 @@ fn bind_host(m: &Path, host: &HostRoot, inv: &Inventory) {
 }
 
 /// Wire `m` for `inv` exactly as post-start's file steps do (ldconfig aside).
+/// What post-start must leave in the machine (no start: these tests judge a running machine),
+/// with no helper installed.
+fn post_start_desired(host: &HostRoot, inv: &Inventory, mc: &MachineConfig) -> Desired {
+    use crate::model::{Facts, Target};
+    let facts = Facts::gather(Target::Machine, host, inv, "/nonexistent").unwrap();
+    Desired::from_facts(Target::Machine, inv, mc, "/nonexistent", &facts).unwrap()
+}
+
 fn wire(m: &Path, host: &HostRoot, inv: &Inventory) {
     bind_host(m, host, inv);
     let root = MachineRoot::open(m).unwrap();
@@ -125,7 +133,7 @@ fn wire(m: &Path, host: &HostRoot, inv: &Inventory) {
         inv.complete_driver().is_some(),
         "wire() wants a complete driver"
     );
-    let d = Desired::of(Target::Machine, host, inv, &mc, "/nonexistent").unwrap();
+    let d = post_start_desired(host, inv, &mc);
     crate::apply::rewire::rebuild_links(&root, d.lib_links.as_ref().unwrap(), &d.dev_char).unwrap();
     crate::apply::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
     // What the machine shows at MARKER_DIR (the host's directory, bound there).
@@ -191,7 +199,7 @@ fn facts_of(
     inv: &Inventory,
     mc: &MachineConfig,
 ) -> MachineFacts {
-    let desired = Desired::of(Target::Machine, host, inv, mc, "/nonexistent").unwrap();
+    let desired = post_start_desired(host, inv, mc);
     let mut facts = inspect_machine(root, mc, &desired, true).unwrap();
     facts
         .pending_changes
