@@ -28,8 +28,8 @@ use crate::apply::executor::{Order, Wiring, execute, micros, plan, timed};
 use crate::apply::gate;
 use crate::apply::rewire;
 use crate::config::MachineConfig;
+use crate::discovery;
 use crate::discovery::check_complete;
-use crate::discovery::{self, assign};
 use crate::failpoint::{self, Point};
 use crate::fs::host::HostRoot;
 use crate::fs::lock;
@@ -101,9 +101,8 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     })?;
     let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     // The machine's share of the host (the config's `gpus`): all it is wired for.
-    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)
+    let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
         .with_context(|| format!("post-start of {machine}"))?;
-    check_complete(&a.view).with_context(|| format!("post-start of {machine}"))?;
 
     let deadline = Instant::now() + mc.job_timeout;
     let handle = timed(who, "find machine", || {
@@ -116,7 +115,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         mc: &mc,
         host: &ctx.host,
         root: handle.root(),
-        desired: &Desired::machine(ctx, machine, &mc, &host_inv, &a)?,
+        desired: &desired,
     };
     run.finish(
         total,

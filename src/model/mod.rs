@@ -203,6 +203,20 @@ impl Desired {
         Ok(d)
     }
 
+    /// `machine`'s desired state as the hooks take it: its share of `host_inv` checked
+    /// ([`crate::discovery::assign::for_machine`]: lists that overlap, `require`), and refused
+    /// while its NVIDIA state is incomplete (exit 3, which pre-start's retries wait out).
+    pub fn for_hooks(
+        ctx: &Ctx,
+        machine: &MachineName,
+        mc: &MachineConfig,
+        host_inv: &Inventory,
+    ) -> Result<Desired> {
+        let a = crate::discovery::assign::for_machine(&ctx.config, machine, mc, host_inv)?;
+        crate::discovery::check_complete(&a.view)?;
+        Desired::machine(ctx, machine, mc, host_inv, &a)
+    }
+
     /// Host mode's desired state for the host's discovery `inv` under the settings `hc`; `helper`
     /// is the installed helper's host path (host mode's CDI hooks run it).
     pub fn host(

@@ -7,7 +7,7 @@ use crate::Ctx;
 use crate::config::Gpus;
 use crate::config::MachineConfig;
 use crate::discovery::assign;
-use crate::discovery::{self, Inventory, check_complete};
+use crate::discovery::{self, Inventory};
 use crate::model::device_cgroup;
 use crate::model::{Desired, Start};
 use crate::types::machine_name::MachineName;
@@ -62,9 +62,7 @@ pub fn render_from(
     mc: &MachineConfig,
     inv: &Inventory,
 ) -> Result<Rendered> {
-    let assignment = assign::for_machine(&ctx.config, machine, mc, inv)?;
-    check_complete(&assignment.view)?;
-    let desired = Desired::machine(ctx, machine, mc, inv, &assignment)?;
+    let desired = Desired::for_hooks(ctx, machine, mc, inv)?;
     anyhow::ensure!(
         desired.start.is_some(),
         "no start rendered for {machine}, whose NVIDIA state is complete (a bug)"

@@ -6,7 +6,7 @@ use crate::Ctx;
 use crate::apply::executor::{Order, Wiring, execute, plan};
 use crate::apply::gate;
 use crate::config::MachineConfig;
-use crate::discovery::{self, assign, check_complete};
+use crate::discovery;
 use crate::fs::host::HostRoot;
 use crate::fs::lock;
 use crate::fs::machine_root::MachineRoot;
@@ -32,10 +32,7 @@ pub fn run_on_disk(
 ) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let host_inv = discovery::discover(&ctx.host)?;
-    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)?;
-    check_complete(&a.view)?;
-    let desired = Desired::machine(ctx, machine, &mc, &host_inv, &a)?;
+    let desired = Desired::for_hooks(ctx, machine, &mc, &discovery::discover(&ctx.host)?)?;
     on_disk(machine, &mc, &ctx.host, &desired, root, services)
 }
 
@@ -79,11 +76,12 @@ fn on_disk(
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let host_inv = discovery::discover(&ctx.host)?;
-    let a = assign::for_machine(&ctx.config, machine, &mc, &host_inv)?;
-    check_complete(&a.view)?;
-    let desired = Desired::machine(ctx, machine, &mc, &host_inv, &a)?;
-    let inv = &a.view;
+    let desired = Desired::for_hooks(ctx, machine, &mc, &discovery::discover(&ctx.host)?)?;
+    // The machine's share, complete: for_hooks refuses it otherwise.
+    let driver = desired
+        .start
+        .as_ref()
+        .and_then(|s| s.assignment.view.complete_driver());
     // Before the machine root and the host root are opened (again): a descriptor opened in the
     // old mount namespace would not see the mounts made in the new one, and a bind from it is
     // refused (EINVAL: its source is not in this namespace).
@@ -91,11 +89,11 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     let host = HostRoot::open(ctx.host.root())?;
     let root = MachineRoot::open(dir)?;
     root.refuse_host_root(std::path::Path::new("/"))?;
-    if let Some(driver) = inv.complete_driver() {
+    if let Some(driver) = driver {
         bind_driver_root(&root, &host, driver)?;
     }
     let services = OnDisk { dir };
-    if inv.complete_driver().is_some() {
+    if driver.is_some() {
         // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves
         // them.
         gate::prepare_boot(&host, machine.as_str(), None)?;
