@@ -19,9 +19,9 @@ const BUS_TIMEOUT: Duration = Duration::from_secs(15);
 /// `MachinePlan` object); returns whether the file on disk is already exactly that. Where
 /// pre-start would refuse the start, plan fails with its message and exit code.
 pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
-    let (mc, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
+    let (_, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
         .with_context(|| format!("pre-start would refuse to start {machine}"))?;
-    let now = post_start_now(ctx, machine, &mc, &r);
+    let now = post_start_now(ctx, machine, &r);
     if json {
         let mut v = r.to_json(machine);
         v["postStart"] = match &now {
@@ -39,12 +39,7 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
 /// What post-start run now would change in `machine` when it runs ([`model::pending`] through
 /// its leader's root): `None` when it is not running, or under `--host-root` (no machine is
 /// reachable there). Reads only.
-fn post_start_now(
-    ctx: &Ctx,
-    machine: &MachineName,
-    mc: &crate::config::MachineConfig,
-    r: &Rendered,
-) -> Result<Option<Vec<Change>>> {
+fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Option<Vec<Change>>> {
     if !ctx.host.is_real_root() {
         return Ok(None);
     }
@@ -55,12 +50,7 @@ fn post_start_now(
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
     let mut changes = model::pending(handle.root(), &r.desired);
-    changes.extend(crate::model::dropin::Dropin::pending(
-        &ctx.host,
-        machine,
-        ctx.config.helper_path(),
-        &mc.gpus,
-    )?);
+    changes.extend(model::pending_units(&ctx.host, &r.desired)?);
     Ok(Some(changes))
 }
 

@@ -155,7 +155,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
         mc: &hc,
         host: &ctx.host,
         root: &root,
-        desired: &Desired::host(&ctx.host, &inv, &hc, helper.as_str())?,
+        desired: &Desired::host(&ctx.host, &inv, &hc, helper)?,
     };
     // No boot to wait for: this runs as a unit of the host's own boot.
     let bus = || Systemd::host(Instant::now() + hc.job_timeout);

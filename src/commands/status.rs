@@ -438,15 +438,9 @@ pub fn machine_status(
     let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
     // The drop-in is install's: what the next start runs, against what install writes now.
-    if let Some(m) = observed.machine.as_mut()
-        && let Some(change) = crate::model::dropin::Dropin::pending(
-            &ctx.host,
-            machine,
-            ctx.config.helper_path(),
-            &mc.gpus,
-        )?
-    {
-        m.pending_changes.push(change);
+    if let Some(m) = observed.machine.as_mut() {
+        m.pending_changes
+            .extend(crate::model::pending_units(&ctx.host, &desired)?);
     }
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(desired.helper.clone());

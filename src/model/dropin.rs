@@ -69,31 +69,20 @@ impl Dropin {
         }
     }
 
-    /// The machine's drop-in on `host` against what `install` writes now ([`Dropin::for_gpus`]):
-    /// a [`crate::model::Change`] of action `install` when it differs, which only `install`
-    /// mends (the next start runs the hooks and device groups the file on disk names). Reads
-    /// only; a missing drop-in is an uninstalled machine, judged before this.
-    pub fn pending(
-        host: &crate::fs::host::HostRoot,
+    /// The machine's drop-in as `install` writes it now ([`Dropin::for_gpus`]), part of its
+    /// desired state: the next start runs the hooks and device groups the file on disk names.
+    /// A missing one is an uninstalled machine, judged apart.
+    pub fn unit_file(
         machine: &MachineName,
         helper_path: &HostPath,
         gpus: &Gpus,
-    ) -> anyhow::Result<Option<crate::model::Change>> {
-        let path = crate::types::units::dropin_path(machine);
-        let want = Dropin::for_gpus(machine, helper_path, gpus).to_string();
-        let have = match host.read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!("reading {path}")));
-            }
-        };
-        Ok((have != want.as_bytes()).then(|| crate::model::Change {
-            check: "dropin",
-            action: crate::model::Action::Install,
-            path,
-            detail: "differs from what install writes now".into(),
-        }))
+    ) -> crate::model::UnitFile {
+        crate::model::UnitFile {
+            path: crate::types::units::dropin_path(machine),
+            text: Dropin::for_gpus(machine, helper_path, gpus).to_string(),
+            required: false,
+            by: "install",
+        }
     }
 
     /// The drop-in for a machine with the config's `gpus`.

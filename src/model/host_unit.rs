@@ -96,40 +96,27 @@ Wants={UNIT}
     )
 }
 
-/// Host mode's unit files on `host` (the gate drop-ins of `units`, then the oneshot unit) against
-/// what `install --host` writes now: a [`crate::model::Change`] of action `install` for each one
-/// missing or different, which only `install --host` mends. Reads only.
-pub fn pending(
-    host: &crate::fs::host::HostRoot,
-    units: [&UnitName; 2],
-    helper: &HostPath,
-) -> anyhow::Result<Vec<crate::model::Change>> {
-    let mut files: Vec<(String, String)> = units
+/// Host mode's unit files as `install --host` writes them now (the gate drop-ins of `units`,
+/// then the oneshot unit), part of the host's desired state: each missing or different one is a
+/// change only `install --host` mends.
+pub fn unit_files(units: [&UnitName; 2], helper: &HostPath) -> Vec<crate::model::UnitFile> {
+    let file = |path: String, text: String| crate::model::UnitFile {
+        path,
+        text,
+        required: true,
+        by: "install --host",
+    };
+    let mut out: Vec<_> = units
         .iter()
         .map(|u| {
-            (
+            file(
                 crate::model::gate::host_dropin(u).to_string(),
                 gate_dropin(u),
             )
         })
         .collect();
-    files.push((unit_path(), unit(helper)));
-    let mut out = Vec::new();
-    for (path, want) in files {
-        let why = match host.read(&path) {
-            Ok(have) if have == want.as_bytes() => continue,
-            Ok(_) => "differs from what install --host writes now",
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing",
-            Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {path}"))),
-        };
-        out.push(crate::model::Change {
-            check: "dropin",
-            action: crate::model::Action::Install,
-            path,
-            detail: why.into(),
-        });
-    }
-    Ok(out)
+    out.push(file(unit_path(), unit(helper)));
+    out
 }
 
 #[cfg(test)]

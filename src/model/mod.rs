@@ -100,6 +100,20 @@ pub struct Desired {
     pub helper: helper::HelperFacts,
     /// How many GPUs the target is wired for.
     pub gpus: usize,
+    /// The unit files `install` writes for the target ([`pending_units`]).
+    pub unit_files: Vec<UnitFile>,
+}
+
+/// A unit file `install` writes, as it would write it now: only `install` mends a difference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitFile {
+    pub path: String,
+    pub text: String,
+    /// Whether a missing file is a change: host mode's files are; a machine without its drop-in
+    /// is not installed, which `status` judges before.
+    pub required: bool,
+    /// What writes it (`install`, `install --host`), named in the change.
+    pub by: &'static str,
 }
 
 /// A machine's next start as pre-start makes it: the `.nspawn` file, and the driver tree it binds
@@ -200,6 +214,7 @@ impl Desired {
         let facts = Facts::gather(Target::Machine, &ctx.host, &a.view, helper.as_str())?;
         let mut d = Desired::from_facts(Target::Machine, &a.view, mc, helper.as_str(), &facts)?;
         d.start = Start::from_facts(machine, mc, a, host_inv.gpus.len(), helper, &facts)?;
+        d.unit_files = vec![dropin::Dropin::unit_file(machine, helper, &mc.gpus)];
         Ok(d)
     }
 
@@ -218,15 +233,17 @@ impl Desired {
     }
 
     /// Host mode's desired state for the host's discovery `inv` under the settings `hc`; `helper`
-    /// is the installed helper's host path (host mode's CDI hooks run it).
+    /// is the installed helper's host path (host mode's CDI hooks and its unit run it).
     pub fn host(
         host: &HostRoot,
         inv: &Inventory,
         hc: &MachineConfig,
-        helper: &str,
+        helper: &HostPath,
     ) -> Result<Desired> {
-        let facts = Facts::gather(Target::Host, host, inv, helper)?;
-        Desired::from_facts(Target::Host, inv, hc, helper, &facts)
+        let facts = Facts::gather(Target::Host, host, inv, helper.as_str())?;
+        let mut d = Desired::from_facts(Target::Host, inv, hc, helper.as_str(), &facts)?;
+        d.unit_files = host_unit::unit_files([&hc.containerd_unit, &hc.kubelet_unit], helper);
+        Ok(d)
     }
 
     /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
@@ -271,6 +288,7 @@ impl Desired {
             gate: vec![mc.containerd_unit.clone(), mc.kubelet_unit.clone()],
             helper: facts.helper.clone(),
             gpus: inv.gpus.len(),
+            unit_files: Vec::new(),
         })
     }
 }
@@ -395,6 +413,26 @@ pub fn pending(root: &MachineRoot, d: &Desired) -> Vec<Change> {
     part("cdi-spec", spec::pending(root, &d.spec));
     part("gate", gate_changes(root, d));
     out
+}
+
+/// The unit files `d` names on `host` against what `install` writes now: an [`Action::Install`]
+/// change for each that differs, or is missing where that is a change ([`UnitFile::required`]).
+/// Reads only.
+pub fn pending_units(host: &HostRoot, d: &Desired) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    for f in &d.unit_files {
+        let why = match host.read(&f.path) {
+            Ok(have) if have == f.text.as_bytes() => continue,
+            Ok(_) => format!("differs from what {} writes now", f.by),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !f.required => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_owned(),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("reading {}", f.path)));
+            }
+        };
+        out.push(Change::new("dropin", Action::Install, f.path.clone(), why));
+    }
+    Ok(out)
 }
 
 /// The driver root: wired, it must be the host's driver as [`driver_root::Expected`] says (only

@@ -228,7 +228,8 @@ pub fn with_host_wiring<T>(
     let json = cdi::render(&spec);
     let mroot = machine_root::MachineRoot::open(root).unwrap();
     let markers = gate::Markers::of_host(&hroot);
-    let desired = model::Desired::host(&hroot, &inv, &hc, config::DEFAULT_HELPER_PATH).unwrap();
+    let helper = config::DEFAULT_HELPER_PATH.parse().unwrap();
+    let desired = model::Desired::host(&hroot, &inv, &hc, &helper).unwrap();
     let wiring = nspawn_lifecycle::apply::executor::Wiring {
         machine: "the host",
         mc: &hc,

@@ -64,16 +64,15 @@ fn require_installed(ctx: &Ctx) -> Result<()> {
 /// metrics, [`super::report`], which has discovered the host already).
 pub fn judge(ctx: &Ctx, inv: &Inventory) -> Result<Status> {
     let hc = ctx.config.host()?;
-    let helper = ctx.config.helper_path();
-    let observed = observe(ctx, &hc, inv, helper.as_str()).context("host status")?;
+    let observed = observe(ctx, &hc, inv).context("host status")?;
     let mut status = evaluate(Subject::Host, &hc, inv, observed);
     status.kind = KIND;
     Ok(status)
 }
 
 /// What `host post-start` left on the host, and (on the real host) its unit and both services.
-fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Result<Observed> {
-    let desired = Desired::host(&ctx.host, inv, hc, helper)?;
+fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
+    let desired = Desired::host(&ctx.host, inv, hc, ctx.config.helper_path())?;
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     let mut facts = super::MachineFacts {
@@ -99,11 +98,7 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory, helper: &str) -> Resu
     // The unit files are install --host's: what the next boot runs, against what it writes now.
     facts
         .pending_changes
-        .extend(crate::model::host_unit::pending(
-            &ctx.host,
-            [&hc.containerd_unit, &hc.kubelet_unit],
-            ctx.config.helper_path(),
-        )?);
+        .extend(crate::model::pending_units(&ctx.host, &desired)?);
     let (unit, services) = if ctx.host.is_real_root() {
         let (u, s) = ask_systemd(hc)?;
         (Some(u), Some(s))
