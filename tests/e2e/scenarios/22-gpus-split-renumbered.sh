@@ -66,6 +66,7 @@ check_split() {
 }
 
 # ---- start ------------------------------------------------------------------------------------
+t_start=$(H date +%s)
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-kube1)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile kube1: $out"
 stop_unit kube2 >/dev/null 2>&1
@@ -75,6 +76,10 @@ for m in kube1 kube2; do
 done
 info "kube1 DeviceAllow: $(uprop DeviceAllow kube1 | tr '\n' ' ')"
 check_split start 0
+# a share's device cgroup is pre-start's first step, through the one executor
+assert_match "$(c kube1-pre-start-device-cgroup-step)" \
+    'device cgroup of systemd-nspawn@kube1\.service (set|unchanged): [0-9]+ NVIDIA/DRM node\(s\).* machine=kube1 step=device-cgroup us=[0-9]+$' \
+    "$(hook_journal_since kube1 "@$((t_start - 1))" "$HOOK_IDENT")"
 
 # ---- restart, daemon-reload while running -------------------------------------------------------
 out=$(reconcile kube2 2>&1); rc=$?
