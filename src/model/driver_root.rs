@@ -3,14 +3,15 @@
 //! It is not built in the machine: it is pre-start's host tree of hard links of the driver files,
 //! which systemd-nspawn binds read-only at boot (src/model/layout.rs, src/apply/driver_tree.rs), so it exists
 //! whole before any service of the machine starts and changes only with the machine. What it
-//! must be is known from the host ([`Expected::of`]: every driver file and directory discovery
-//! names, as the host inode it must be); what it is, from a walk through the machine's root
+//! must be is known from the tree pre-start plans for the host ([`Expected::from_ids`]: every
+//! driver file and directory discovery names, as the host inode it must be); what it is, from a walk through the machine's root
 //! ([`observe`]); the difference ([`diff`]) is pure. Only a new start can mend a difference.
 
 use crate::discovery::UserspaceDriver;
 use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, Subdir};
-use crate::model::layout::{DRIVER_ROOT, TreeNode, driver_binds};
+use crate::model::layout::{DRIVER_ROOT, Tree, TreeNode, driver_binds};
+use crate::model::tree::Plan;
 use anyhow::{Context as _, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,26 +44,28 @@ pub struct Expected {
 /// The device and inode of each host file or directory a driver root is made of, by host path.
 pub type HostIds = BTreeMap<String, (u64, u64)>;
 
-/// What a driver root holds for `driver`, by path in the tree: its SONAME links, the files
-/// pre-start writes (their bytes), and the host sources it binds or links (path, host path,
-/// whether a directory).
+/// What a driver root holds for `driver` built as `tree` (its plan, [`crate::model::tree`]), by
+/// path in the tree: its SONAME links, the files pre-start writes (their bytes), and the host
+/// sources it binds or links (path, host path, whether a directory).
 type Parts = (
     BTreeMap<String, String>,
     BTreeMap<String, Vec<u8>>,
     Vec<(String, String, bool)>,
 );
 
-fn parts(driver: &UserspaceDriver) -> Result<Parts> {
+fn parts(driver: &UserspaceDriver, tree: &Tree) -> Result<Parts> {
     let (mut links, mut contents, mut sources) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
-    for (p, n) in crate::model::layout::driver_tree(driver)? {
+    for (p, n) in tree {
         match n {
             TreeNode::Link(t) => {
-                links.insert(p, t);
+                links.insert(p.clone(), t.clone());
             }
             TreeNode::File(bytes) => {
-                contents.insert(p, bytes);
+                contents.insert(p.clone(), bytes.clone());
             }
-            TreeNode::Hard(source) | TreeNode::Bound(source) => sources.push((p, source, false)),
+            TreeNode::Hard(source) | TreeNode::Bound(source) => {
+                sources.push((p.clone(), source.clone(), false));
+            }
             TreeNode::Dir => {}
         }
     }
@@ -79,15 +82,11 @@ fn parts(driver: &UserspaceDriver) -> Result<Parts> {
 }
 
 /// The facts a driver root is checked against: the identity of every host source of `driver`,
-/// the files' as the tree's plan stat'ed them (`files`), any other source stat'ed now.
-pub fn host_ids(
-    host: &HostRoot,
-    driver: &UserspaceDriver,
-    files: &BTreeMap<String, (u64, u64)>,
-) -> Result<HostIds> {
+/// the files' as the tree's plan stat'ed them, the directories it binds stat'ed now.
+pub fn host_ids(host: &HostRoot, driver: &UserspaceDriver, plan: &Plan) -> Result<HostIds> {
     let mut ids = HostIds::new();
-    for (_, source, _) in parts(driver)?.2 {
-        if let Some(id) = files.get(&source) {
+    for (_, source, _) in parts(driver, &plan.tree)?.2 {
+        if let Some(id) = plan.ids.get(&source) {
             ids.insert(source, *id);
             continue;
         }
@@ -109,10 +108,11 @@ pub fn host_ids(
 }
 
 impl Expected {
-    /// The driver root as it must be for `driver` with the host's files `ids` ([`host_ids`]).
-    /// Pure; a source `ids` does not name is an error (the facts are of another driver).
-    pub fn from_ids(driver: &UserspaceDriver, ids: &HostIds) -> Result<Expected> {
-        let (links, contents, sources) = parts(driver)?;
+    /// The driver root as it must be for `driver` built as `tree` with the host's files `ids`
+    /// ([`host_ids`]). Pure; a source `ids` does not name is an error (the facts are of another
+    /// driver).
+    pub fn from_ids(driver: &UserspaceDriver, tree: &Tree, ids: &HostIds) -> Result<Expected> {
+        let (links, contents, sources) = parts(driver, tree)?;
         let mut files = BTreeMap::new();
         for (rel, source, dir) in sources {
             let (dev, ino) = *ids
@@ -136,9 +136,10 @@ impl Expected {
         })
     }
 
-    /// [`Expected::from_ids`] with the host's files stat'ed now.
+    /// [`Expected::from_ids`] for the tree planned for the host now.
     pub fn of(host: &HostRoot, driver: &UserspaceDriver) -> Result<Expected> {
-        Expected::from_ids(driver, &host_ids(host, driver, &BTreeMap::new())?)
+        let plan = crate::model::tree::plan(host, driver)?;
+        Expected::from_ids(driver, &plan.tree, &host_ids(host, driver, &plan)?)
     }
 
     /// How many entries the check compares.
@@ -449,15 +450,16 @@ mod tests {
     #[test]
     fn the_expected_root_follows_from_the_facts_alone() {
         let d = driver();
-        assert!(Expected::from_ids(&d, &HostIds::new()).is_err());
-        let ids: HostIds = parts(&d)
+        let tree = crate::model::layout::driver_tree(&d).unwrap();
+        assert!(Expected::from_ids(&d, &tree, &HostIds::new()).is_err());
+        let ids: HostIds = parts(&d, &tree)
             .unwrap()
             .2
             .into_iter()
             .map(|(_, source, _)| (source, (7, 42)))
             .collect();
-        let a = Expected::from_ids(&d, &ids).unwrap();
-        assert_eq!(a, Expected::from_ids(&d, &ids).unwrap());
+        let a = Expected::from_ids(&d, &tree, &ids).unwrap();
+        assert_eq!(a, Expected::from_ids(&d, &tree, &ids).unwrap());
         assert!(!a.files.is_empty());
         assert!(a.files.values().all(|w| (w.dev, w.ino) == (7, 42)));
         assert_eq!(

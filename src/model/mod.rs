@@ -184,7 +184,7 @@ impl Facts {
         let (tree, driver_ids) = match (target, inv.complete_driver()) {
             (Target::Machine, Some(d)) => {
                 let plan = tree::plan(host, d)?;
-                let ids = driver_root::host_ids(host, d, &plan.ids)?;
+                let ids = driver_root::host_ids(host, d, &plan)?;
                 (Some(plan), ids)
             }
             _ => (None, driver_root::HostIds::new()),
@@ -262,9 +262,14 @@ impl Desired {
         }
         .map(|s| crate::model::cdi::render(&s).into_bytes());
         let driver = inv.complete_driver().filter(|_| bytes.is_some()).cloned();
-        let driver_root = match (target, &driver) {
-            (Target::Machine, Some(d)) => {
-                Some(driver_root::Expected::from_ids(d, &facts.driver_ids)?)
+        let driver_root = match (target, &driver, &facts.tree) {
+            (Target::Machine, Some(d), Some(plan)) => Some(driver_root::Expected::from_ids(
+                d,
+                &plan.tree,
+                &facts.driver_ids,
+            )?),
+            (Target::Machine, Some(_), None) => {
+                anyhow::bail!("a machine's driver without its tree planned (a bug in the facts)")
             }
             _ => None,
         };
