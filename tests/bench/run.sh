@@ -25,11 +25,17 @@ cd "$(dirname "$0")/../.."
 results=tests/bench/results
 mkdir -p "$results"
 target=$(rustc -vV | sed -n 's/^host: //p')
-cargo build --locked --release     # static: .cargo/config.toml
+# The product binary in a target directory of its own: `cargo bench` builds the package's binary
+# with the test kit (its dev-dependency on itself) into target/<triple>/release, over a plain
+# `cargo build --release`, and the bench would time that larger binary instead.
+cargo build --locked --release --target-dir target/product     # static: .cargo/config.toml
 # `status` is measured with the test kit's --machine-root, which the product binary does not have.
 cargo build --locked --release --features testkit --target-dir target/testkit
-helper=$PWD/target/$target/release/nspawn-lifecycle-helper
+helper=$PWD/target/product/$target/release/nspawn-lifecycle-helper
 cargo bench --locked --bench hooks --no-run
+refusal=$("$helper" status --machine-root / probe 2>&1 || true)
+grep -q "unexpected argument '--machine-root'" <<< "$refusal" \
+    || { echo "$helper is not the product binary: it takes the test kit's --machine-root" >&2; exit 1; }
 
 label="static release build of $(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- src Cargo.toml Cargo.lock || label+=" (with uncommitted changes)"
