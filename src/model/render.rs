@@ -1,7 +1,7 @@
-//! The machine's `.nspawn` file as pre-start writes it, rendered from discovery and the
-//! configuration, beside what is on disk, and what makes pre-start refuse a start: shared by
-//! `pre-start`, `plan`, `install`, `status` and `reconcile`, so none of them tells an operator
-//! something pre-start would not do.
+//! The machine's desired state ([`Desired`], whose [`Start`] holds the `.nspawn` file pre-start
+//! writes) beside the file on disk, as `plan` prints it, and what makes pre-start refuse a
+//! start: shared by `pre-start`, `plan`, `install`, `status` and `reconcile`, so none of them
+//! tells an operator something pre-start would not do.
 
 use crate::Ctx;
 use crate::config::Gpus;
