@@ -10,12 +10,12 @@
 //! (src/model/render.rs), and what post-start makes in the running machine, which post-start,
 //! `plan` and `status` read through the target's root handle and compare with what is there by
 //! one pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
-//! [`driver_root::diff`], [`spec::pending`], [`ld_cache::lists_driver`]):
+//! [`driver_root::diff`], [`spec::diff`]):
 //!
 //! - post-start applies each part's difference (src/apply/rewire.rs), part by part, reading each part
 //!   just before it changes it;
-//! - `status` and `plan` read every part at once and list the differences as [`Change`]s
-//!   without writing anything. `status` is out of sync exactly when that list is not empty
+//! - `status` and `plan` read every part at once ([`observe`], into an [`Observed`]) and list the
+//!   differences as [`Change`]s ([`diff`], pure) without writing anything. `status` is out of sync exactly when that list is not empty
 //!   (tests/wiring_model.rs holds it to that over every example host and a list of mutations).
 //!
 //! A change is post-start's to make, or only a new start's (the driver root and the helper bound
@@ -24,6 +24,7 @@
 
 pub mod cdi;
 pub mod device_cgroup;
+pub mod diff;
 pub mod driver_root;
 pub mod dropin;
 pub mod gate;
@@ -44,12 +45,11 @@ use crate::config::{Gpus, MachineConfig};
 use crate::discovery::assign::Assignment;
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::fs::host::HostRoot;
-use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
-use crate::model::layout::DRIVER_ROOT;
 use crate::model::nspawn::NspawnFile;
 use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, UnitName};
 use anyhow::Result;
+pub use diff::{Observed, diff, observe, pending};
 use links::DirLinks;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -377,49 +377,6 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// Everything post-start run now would change in the target at `root` to make it `d`, in the
-/// order it would: read through `root`, compared part by part with the
-/// same functions post-start applies. Reads only; a part that cannot be read is a change that
-/// fails ([`Action::Fails`]), as post-start would.
-pub fn pending(root: &MachineRoot, d: &Desired) -> Vec<Change> {
-    let mut out = Vec::new();
-    let mut part = |check: &'static str, r: Result<Vec<Change>>| match r {
-        Ok(changes) => out.extend(changes),
-        Err(e) => out.push(Change::new(
-            check,
-            Action::Fails,
-            String::new(),
-            format!("{e:#}"),
-        )),
-    };
-    if d.target == Target::Machine {
-        part("driver-root", driver_root_changes(root, d));
-    }
-    part("helper", helper_changes(root, d));
-    let lib = d.lib_links.as_ref().map(|w| lib_link_changes(root, w));
-    let links_changed = matches!(&lib, Some(Ok(c)) if !c.is_empty());
-    if let Some(r) = lib {
-        part("links", r);
-    }
-    part("dev-char", dev_char_changes(root, d));
-    if let Some(driver) = &d.driver {
-        part(
-            "ld-cache",
-            ld_cache::lists_driver(root, driver).map(|lists| {
-                let why = match (links_changed, lists) {
-                    (true, _) => "library links change",
-                    (false, false) => "/etc/ld.so.cache does not list the driver's libraries",
-                    (false, true) => return Vec::new(),
-                };
-                vec![Change::new("ld-cache", Action::Run, "ldconfig".into(), why)]
-            }),
-        );
-    }
-    part("cdi-spec", spec::pending(root, &d.spec));
-    part("gate", gate_changes(root, d));
-    out
-}
-
 /// The unit files `d` names on `host` against what `install` writes now: an [`Action::Install`]
 /// change for each that differs, or is missing where that is a change ([`UnitFile::required`]).
 /// Reads only.
@@ -436,164 +393,6 @@ pub fn pending_units(host: &HostRoot, d: &Desired) -> Result<Vec<Change>> {
             }
         };
         out.push(Change::new("dropin", Action::Install, f.path.clone(), why));
-    }
-    Ok(out)
-}
-
-/// The driver root: wired, it must be the host's driver as [`driver_root::Expected`] says (only
-/// a new start mends it); without a driver, it and a staging leftover go (a bind made at this
-/// boot only with the next start).
-fn driver_root_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
-    if let Some(want) = &d.driver_root {
-        let seen = driver_root::observe(root, want)?;
-        return Ok(driver_root::diff(want, &seen)
-            .message(want)
-            .map(|why| Change::new("driver-root", Action::Restart, DRIVER_ROOT.into(), why))
-            .into_iter()
-            .collect());
-    }
-    let (parent, name) = DRIVER_ROOT.rsplit_once('/').unwrap_or(("/", DRIVER_ROOT));
-    let Lookup::Dir(dir) = root.lookup_dir(parent)? else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::new();
-    for n in [STAGING, name] {
-        let Some(kind) = dir.kind(n)? else { continue };
-        let bound = kind == FileKind::Dir
-            && matches!(dir.open_subdir(n)?, crate::fs::machine_root::Subdir::Dir(sub) if sub.read_only()?);
-        out.push(if bound {
-            Change::new(
-                "stale-nvidia-state",
-                Action::Restart,
-                dir.child(n),
-                "this boot's driver binds, gone at the next start",
-            )
-        } else {
-            Change::new(
-                "stale-nvidia-state",
-                Action::Remove,
-                dir.child(n),
-                "no NVIDIA driver for this machine",
-            )
-        });
-    }
-    Ok(out)
-}
-
-/// The installed helper must be a working binary (the units run it: the next post-start, the
-/// next start). A machine's CDI hooks run the helper bound at its start: another than the
-/// installed one (upgraded since) is picked up only by a new start.
-fn helper_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
-    let h = &d.helper;
-    if let Some(problem) = &h.problem {
-        return Ok(vec![Change::new(
-            "helper",
-            Action::Fails,
-            h.path.clone(),
-            problem.clone(),
-        )]);
-    }
-    if d.target == Target::Host {
-        return Ok(Vec::new());
-    }
-    let bound = root
-        .pin_no_symlinks(crate::model::layout::HOOK_BINARY)?
-        .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
-        .map(|st| (st.st_dev, st.st_ino));
-    Ok(match bound {
-        Some(b) if Some(b) != h.identity => vec![Change::new(
-            "helper",
-            Action::Restart,
-            crate::model::layout::HOOK_BINARY.into(),
-            format!(
-                "the CDI hooks run the helper as it was at the machine's start, not the one \
-                 installed now at {}",
-                h.path
-            ),
-        )],
-        _ => Vec::new(),
-    })
-}
-
-/// A link change as a [`Change`].
-fn link_change<'a>(
-    check: &'static str,
-    diff: &'a links::DirDiff,
-) -> impl Iterator<Item = Change> + 'a {
-    diff.ops.iter().map(move |(name, op)| {
-        let path = diff.child(name);
-        match op {
-            links::LinkOp::Create { target } => {
-                Change::new(check, Action::Create, path, format!("-> {target}"))
-            }
-            links::LinkOp::Replace { from, to } => Change::new(
-                check,
-                Action::Replace,
-                path,
-                format!(
-                    "-> {to}, was -> {}",
-                    from.as_deref().unwrap_or("(not UTF-8)")
-                ),
-            ),
-            links::LinkOp::Remove { target } => {
-                Change::new(check, Action::Remove, path, format!("-> {target}"))
-            }
-        }
-    })
-}
-
-fn lib_link_changes(
-    root: &MachineRoot,
-    wanted: &BTreeMap<String, DirLinks>,
-) -> Result<Vec<Change>> {
-    let mut out = Vec::new();
-    links::each_lib_dir(root, wanted, |dir, want| {
-        let diff = links::diff_lib_dir(&links::observe_dir(dir, want)?, want);
-        out.extend(link_change("links", &diff));
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// `/dev/char`: wired, made if missing; without a driver, only ours removed where it is.
-fn dev_char_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
-    let seen = match root.lookup_dir(links::DEV_CHAR)? {
-        Lookup::Dir(dir) => links::observe_dir(&dir, &d.dev_char)?,
-        Lookup::Missing => links::DirSeen {
-            path: links::DEV_CHAR.into(),
-            links: BTreeMap::new(),
-            others: BTreeMap::new(),
-        },
-        Lookup::NotDir if d.driver.is_none() => return Ok(Vec::new()),
-        Lookup::NotDir => anyhow::bail!(
-            "{} is not a directory (or one of its parents is not)",
-            links::DEV_CHAR
-        ),
-    };
-    let diff = links::diff_dev_char(&seen, &d.dev_char);
-    Ok(link_change("dev-char", &diff).collect())
-}
-
-/// A gated unit whose marker is missing waits until post-start releases it.
-fn gate_changes(root: &MachineRoot, d: &Desired) -> Result<Vec<Change>> {
-    let mut out = Vec::new();
-    for unit in &d.gate {
-        let (gated, released) = match d.target {
-            Target::Machine => (gate::is_gated(root, unit)?, gate::is_released(root, unit)?),
-            // The host's own markers are at their path in the host's root.
-            Target::Host => (
-                gate::is_gated_on_host(root, unit)?,
-                gate::is_released(root, unit)?,
-            ),
-        };
-        if gated && !released {
-            out.push(Change::new(
-                "gate",
-                Action::Release,
-                unit.to_string(),
-                format!("its marker in {} is missing", gate::MARKER_DIR),
-            ));
-        }
     }
     Ok(out)
 }

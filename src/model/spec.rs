@@ -105,36 +105,35 @@ pub fn each_conflict(
     Ok(())
 }
 
-/// Whether `name` in `d` is exactly the spec post-start writes (bytes and mode); `None` when
-/// there is no such file. A directory there is an error: post-start would fail on it.
-fn holds(d: &MachineDir, name: &str, bytes: &[u8]) -> Result<Option<bool>> {
-    Ok(match d.stat(name)? {
-        None => None,
-        Some(st) if FileKind::from_stat(&st) == FileKind::Dir => bail!(
-            "{} in the machine is a directory where a file is expected",
-            d.child(name)
-        ),
-        Some(st) => Some(
-            FileKind::from_stat(&st) == FileKind::File
-                && st.st_mode & 0o7777 == SPEC_MODE
-                && u64::try_from(st.st_size).ok() == Some(bytes.len() as u64)
-                && d.read_regular(name, bytes.len())?.as_deref() == Some(bytes),
-        ),
-    })
+/// The spec file as found: its kind, mode and size, and its bytes when it is a regular file of
+/// the size of ours (nothing else can be ours).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSeen {
+    /// Its path as resolved in the machine.
+    pub path: String,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub size: u64,
+    pub bytes: Option<Vec<u8>>,
 }
 
-/// What post-start would change of the spec, read through `root`: writes of ours, removals of a
-/// leftover or of others of our kind. An error where post-start would fail. Reads only.
-pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<Change>> {
-    let change = |path: String, action: Action, why: &str| Change {
-        check: "cdi-spec",
-        action,
-        path,
-        detail: why.to_owned(),
-    };
+/// The spec part of a target as read ([`observe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// A killed run's temp file beside the spec (its path).
+    pub leftover: Option<String>,
+    /// The spec file; `None` when missing.
+    pub file: Option<FileSeen>,
+    /// Other specs of our kind (their paths), looked for only where a spec of ours belongs.
+    pub conflicts: Vec<String>,
+}
+
+/// Read the spec part through `root`: the configured directory's spec file and temp leftover,
+/// and, where a spec of ours belongs, every other spec of our kind ([`each_conflict`]). An error
+/// where post-start would fail before writing (a bad name, the directory not a directory).
+/// Reads only.
+pub fn observe(root: &MachineRoot, want: &Want) -> Result<Seen> {
     check_spec_name(&want.file)?;
-    let path = want.path();
-    let mut out = Vec::new();
     let dir = match root.lookup_dir(&want.dir)? {
         Lookup::Dir(d) => Some(d),
         Lookup::Missing => None,
@@ -143,56 +142,97 @@ pub fn pending(root: &MachineRoot, want: &Want) -> Result<Vec<Change>> {
             want.dir
         ),
     };
-    if let Some(d) = &dir
-        && d.kind(&tmp_name(&want.file))?.is_some()
-    {
-        out.push(change(
-            d.child(&tmp_name(&want.file)),
-            Action::Remove,
-            "left by a killed run",
-        ));
+    let mut seen = Seen {
+        leftover: None,
+        file: None,
+        conflicts: Vec::new(),
+    };
+    if let Some(d) = &dir {
+        let tmp = tmp_name(&want.file);
+        if d.kind(&tmp)?.is_some() {
+            seen.leftover = Some(d.child(&tmp));
+        }
+        if let Some(st) = d.stat(&want.file)? {
+            let kind = FileKind::from_stat(&st);
+            let size = u64::try_from(st.st_size).unwrap_or(0);
+            let bytes = match &want.bytes {
+                Some(b) if kind == FileKind::File && size == b.len() as u64 => {
+                    d.read_regular(&want.file, b.len())?
+                }
+                _ => None,
+            };
+            seen.file = Some(FileSeen {
+                path: d.child(&want.file),
+                kind,
+                mode: st.st_mode & 0o7777,
+                size,
+                bytes,
+            });
+        }
     }
+    if want.bytes.is_some() {
+        let ours = dir.as_ref().map(MachineDir::identity).transpose()?;
+        each_conflict(
+            root,
+            want,
+            ours,
+            |n, b| want.conflicts(n, b),
+            |d, names| {
+                seen.conflicts.extend(names.iter().map(|n| d.child(n)));
+                Ok(())
+            },
+        )?;
+    }
+    Ok(seen)
+}
+
+/// What post-start would change of the spec `seen` to make it `want`: writes of ours, removals
+/// of a leftover or of others of our kind. An error where post-start would fail. Pure.
+pub fn diff(want: &Want, seen: &Seen) -> Result<Vec<Change>> {
+    let change = |path: String, action: Action, why: &str| Change {
+        check: "cdi-spec",
+        action,
+        path,
+        detail: why.to_owned(),
+    };
+    let path = want.path();
+    let mut out: Vec<Change> = seen
+        .leftover
+        .iter()
+        .map(|p| change(p.clone(), Action::Remove, "left by a killed run"))
+        .collect();
     let Some(bytes) = &want.bytes else {
-        match dir
-            .as_ref()
-            .map(|d| d.kind(&want.file))
-            .transpose()?
-            .flatten()
-        {
-            None | Some(FileKind::Dir) => {}
-            Some(_) => out.push(change(path, Action::Remove, "no GPUs: no spec of ours")),
+        if seen.file.as_ref().is_some_and(|f| f.kind != FileKind::Dir) {
+            out.push(change(path, Action::Remove, "no GPUs: no spec of ours"));
         }
         return Ok(out);
     };
-    let current = match &dir {
-        None => None,
-        Some(d) => holds(d, &want.file, bytes)?,
-    };
-    match current {
+    match &seen.file {
         None => out.push(change(path, Action::Write, "missing")),
-        Some(false) => out.push(change(
-            path,
-            Action::Write,
-            "differs from what post-start writes for the host now",
-        )),
-        Some(true) => {}
-    }
-    let ours = dir.as_ref().map(MachineDir::identity).transpose()?;
-    each_conflict(
-        root,
-        want,
-        ours,
-        |n, b| want.conflicts(n, b),
-        |d, names| {
-            for n in names {
+        Some(f) if f.kind == FileKind::Dir => bail!(
+            "{} in the machine is a directory where a file is expected",
+            f.path
+        ),
+        Some(f) => {
+            let ours = f.kind == FileKind::File
+                && f.mode == SPEC_MODE
+                && f.size == bytes.len() as u64
+                && f.bytes.as_deref() == Some(bytes.as_slice());
+            if !ours {
                 out.push(change(
-                    d.child(&n),
-                    Action::Remove,
-                    &format!("another spec of kind {}", want.kind),
+                    path,
+                    Action::Write,
+                    "differs from what post-start writes for the host now",
                 ));
             }
-            Ok(())
-        },
-    )?;
+        }
+    }
+    for c in &seen.conflicts {
+        out.push(change(
+            c.clone(),
+            Action::Remove,
+            &format!("another spec of kind {}", want.kind),
+        ));
+    }
     Ok(out)
 }

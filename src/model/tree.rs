@@ -27,7 +27,7 @@ pub struct Plan {
 /// Plan `driver`'s tree for the host: stat every host driver file (a regular file; a link, such
 /// as Debian's `/usr/bin/nvidia-smi` → `/etc/alternatives/…`, resolved inside the host root as
 /// the host sees it) and the mount the tree is on, and bind what the kernel would refuse to
-/// link ([`linkable`]). Reads only.
+/// link (`linkable`). Reads only.
 pub fn plan(host: &HostRoot, driver: &UserspaceDriver) -> Result<Plan> {
     let mut tree = layout::driver_tree(driver)?;
     let tree_fs = tree_mount(host)?;

@@ -7,7 +7,6 @@ use crate::config::MachineConfig;
 use crate::discovery::parse::is_version;
 use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
 use crate::model::cdi;
-use crate::model::gate;
 use crate::model::layout::DRIVER_ROOT;
 use crate::model::{self, Desired, links};
 use crate::systemd::ExecRun;
@@ -45,12 +44,17 @@ pub fn inspect_machine(
     let driver_root_versions = inspect_driver_root(root, &mut dangling)?;
     let link_versions = inspect_lib_links(root, &mut dangling)?;
     inspect_dev_char(root, &mut dangling)?;
-    let gated =
-        gate::is_gated(root, &mc.kubelet_unit)? || gate::is_gated(root, &mc.containerd_unit)?;
-    let gate_released =
-        gate::is_released(root, &mc.containerd_unit)? && gate::is_released(root, &mc.kubelet_unit)?;
+    // Read once: the changes are judged from it, the gate and the bound helper quoted from it.
+    let seen = model::observe(root, desired);
+    let gate = seen.gate.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let gated = gate.iter().any(|(_, gated, _)| *gated);
+    let gate_released = gate.iter().all(|(_, _, released)| *released);
+    let hook_binary = *seen
+        .hook_binary
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let pending_changes = if judged {
-        model::pending(root, desired)
+        model::diff(desired, &seen)
     } else {
         Vec::new()
     };
@@ -65,10 +69,7 @@ pub fn inspect_machine(
             .iter()
             .find(|c| c.check == "driver-root")
             .map(|c| c.detail.clone()),
-        hook_binary: root
-            .pin_no_symlinks(crate::model::layout::HOOK_BINARY)?
-            .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
-            .map(|st| (st.st_dev, st.st_ino)),
+        hook_binary,
         pending_changes,
     })
 }

@@ -318,6 +318,42 @@ fn privileged_in_sync_after_post_start() {
     );
 }
 
+/// The model's diff is pure: over one observation of a wired machine it finds no library link
+/// change, and over the same observation with one link taken out in memory exactly that link's
+/// creation, the machine on disk untouched (observing it again still finds none).
+#[test]
+fn privileged_the_diff_is_pure_over_an_observation() {
+    let (_h, host, inv) = two_gpus();
+    let m = machine();
+    wire(m.path(), &host, &inv);
+    let root = MachineRoot::open(m.path()).unwrap();
+    let d = post_start_desired(&host, &inv, &mc(&host));
+    let links = |changes: Vec<crate::model::Change>| -> Vec<String> {
+        changes
+            .into_iter()
+            .filter(|c| c.check == "links")
+            .map(|c| c.to_string())
+            .collect()
+    };
+    let mut seen = crate::model::observe(&root, &d);
+    assert_eq!(links(crate::model::diff(&d, &seen)), Vec::<String>::new());
+    let dirs = seen.lib_dirs.as_mut().unwrap().as_mut().unwrap();
+    let (dir, _) = dirs
+        .iter_mut()
+        .find(|(s, _)| s.links.contains_key("libcuda.so.1"))
+        .expect("a wired machine has libcuda.so.1");
+    dir.links.remove("libcuda.so.1");
+    let path = format!("{}/libcuda.so.1", dir.path);
+    assert_eq!(
+        links(crate::model::diff(&d, &seen)),
+        [format!("create {path} (-> libcuda.so.{NEW})")]
+    );
+    assert_eq!(
+        links(crate::model::pending(&root, &d)),
+        Vec::<String>::new()
+    );
+}
+
 #[test]
 fn privileged_driver_upgraded_is_drift_naming_both_versions() {
     let (_o, old_host, old_inv) = old_driver();
