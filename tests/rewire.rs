@@ -10,6 +10,7 @@ mod common;
 
 use nspawn_lifecycle::apply::rewire;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
+use nspawn_lifecycle::model::driver_root;
 use rewire_support::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
@@ -220,7 +221,7 @@ fn privileged_driver_root_of_binds_matches_the_host() {
     let driver = inv.driver.as_ref().unwrap();
     let (_binds, host, dir, root) = machine_with_driver_root(&inv);
     let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
-    let n = rewire::verify_driver_root(&root, &hr, driver).unwrap();
+    let n = driver_root::verify(&root, &hr, driver).unwrap();
     // 4 x86_64 files + 3 SONAMEs, 1 i386 file + 1 SONAME, 2 tools, firmware, 1 socket dir.
     assert_eq!(n, 13);
     // Every entry is a file or directory inside the tree, or a SONAME link to the file beside
@@ -261,7 +262,7 @@ fn privileged_a_driver_root_of_another_version_is_refused_by_name() {
     let hr = nspawn_lifecycle::fs::host::HostRoot::new(host.path());
     let e = format!(
         "{:#}",
-        rewire::verify_driver_root(&root, &hr, newer.driver.as_ref().unwrap()).unwrap_err()
+        driver_root::verify(&root, &hr, newer.driver.as_ref().unwrap()).unwrap_err()
     );
     assert!(
         e.contains(&format!("does not match the host's NVIDIA driver {NEW}")),
@@ -294,10 +295,7 @@ fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
         .path()
         .join("var/lib/nspawn-lifecycle/driver-root/kube1/usr/lib/x86_64-linux-gnu/libcuda.so");
     std::fs::write(&tree, "planted").unwrap();
-    let e = format!(
-        "{:#}",
-        rewire::verify_driver_root(&root, &hr, driver).unwrap_err()
-    );
+    let e = format!("{:#}", driver_root::verify(&root, &hr, driver).unwrap_err());
     assert!(
         e.contains(
             "1 not the host's driver: /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so"
@@ -308,10 +306,7 @@ fn privileged_a_replaced_host_file_or_a_planted_entry_is_refused() {
     let smi = host.path().join("usr/bin/nvidia-smi");
     std::fs::remove_file(&smi).unwrap();
     std::fs::write(&smi, "reinstalled").unwrap();
-    let e = format!(
-        "{:#}",
-        rewire::verify_driver_root(&root, &hr, driver).unwrap_err()
-    );
+    let e = format!("{:#}", driver_root::verify(&root, &hr, driver).unwrap_err());
     assert!(
         e.contains("1 not the host's file: /run/nvidia/driver/usr/bin/nvidia-smi"),
         "{e}"
@@ -329,14 +324,14 @@ fn a_missing_or_planted_driver_root_is_refused_not_followed() {
     let (dir, root) = machine();
     let e = format!(
         "{:#}",
-        rewire::verify_driver_root(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
+        driver_root::verify(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
     );
     assert!(e.contains("is not in the machine"), "{e}");
     std::fs::create_dir_all(dir.path().join("run/nvidia")).unwrap();
     symlink(host.path(), dir.path().join("run/nvidia/driver")).unwrap();
     let e = format!(
         "{:#}",
-        rewire::verify_driver_root(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
+        driver_root::verify(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
     );
     assert!(e.contains("is a symlink, not the driver root"), "{e}");
     // A writable directory there (a machine started without pre-start's tree bind): refused
@@ -345,7 +340,7 @@ fn a_missing_or_planted_driver_root_is_refused_not_followed() {
     std::fs::create_dir_all(dir.path().join("run/nvidia/driver")).unwrap();
     let e = format!(
         "{:#}",
-        rewire::verify_driver_root(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
+        driver_root::verify(&root, &hr, inv.driver.as_ref().unwrap()).unwrap_err()
     );
     assert!(
         e.contains("/run/nvidia/driver in the machine is writable"),

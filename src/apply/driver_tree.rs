@@ -540,7 +540,7 @@ fn forget_at(top: &impl AsFd, machine: &str) -> Result<bool> {
     remove_tree(top, &stamp_name(machine))
 }
 
-/// post-start found `machine`'s driver root wrong (`err`, from `rewire::verify_driver_root`):
+/// post-start found `machine`'s driver root wrong (`err`, from its driver root check, [`crate::model::driver_root::diff`]):
 /// remove the stamp of its host tree, so the next pre-start walks the tree entry by entry
 /// instead of trusting it (and rebuilds what differs). Returns `err`, with a failure to remove
 /// the stamp added to it.

@@ -7,13 +7,11 @@
 //! [`MachineRoot`], so a hostile rootfs cannot redirect a write, a replace or a delete to the
 //! host. Each step returns a [`Report`] the caller logs as one line.
 
-use crate::discovery::UserspaceDriver;
 use crate::failpoint::{self, Point};
-use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{FileKind, LinkOutcome, MachineDir, MachineRoot, Subdir};
 use crate::model::layout::DRIVER_ROOT;
 use crate::model::links::{self, DEV_CHAR, LinkOp, open_dir_if_dir};
-use crate::model::{self, STAGING, spec};
+use crate::model::{STAGING, spec};
 use anyhow::{Context as _, Result};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -75,16 +73,6 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
-}
-
-/// Check the driver root that systemd-nspawn made at this boot against the host's driver as
-/// discovered now ([`model::driver_root::verify`]). Returns the number of entries checked.
-pub fn verify_driver_root(
-    root: &MachineRoot,
-    host: &HostRoot,
-    driver: &UserspaceDriver,
-) -> Result<usize> {
-    model::driver_root::verify(root, host, driver)
 }
 
 /// Make one directory's link changes ([`links::DirDiff`]), reporting each, and name what was
