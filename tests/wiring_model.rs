@@ -306,6 +306,14 @@ fn first_link(m: &Path, dir: &str, needle: &str) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
+/// Remove the first link in the machine directory `dir` whose target contains `needle`; `false`
+/// when there is none (the mutation does not apply to this host).
+fn remove_first_link(n: &mut Node, dir: &str, needle: &str) -> bool {
+    first_link(n.m(), dir, needle)
+        .map(|p| std::fs::remove_file(p).unwrap())
+        .is_some()
+}
+
 /// The host's path of the first driver library discovery names.
 fn a_driver_library(n: &Node) -> Option<PathBuf> {
     let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
@@ -320,11 +328,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a library link removed",
             mend: Mend::PostStart,
-            apply: |n| {
-                first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver")
-                    .map(|p| std::fs::remove_file(p).unwrap())
-                    .is_some()
-            },
+            apply: |n| remove_first_link(n, "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver"),
         },
         Mutation {
             name: "a library link pointing elsewhere",
@@ -341,20 +345,12 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a tool link removed",
             mend: Mend::PostStart,
-            apply: |n| {
-                first_link(n.m(), "usr/bin", "/run/nvidia/driver")
-                    .map(|p| std::fs::remove_file(p).unwrap())
-                    .is_some()
-            },
+            apply: |n| remove_first_link(n, "usr/bin", "/run/nvidia/driver"),
         },
         Mutation {
             name: "a /dev/char link removed",
             mend: Mend::PostStart,
-            apply: |n| {
-                first_link(n.m(), "dev/char", "/dev/nvidia")
-                    .map(|p| std::fs::remove_file(p).unwrap())
-                    .is_some()
-            },
+            apply: |n| remove_first_link(n, "dev/char", "/dev/nvidia"),
         },
         Mutation {
             name: "the CDI spec edited",
