@@ -20,7 +20,7 @@ mod inspect;
 mod judge;
 pub mod metrics;
 
-use inspect::{inspect_dev_char, inspect_spec, last_post_start};
+use inspect::{gate_facts, inspect_dev_char, inspect_spec, last_post_start};
 pub use inspect::{inspect_machine, utc};
 use judge::host_facts;
 pub use judge::{Subject, evaluate};

@@ -10,16 +10,14 @@
 #[cfg(test)]
 use super::MachineFacts;
 use super::{
-    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, inspect_dev_char,
-    inspect_spec, last_post_start, print_status, print_unjudged,
+    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, gate_facts,
+    inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
 };
 use crate::Ctx;
-use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::fs::machine_root::MachineRoot;
 use crate::model::Desired;
-use crate::model::gate as gates;
 use crate::model::host_unit;
 use crate::systemd::Systemd;
 use anyhow::{Context as _, Result};
@@ -75,21 +73,20 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
     let desired = Desired::host(&ctx.host, inv, hc, ctx.config.helper_path())?;
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
+    // Read once: the changes are judged from it, the gate quoted from it.
+    let seen = crate::model::observe(&root, &desired);
+    let (gated, gate_released) = gate_facts(&seen)?;
     let mut facts = super::MachineFacts {
         cdi_spec: inspect_spec(&root, hc, desired.spec.bytes.as_deref())?,
         driver_root_versions: Vec::new(),
         link_versions: Vec::new(),
         dangling_links: Vec::new(),
-        gated: gates::is_gated_on_host(&root, &hc.containerd_unit)?
-            || gates::is_gated_on_host(&root, &hc.kubelet_unit)?,
-        gate_released: {
-            let markers = gate::Markers::of_host(&ctx.host);
-            markers.is_released(&hc.containerd_unit)? && markers.is_released(&hc.kubelet_unit)?
-        },
+        gated,
+        gate_released,
         driver_root_mismatch: None,
         hook_binary: None,
         pending_changes: if judged {
-            crate::model::pending(&root, &desired)
+            crate::model::diff(&desired, &seen)
         } else {
             Vec::new()
         },

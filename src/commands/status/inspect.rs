@@ -46,9 +46,7 @@ pub fn inspect_machine(
     inspect_dev_char(root, &mut dangling)?;
     // Read once: the changes are judged from it, the gate and the bound helper quoted from it.
     let seen = model::observe(root, desired);
-    let gate = seen.gate.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let gated = gate.iter().any(|(_, gated, _)| *gated);
-    let gate_released = gate.iter().all(|(_, _, released)| *released);
+    let (gated, gate_released) = gate_facts(&seen)?;
     let hook_binary = *seen
         .hook_binary
         .as_ref()
@@ -72,6 +70,16 @@ pub fn inspect_machine(
         hook_binary,
         pending_changes,
     })
+}
+
+/// From the model's observation of the gate: whether it holds any unit, and whether every
+/// unit's marker is there.
+pub(super) fn gate_facts(seen: &model::Observed) -> Result<(bool, bool)> {
+    let gate = seen.gate.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    Ok((
+        gate.iter().any(|(_, gated, _)| *gated),
+        gate.iter().all(|(_, _, released)| *released),
+    ))
 }
 
 /// The machine's CDI spec: missing, invalid or valid, and whether it is what post-start would
