@@ -353,3 +353,88 @@ fn privileged_the_writer_writes_one_whole_file_and_nothing_else() {
     // No machine tree to read on a fixture host: the file says status could not judge kube1.
     has(&text, "nspawn_lifecycle_status_errors 1");
 }
+
+/// The node exporter's account owns the collector's directory and its parent (Debian's package
+/// gives `/var/lib/prometheus` to `prometheus`), so it can put a link where root's writer goes.
+/// A link on the way to the directory: exit 1 naming it, nothing written where it points. A
+/// link, a FIFO or an endless file in place of the textfile: replaced by the writer's file,
+/// never followed, never read past the size of what it writes (the helper runs with 256 MiB of
+/// address space: reading `/dev/zero` to its end would fail it).
+#[test]
+fn privileged_the_writer_follows_no_link_the_collectors_account_plants() {
+    use std::os::unix::fs::{FileTypeExt as _, symlink};
+    let h = host("two-gpus", &["kube1"]);
+    let metrics_bounded = |root: &Path| {
+        // util-linux's prlimit (installed by tests/run-all.sh) bounds the address space.
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--as={}", 256 << 20))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"))
+            .arg("--host-root")
+            .arg(root)
+            .arg("metrics");
+        cmd.output().unwrap()
+    };
+    let lib = h.path().join("var/lib/prometheus");
+    let sudoers = h.path().join("etc/sudoers.d");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(&sudoers).unwrap();
+    // The directory itself a link (absolute and relative), then a parent of it.
+    for (link, target) in [
+        ("var/lib/prometheus/node-exporter", "/etc/sudoers.d"),
+        ("var/lib/prometheus/node-exporter", "../../../etc/sudoers.d"),
+    ] {
+        let _ = std::fs::remove_file(h.path().join(link));
+        symlink(target, h.path().join(link)).unwrap();
+        let out = metrics_bounded(h.path());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            err.contains("node-exporter or one of its parents is a symlink"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&sudoers).unwrap().count(), 0, "{target}");
+    }
+    std::fs::remove_file(lib.join("node-exporter")).unwrap();
+    std::fs::remove_dir(&lib).unwrap();
+    std::fs::create_dir_all(h.path().join("srv/elsewhere/node-exporter")).unwrap();
+    symlink("../../srv/elsewhere", &lib).unwrap();
+    let out = metrics_bounded(h.path());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        std::fs::read_dir(h.path().join("srv/elsewhere/node-exporter"))
+            .unwrap()
+            .count(),
+        0
+    );
+    std::fs::remove_file(&lib).unwrap();
+
+    // The textfile itself: a link to an endless device, to a root-only file, a FIFO.
+    let dir = lib.join("node-exporter");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(metrics::TEXTFILE);
+    std::fs::write(sudoers.join("keep"), "root ALL=(ALL) ALL\n").unwrap();
+    for plant in ["/dev/zero", "link-out", "fifo", "sparse"] {
+        let _ = std::fs::remove_file(&file);
+        match plant {
+            "link-out" => symlink(sudoers.join("keep"), &file).unwrap(),
+            "fifo" => {
+                nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap()
+            }
+            "sparse" => std::fs::File::create(&file)
+                .unwrap()
+                .set_len(8 << 30)
+                .unwrap(),
+            _ => symlink(plant, &file).unwrap(),
+        }
+        let out = metrics_bounded(h.path());
+        assert_eq!(out.status.code(), Some(0), "{plant}: {out:?}");
+        let meta = std::fs::symlink_metadata(&file).unwrap();
+        assert!(meta.is_file() && !meta.file_type().is_fifo(), "{plant}");
+        check_metrics(plant, &std::fs::read_to_string(&file).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(sudoers.join("keep")).unwrap(),
+            "root ALL=(ALL) ALL\n"
+        );
+    }
+}

@@ -18,7 +18,7 @@ use nix::unistd::UnlinkatFlags;
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::io::{Read as _, Write as _};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 
 /// Replace `name` in the directory `dir` with `contents` atomically unless it already holds
@@ -61,11 +61,8 @@ fn write_if_changed_at(
     // that scan the directory (nspawn, the CDI cache).
     let prefix = format!(".{name}.");
     remove_dead_temps(dir, shown, &prefix)?;
-    match read_at(dir, name) {
-        Ok((old, old_mode)) if old == contents && old_mode == mode => return Ok(false),
-        Ok(_) => {}
-        Err(Errno::ENOENT) => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    if holds(dir, name, contents, mode).with_context(|| format!("reading {}", path.display()))? {
+        return Ok(false);
     }
     let (tmp, tmp_name) = locked_temp(dir, shown, &prefix)?;
     replace_at(dir, tmp, &tmp_name, name, contents, mode, point)
@@ -73,24 +70,53 @@ fn write_if_changed_at(
     Ok(true)
 }
 
-/// The bytes and permission bits of `name` in `dir` (following a symlink there, as a reader
-/// would).
-fn read_at(dir: &OwnedFd, name: &str) -> nix::Result<(Vec<u8>, u32)> {
-    let fd = nix::fcntl::openat(
+/// Whether `name` in `dir` is a regular file holding exactly `contents` with `mode`. Never
+/// follows a symlink there (another account may own the directory and plant one: it is then
+/// replaced, never read through), never opens anything but a regular file, and reads nothing
+/// unless the size is that of `contents`, and then no more than that.
+fn holds(dir: &OwnedFd, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
+    let pinned = match nix::fcntl::openat(
         dir,
         name,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
-    )?;
-    let mut file = std::fs::File::from(fd);
-    let meta = file.metadata().map_err(errno)?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(errno)?;
-    Ok((bytes, meta.permissions().mode() & 0o7777))
-}
-
-fn errno(e: std::io::Error) -> Errno {
-    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let st = nix::sys::stat::fstat(&pinned)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_mode & 0o7777 != mode
+        || u64::try_from(st.st_size).ok() != Some(contents.len() as u64)
+    {
+        return Ok(false);
+    }
+    // The checked inode, opened for reading without following or blocking: anything swapped
+    // in meanwhile is another inode, and then simply not ours.
+    let fd = match nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ELOOP) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let again = nix::sys::stat::fstat(&fd)?;
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+        return Ok(false);
+    }
+    let file = std::fs::File::from(fd);
+    let mut bytes = Vec::with_capacity(contents.len());
+    file.take(contents.len() as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes == contents)
 }
 
 /// The steps every atomic write shares, host or machine: `tmp` (the file `tmp_name` in `dir`,
@@ -242,6 +268,7 @@ pub fn remove_at(dir: &OwnedFd, name: &str) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     const P: Point = Point::PreStartMidNspawnWrite;
 

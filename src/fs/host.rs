@@ -166,6 +166,18 @@ impl HostRoot {
         Ok(target.into())
     }
 
+    /// Open the directory `abs` with no symlink anywhere on the way (inside the root): for a
+    /// directory another account may own a parent of, which could otherwise point a link of its
+    /// own anywhere. A symlink on the way is `ELOOP`.
+    pub fn open_dir_no_symlinks(&self, abs: impl AsRef<Path>) -> io::Result<OwnedFd> {
+        let how = nix::fcntl::OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(
+                crate::fs::machine_root::in_root() | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS,
+            );
+        crate::fs::machine_root::openat2(&self.fd, relative(abs.as_ref()), how).map_err(io)
+    }
+
     /// Open the directory `abs`, following links inside the root.
     pub fn open_dir(&self, abs: impl AsRef<Path>) -> io::Result<OwnedFd> {
         self.at(abs.as_ref(), OFlag::O_RDONLY | OFlag::O_DIRECTORY)

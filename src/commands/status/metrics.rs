@@ -24,7 +24,7 @@
 //!   `nspawn_lifecycle_status_timestamp_seconds` (when this was judged).
 
 use super::{HostFacts, PostStartRun, State, Status};
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::fmt::Write as _;
 
 /// The file the writer puts in the textfile collector's directory.
@@ -312,11 +312,25 @@ pub fn write_textfile(
     dir: &std::path::Path,
     text: &str,
 ) -> Result<()> {
-    let fd = host.open_dir(dir).with_context(|| {
-        format!(
-            "opening the textfile collector's directory {} (is prometheus-node-exporter installed?)",
-            host.path(dir).display()
-        )
+    // The node exporter's account owns the directory and its parent (Debian's package): a link
+    // it puts anywhere on the way is refused, never followed, and the file in it is replaced
+    // by rename, never written or read through a link (`write_if_changed_unnamed`).
+    let fd = host.open_dir_no_symlinks(dir).map_err(|e| {
+        let shown = host.path(dir);
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            anyhow::anyhow!(
+                "the textfile collector's directory {} or one of its parents is a symlink: \
+                 metrics writes only into a directory reached without one (give the resolved \
+                 path with --textfile-dir)",
+                shown.display()
+            )
+        } else {
+            anyhow::Error::new(e).context(format!(
+                "opening the textfile collector's directory {} (is prometheus-node-exporter \
+                 installed?)",
+                shown.display()
+            ))
+        }
     })?;
     crate::fs::atomic::write_if_changed_unnamed(
         &fd,

@@ -6,8 +6,9 @@
 # `status --json` says: in sync after a start; drift for kube1 after the host's driver changed
 # under the running machine (the driver-version check, both versions); in sync again after
 # `reconcile`. A scraper racing twelve writer runs only ever sees whole files (the collector's own
-# node_textfile_scrape_error stays 0 and our timestamp is in every scrape). The timer starts and
-# names the service.
+# node_textfile_scrape_error stays 0 and our timestamp is in every scrape). The unit has its
+# deadline; a link swapped in for the collector's directory fails the run, nothing written where
+# it points. The timer starts and names the service.
 scenario "fleet metrics: the node exporter's textfile collector sees drift and its repair" --needs-helper
 baseline
 NEWVER=580.95.05
@@ -92,6 +93,25 @@ assert_eq "$(c status-json-in-sync-again)" "in-sync" "$(status_state)"
 assert_eq "$(c metrics-in-sync-again)" 1 "$(value "$m" 'nspawn_lifecycle_state{machine="kube1",state="in_sync"}')"
 assert_eq "$(c metrics-new-version)" 1 \
     "$(value "$m" "nspawn_lifecycle_driver_info{host_version=\"$NEWVER\",machine=\"kube1\",machine_version=\"$NEWVER\"}")"
+
+# ---- the collector's account swaps its directory for a link ------------------------------------
+# The node exporter's account owns /var/lib/prometheus: it can make node-exporter a link to a
+# root-only directory. ReadWritePaths= follows the link (the sandbox then lets the service write
+# there): the writer itself must refuse, and the run fail, writing nothing where it points.
+assert_eq "$(c unit-deadline)" 50s "$(H systemctl show -p TimeoutStartUSec --value nspawn-lifecycle-metrics.service)"
+H mkdir -p /etc/e2e-root-only
+H chmod 0700 /etc/e2e-root-only
+H mv "$DIR" "$DIR.real"
+H ln -s /etc/e2e-root-only "$DIR"
+write_metrics
+assert_eq "$(c writer-refuses-a-linked-dir)" exit-code "$(H systemctl show -p Result --value nspawn-lifecycle-metrics.service)"
+assert_eq "$(c nothing-written-through-the-link)" "" "$(H ls -A /etc/e2e-root-only)"
+assert_match "$(c refusal-names-the-link)" "node-exporter or one of its parents is a symlink" \
+    "$(H journalctl -u nspawn-lifecycle-metrics.service --no-pager -n 20 2>&1)"
+H rm "$DIR"
+H mv "$DIR.real" "$DIR"
+H rmdir /etc/e2e-root-only
+H systemctl reset-failed nspawn-lifecycle-metrics.service >/dev/null 2>&1
 
 # ---- the timer ---------------------------------------------------------------------------------
 assert_cmd "$(c timer-starts)" H systemctl start nspawn-lifecycle-metrics.timer
