@@ -246,7 +246,8 @@ pub enum HostCommand {
 /// test, bench and example build), never in the release binary.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct StatusTestkit {
-    /// (tests) Read the machine's tree from DIR and ask no systemd.
+    /// (tests) Read the machine's tree from DIR and ask no systemd; `{machine}` in DIR stands
+    /// for the machine's name.
     #[cfg(feature = "testkit")]
     #[arg(long, value_name = "DIR", hide = true)]
     machine_root: Option<PathBuf>,

@@ -18,7 +18,12 @@ fn main() -> ExitCode {
     match nspawn_lifecycle::commands::run_with_code(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Messages name what machines and pods wrote: escaped before a terminal sees them.
+            let text = format!("{err:#}");
+            eprintln!(
+                "error: {}",
+                nspawn_lifecycle::output::printable_lines(&text)
+            );
             ExitCode::from(nspawn_lifecycle::error::exit_code(&err))
         }
     }

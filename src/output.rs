@@ -114,3 +114,56 @@ pub fn print_all(text: &str) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+/// `text` as it may reach an operator's terminal: what a machine wrote (a link target, a file
+/// name) may hold control characters that rewrite the screen (`\r`, `ESC [2K`), forge a line
+/// (`\n`) or reorder it (Unicode bidi controls). Each such character is written as its Rust
+/// escape (`\u{1b}`); a backslash stays as it is. Borrowed when there is nothing to escape.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, false)
+}
+
+/// [`printable`] for a message of several lines of ours (an error with a command's output):
+/// newlines are kept, every other control character escaped.
+pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, true)
+}
+
+fn escaped(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let hides = |c: char| {
+        (c.is_control() && !(keep_newlines && c == '\n'))
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hides) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hides(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped_the_rest_kept() {
+        assert_eq!(printable("kube1: in sync"), "kube1: in sync");
+        assert_eq!(
+            printable("a\r\u{1b}[2Kkube1: in sync\n"),
+            "a\\u{d}\\u{1b}[2Kkube1: in sync\\u{a}"
+        );
+        assert_eq!(printable("x\u{202e}gpj.exe"), "x\\u{202e}gpj.exe");
+        assert_eq!(printable("Grüße /ä\\b"), "Grüße /ä\\b");
+        assert_eq!(
+            super::printable_lines("output so far:\nline\r\u{1b}"),
+            "output so far:\nline\\u{d}\\u{1b}"
+        );
+    }
+}

@@ -254,3 +254,102 @@ fn privileged_plan_and_status_say_what_pre_start_will_do() {
         stdout(&out)
     );
 }
+
+/// One machine that cannot be judged (more multiarch library directories than status judges)
+/// hides none of the others: `--all` prints each machine's verdict or error, in text and JSON,
+/// and exits 1. What a machine names (a file name with a carriage return and an erase-line
+/// sequence) reaches the terminal escaped, so it cannot paint "in sync" over the verdict.
+#[test]
+fn privileged_one_unjudgeable_machine_hides_no_other_and_escapes_reach_no_terminal() {
+    let gpus = host("two-gpus", &["kube1", "kube2"]);
+    let trees = tempfile::tempdir().unwrap();
+    for m in ["kube1", "kube2"] {
+        let t = machine();
+        std::fs::rename(t.path(), trees.path().join(m)).unwrap();
+        std::mem::forget(t);
+    }
+    let lib = trees.path().join("kube2/usr/lib");
+    for i in 0..=nspawn_lifecycle::model::links::MAX_LIB_DIRS {
+        std::fs::create_dir(lib.join(format!("arch{i:02}-linux-gnu"))).unwrap();
+    }
+    let hostile = "x\r\u{1b}[2Kkube1: in sync.json";
+    let cdi = trees.path().join("kube1/etc/cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    nix::unistd::mkfifo(
+        &cdi.join(hostile),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let each = format!("{}/{{machine}}", trees.path().display());
+    let before = snapshot(trees.path(), &[]);
+    let run = |args: &[&str]| {
+        let full: Vec<&str> = ["status", "--machine-root", &each]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        run_helper(gpus.path(), &full)
+    };
+    let out = run(&["--all"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("kube1: broken: "), "{text}");
+    assert!(
+        lines[0].contains("x\\u{d}\\u{1b}[2Kkube1: in sync.json") && !text.contains('\r'),
+        "{text:?}"
+    );
+    assert!(
+        lines[1].starts_with("kube2: could not judge: ")
+            && lines[1].contains("more than 64 multiarch library directories"),
+        "{text}"
+    );
+    let out = run(&["--all", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["exitCode"], 1, "{v}");
+    assert_eq!(v["state"], "broken", "{v}");
+    assert_eq!(v["machines"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["machines"][0]["machine"], "kube1");
+    assert_eq!(v["errors"][0]["machine"], "kube2", "{v}");
+    assert!(
+        v["errors"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("more than 64 multiarch"),
+        "{v}"
+    );
+    assert_eq!(before, snapshot(trees.path(), &[]), "status wrote");
+    for m in ["kube1", "kube2"] {
+        std::fs::remove_dir_all(trees.path().join(m)).unwrap();
+    }
+}
+
+/// A machine may alias one library directory under any number of names (`/usr/lib/aNNN-linux-gnu
+/// -> x86_64-linux-gnu`): each directory is judged once, by identity, under its real name, so
+/// the work does not grow with the aliases; more distinct directories than judged is an error.
+#[test]
+fn aliases_of_a_library_directory_are_judged_once() {
+    use nspawn_lifecycle::fs::machine_root::MachineRoot;
+    use nspawn_lifecycle::model::links;
+    let m = machine();
+    let lib = m.path().join("usr/lib");
+    std::fs::write(lib.join("x86_64-linux-gnu/libfoo.so.1"), b"").unwrap();
+    for i in 0..1000 {
+        std::os::unix::fs::symlink("x86_64-linux-gnu", lib.join(format!("a{i:03}-linux-gnu")))
+            .unwrap();
+    }
+    let root = MachineRoot::open(m.path()).unwrap();
+    assert_eq!(
+        links::machine_lib_dirs(&root).unwrap(),
+        ["/usr/lib/x86_64-linux-gnu"]
+    );
+    for i in 0..links::MAX_LIB_DIRS {
+        std::fs::create_dir(lib.join(format!("d{i:02}-linux-gnu"))).unwrap();
+    }
+    let e = links::machine_lib_dirs(&root).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("more than 64 multiarch library directories"),
+        "{e:#}"
+    );
+}

@@ -159,10 +159,11 @@ pub fn library_links_changed(report: &Report) -> bool {
 }
 
 /// Write the CDI spec `dir/file_name` atomically (only when its bytes change), then remove every
-/// other regular spec file in `/etc/cdi`, `/var/run/cdi` and `dir` for which `conflicts(name,
-/// bytes)` holds ([`spec::each_conflict`]; [`spec::Want::conflicts`] in the product). `dir`
-/// resolves in the machine (`/var/run` is usually a symlink to `/run` there). Specs that are
-/// symlinks are not read or removed.
+/// other spec file a CDI consumer loads from `/etc/cdi`, `/var/run/cdi` and `dir` for which
+/// `conflicts(name, bytes)` holds ([`spec::each_conflict`]; [`spec::Want::conflicts`] in the
+/// product): dot-files too, and symlinks (read through, the link itself removed). `dir`
+/// resolves in the machine (`/var/run` is usually a symlink to `/run` there). A spec file that
+/// cannot be judged is kept and reported.
 pub fn write_cdi(
     root: &MachineRoot,
     want: &spec::Want,
@@ -184,11 +185,17 @@ pub fn write_cdi(
             report.created.push(p);
         }
     }
-    spec::each_conflict(root, want, Some(out.identity()?), conflicts, |d, names| {
-        for name in names {
+    spec::each_conflict(root, want, Some(out.identity()?), conflicts, |d, found| {
+        for name in found.conflicts {
             if d.remove_file(&name)? {
                 report.removed.push(d.child(&name));
             }
+        }
+        for (path, why) in found.unjudged {
+            report.kept.push((
+                path,
+                format!("a spec file CDI consumers load, not judged: {why}"),
+            ));
         }
         d.sync()
     })?;

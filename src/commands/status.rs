@@ -282,6 +282,8 @@ pub struct AllStatus {
     pub state: State,
     pub exit_code: u8,
     pub machines: Vec<Status>,
+    /// The machines that could not be judged, each with why.
+    pub errors: Vec<MachineError>,
 }
 
 /// What was observed besides the host: each `None` means "not asked" or "not running".
@@ -313,7 +315,9 @@ fn observe(
 ) -> Result<Observed> {
     let judged = !matches!(inv.verdict, Verdict::Incomplete { .. });
     if let Some(dir) = machine_root {
-        let root = MachineRoot::open(dir)?;
+        // `{machine}` in the path gives each machine a tree of its own (tests of `--all`).
+        let dir = dir.to_string_lossy().replace("{machine}", machine.as_str());
+        let root = MachineRoot::open(Path::new(&dir))?;
         return Ok(Observed {
             unit: None,
             machine: Some(inspect_machine(&root, mc, desired, judged)?),
@@ -461,26 +465,58 @@ pub fn status(
     json: bool,
     machine_root: Option<&Path>,
 ) -> Result<u8> {
-    let judged = (|| {
+    let gathered = (|| {
         let machines = selected_machines(ctx, machine, all)?;
         let inv = discovery::discover(&ctx.host)?;
-        machines
-            .iter()
-            .map(|m| machine_status(ctx, &inv, m, machine_root))
-            .collect::<Result<Vec<Status>>>()
+        Ok((machines, inv))
     })();
-    let out = match judged {
-        Ok(out) => out,
+    let (machines, inv) = match gathered {
+        Ok(g) => g,
         Err(e) if json => return Err(print_unjudged(machine.map(MachineName::as_str), e)),
         Err(e) => return Err(e),
     };
+    // One machine that cannot be judged hides none of the others: with --all, each gets its
+    // verdict or its error.
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for m in &machines {
+        match machine_status(ctx, &inv, m, machine_root) {
+            Ok(s) => out.push(s),
+            Err(e) if all => errors.push(MachineError {
+                machine: m.to_string(),
+                exit_code: crate::error::exit_code(&e),
+                error: format!("{e:#}"),
+            }),
+            Err(e) if json => return Err(print_unjudged(Some(m.as_str()), e)),
+            Err(e) => return Err(e),
+        }
+    }
     let state = out
         .iter()
         .map(|s| s.state)
         .max()
         .unwrap_or(State::NothingInstalled);
-    print_status(out, state, all, json)?;
-    Ok(state.exit_code())
+    let code = if errors.is_empty() {
+        state.exit_code()
+    } else {
+        UNJUDGED_EXIT
+    };
+    print_status(out, errors, state, all, json)?;
+    Ok(code)
+}
+
+/// `status --all`'s exit code when a machine could not be judged (the others' verdicts are
+/// printed all the same).
+pub const UNJUDGED_EXIT: u8 = 1;
+
+/// A machine `status --all` could not judge.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineError {
+    pub machine: String,
+    /// The exit code `status <machine>` exits with for it.
+    pub exit_code: u8,
+    pub error: String,
 }
 
 /// `status --json` when it could not judge (not installed, host discovery failed, the bus did
@@ -597,9 +633,18 @@ fn selected_machines(
 }
 
 /// Print the verdicts: one line per machine, or the JSON object (one machine's, or `--all`'s).
-fn print_status(out: Vec<Status>, state: State, all: bool, json: bool) -> Result<()> {
+fn print_status(
+    out: Vec<Status>,
+    errors: Vec<MachineError>,
+    state: State,
+    all: bool,
+    json: bool,
+) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     use std::io::Write as _;
+    for e in &errors {
+        tracing::error!(machine = %e.machine, "status could not judge the machine: {}", e.error);
+    }
     if json {
         drop(stdout);
         if all {
@@ -607,18 +652,33 @@ fn print_status(out: Vec<Status>, state: State, all: bool, json: bool) -> Result
                 api_version: API_VERSION,
                 kind: "MachineStatusList",
                 state,
-                exit_code: state.exit_code(),
+                exit_code: if errors.is_empty() {
+                    state.exit_code()
+                } else {
+                    UNJUDGED_EXIT
+                },
                 machines: out,
+                errors,
             })?;
         } else {
             print_json(&out[0])?;
         }
     } else {
-        if all && out.is_empty() {
+        if all && out.is_empty() && errors.is_empty() {
             writeln!(stdout, "no installed machines").context("writing to stdout")?;
         }
         for s in &out {
-            writeln!(stdout, "{}", s.summary).context("writing to stdout")?;
+            writeln!(stdout, "{}", crate::output::printable(&s.summary))
+                .context("writing to stdout")?;
+        }
+        for e in &errors {
+            writeln!(
+                stdout,
+                "{}: could not judge: {}",
+                e.machine,
+                crate::output::printable(&e.error)
+            )
+            .context("writing to stdout")?;
         }
     }
     Ok(())

@@ -339,6 +339,12 @@ fn reopen_regular(
     if FileKind::from_stat(&st) != FileKind::File {
         return Ok(None);
     }
+    // A kernel pseudo-file bound where a file belongs (`/proc/kmsg`) is no regular file of
+    // anyone's: reading it could block or take what another reader is owed.
+    let fs = nix::sys::statfs::fstatfs(pinned).with_context(|| format!("statfs {path}"))?;
+    if is_pseudo_fs(&fs) {
+        return Ok(None);
+    }
     let fd = nix::fcntl::open(
         format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
         OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
@@ -350,6 +356,44 @@ fn reopen_regular(
         bail!("{path} in the {noun} changed while it was being opened");
     }
     Ok(Some((std::fs::File::from(fd), again)))
+}
+
+/// The bytes of the file `pinned` (an `O_PATH` descriptor) when it is a regular file of at most
+/// `max` bytes on no kernel pseudo-filesystem, reopened through that descriptor with
+/// `O_NONBLOCK` and read with that bound; else why not. The size is checked before a byte is
+/// read, so a sparse or endless file costs one `fstat`.
+fn fstat_path(pinned: &OwnedFd, path: &str) -> Result<FileStat> {
+    nix::sys::stat::fstat(pinned).with_context(|| format!("stat {path}"))
+}
+
+fn read_pinned(pinned: &OwnedFd, path: &str, noun: &str, max: usize) -> Result<ImageFile> {
+    let st = fstat_path(pinned, path)?;
+    let kind = FileKind::from_stat(&st);
+    if kind != FileKind::File {
+        return Ok(ImageFile::Unusable(format!("it is a {}", kind.as_str())));
+    }
+    let fs = nix::sys::statfs::fstatfs(pinned).with_context(|| format!("statfs {path}"))?;
+    if is_pseudo_fs(&fs) {
+        return Ok(ImageFile::Unusable(
+            "it is a file of a kernel pseudo-filesystem".into(),
+        ));
+    }
+    let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
+    if size > max {
+        return Ok(ImageFile::Unusable(format!(
+            "it holds {} bytes, more than the {max} read",
+            st.st_size
+        )));
+    }
+    // The pinned inode itself, reopened O_NONBLOCK (it cannot change under the descriptor).
+    let Some((file, _)) = reopen_regular(pinned, path, noun)? else {
+        return Ok(ImageFile::Unusable("it is not a regular file".into()));
+    };
+    match read_bounded(file, max, path, noun) {
+        Ok(bytes) => Ok(ImageFile::Bytes(bytes)),
+        // Grew past the bound since the stat: the writer's doing, like a file too large.
+        Err(e) => Ok(ImageFile::Unusable(format!("{e:#}"))),
+    }
 }
 
 /// Whether `fs` is one of the kernel's pseudo-filesystems, whose "regular files" may block a
@@ -628,36 +672,37 @@ impl MachineRoot {
             }
             Err(e) => return Err(e).with_context(|| format!("opening {path} in the {noun}")),
         };
-        let st = nix::sys::stat::fstat(&pinned).with_context(|| format!("stat {path}"))?;
-        let kind = FileKind::from_stat(&st);
-        if kind != FileKind::File {
-            return Ok(ImageFile::Unusable(format!("it is a {}", kind.as_str())));
-        }
         // RESOLVE_NO_XDEV kept the walk on the root's mount; the file's filesystem type must be
-        // the root's too, and never a kernel pseudo-filesystem. (Not `st_dev`: overlayfs, the
-        // usual container rootfs, reports a regular file's underlying layer's device.)
+        // the root's too. (Not `st_dev`: overlayfs, the usual container rootfs, reports a
+        // regular file's underlying layer's device.)
         let fs = nix::sys::statfs::fstatfs(&pinned).with_context(|| format!("statfs {path}"))?;
         let root_fs = nix::sys::statfs::fstatfs(&self.fd).context("statfs the root")?;
-        if fs.filesystem_type() != root_fs.filesystem_type() || is_pseudo_fs(&fs) {
+        if fs.filesystem_type() != root_fs.filesystem_type() {
             return Ok(ImageFile::Unusable(format!(
                 "it is on another filesystem than the {noun} root"
             )));
         }
-        let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
-        if size > max {
-            return Ok(ImageFile::Unusable(format!(
-                "it holds {} bytes, more than the {max} read",
-                st.st_size
-            )));
-        }
-        // The pinned inode itself, reopened O_NONBLOCK (it cannot change under the descriptor).
-        let Some((file, _)) = reopen_regular(&pinned, path, noun)? else {
-            return Ok(ImageFile::Unusable("it is not a regular file".into()));
-        };
-        match read_bounded(file, max, path, noun) {
-            Ok(bytes) => Ok(ImageFile::Bytes(bytes)),
-            // Grew past the bound since the stat: the image's doing, like a file too large.
-            Err(e) => Ok(ImageFile::Unusable(format!("{e:#}"))),
+        read_pinned(&pinned, path, noun, max)
+    }
+
+    /// What a reader inside the machine gets when it opens `path` (every symlink followed, the
+    /// last component too, inside the machine only): for judging a file the machine may have
+    /// planted where a consumer of ours reads (a CDI spec directory). [`ImageFile::Bytes`] only
+    /// for a regular file of at most `max` bytes on a real filesystem, read through the
+    /// descriptor that was checked; a dangling link, a loop or a directory is
+    /// [`ImageFile::Absent`] (the reader gets no file either); a FIFO, device, kernel pseudo-file
+    /// or larger file
+    /// is [`ImageFile::Unusable`], never opened for reading.
+    pub fn read_followed(&self, path: &str, max: usize) -> Result<ImageFile> {
+        let noun = self.tree.noun();
+        components(path)?;
+        match self.resolve(path, Links::Follow)? {
+            Ok(pinned) if FileKind::from_stat(&fstat_path(&pinned, path)?) == FileKind::Dir => {
+                Ok(ImageFile::Absent)
+            }
+            Ok(pinned) => read_pinned(&pinned, path, noun, max),
+            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(ImageFile::Absent),
+            Err(e) => Err(e).with_context(|| format!("resolving {path} in the {noun}")),
         }
     }
 

@@ -278,25 +278,45 @@ pub fn each_lib_dir(
     Ok(skipped)
 }
 
+/// Most distinct multiarch library directories judged in a machine (a real one has a few).
+pub const MAX_LIB_DIRS: usize = 64;
+
 /// The machine's multiarch library dirs (`/usr/lib/*-linux-*` and their `vdpau/`), as machine
-/// paths; resolved in the machine, so one reached through a symlink is still inside it.
+/// paths; resolved in the machine, so one reached through a symlink is still inside it. Each
+/// directory once, by identity, under the first name that reaches it (real directories before
+/// symlinks): the machine may alias one directory under any number of names. More than
+/// [`MAX_LIB_DIRS`] distinct directories is an error: the work of judging them is bounded.
 pub fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let Some(usr_lib) = open_dir_if_dir(root, "/usr/lib")? else {
         return Ok(out);
     };
-    for (entry, _) in usr_lib.entries()? {
-        let Some(entry) = entry.to_str() else {
-            continue;
-        };
-        if !entry.contains("-linux-") {
-            continue;
-        }
+    let mut entries: Vec<(String, bool)> = usr_lib
+        .entries()?
+        .into_iter()
+        .filter_map(|(e, kind)| {
+            let e = e.to_str()?.to_owned();
+            e.contains("-linux-")
+                .then_some((e, kind != Some(FileKind::Dir)))
+        })
+        .collect();
+    entries.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    let mut seen = BTreeSet::new();
+    for (entry, _) in entries {
         let dir = format!("/usr/lib/{entry}");
         // A file that merely has a triplet's name is none of our business.
         let Some(d) = open_dir_if_dir(root, &dir)? else {
             continue;
         };
+        if !seen.insert(d.identity()?) {
+            continue;
+        }
+        if seen.len() > MAX_LIB_DIRS {
+            bail!(
+                "/usr/lib in the machine has more than {MAX_LIB_DIRS} multiarch library \
+                 directories (*-linux-*)"
+            );
+        }
         out.push(dir.clone());
         if matches!(d.kind("vdpau")?, Some(FileKind::Dir | FileKind::Symlink)) {
             out.push(format!("{dir}/vdpau"));

@@ -316,6 +316,9 @@ pub enum Action {
     Fails,
     /// Only `install` rewrites it (the machine's unit drop-in).
     Install,
+    /// post-start keeps it and cannot judge it: a person must look (a spec file too large, or
+    /// not a file, where CDI consumers read specs).
+    Keep,
 }
 
 impl Action {
@@ -330,6 +333,7 @@ impl Action {
             Action::Restart => "restart",
             Action::Fails => "fails",
             Action::Install => "install",
+            Action::Keep => "keep",
         }
     }
 }
@@ -362,7 +366,7 @@ impl Change {
     pub fn by_post_start(&self) -> bool {
         !matches!(
             self.action,
-            Action::Restart | Action::Fails | Action::Install
+            Action::Restart | Action::Fails | Action::Install | Action::Keep
         )
     }
 }

@@ -4,7 +4,7 @@
 
 use super::links::open_dir_if_dir;
 use super::{Action, Change};
-use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot, check_name};
+use crate::fs::machine_root::{FileKind, ImageFile, Lookup, MachineDir, MachineRoot, check_name};
 use anyhow::{Context as _, Result, bail};
 use std::collections::BTreeSet;
 
@@ -47,30 +47,55 @@ pub fn tmp_name(file: &str) -> String {
 /// The spec file name must be one name ending in `.json` or `.yaml`.
 pub fn check_spec_name(file_name: &str) -> Result<()> {
     check_name(file_name).context("CDI spec file name")?;
-    if !is_spec_name(file_name) {
-        bail!("CDI spec file name {file_name:?} must end in .json or .yaml");
+    if file_name.starts_with('.') || !is_spec_name(file_name.as_bytes()) {
+        bail!(
+            "CDI spec file name {file_name:?} must end in .json or .yaml and not start with a dot"
+        );
     }
     Ok(())
 }
 
-/// Whether a CDI consumer reads `name` as a spec.
-pub fn is_spec_name(name: &str) -> bool {
-    !name.starts_with('.') && (name.ends_with(".json") || name.ends_with(".yaml"))
+/// Whether a CDI consumer reads `name` as a spec: the Go library every engine uses
+/// (`container-device-interface`, `scanSpecDirs`) reads every entry of a spec directory that is
+/// not a directory and whose extension is `.json` or `.yaml`: dot-files and symlinks included,
+/// the latter followed.
+pub fn is_spec_name(name: &[u8]) -> bool {
+    name.ends_with(b".json") || name.ends_with(b".yaml")
+}
+
+/// Most bytes read from all the spec directories in one run (each file at most
+/// [`MAX_SPEC_BYTES`]): the machine writes them, so the work of judging them is bounded. Real
+/// specs are kilobytes; what lies past the bound is reported, not read.
+pub const MAX_SPEC_DIRS_BYTES: usize = 64 << 20;
+/// Most entries of one spec directory judged.
+pub const MAX_SPEC_DIR_ENTRIES: usize = 4096;
+
+/// What [`each_conflict`] found in one spec directory: the names of the specs of our kind
+/// (regular files, or symlinks a consumer follows to one: the name itself goes, never what it
+/// points to), and the spec files it could not judge, with why (their machine paths).
+#[derive(Debug, Default)]
+pub struct DirJudged {
+    pub conflicts: Vec<String>,
+    pub unjudged: Vec<(String, String)>,
 }
 
 /// Every other spec file that conflicts with ours, per directory (each directory once, by
-/// identity): the regular spec files of `/etc/cdi`, `/var/run/cdi` and `want.dir` for which
-/// `conflicts(name, bytes)` holds ([`Want::conflicts`] in the product), never ours (`ours`: our
-/// directory's identity). Specs that are symlinks are not read. Reads only; `each` gets each
-/// directory with its conflicting names.
+/// identity): the files of `/etc/cdi`, `/var/run/cdi` and `want.dir` that a CDI consumer loads
+/// ([`is_spec_name`]; read as it reads them, through symlinks, inside the machine) and for
+/// which `conflicts(name, bytes)` holds ([`Want::conflicts`] in the product), never ours
+/// (`ours`: our directory's identity). A file that cannot be judged within the bounds (larger
+/// than [`MAX_SPEC_BYTES`], past [`MAX_SPEC_DIRS_BYTES`] in all, a FIFO or device, a kernel
+/// pseudo-file, a name that is not UTF-8) is reported, never read. Reads only; `each` gets each
+/// directory with what was found there.
 pub fn each_conflict(
     root: &MachineRoot,
     want: &Want,
     ours: Option<(u64, u64)>,
     conflicts: impl Fn(&str, &[u8]) -> bool,
-    mut each: impl FnMut(&MachineDir, Vec<String>) -> Result<()>,
+    mut each: impl FnMut(&MachineDir, DirJudged) -> Result<()>,
 ) -> Result<()> {
     let mut seen = BTreeSet::new();
+    let mut budget = MAX_SPEC_DIRS_BYTES;
     for spec_dir in CDI_SPEC_DIRS.iter().copied().chain([want.dir.as_str()]) {
         // Something that is not a directory holds no specs.
         let Some(d) = open_dir_if_dir(root, spec_dir)? else {
@@ -80,27 +105,60 @@ pub fn each_conflict(
         if !seen.insert(id) {
             continue;
         }
-        let mut names = Vec::new();
-        for (name, kind) in d.entries()? {
-            let Some(name) = name.to_str() else { continue };
-            if !is_spec_name(name) || (Some(id) == ours && name == want.file) {
+        let mut found = DirJudged::default();
+        let entries = d.entries()?;
+        let judged = entries.len().min(MAX_SPEC_DIR_ENTRIES);
+        for (name, kind) in &entries[..judged] {
+            let raw = name.as_encoded_bytes();
+            if !is_spec_name(raw) {
+                continue;
+            }
+            let Some(name) = name.to_str() else {
+                found.unjudged.push((
+                    d.child(&name.to_string_lossy()),
+                    "its name is not UTF-8".into(),
+                ));
+                continue;
+            };
+            if Some(id) == ours && name == want.file {
                 continue;
             }
             let kind = match kind {
-                Some(k) => Some(k),
+                Some(k) => Some(*k),
                 None => d.kind(name)?,
             };
-            if kind != Some(FileKind::File) {
+            if kind.is_none_or(FileKind::is_dir) {
                 continue;
             }
-            let Some(bytes) = d.read_regular(name, MAX_SPEC_BYTES)? else {
-                continue;
-            };
-            if conflicts(name, &bytes) {
-                names.push(name.to_owned());
+            let max = MAX_SPEC_BYTES.min(budget);
+            match root.read_followed(&d.child(name), max)? {
+                ImageFile::Absent => {}
+                ImageFile::Bytes(bytes) => {
+                    budget -= bytes.len();
+                    if conflicts(name, &bytes) {
+                        found.conflicts.push(name.to_owned());
+                    }
+                }
+                ImageFile::Unusable(why) if max < MAX_SPEC_BYTES => found.unjudged.push((
+                    d.child(name),
+                    format!(
+                        "{why} (what was left of the {MAX_SPEC_DIRS_BYTES} bytes judged in the \
+                         spec directories in one run)"
+                    ),
+                )),
+                ImageFile::Unusable(why) => found.unjudged.push((d.child(name), why)),
             }
         }
-        each(&d, names)?;
+        if entries.len() > judged {
+            found.unjudged.push((
+                d.path().to_owned(),
+                format!(
+                    "{} entries past the {MAX_SPEC_DIR_ENTRIES} judged in one directory",
+                    entries.len() - judged
+                ),
+            ));
+        }
+        each(&d, found)?;
     }
     Ok(())
 }
@@ -126,6 +184,8 @@ pub struct Seen {
     pub file: Option<FileSeen>,
     /// Other specs of our kind (their paths), looked for only where a spec of ours belongs.
     pub conflicts: Vec<String>,
+    /// Spec files a CDI consumer loads that could not be judged (their paths, and why).
+    pub unjudged: Vec<(String, String)>,
 }
 
 /// Read the spec part through `root`: the configured directory's spec file and temp leftover,
@@ -146,6 +206,7 @@ pub fn observe(root: &MachineRoot, want: &Want) -> Result<Seen> {
         leftover: None,
         file: None,
         conflicts: Vec::new(),
+        unjudged: Vec::new(),
     };
     if let Some(d) = &dir {
         let tmp = tmp_name(&want.file);
@@ -177,8 +238,10 @@ pub fn observe(root: &MachineRoot, want: &Want) -> Result<Seen> {
             want,
             ours,
             |n, b| want.conflicts(n, b),
-            |d, names| {
-                seen.conflicts.extend(names.iter().map(|n| d.child(n)));
+            |d, found| {
+                seen.conflicts
+                    .extend(found.conflicts.iter().map(|n| d.child(n)));
+                seen.unjudged.extend(found.unjudged);
                 Ok(())
             },
         )?;
@@ -232,6 +295,17 @@ pub fn diff(want: &Want, seen: &Seen) -> Result<Vec<Change>> {
             c.clone(),
             Action::Remove,
             &format!("another spec of kind {}", want.kind),
+        ));
+    }
+    for (p, why) in &seen.unjudged {
+        out.push(change(
+            p.clone(),
+            Action::Keep,
+            &format!(
+                "a spec file CDI consumers load that was not judged ({why}): should it name \
+                 devices of kind {}, containerd drops every one of them",
+                want.kind
+            ),
         ));
     }
     Ok(out)

@@ -358,7 +358,7 @@ pub(super) fn judge_pending(
         let part: Vec<&Change> = changes.iter().filter(|c| c.check == check).collect();
         let failing = part
             .iter()
-            .find(|c| matches!(c.action, Action::Fails | Action::Install));
+            .find(|c| matches!(c.action, Action::Fails | Action::Install | Action::Keep));
         let links_change = changes.iter().any(|c| c.check == "links");
         if findings.iter().any(|f| f.check == check)
             || (failing.is_none() && (explained || (check == "ld-cache" && links_change)))
@@ -377,6 +377,16 @@ pub(super) fn judge_pending(
                         Subject::Machine(m) => m.to_string(),
                         Subject::Host => "--host".to_owned(),
                     }
+                ),
+            ),
+            Some(c) if c.action == Action::Keep => (
+                State::Broken,
+                format!(
+                    "{} {}: {}; {post_start} keeps it: remove it or make it a spec CDI consumers \
+                     can read",
+                    c.path,
+                    subject.inside(),
+                    c.detail
                 ),
             ),
             Some(c) => (
