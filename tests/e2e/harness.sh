@@ -369,6 +369,7 @@ scenarios() {
         name=$(basename "$f" .sh)
         if [ -n "${E2E_SCENARIOS:-}" ] && ! printf '%s\n' $E2E_SCENARIOS | grep -qx "${name%%-*}\|$name"; then continue; fi
         echo "==== scenario $name"
+        _record BEGIN "$name"
         rc=0
         # not --foreground: timeout then signals the scenario's whole process group (nsenter,
         # systemctl, ...), and `wait` lets a SIGTERM/SIGINT to the harness interrupt at once
@@ -376,12 +377,55 @@ scenarios() {
         SCENARIO_PID=$!
         wait "$SCENARIO_PID" || rc=$?
         SCENARIO_PID=
-        case $rc in
-            0) ;;
-            124) fail "$name.completed" "timed out after ${SCENARIO_TIMEOUT}s (E2E_SCENARIO_TIMEOUT)";;
-            *) fail "$name.completed" "scenario script died with status $rc";;
+        scenario_verdict "$name" "$rc"
+    done
+}
+# Every scenario parses (bash -n) before the rig boots: a syntax error half-way through a
+# scenario would otherwise run its first half and stop.
+syntax_check() {
+    local f bad=0
+    for f in "$E2E_SRC"/scenarios/[0-9]*.sh "$E2E_SRC"/lib/*.sh; do
+        bash -n "$f" || { log "syntax error in $f"; bad=1; }
+        case $f in */scenarios/*)
+            [ "$(grep -v '^[[:space:]]*$' "$f" | tail -1)" = scenario_end ] || [ "${f##*/}" = 99-selftest-failure.sh ] \
+                || { log "$f does not end with scenario_end"; bad=1; };;
         esac
     done
+    [ "$bad" = 0 ] || die "scenarios do not parse or do not declare their end: fix them before the rig boots"
+}
+# Self-test of the wrapper, no rig needed: a scenario cut short by an unclosed `if`, one that
+# exits early without a FAIL, and one that passed nothing must each fail; a whole one passes.
+wrapper_selftest() {
+    local d ok=0 name expect got rc
+    local -x RESULTS
+    d=$(mktemp -d)
+    printf '%s\n' 'pass "$(c first)"' 'if true; then' '  pass "$(c never)"' > "$d/91-unclosed-if.sh"
+    printf '%s\n' 'pass "$(c first)"' 'exit 0' 'pass "$(c never)"' 'scenario_end' > "$d/92-early-exit.sh"
+    printf '%s\n' 'info nothing' 'scenario_end' > "$d/93-no-check.sh"
+    printf '%s\n' 'pass "$(c one)"' 'pass "$(c two)"' 'scenario_end' > "$d/94-whole.sh"
+    for name in 91-unclosed-if 92-early-exit 93-no-check 94-whole; do
+        RESULTS=$d/results.txt; : > "$RESULTS"
+        _record BEGIN "$name"
+        rc=0; HELPER= bash "$E2E_SRC/harness.sh" _scenario_bare "$d/$name.sh" >/dev/null 2>&1 || rc=$?
+        scenario_verdict "$name" "$rc" >/dev/null
+        got=$(grep -c "^FAIL $name\." "$RESULTS") || true
+        case $name in 94-*) expect=0;; *) expect=1;; esac
+        if [ "$got" = "$expect" ]; then echo "wrapper self-test $name: $( [ "$expect" = 1 ] && echo reported || echo passed), as it must"
+        else echo "wrapper self-test $name: $got failure(s), expected $expect"; ok=1; fi
+    done
+    rm -rf "$d"
+    return $ok
+}
+_scenario_bare() { # internal (wrapper_selftest): a scenario with the results library only
+    set +e +u
+    set -o pipefail
+    SC_NAME=$(basename "$1" .sh)
+    # shellcheck disable=SC2317
+    c() { echo "s${SC_NAME%%-*}.$1"; }
+    scenario_end() { _record END "$SC_NAME $(scenario_checks "$SC_NAME")"; }
+    # shellcheck disable=SC1090
+    . "$1"
+    exit 0
 }
 _scenario() { # internal: run one scenario file with the scenario library loaded
     set +e +u
@@ -455,6 +499,8 @@ run() {
     trap 'fail harness.interrupted "signal received; tearing down"; [ -n "${SCENARIO_PID:-}" ] && kill -TERM "$SCENARIO_PID" 2>/dev/null; exit 130' INT TERM
     log "HELPER=${HELPER:-<unset: stand-in>} E2E_REQUIRE_HELPER=${E2E_REQUIRE_HELPER:-0}" \
         "HELPER_FAILPOINTS=${HELPER_FAILPOINTS:-<unset: scenario 8 skipped>} E2E_REQUIRE_FAILPOINTS=${E2E_REQUIRE_FAILPOINTS:-0}"
+    syntax_check
+    wrapper_selftest || die "the scenario wrapper passes a scenario cut short"
     deps; build; up
     scenarios
     trap - EXIT
@@ -472,7 +518,8 @@ if { [ "$cmd" = run ] || [ "$cmd" = scenarios ]; } && [ $# -gt 0 ]; then
     E2E_SCENARIOS="$*"; set --
 fi
 case "$cmd" in
-    deps|build|up|down|shell|scenarios|run|check_clean) "$cmd" "$@";;
+    deps|build|up|down|shell|scenarios|run|check_clean|syntax_check|wrapper_selftest) "$cmd" "$@";;
     _scenario) _scenario "$@";;
+    _scenario_bare) _scenario_bare "$@";;
     *) die "unknown command $cmd (deps|build|up|down|shell|scenarios|run)";;
 esac

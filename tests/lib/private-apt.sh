@@ -37,10 +37,18 @@ Debug::NoLocking "true";
 EOF
 }
 
+# A mirror mid-sync answers "File has unexpected size" or a hash mismatch for a minute or two:
+# downloads retry (Acquire::Retries), and an `update` that fails is tried again after a pause,
+# three times in all, before the caller sees the failure.
 private_apt() {
-    local a=$1
+    local a=$1 try
     shift
-    APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 "$@"
+    for try in 1 2 3; do
+        APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3 "$@" && return 0
+        [ "$1" = update ] && [ "$try" -lt 3 ] || return 1
+        echo "private_apt: apt-get update failed (try $try of 3); again in 20 s" >&2
+        sleep 20
+    done
 }
 
 # private_apt_download DIR SUITE OUT PKG...: DIR's configuration made afresh (empty dpkg status,

@@ -48,8 +48,45 @@ summary() { # prints the closing line; returns 1 when anything failed
         echo "Failures:"
         grep '^FAIL ' "$RESULTS" | sed 's/^FAIL /  /'
     fi
+    # A run that passed nothing proved nothing: "0 passed, 0 failed" is not a success.
+    if [ "${p:-0}" = 0 ]; then
+        echo "FAIL: no check passed"
+        f=$(( ${f:-0} + 1 ))
+    fi
     echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
     [ "${f:-0}" = 0 ]
+}
+
+# ---- a scenario's end ------------------------------------------------------------------------
+# The harness records `BEGIN <name>` before a scenario runs; the scenario's last line is
+# `scenario_end`, which records `END <name> <checks it ran>`. A scenario that stopped before its
+# end (an early exit, a syntax error half-way, an unclosed `if`) has no END and fails, unless it
+# recorded why it stopped (a FAIL or SKIP of its own) or declared itself off (`scenario_off`).
+scenario_checks() { # scenario_checks <name>: PASS/FAIL/SKIP lines since its BEGIN
+    awk -v b="BEGIN $1" '$0 == b {c = 0; on = 1; next} on && /^(PASS|FAIL|SKIP) / {c++} END {print c + 0}' "$RESULTS"
+}
+scenario_since() { # scenario_since <name>: the results lines since its BEGIN
+    awk -v b="BEGIN $1" '$0 == b {out = ""; on = 1; next} on {out = out $0 "\n"} END {printf "%s", out}' "$RESULTS"
+}
+scenario_verdict() { # scenario_verdict <name> <exit status>: judge how a scenario ended
+    local name=$1 rc=$2 since end n
+    case $rc in
+        0) ;;
+        124) fail "$name.completed" "timed out after ${SCENARIO_TIMEOUT}s (E2E_SCENARIO_TIMEOUT)";;
+        *) fail "$name.completed" "scenario script died with status $rc";;
+    esac
+    since=$(scenario_since "$name")
+    end=$(grep "^END $name " <<< "$since" | tail -1) || true
+    if [ -n "$end" ]; then
+        n=${end#"END $name "}
+        case $n in
+            off:*) info "scenario $name: ${n#off: }";;
+            0) fail "$name.ran-checks" "reached its end having run no check";;
+            *) info "scenario $name: reached its end, $n check(s)";;
+        esac
+    elif ! grep -Eq '^(FAIL|SKIP) ' <<< "$since"; then
+        fail "$name.reached-end" "stopped before its last line (no scenario_end) without saying why"
+    fi
 }
 
 # ---- assertions ------------------------------------------------------------------------------

@@ -7,6 +7,12 @@
 
 SC_NAME=$(basename "${1:-${BASH_SOURCE[-1]}}" .sh)
 
+# scenario_end: the last line of every scenario: it reached its end (with the number of checks it
+# ran); the harness fails a scenario that did not (lib/common.sh, scenario_verdict).
+scenario_end() { _record END "$SC_NAME $(scenario_checks "$SC_NAME")"; }
+# scenario_off <why>: a scenario that does not apply to this run says so and leaves.
+scenario_off() { _record END "$SC_NAME off: $*"; info "$SC_NAME: $*"; exit 0; }
+
 # scenario <title> [--needs-helper]: print a header; with --needs-helper and no real binary, record
 # one SKIP for the whole scenario and leave.
 scenario() {

@@ -109,3 +109,4 @@ done
 r=$(M /bin/sh -c 'rm -f /tmp/e2e-probe; mknod /tmp/e2e-probe c 240 0 2>&1 && exec 3</tmp/e2e-probe' 2>&1)
 assert_match "$(c device-policy-enforced-in-machine)" 'Operation not permitted' "$r"
 M rm -f /tmp/e2e-probe >/dev/null 2>&1
+scenario_end

@@ -207,3 +207,4 @@ before=$(snapshot /etc/systemd/nspawn/kube1.nspawn)
 sleep 1.1
 assert_cmd "$(c pre-start-again)" helper nspawn-lifecycle pre-start kube1
 assert_eq "$(c pre-start-again-writes-nothing)" "$before" "$(snapshot /etc/systemd/nspawn/kube1.nspawn)"
+scenario_end

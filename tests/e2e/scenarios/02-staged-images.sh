@@ -61,3 +61,4 @@ assert_cmd "$(c bounded-nothing-set-aside)" test ! -e "$r$STAGED/failed"
 assert_cmd "$(c kubelet-active-after-bounded-start)" wait_until 30 inner_active kubelet.service kube1
 
 rm -rf "${r:?}$STAGED/"*
+scenario_end

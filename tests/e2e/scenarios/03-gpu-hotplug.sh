@@ -45,3 +45,4 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-back-to-$E2E_GPUS)" 0 "$rc"
 assert_cmd "$(c machine-up-again)" wait_machine_up kube1 60
 assert_cmd "$(c cdi-spec-back)" M test -s "$CDI_SPEC"
+scenario_end

@@ -45,3 +45,4 @@ incomplete_case libs-removed remove_libs
 # kernel module 580.95.05 loaded, libraries still 580.82.07: the message names both versions
 EXPECT_MSG='580\.95\.05'
 incomplete_case version-mismatch fake_driver_version 580.95.05 "$DRIVER_VERSION"
+scenario_end

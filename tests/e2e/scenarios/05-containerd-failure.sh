@@ -44,3 +44,4 @@ else
 fi
 assert_eq "$(c post-start-ok-after-recovery)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
 assert_cmd "$(c cdi-spec-after-recovery)" M test -s "$CDI_SPEC"
+scenario_end

@@ -107,3 +107,4 @@ assert_ne "$(c reconcile-pre-start-new-run)" "$pre0" "$(exec_field kube1 ExecSta
 assert_ne "$(c reconcile-post-start-new-run)" "$post0" "$(exec_field kube1 ExecStartPost 'post-start' pid)"
 assert_eq "$(c reconcile-hooks-ok)" "0 0" "$(exec_field kube1 ExecStartPre 'pre-start' status) $(exec_field kube1 ExecStartPost 'post-start' status)"
 assert_cmd "$(c machine-up-after-reconcile)" wait_machine_up kube1 60
+scenario_end

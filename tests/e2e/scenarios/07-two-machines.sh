@@ -85,3 +85,4 @@ out=$(helper nspawn-lifecycle pre-start kube1 2>&1); rc=$?
 assert_eq "$(c pre-start-after-other-user-tried)" 0 "$rc"
 
 stop_unit kube2 >/dev/null 2>&1
+scenario_end

@@ -179,3 +179,4 @@ assert_eq "$(c final-reconcile)" 0 "$rc"
 assert_cmd "$(c final-machine-up)" wait_machine_up kube1 120
 check_cdi_spec kube1 "$E2E_GPUS"
 rm -rf "${r:?}$STAGED/"*
+scenario_end

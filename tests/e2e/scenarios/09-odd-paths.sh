@@ -107,3 +107,4 @@ H rm -rf "$RO_SRC" "$RW_SRC"
 stop_unit kube1 >/dev/null 2>&1
 start_unit kube1 >/dev/null 2>&1
 assert_cmd "$(c back-to-baseline)" wait_machine_up kube1 60
+scenario_end

@@ -52,3 +52,4 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-without-daemon)" 0 "$rc"
 assert_cmd "$(c machine-up-without-daemon)" wait_machine_up kube1 60
 assert_no_match "$(c nspawn-no-socket-bind-without-daemon)" "$SOCKDIR" "$(nspawn_file kube1)"
+scenario_end

@@ -103,3 +103,4 @@ assert_cmd "$(c reinstall-puts-the-helper-back)" H cmp "$COPY" "$HP"
 if start_unit kube1 && wait_machine_up kube1 120; then pass "$(c machine-up-after-reinstall)"
 else fail "$(c machine-up-after-reinstall)" "$(H systemctl status "$u" --no-pager -l 2>&1 | tail -10)"; fi
 assert_cmd "$(c setuid-mount-works-inside)" M /bin/sh -c 'd=$(mktemp -d) && mount -t tmpfs e2e "$d" && umount "$d" && rmdir "$d"'
+scenario_end

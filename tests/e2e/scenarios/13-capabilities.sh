@@ -149,3 +149,4 @@ stop_unit kube1 >/dev/null 2>&1
 start_unit kube1 >/dev/null 2>&1 && wait_machine_up kube1 120
 assert_match "$(c default-capability-all-again)" '^Capability=all$' "$(nspawn_file kube1)"
 assert_no_match "$(c default-drops-nothing)" '^DropCapability=' "$(nspawn_file kube1)"
+scenario_end

@@ -139,3 +139,4 @@ assert_match "$(c not-installed-named)" "machine kube9 is not installed" "$out"
 
 # leave the driver at the baseline version for the next scenario (its baseline restarts kube1)
 fake_driver_version "$DRIVER_VERSION"
+scenario_end

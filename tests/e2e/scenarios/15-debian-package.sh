@@ -149,3 +149,4 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-after-purge-exit-0)" 0 "$rc"
 assert_eq "$(c post-start-after-purge-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
 assert_cmd "$(c machine-up-after-purge)" wait_machine_up kube1 60
+scenario_end

@@ -38,6 +38,9 @@ CTK_DIR=${E2E_NVIDIA_CTK_DIR:-$(dirname "$(nvidia_tool nvidia-ctk)")}
 REALV=$(H sh -c 'for d in /opt/e2e-fake-driver/*/; do [ -e "$d.real" ] && basename "$d"; done; true' | head -1)
 if [ -n "$REALV" ]; then
     fake_driver_version "$REALV"
+    # However this scenario ends, the rig goes back to the stub driver and both machines stop (their
+    # binds are the real driver's files): the next scenario's result stays its own.
+    trap 'stop_unit "$EM" >/dev/null 2>&1; fake_driver_version "$DRIVER_VERSION"; stop_unit kube1 >/dev/null 2>&1' EXIT
     DV=$REALV
     pass "$(c real-driver-files)"
     info "real NVIDIA userspace $REALV in the fake host ($(H sh -c "ls /usr/lib/x86_64-linux-gnu/*.so.$REALV | wc -l") libraries)"
@@ -226,6 +229,7 @@ else fail "$(c dev-char-equals-nvidia-ctk)" "nvidia-ctk: [$out] ours: [$ours]"; 
 
 # leave the rig as baseline expects it: stub driver again, kube1 restarted by the next baseline
 # (its binds were taken from the stub files that the version switch replaced)
+trap - EXIT
 stop_unit "$EM" >/dev/null 2>&1
 fake_driver_version "$DRIVER_VERSION"
 stop_unit kube1 >/dev/null 2>&1
@@ -242,3 +246,4 @@ if [ -n "$REALV" ]; then
         done' sh "$REALV" 2>&1)
     assert_eq "$(c rig-back-on-stubs)" "" "$left"
 fi
+scenario_end

@@ -47,3 +47,4 @@ fake_gpus "$E2E_GPUS"
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-back)" 0 "$rc"
 assert_cmd "$(c machine-up-again)" wait_machine_up kube1 60
+scenario_end

@@ -135,3 +135,4 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-stand-in-again)" 0 "$rc"
 assert_cmd "$(c machine-up-stand-in-again)" wait_machine_up kube1 120
 assert_no_match "$(c nspawn-no-real-driver-left)" "nvidia/current|$REAL" "$(nspawn_file kube1)"
+scenario_end

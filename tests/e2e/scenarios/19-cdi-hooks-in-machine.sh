@@ -123,3 +123,4 @@ assert_eq "$(c stale-link-replaced)" "libcuda.so.$DRIVER_VERSION" "$(readlink "$
 assert_cmd "$(c stale-target-never-created)" test ! -e "$R$B/rootfs/$ML/libcuda.so.470.57.02"
 
 rm -rf "$tmp" "${R:?}$B"
+scenario_end

@@ -200,3 +200,4 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c final-reconcile)" 0 "$rc"
 assert_cmd "$(c final-machine-up)" wait_machine_up kube1 120
 rm -rf "${r:?}$STAGED/"*
+scenario_end

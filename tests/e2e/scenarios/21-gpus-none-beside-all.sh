@@ -88,3 +88,4 @@ assert_eq "$(c status-kube2-in-sync)" 0 "$rc"
 assert_match "$(c status-kube2-shows-assignment)" '"gpus": "none"' "$out"
 assert_match "$(c status-kube2-summary-says-none)" 'no NVIDIA GPUs for this machine \(gpus: none\)' "$out"
 cleanup
+scenario_end

@@ -116,3 +116,4 @@ for cmd in "install kube2" "plan kube2" "nspawn-lifecycle pre-start kube2"; do
 done
 assert_eq "$(c overlap.nothing-written)" "$before" "$(snapshot /etc/systemd/nspawn/kube2.nspawn /etc/systemd/system/systemd-nspawn@kube2.service.d/50-nspawn-lifecycle.conf)"
 cleanup
+scenario_end

@@ -241,3 +241,4 @@ restore_host
 assert_eq "$(c host-restored.units)" "$before_units" "$(H sh -c "readlink $SD/containerd.service; ls $SD/kubelet.service $CDI_SPEC 2>&1")"
 assert_eq "$(c host-restored.dev-char)" "$before_links" "$(char_links)"
 assert_eq "$(c host-restored.containerd-inactive)" inactive "$(hstate containerd.service)"
+scenario_end

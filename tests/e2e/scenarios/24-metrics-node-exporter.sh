@@ -127,3 +127,4 @@ fake_driver_version "$DRIVER_VERSION"
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c back-to-baseline-driver)" 0 "$rc"
 assert_cmd "$(c machine-up-at-the-end)" wait_machine_up kube1 60
+scenario_end

@@ -41,3 +41,4 @@ H rm -rf "$WORK" /usr/local/sbin/nspawn-lifecycle-helper
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c restart-with-hooks)" 0 "$rc"
 assert_cmd "$(c machine-up-again)" wait_machine_up kube1 120
+scenario_end
