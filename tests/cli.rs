@@ -647,7 +647,15 @@ fn version_names_the_commit_profile_and_target() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
+    // The suite runs in a checkout (CI's is a clone): no commit to compare with is a failure,
+    // not a pass of "starts with `commit `".
+    assert!(
+        head.status.success(),
+        "git rev-parse HEAD: {}",
+        String::from_utf8_lossy(&head.stderr)
+    );
     let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert_eq!(head.len(), 12, "{head:?}");
     assert!(lines[1].starts_with(&format!("commit {head}")), "{long}");
     assert!(lines[2].starts_with("profile "), "{long}");
     assert!(
@@ -673,4 +681,48 @@ fn reconcile_is_a_top_level_command_and_machine_has_help() {
             "{args:?}: {text}"
         );
     }
+}
+
+/// Log lines are coloured only for a person at a terminal, and never with `NO_COLOR` set: the
+/// same debug lines through a pseudo-terminal (util-linux's `script`), through it with
+/// `NO_COLOR=1`, and through a pipe.
+#[test]
+fn colour_only_at_a_terminal_and_never_with_no_color() {
+    let host = tempfile::tempdir().unwrap();
+    let cmd = format!("{BIN} --host-root {} -vv discover", host.path().display());
+    let at_terminal = |no_color: bool| {
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"]).env_remove("NO_COLOR");
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        let out = c.output().expect("util-linux's script");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let coloured = at_terminal(false);
+    assert!(coloured.contains("DEBUG"), "{coloured}");
+    assert!(
+        coloured.contains("\u{1b}["),
+        "no colour at a terminal: {coloured:?}"
+    );
+    let plain = at_terminal(true);
+    assert!(plain.contains("DEBUG"), "{plain}");
+    assert!(
+        !plain.contains('\u{1b}'),
+        "colour with NO_COLOR=1: {plain:?}"
+    );
+    let piped = Command::new(BIN)
+        .args([
+            "--host-root",
+            &host.path().display().to_string(),
+            "-vv",
+            "discover",
+        ])
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    let piped = String::from_utf8_lossy(&piped.stderr);
+    assert!(piped.contains("DEBUG"), "{piped}");
+    assert!(!piped.contains('\u{1b}'), "colour into a pipe: {piped:?}");
 }

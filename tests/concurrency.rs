@@ -3,11 +3,15 @@
 //!
 //! - Same machine: two pre-starts serialize (the second waits, names the holder, starts after the
 //!   first ends) and the second writes nothing.
-//! - Different machines: two pre-starts that each hold their lock for the pause finish together,
-//!   in about the time of one.
-//! - A waiter exits promptly on SIGTERM, on SIGINT and at its deadline (`lockTimeoutSeconds`),
-//!   with exit code 4 and a message naming the machine and the holder's PID; a holder killed
-//!   with SIGKILL frees the lock at once.
+//! - Different machines: while one machine's lock is held, a caller for another finishes
+//!   without waiting.
+//! - A waiter exits on SIGTERM, on SIGINT and at its deadline (`lockTimeoutSeconds`, never
+//!   before it), with exit code 4 and a message naming the machine and the holder's PID, while
+//!   the holder still holds; a holder killed with SIGKILL frees the lock.
+//!
+//! No assertion reads a clock against a limit (two shared cores make any such limit flaky): each
+//! waits for a condition, the holder holding for a minute so that a waiter's exit can only be
+//! the signal's or the deadline's doing. How fast is the benchmarks' to measure.
 //!
 //! pre-start stands for every command: they all take the lock through the same `lock::lock`.
 //! The hosts here have no NVIDIA hardware (verdict none), so no root is needed. Two post-starts
@@ -70,6 +74,11 @@ impl Run {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether it has not exited yet.
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// Wait for a stderr line containing `needle` (at most 10 s).
@@ -169,32 +178,22 @@ fn same_machine_pre_starts_serialize_and_the_second_writes_nothing() {
 #[test]
 fn different_machines_do_not_block_each_other() {
     let h = host(None);
-    let t0 = Instant::now();
-    let a = Run::start(h.path(), "kube1", Some(PAUSE_MS));
-    let b = Run::start(h.path(), "kube2", Some(PAUSE_MS));
-    let (sa, ea, _) = a.finish();
-    let (sb, eb, _) = b.finish();
-    let both = t0.elapsed();
-    assert!(sa.success(), "{ea}");
+    // kube1's lock held for a minute: kube2's caller finishes meanwhile, without waiting.
+    let hold = holder(h.path(), "kube1", 60_000);
+    let (sb, eb, _) = Run::start(h.path(), "kube2", None).finish();
     assert!(sb.success(), "{eb}");
+    assert!(!eb.contains("waiting"), "{eb}");
+    let mut hold = hold;
     assert!(
-        !ea.contains("waiting") && !eb.contains("waiting"),
-        "{ea}\n{eb}"
+        hold.running(),
+        "kube2 finished only once kube1's holder let go"
     );
-    let pause = Duration::from_millis(PAUSE_MS);
-    assert!(both >= pause);
-    // Serialized they would take two pauses; together about one (margin for a loaded CI box).
-    assert!(
-        both < pause * 2 - Duration::from_millis(400),
-        "kube1 and kube2 took {both:?} for one {pause:?} pause each: they blocked each other"
-    );
-
-    // The control: the same two pauses on one machine do add up.
-    let t0 = Instant::now();
-    let a = Run::start(h.path(), "kube1", Some(PAUSE_MS));
-    let b = Run::start(h.path(), "kube1", Some(PAUSE_MS));
-    assert!(a.finish().0.success() && b.finish().0.success());
-    assert!(t0.elapsed() >= pause * 2, "{:?}", t0.elapsed());
+    // The control: a caller for kube1 itself waits for the holder.
+    let mut waiter = Run::start(h.path(), "kube1", None);
+    waiter.wait_for_line("waiting for the machine lock");
+    hold.signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(waiter.finish().0.success());
+    assert_eq!(hold.finish().0.signal(), Some(libc::SIGKILL));
 }
 
 fn waiter_is_interrupted_by(sig: nix::sys::signal::Signal) {
@@ -202,14 +201,14 @@ fn waiter_is_interrupted_by(sig: nix::sys::signal::Signal) {
     let hold = holder(h.path(), "kube1", 60_000);
     let mut waiter = Run::start(h.path(), "kube1", None);
     waiter.wait_for_line("waiting for the machine lock");
-    let sent = Instant::now();
     waiter.signal(sig);
-    let (status, err, ended) = waiter.finish();
-    let took = ended - sent;
+    let (status, err, _) = waiter.finish();
     assert_eq!(status.code(), Some(4), "{sig}: {status:?} {err}");
+    // The holder holds for a minute: the waiter left because of the signal, not the lock.
+    let mut hold = hold;
     assert!(
-        took < Duration::from_millis(800),
-        "{sig}: exited {took:?} after the signal"
+        hold.running(),
+        "{sig}: the waiter left only once the holder let go"
     );
     assert!(err.contains("machine kube1"), "{err}");
     assert!(err.contains("interrupted"), "{err}");
@@ -238,9 +237,16 @@ fn a_waiter_gives_up_at_its_deadline_naming_machine_and_holder() {
     let (status, err, ended) = waiter.finish();
     let took = ended - started;
     assert_eq!(status.code(), Some(4), "{err}");
+    // Never before its deadline; and it gave up, the holder still holding for a minute (how
+    // soon after the deadline is the benchmarks' to say, not a test's on a shared box).
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_millis(1800),
+        took >= Duration::from_secs(1),
         "gave up after {took:?} with a 1 s deadline"
+    );
+    let mut hold = hold;
+    assert!(
+        hold.running(),
+        "the waiter left only once the holder let go"
     );
     assert!(err.contains("machine kube1"), "{err}");
     assert!(
@@ -258,15 +264,10 @@ fn a_holder_killed_with_sigkill_frees_the_lock_at_once() {
     let hold = holder(h.path(), "kube1", 60_000);
     let mut waiter = Run::start(h.path(), "kube1", None);
     waiter.wait_for_line("waiting for the machine lock");
-    let killed = Instant::now();
     hold.signal(nix::sys::signal::Signal::SIGKILL);
-    let (status, err, ended) = waiter.finish();
+    // The holder held for a minute: the waiter gets the lock only because the kill freed it.
+    let (status, err, _) = waiter.finish();
     assert!(status.success(), "{err}");
-    assert!(
-        ended - killed < Duration::from_millis(800),
-        "the waiter took {:?} to notice",
-        ended - killed
-    );
     assert!(h.path().join("etc/systemd/nspawn/kube1.nspawn").exists());
     assert_eq!(hold.finish().0.signal(), Some(libc::SIGKILL));
 }

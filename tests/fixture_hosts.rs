@@ -876,8 +876,17 @@ fn privileged_demo_interrupted_leaves_no_example_host() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert_eq!(listing(), 1, "demo built no example host under TMPDIR");
-    // Long enough to fill the page and block on the write.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Until it blocks writing into the full pipe: its current system call is write(2)
+    // (/proc/PID/syscall names it while it sleeps in it); no fixed pause.
+    let syscall = format!("/proc/{}/syscall", child.id());
+    let blocked_in_write = || {
+        std::fs::read_to_string(&syscall)
+            .is_ok_and(|s| s.split_whitespace().next() == Some(&libc::SYS_write.to_string()))
+    };
+    while !blocked_in_write() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(blocked_in_write(), "demo never blocked writing its report");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,

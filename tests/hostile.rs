@@ -481,7 +481,10 @@ fn golden_outcomes(case: &str, table: &[String]) {
 fn planted_symlinks_fifos_files_and_dirs_never_reach_the_host() {
     let _shared = RENAMES.read().unwrap_or_else(|e| e.into_inner());
     let table = run_table(UNPRIVILEGED);
-    // 22 directory targets × 5 plants + 13 file targets × 5 plants.
+    // tests/README.md quotes these counts: 33 paths, each with the 6 plants that apply to it
+    // (a file where a file belongs, a directory where a directory belongs, are no plants).
+    assert_eq!(TARGETS.len(), 33, "tests/README.md quotes 33 paths");
+    assert_eq!(UNPRIVILEGED.len(), 6);
     assert_eq!(table.len(), 165);
     golden_outcomes("unprivileged", &table);
 }

@@ -111,6 +111,21 @@ if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash po
 
 step "adversarial CDI-hook suite (tests/attack/run.sh): runc and crun of bookworm and trixie, hostile images, racing sidecars"
 tests/attack/run.sh "$bin"
+# Its negative control: hooks that fail every creation must fail the suite (a "0 escapes" of
+# creations that never reached the hooks proves nothing), on one runtime, a few creations.
+step "adversarial suite, negative control: a helper whose hooks fail every creation"
+control=$(mktemp -d /tmp/nspawn-lifecycle-attack-control.XXXXXX)
+printf '#!/bin/sh\nexit 1\n' >"$control/nspawn-lifecycle-helper"
+chmod 0755 "$control/nspawn-lifecycle-helper"
+rc=0
+ATTACK_RACES=2 ATTACK_LIBRACES=1 ATTACK_CASES=kmsg ATTACK_RUNTIMES=runc-bookworm \
+    tests/attack/run.sh "$control/nspawn-lifecycle-helper" >"$control/log" 2>&1 || rc=$?
+if [ "$rc" = 0 ] || ! grep -q '^FAIL runc-bookworm race-root: 0 of 2 well-formed creations beside the sidecar started$' "$control/log"; then
+    tail -20 "$control/log" >&2
+    echo "FAIL: the adversarial suite passed (exit $rc) with hooks that fail every creation" >&2; exit 1
+fi
+echo "the adversarial suite fails with hooks that fail every creation, as it must: $(tail -1 "$control/log")" >&2
+rm -rf "$control"
 
 step "Debian package (assets/debian/build-deb.sh): deterministic, contents, lintian (tests/deb.sh)"
 # lintian checks the package; man-db lets scenario 15 find the packaged pages with man.

@@ -3,8 +3,12 @@
 //! - `status` is out of sync exactly when post-start run now would change something (the model's
 //!   pending changes are not empty), and what it would change is post-start's to make exactly
 //!   when post-start alone mends it;
+//! - the post-start of each mend writes exactly what `status` listed just before it (the machine
+//!   tree snapshotted around it), and once in sync a post-start run again writes nothing;
 //! - after the mend an operator makes (post-start; a restart; `install` and a restart),
 //!   `status` is in sync and nothing is pending;
+//! - every mutation applies to some example host, and the same run with `status` read without
+//!   the model (its pending changes dropped: the negative control) fails;
 //! - what `plan` shows as the `.nspawn` file is byte for byte what pre-start then writes, and
 //!   where pre-start refuses, `plan` refuses alike (same exit code and message).
 //!
@@ -30,8 +34,8 @@ use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery::{self, Verdict};
 use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
-use nspawn_lifecycle::model::render;
 use nspawn_lifecycle::model::{Action, Change};
+use nspawn_lifecycle::model::{gate, render};
 use nspawn_lifecycle::systemd::services::OnDisk;
 use nspawn_lifecycle::types::machine_name::MachineName;
 use nspawn_lifecycle::{error, fixture};
@@ -55,6 +59,8 @@ enum Mend {
 /// last boot made (innermost last).
 struct Node {
     example: &'static str,
+    /// The negative control: `status` read without the model (its pending changes dropped).
+    blind: bool,
     host: tempfile::TempDir,
     /// Hosts replaced by a mutation, kept until the machine no longer binds from them.
     old_hosts: Vec<tempfile::TempDir>,
@@ -106,6 +112,7 @@ impl Node {
     fn new(example: &'static str) -> Node {
         Node {
             example,
+            blind: false,
             host: installed(fixture::example(example).unwrap()),
             old_hosts: Vec::new(),
             machine: machine_tree(),
@@ -224,6 +231,7 @@ impl Node {
         let pending = s
             .machine_facts
             .as_ref()
+            .filter(|_| !self.blind)
             .map(|m| m.pending_changes.clone())
             .unwrap_or_default();
         (s, pending)
@@ -553,6 +561,101 @@ fn no_gpu_mutations() -> Vec<Mutation> {
     ]
 }
 
+type Tree = std::collections::BTreeMap<PathBuf, String>;
+
+/// What post-start changed in the machine tree: every entry but a directory that appeared,
+/// went or differs (a directory differs when its entries do, which its entries say).
+fn changed(before: &Tree, after: &Tree) -> std::collections::BTreeSet<PathBuf> {
+    let is_dir = |d: Option<&String>| d.is_some_and(|d| d.starts_with("mode=40"));
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|p| {
+            let (b, a) = (before.get(*p), after.get(*p));
+            b != a && !(is_dir(b) && is_dir(a))
+        })
+        .cloned()
+        .collect()
+}
+
+/// A change's path as the machine tree names it: its parent resolved in the tree (the machine
+/// names `/var/run/cdi/…`, the tree holds `run/cdi/…`).
+fn tree_path(m: &Path, machine_path: &str) -> PathBuf {
+    let rel = Path::new(machine_path.trim_start_matches('/'));
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return rel.to_owned();
+    };
+    match std::fs::canonicalize(m.join(parent)) {
+        Ok(p) => p
+            .strip_prefix(std::fs::canonicalize(m).unwrap())
+            .map_or_else(|_| rel.to_owned(), |p| p.join(name)),
+        Err(_) => rel.to_owned(),
+    }
+}
+
+/// post-start run on a machine that `status` judged: what it wrote is exactly what was
+/// pending. Every entry it changed is a pending change's path (or under one, or the loader
+/// cache `ldconfig` rewrites), and every file a pending change creates, replaces, writes or
+/// removes did change. `pending` empty: post-start changes nothing at all.
+fn post_start_writes_what_was_listed(t: &mut Tally, n: &Node, pending: &[Change], what: &str) {
+    let before = common::snapshot(n.m(), &[]);
+    if let Err(e) = n.post_start() {
+        t.fail(what, format!("post-start failed: {e:#}"));
+        return;
+    }
+    let after = common::snapshot(n.m(), &[]);
+    let did = changed(&before, &after);
+    // A gate release names its unit; what it writes is the unit's marker.
+    let named: Vec<(PathBuf, Action)> = pending
+        .iter()
+        .filter(|c| c.by_post_start() && !c.path.is_empty())
+        .map(|c| match c.action {
+            Action::Release => (
+                tree_path(n.m(), &format!("{}/{}", gate::MARKER_DIR, c.path)),
+                c.action,
+            ),
+            _ => (tree_path(n.m(), &c.path), c.action),
+        })
+        .collect();
+    let runs_ldconfig = pending.iter().any(|c| c.action == Action::Run);
+    // Explained: a listed path, something under one, a directory made on the way to one, or
+    // the loader cache when ldconfig is listed.
+    let unlisted: Vec<&PathBuf> =
+        did.iter()
+            .filter(|p| {
+                !(named.iter().any(|(q, _)| {
+                    p.starts_with(q) || (q.starts_with(p) && !before.contains_key(*p))
+                }) || (runs_ldconfig && p.as_path() == Path::new("etc/ld.so.cache")))
+            })
+            .collect();
+    t.check(unlisted.is_empty(), what, || {
+        format!(
+            "post-start changed what status did not list: {unlisted:?}
+pending:
+{}",
+            listed(pending)
+        )
+    });
+    let untouched: Vec<&PathBuf> = named
+        .iter()
+        .filter(|(q, a)| {
+            matches!(
+                a,
+                Action::Create | Action::Replace | Action::Write | Action::Remove
+            ) && !did.iter().any(|p| p.starts_with(q))
+        })
+        .map(|(q, _)| q)
+        .collect();
+    t.check(untouched.is_empty(), what, || {
+        format!(
+            "status listed what post-start did not change: {untouched:?}
+pending:
+{}",
+            listed(pending)
+        )
+    });
+}
+
 /// The mend, then `status` in sync with nothing pending.
 fn mend(t: &mut Tally, n: &mut Node, how: Mend, what: &str) {
     if how == Mend::InstallAndRestart {
@@ -567,16 +670,18 @@ fn mend(t: &mut Tally, n: &mut Node, how: Mend, what: &str) {
         t.fail(what, format!("the new start was refused ({code}): {why}"));
         return;
     }
-    if let Err(e) = n.post_start() {
-        t.fail(what, format!("post-start failed: {e:#}"));
-        return;
-    }
+    // After a restart, status judges the fresh boot first: post-start must then write exactly
+    // what it lists (a PostStart mend was judged by `mutate` just before).
+    let (_, pending) = n.judge();
+    post_start_writes_what_was_listed(t, n, &pending, &format!("{what}: post-start ({how:?})"));
     let (s, pending) = n.judge();
     t.check(
         s.state == State::InSync && pending.is_empty(),
         &format!("{what}: after the mend ({how:?})"),
         || format!("status: {}\npending:\n{}", s.summary, listed(&pending)),
     );
+    // In sync: post-start run again changes nothing.
+    post_start_writes_what_was_listed(t, n, &pending, &format!("{what}: post-start once in sync"));
 }
 
 /// One mutation: detected by both, classed as the mend it needs, then mended.
@@ -611,8 +716,16 @@ fn mutate(t: &mut Tally, n: &mut Node, m: &Mutation) -> bool {
     true
 }
 
-fn run_host(t: &mut Tally, example: &'static str) -> usize {
+/// Every mutation of the model on `example`; each one that applied to it is counted in
+/// `applied`. `blind`: status judged without the model (the negative control).
+fn run_host(
+    t: &mut Tally,
+    example: &'static str,
+    blind: bool,
+    applied: &mut std::collections::BTreeMap<&'static str, usize>,
+) -> usize {
     let mut n = Node::new(example);
+    n.blind = blind;
     let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
     if let Verdict::Incomplete { .. } = inv.verdict {
         // pre-start and plan refuse alike (exit 3); status is broken and nothing is pending:
@@ -645,7 +758,14 @@ fn run_host(t: &mut Tally, example: &'static str) -> usize {
     } else {
         no_gpu_mutations()
     };
-    list.iter().filter(|m| mutate(t, &mut n, m)).count()
+    let mut count = 0;
+    for m in &list {
+        if mutate(t, &mut n, m) {
+            *applied.entry(m.name).or_default() += 1;
+            count += 1;
+        }
+    }
+    count
 }
 
 fn main() {
@@ -665,14 +785,31 @@ fn main() {
     .unwrap();
     let mut t = Tally::default();
     let mut mutations = 0;
+    let mut applied = std::collections::BTreeMap::new();
     for (example, _) in fixture::EXAMPLES {
-        mutations += run_host(&mut t, example);
+        mutations += run_host(&mut t, example, false, &mut applied);
     }
+    // A mutation that applies to no example host checks nothing: each must apply somewhere.
+    for m in gpu_mutations().iter().chain(&no_gpu_mutations()) {
+        t.check(applied.contains_key(m.name), m.name, || {
+            "applied to no example host: it checks nothing".into()
+        });
+    }
+    // The negative control: the same run with status judging without the model must fail.
+    let mut control = Tally::default();
+    run_host(&mut control, "two-gpus", true, &mut Default::default());
+    t.check(!control.failures.is_empty(), "negative control", || {
+        "status without the model passed every check: the checks prove nothing".into()
+    });
     println!(
-        "wiring model: {} example hosts, {mutations} mutations, {} checks, {} failed",
+        "wiring model: {} example hosts, {mutations} mutations ({} kinds, each applied), {} checks, {} failed; \
+         negative control (status without the model): {} of {} checks failed, as they must",
         fixture::EXAMPLES.len(),
+        applied.len(),
         t.checks,
-        t.failures.len()
+        t.failures.len(),
+        control.failures.len(),
+        control.checks
     );
     if !t.failures.is_empty() {
         for f in &t.failures {

@@ -74,6 +74,11 @@ impl<'a> Markers<'a> {
     /// whether it wrote.
     pub fn release(&self, unit: &UnitName, point: Point) -> Result<bool> {
         crate::fs::host_dir::open(self.host, &self.dir, crate::fs::host_dir::PARENT_MODE)?;
+        // Released is released: pre-start's marker for the boot ahead is kept as it is (status
+        // judges the marker's presence, as systemd's ConditionPathExists= does).
+        if self.is_released(unit)? {
+            return Ok(false);
+        }
         self.write(
             unit,
             &format!("{RELEASED_BY_POST_START} {unit} this boot\n"),

@@ -152,8 +152,9 @@ exec nsenter -t "$pid" -m sh -c 'mount -t tmpfs -o mode=755,size=64k p "$1/proc/
 EOF
 chmod +x "$B/fake-proc"
 
-escapes=0 hangs=0 creations=0 failed_clean=0 started=0
+escapes=0 hangs=0 creations=0 failed_clean=0 started=0 suite_failures=0
 report() { echo "ESCAPE $*" >&2; escapes=$((escapes + 1)); }
+suite_fail() { echo "FAIL $*" >&2; suite_failures=$((suite_failures + 1)); }
 
 canary_state() {
     { stat -c '%n %s %Y %Z %i' "$CANARY_DIR" "$CANARY_DIR"/* /etc/nspawn-lifecycle-attack-canary
@@ -346,12 +347,13 @@ for line in "${RT_LINES[@]}"; do
         "${rcmd[@]}" exec -d "$rid" /racer links /lib64 /run/attack/canary-dir >/dev/null 2>&1 ||
             die "$name: the links racer ($who) did not start"
         sleep 0.2
-        rs=$started rf=$failed_clean
+        rs=$started rf=$failed_clean race_started=0
         for n in $(seq 1 "$RACES"); do
             image "$A/b-race/rootfs" race
             create "$name" "$rt" race "$who-$n"
             # The well-formed image beside the sidecar must start; say why when it does not.
-            [ "$LAST_RC" = 0 ] || echo "attack: $name race-$who #$n: failed ($LAST_RC): $(why "$LAST_OUT")" >&2
+            if [ "$LAST_RC" = 0 ]; then race_started=$((race_started + 1))
+            else echo "attack: $name race-$who #$n: failed ($LAST_RC): $(why "$LAST_OUT")" >&2; fi
             find "$A/vol-race" -mindepth 1 -maxdepth 1 -type l -delete 2>/dev/null || true
         done
         for n in $(seq 1 "$LIBRACES"); do
@@ -364,6 +366,18 @@ for line in "${RT_LINES[@]}"; do
         sleep 0.2
         "${rcmd[@]}" delete -f "$rid" >/dev/null 2>&1 || true
         echo "attack: $name race-$who: $RACES + $LIBRACES creations ($((started - rs)) started, $((failed_clean - rf)) failed cleanly), escapes so far: $escapes" >&2
+        # "0 escapes" means something only if the creations got as far as the hooks and the
+        # sidecars raced them: every well-formed creation beside the swapping sidecar started, and
+        # each sidecar process (swap, links) reports hits (tests/attack/racer.c keeps its counts).
+        if [ "$race_started" != "$RACES" ]; then
+            suite_fail "$name race-$who: $race_started of $RACES well-formed creations beside the sidecar started"
+        fi
+        for mode in swap links; do
+            hits=$(cat "$A"/vol-race/.racer-stats-* "$A"/vol-lib/.racer-stats-* 2>/dev/null | awk -v m="$mode" '$1 == m {h += $3} END {print h + 0}')
+            if [ "$hits" -gt 0 ]; then echo "attack: $name race-$who: the $mode sidecar hit $hits times" >&2
+            else suite_fail "$name race-$who: the $mode sidecar never hit anything: nothing raced"; fi
+        done
+        rm -f "$A"/vol-race/.racer-stats-* "$A"/vol-lib/.racer-stats-*
     done
     rm -rf "${A:?}/vol-race/"* "${A:?}/vol-lib/"*
     for c in $STATIC_CASES; do
@@ -409,5 +423,11 @@ for line in "${RT_LINES[@]}"; do
 done
 
 for k in "${!TIMES[@]}"; do echo "attack: $k took ${TIMES[$k]} s" >&2; done
-echo "attack: $creations creations ($started started, $failed_clean failed cleanly), $escapes escapes, $hangs hangs, $wellformed_failures well-formed failures"
-[ "$escapes" = 0 ] && [ "$hangs" = 0 ] && [ "$wellformed_failures" = 0 ]
+# Every runtime ran every creation: its races, its library races, 3 per static case, the
+# well-formed one.
+per_runtime=$((2 * (RACES + LIBRACES) + 3 * $(wc -w <<<"$STATIC_CASES") + 1))
+expected=$((per_runtime * ${#TIMES[@]}))
+[ "${#TIMES[@]}" -gt 0 ] || suite_fail "no runtime ran"
+[ "$creations" = "$expected" ] || suite_fail "$creations creations, expected $expected ($per_runtime for each of ${#TIMES[@]} runtimes)"
+echo "attack: $creations creations ($started started, $failed_clean failed cleanly), $escapes escapes, $hangs hangs, $wellformed_failures well-formed failures, $suite_failures suite failures"
+[ "$escapes" = 0 ] && [ "$hangs" = 0 ] && [ "$wellformed_failures" = 0 ] && [ "$suite_failures" = 0 ]

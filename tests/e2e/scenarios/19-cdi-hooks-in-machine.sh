@@ -27,6 +27,7 @@ assert_match "$(c nspawn-binds-helper)" "^BindReadOnly=[^:]+:$HOOK\$" "$(nspawn_
 assert_cmd "$(c hook-binary-runs-in-machine)" M "$HOOK" cdi-hook --help
 err=$(M sh -c "echo x > $HOOK" 2>&1); rc=$?
 assert_ne "$(c hook-binary-read-only)" 0 "$rc"
+assert_match "$(c hook-binary-read-only-why)" 'Read-only file system' "$err"
 info "writing the hook binary from the machine: $err"
 
 tmp=$(mktemp -d)

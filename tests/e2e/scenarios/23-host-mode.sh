@@ -184,6 +184,8 @@ if [ -z "${HELPER_FAILPOINTS:-}" ]; then
 else
     POINTS=$("$HELPER_FAILPOINTS" failpoints | grep '^post-start-')
     info "post-start points: $(tr '\n' ' ' <<< "$POINTS")"
+    # A loop over no point checks nothing.
+    assert_ne "$(c crash-points-listed)" "" "$POINTS"
     drift() { # every step has work: spec changed, a link and the markers gone
         H sh -c "printf ' ' >> '$CDI_SPEC'; rm -f $MARKERS/containerd.service $MARKERS/kubelet.service
             for l in /dev/char/*; do case \$(readlink \"\$l\") in *nvidia0) rm -f \"\$l\";; esac; done"
