@@ -726,3 +726,102 @@ fn colour_only_at_a_terminal_and_never_with_no_color() {
     assert!(piped.contains("DEBUG"), "{piped}");
     assert!(!piped.contains('\u{1b}'), "colour into a pipe: {piped:?}");
 }
+
+/// A reader that went away (`| head`) or a closed stdout: never a panic (the release build
+/// aborts on one), one behaviour for every printing command: it ends quietly, exit 0. The pipe's
+/// read end is closed before the helper starts, so every write meets EPIPE.
+#[test]
+fn a_gone_reader_or_closed_stdout_ends_quietly() {
+    let host = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(host.path().join("var/lib/machines/kube1")).unwrap();
+    let pages = tempfile::tempdir().unwrap();
+    let root = host.path().display().to_string();
+    let dir = pages.path().display().to_string();
+    for args in [
+        vec!["--host-root", &root, "install", "kube1", "--print-dropin"],
+        vec!["manpages", &dir],
+        vec!["completions", "bash"],
+        vec!["--host-root", &root, "discover"],
+        vec!["--host-root", &root, "discover", "--json"],
+    ] {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        drop(r);
+        let out = Command::new(BIN)
+            .args(&args)
+            .stdout(std::process::Stdio::from(w))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.is_empty(),
+            "{args:?} into a pipe nobody reads: {:?} {err}",
+            out.status
+        );
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("exec \"$0\" \"$@\" >&-")
+            .arg(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "{args:?} with stdout closed: {:?} {err}",
+            out.status
+        );
+    }
+}
+
+/// A machine name is what systemd-nspawn accepts, no more: the real `systemd-nspawn --machine=`
+/// (Debian's systemd-container, installed by tests/run-all.sh) is the oracle, name by name;
+/// `install` of a name it refuses is exit 2 naming it, before anything is written.
+#[test]
+fn machine_names_are_what_systemd_nspawn_accepts() {
+    let host = tempfile::tempdir().unwrap();
+    let root = host.path().display().to_string();
+    for name in [
+        "kube1",
+        "a.b",
+        "gpu-node-01",
+        "0node",
+        "a..b",
+        "a.",
+        ".a",
+        "-x",
+        "x-",
+        "a.-b",
+        "gpu_node",
+        "a b",
+        "ä",
+    ] {
+        let nspawn = Command::new("systemd-nspawn")
+            .arg(format!("--machine={name}"))
+            .args(["-D", "/nonexistent/root", "true"])
+            .output()
+            .expect("systemd-nspawn (Debian's systemd-container)");
+        let nspawn_refuses =
+            String::from_utf8_lossy(&nspawn.stderr).contains("Invalid machine name");
+        let out = Command::new(BIN)
+            .args(["--host-root", &root, "install", "--dry-run", "--", name])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Our refusal names the machine name (`machine name "…"`); whatever else a dry run on
+        // an empty host says is not about the name.
+        let we_refuse = err.contains(&format!("machine name \"{}\"", name.escape_debug()));
+        assert_eq!(
+            we_refuse, nspawn_refuses,
+            "{name:?}: exit {:?}: {err}",
+            out.status
+        );
+        if we_refuse {
+            assert_eq!(out.status.code(), Some(2), "{name:?}: {err}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(host.path()).unwrap().count(),
+        0,
+        "install wrote"
+    );
+}

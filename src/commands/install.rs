@@ -630,9 +630,9 @@ fn execute(
     if how.json {
         let text = serde_json::to_string_pretty(&plan.json(dry_run, &reload_word))
             .context("serializing the report")?;
-        println!("{text}");
+        crate::output::print_all(&format!("{text}\n"))?;
     } else {
-        print!("{}", plan.report(dry_run, &reload_word));
+        crate::output::print_all(&plan.report(dry_run, &reload_word))?;
     }
     match reload_err {
         Some(e) => Err(e.context("daemon-reload after changing unit files")),
@@ -665,11 +665,9 @@ pub fn install(
 /// on stdout, so tests and tools take it from the binary instead of keeping a copy that drifts.
 pub fn print_dropin(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;
-    print!(
-        "{}",
-        Dropin::for_gpus(machine, ctx.config.helper_path(), &mc.gpus)
-    );
-    Ok(())
+    crate::output::print_all(
+        &Dropin::for_gpus(machine, ctx.config.helper_path(), &mc.gpus).to_string(),
+    )
 }
 
 /// `uninstall <MACHINE>`: remove what install added, leaving a `.nspawn` file without GPU binds;

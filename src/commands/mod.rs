@@ -11,7 +11,7 @@ pub mod status;
 
 use crate::Ctx;
 use crate::cli::{Cli, Command, HostCommand, Phase, StatusFormat};
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 /// Run one parsed command line and give the process exit code on success: 0, or for `status`
 /// the machine state's code (5 drift, 6 broken, 7 not running, 8 nothing installed), for
@@ -34,9 +34,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
             };
             if format == StatusFormat::Prometheus {
                 let (report, code) = monitor(&cli, machine.as_ref(), *all, machine_root);
-                let mut out = std::io::stdout().lock();
-                std::io::Write::write_all(&mut out, status::metrics::render(&report).as_bytes())
-                    .context("writing to stdout")?;
+                crate::output::print_all(&status::metrics::render(&report))?;
                 return Ok(code);
             }
             let json = format == StatusFormat::Json;
@@ -131,13 +129,16 @@ pub fn run(cli: Cli) -> Result<()> {
     // Generated from the command line alone: no host, no configuration, no root (packaging).
     match &cli.command {
         Command::Completions { shell } => {
-            return manual::completions(*shell, &mut std::io::stdout().lock());
+            let mut script = Vec::new();
+            manual::completions(*shell, &mut script)?;
+            return crate::output::print_all(&String::from_utf8_lossy(&script));
         }
         Command::Manpages { dir } => {
+            let mut text = String::new();
             for path in manual::write_pages(dir)? {
-                println!("{}", path.display());
+                text.push_str(&format!("{}\n", path.display()));
             }
-            return Ok(());
+            return crate::output::print_all(&text);
         }
         _ => {}
     }
@@ -148,10 +149,11 @@ pub fn run(cli: Cli) -> Result<()> {
     // Needs no host and no configuration: a crash test lists the points before it arms one.
     #[cfg(feature = "failpoints")]
     if let Command::Failpoints = &cli.command {
-        for p in crate::failpoint::ALL {
-            println!("{}", p.name());
-        }
-        return Ok(());
+        let names: String = crate::failpoint::ALL
+            .iter()
+            .map(|p| format!("{}\n", p.name()))
+            .collect();
+        return crate::output::print_all(&names);
     }
     let ctx = load(&cli)?;
     match cli.command {

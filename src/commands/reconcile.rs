@@ -172,13 +172,12 @@ fn execute(
     let old = plan
         .old_leader
         .map_or_else(|| "none (was not running)".to_owned(), |p| p.to_string());
-    println!(
-        "{unit} restarted in {:.1}s: leader PID {old} -> {new_leader}, invocation {} -> {}",
+    crate::output::print_all(&format!(
+        "{unit} restarted in {:.1}s: leader PID {old} -> {new_leader}, invocation {} -> {}\n",
         started.elapsed().as_secs_f64(),
         short(&plan.old_invocation),
         short(&after.invocation_id),
-    );
-    Ok(())
+    ))
 }
 
 /// How long the restart may take: systemd's own stop and start timeouts for the unit (which

@@ -550,9 +550,8 @@ pub fn print_unjudged(machine: Option<&str>, e: anyhow::Error) -> anyhow::Error 
 }
 
 fn print_json(v: &impl Serialize) -> Result<()> {
-    use std::io::Write as _;
     let text = serde_json::to_string_pretty(v).context("serializing the status")?;
-    writeln!(std::io::stdout().lock(), "{text}").context("writing to stdout")
+    crate::output::print_all(&format!("{text}\n"))
 }
 
 /// Every selected machine judged, for monitoring (`--format prometheus`, `metrics`): what could
@@ -640,15 +639,12 @@ fn print_status(
     all: bool,
     json: bool,
 ) -> Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    use std::io::Write as _;
     for e in &errors {
         tracing::error!(machine = %e.machine, "status could not judge the machine: {}", e.error);
     }
     if json {
-        drop(stdout);
         if all {
-            print_json(&AllStatus {
+            return print_json(&AllStatus {
                 api_version: API_VERSION,
                 kind: "MachineStatusList",
                 state,
@@ -659,29 +655,25 @@ fn print_status(
                 },
                 machines: out,
                 errors,
-            })?;
-        } else {
-            print_json(&out[0])?;
+            });
         }
-    } else {
-        if all && out.is_empty() && errors.is_empty() {
-            writeln!(stdout, "no installed machines").context("writing to stdout")?;
-        }
-        for s in &out {
-            writeln!(stdout, "{}", crate::output::printable(&s.summary))
-                .context("writing to stdout")?;
-        }
-        for e in &errors {
-            writeln!(
-                stdout,
-                "{}: could not judge: {}",
-                e.machine,
-                crate::output::printable(&e.error)
-            )
-            .context("writing to stdout")?;
-        }
+        return print_json(&out[0]);
     }
-    Ok(())
+    let mut text = String::new();
+    if all && out.is_empty() && errors.is_empty() {
+        text.push_str("no installed machines\n");
+    }
+    for s in &out {
+        text.push_str(&format!("{}\n", crate::output::printable(&s.summary)));
+    }
+    for e in &errors {
+        text.push_str(&format!(
+            "{}: could not judge: {}\n",
+            e.machine,
+            crate::output::printable(&e.error)
+        ));
+    }
+    crate::output::print_all(&text)
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
-//! Machine names, validated the way systemd validates machine names (hostname rules, loosely).
+//! Machine names, validated as systemd validates them (`machine_name_is_valid`, that is
+//! `hostname_is_valid` of systemd 252): what `systemd-nspawn --machine=` and machined accept, so a
+//! name that would make every start fail is refused at the command line.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// A validated machine name: 1–64 characters of `[A-Za-z0-9._-]`, not starting with `.`.
+/// A validated machine name: at most 64 bytes of dot-separated labels, each of letters, digits
+/// and `-`, none empty, none starting or ending with `-`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MachineName(String);
 
@@ -35,15 +38,26 @@ impl FromStr for MachineName {
         }
         if let Some(bad) = s
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-')))
         {
             return Err(format!(
-                "machine name \"{shown}\" contains {:?}; only A-Z a-z 0-9 . _ - are allowed",
-                bad
+                "machine name \"{shown}\" contains {bad:?}; only A-Z a-z 0-9 . - are allowed \
+                 (systemd-nspawn and machined refuse anything else)"
             ));
         }
-        if s.starts_with('.') {
-            return Err(format!("machine name \"{shown}\" must not start with '.'"));
+        for label in s.split('.') {
+            if label.is_empty() {
+                return Err(format!(
+                    "machine name \"{shown}\" has an empty label (a leading, trailing or double \
+                     '.'); systemd-nspawn refuses it"
+                ));
+            }
+            if label.starts_with('-') || label.ends_with('-') {
+                return Err(format!(
+                    "machine name \"{shown}\" has a label starting or ending with '-'; \
+                     systemd-nspawn refuses it"
+                ));
+            }
         }
         Ok(MachineName(s.to_owned()))
     }
@@ -58,7 +72,7 @@ mod tests {
         for ok in [
             "kube1",
             "a",
-            "gpu-node_01.example",
+            "gpu-node-01.example",
             &"x".repeat(64),
             "0node",
         ] {
@@ -79,6 +93,12 @@ mod tests {
             "with space",
             "a\nb",
             "a:b",
+            "a..b",
+            "a.",
+            "-x",
+            "x-",
+            "a.-b",
+            "gpu_node",
         ] {
             let err = bad.parse::<MachineName>().unwrap_err();
             if !bad.is_empty() {

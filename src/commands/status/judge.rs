@@ -47,7 +47,7 @@ impl Subject<'_> {
     fn rewire_command(self) -> String {
         match self {
             Subject::Machine(m) => {
-                format!("nspawn-lifecycle-helper nspawn-lifecycle reconcile {m}")
+                format!("nspawn-lifecycle-helper reconcile {m}")
             }
             Subject::Host => format!("systemctl restart {}", crate::model::host_unit::UNIT),
         }

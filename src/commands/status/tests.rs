@@ -369,7 +369,7 @@ fn privileged_driver_upgraded_is_drift_naming_both_versions() {
     assert!(
         s.summary.contains(&format!(
             "NVIDIA driver changed: host kernel module {NEW}, machine's CDI spec, driver \
-             root and library links {OLD} (run "
+             root and library links {OLD} (run `nspawn-lifecycle-helper reconcile kube1`)"
         )),
         "{}",
         s.summary

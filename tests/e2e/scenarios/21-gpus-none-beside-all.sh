@@ -34,7 +34,7 @@ assert_match "$(c plan-says-pre-start-refuses)" 'pre-start would refuse to start
 out=$(H "$HP" status kube2 2>&1); rc=$?
 assert_eq "$(c status-before-install-broken)" 6 "$rc"
 assert_match "$(c status-says-next-start-refused)" 'kube2: broken: pre-start would refuse the next start \(exit 2\): .*install kube2' "$out"
-assert_no_match "$(c status-does-not-say-reconcile)" 'run `nspawn-lifecycle-helper nspawn-lifecycle reconcile' "$out"
+assert_no_match "$(c status-does-not-say-reconcile)" 'run `nspawn-lifecycle-helper reconcile' "$out"
 out=$(reconcile kube2 2>&1); rc=$?
 assert_eq "$(c reconcile-before-install-exit-2)" 2 "$rc"
 assert_match "$(c reconcile-says-nothing-restarted)" 'reconcile would stop kube2 and pre-start would refuse to start it again; nothing was restarted' "$out"

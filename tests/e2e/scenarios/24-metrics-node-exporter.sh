@@ -103,6 +103,15 @@ H mkdir -p /etc/e2e-root-only
 H chmod 0700 /etc/e2e-root-only
 H mv "$DIR" "$DIR.real"
 H ln -s /etc/e2e-root-only "$DIR"
+# What the unit's sandbox does with the link (systemd.exec(5)): the same ProtectSystem= and
+# ReadWritePaths= around a shell that writes through it.
+if H timeout 60 systemd-run --wait --collect -q -p ProtectSystem=strict -p "ReadWritePaths=$DIR" \
+    sh -c "echo x > $DIR/through-the-link" >/dev/null 2>&1; then
+    info "ReadWritePaths= followed the link: the sandbox let a write reach /etc/e2e-root-only"
+else
+    info "ReadWritePaths= did not let a write through the link"
+fi
+H rm -f /etc/e2e-root-only/through-the-link
 write_metrics
 assert_eq "$(c writer-refuses-a-linked-dir)" exit-code "$(H systemctl show -p Result --value nspawn-lifecycle-metrics.service)"
 assert_eq "$(c nothing-written-through-the-link)" "" "$(H ls -A /etc/e2e-root-only)"
