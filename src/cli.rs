@@ -158,8 +158,10 @@ pub enum Command {
         json: bool,
     },
 
-    /// Remove what install added for MACHINE (drop-in, rendered .nspawn file, and the helper copy
-    /// once no machine uses it), then reload systemd. Leaves the rootfs and a running machine alone.
+    /// Remove what install added for MACHINE (the drop-in, and the helper copy once no machine uses
+    /// it), rewrite its .nspawn file without GPU binds (kept, with PrivateUsers=no, so the stock
+    /// unit does not shift the rootfs), then reload systemd. Leaves the rootfs and a running
+    /// machine alone.
     ///
     /// With --host instead of MACHINE: remove host mode's unit and gate drop-ins.
     Uninstall {

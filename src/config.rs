@@ -241,6 +241,8 @@ pub struct ExtraMount {
 /// The settings for one machine, every default filled in and every value checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineConfig {
+    /// The configuration file it came from ([`Config::source`]), for messages.
+    pub config_file: String,
     /// The machine's rootfs directory on the host.
     pub directory: HostPath,
     /// Extra binds, `target` filled in.
@@ -285,6 +287,8 @@ pub struct MachineConfig {
 /// The whole loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file it came from, as the operator names it (`--config FILE`, or the default path).
+    source: String,
     helper_path: HostPath,
     defaults: Settings,
     machines: BTreeMap<String, Settings>,
@@ -294,6 +298,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            source: DEFAULT_PATH.to_owned(),
             helper_path: fixed(DEFAULT_HELPER_PATH),
             defaults: Settings::default(),
             machines: BTreeMap::new(),
@@ -329,15 +334,32 @@ impl Config {
                 return Err(bad_input(format!("config file {}: {e}", path.display())));
             }
         };
-        Config::parse(&text).with_context(|| format!("config file {}", path.display()))
+        let mut cfg =
+            Config::parse(&text).with_context(|| format!("config file {}", path.display()))?;
+        if let Some(p) = explicit {
+            cfg.source = p.display().to_string();
+        }
+        Ok(cfg)
+    }
+
+    /// The file the configuration came from, for messages that tell where to change a setting.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Parse and check a config file's bytes (host-independent checks only).
     pub fn parse(bytes: &[u8]) -> Result<Config> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| bad_input(e.to_string()))?;
+        let value = strict_json::parse(bytes).map_err(bad_input)?;
         check_objects(&value)?;
-        let file: File = serde_json::from_value(value).map_err(|e| bad_input(e.to_string()))?;
+        let file: File = serde_path_to_error::deserialize(value).map_err(|e| {
+            let at = e.path().to_string();
+            let why = e.into_inner();
+            bad_input(if at == "." {
+                why.to_string()
+            } else {
+                format!("{at}: {why}")
+            })
+        })?;
         for name in file.machines.keys() {
             name.parse::<MachineName>()
                 .map_err(|e| bad_input(format!("machines.{name}: {e}")))?;
@@ -347,6 +369,7 @@ impl Config {
             file.helper_path.as_deref().unwrap_or(DEFAULT_HELPER_PATH),
         )?;
         let cfg = Config {
+            source: DEFAULT_PATH.to_owned(),
             helper_path,
             defaults: file.defaults,
             machines: file.machines,
@@ -452,7 +475,8 @@ impl Config {
 
     fn settings_checked(&self, key: &str, s: &Settings) -> Result<MachineConfig> {
         let field = |name: &str| format!("{key}.{name}");
-        Ok(MachineConfig {
+        let mc = MachineConfig {
+            config_file: self.source.clone(),
             // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
             directory: checked_or(&field("directory"), &s.directory, "/var/lib/machines")?,
             mounts: checked_mounts(key, s.mounts.as_deref().unwrap_or_default())?,
@@ -487,8 +511,36 @@ impl Config {
             gpus: check_gpus(key, s.gpus.as_ref())?,
             require: s.require.unwrap_or(false),
             containerd_at_boot: s.containerd_at_boot.unwrap_or(true),
-        })
+        };
+        check_start_fits(key, &mc)?;
+        Ok(mc)
     }
+}
+
+/// The unit's start timeout, which the drop-in sets (`TimeoutStartSec=`).
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// A start's worst case must fit the unit's start timeout, or systemd kills post-start mid-way
+/// (mid-import, the gate shut): the lock wait, the boot, six service jobs (stop and start of
+/// containerd and kubelet, their waits) and the whole import budget.
+fn check_start_fits(key: &str, mc: &MachineConfig) -> Result<()> {
+    let worst = mc.lock_timeout + mc.boot_timeout + 6 * mc.job_timeout + mc.import_budget;
+    if worst > START_TIMEOUT {
+        return Err(bad_input(format!(
+            "{key}: lockTimeoutSeconds ({}) + bootTimeoutSeconds ({}) + 6 × jobTimeoutSeconds \
+             ({}) + importBudgetSeconds ({}) is {} s, more than the unit's \
+             TimeoutStartSec={} ({} s): systemd would kill post-start mid-way; lower \
+             importBudgetSeconds (or the others)",
+            mc.lock_timeout.as_secs(),
+            mc.boot_timeout.as_secs(),
+            mc.job_timeout.as_secs(),
+            mc.import_budget.as_secs(),
+            worst.as_secs(),
+            crate::model::dropin::TIMEOUT_START,
+            START_TIMEOUT.as_secs()
+        )));
+    }
+    Ok(())
 }
 
 /// The setting `key` as a checked value of its type (`value`, or `default` when unset), or a
@@ -740,6 +792,7 @@ fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>>
 }
 
 mod settings;
+mod strict_json;
 
 pub use settings::{SETTINGS, SettingDoc};
 

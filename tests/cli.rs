@@ -825,3 +825,45 @@ fn machine_names_are_what_systemd_nspawn_accepts() {
         "install wrote"
     );
 }
+
+/// A message that tells where to change a setting names the configuration file actually in use:
+/// `--config FILE`'s, not the default path.
+#[test]
+fn messages_name_the_config_file_given() {
+    let host = tempfile::tempdir().unwrap();
+    let cfg = host.path().join("other.json");
+    std::fs::write(&cfg, "{}\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--host-root")
+        .arg(host.path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["plan", "kube9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no machine image found"), "{err}");
+    assert!(
+        err.contains(&format!("machines.kube9.directory in {}", cfg.display())),
+        "{err}"
+    );
+    assert!(!err.contains("/etc/nspawn-lifecycle/config.json"), "{err}");
+}
+
+/// The pages say what the code does: staged tarballs are kept (imported again at every start),
+/// and uninstall keeps the `.nspawn` file, without GPU binds.
+#[test]
+fn help_and_pages_say_what_the_code_does() {
+    let dir = tempfile::tempdir().unwrap();
+    stdout_of(&["manpages", dir.path().to_str().unwrap()]);
+    let page = std::fs::read_to_string(dir.path().join("nspawn-lifecycle.json.5")).unwrap();
+    assert!(!page.contains("then removes"), "stagedImagesDir: {page}");
+    assert!(page.contains("imports with ctr at every start"), "{page}");
+    let help = stdout_of(&["uninstall", "--help"]);
+    assert!(
+        help.contains("rewrite its .nspawn file without GPU binds"),
+        "{help}"
+    );
+    assert!(!help.contains("rendered .nspawn file, and"), "{help}");
+}

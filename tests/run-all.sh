@@ -99,6 +99,15 @@ for probe in "status kube1 --machine-root /" "cdi-hook disable-device-node-modif
         echo "FAIL: $bin accepts a test-kit flag ($probe): exit $rc: $out" >&2; exit 1
     fi
 done
+# ...nor name them in its messages: status of a machine on a host tree says why it cannot.
+probe_host=$(mktemp -d /tmp/nspawn-lifecycle-probe.XXXXXX)
+mkdir -p "$probe_host/var/lib/machines/kube1"
+"$bin" --host-root "$probe_host" install kube1 >/dev/null
+rc=0; out=$("$bin" --host-root "$probe_host" status kube1 2>&1) || rc=$?
+if [ "$rc" != 2 ] || grep -q -- "--machine-root" <<< "$out" || ! grep -q "host's own systemd" <<< "$out"; then
+    echo "FAIL: $bin status on a host tree: exit $rc: $out" >&2; exit 1
+fi
+rm -rf "$probe_host"
 # The same, with the crash points compiled in, for the crash scenario of the harness. Its own
 # target dir, so the two builds do not invalidate each other.
 step "static release build with --features failpoints"

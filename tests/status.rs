@@ -146,7 +146,7 @@ fn privileged_status_all_and_bad_input() {
         v["error"]
             .as_str()
             .unwrap()
-            .contains("needs --machine-root"),
+            .contains("tests: --machine-root DIR"),
         "{v}"
     );
     // Nothing installed is its own outcome (8), not "all in sync".
@@ -168,7 +168,7 @@ fn privileged_status_all_and_bad_input() {
     let h = snapshot(gpus.path(), &[]);
     let out = run_helper(gpus.path(), &["status", "kube1"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --machine-root"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tests: --machine-root DIR"));
     assert_eq!(h, snapshot(gpus.path(), &[]));
 }
 

@@ -437,7 +437,7 @@ fn refuse_lost_settings(mc: &MachineConfig, shown: &str, text: &str) -> Result<(
          settings from it at the next start: {}. Move extra binds into \"mounts\" in {} \
          (or delete the lines), then run install again; nothing was changed",
         lost.join(", "),
-        crate::config::DEFAULT_PATH
+        mc.config_file
     )))
 }
 

@@ -326,9 +326,15 @@ fn observe(
         });
     }
     if !ctx.host.is_real_root() {
+        // The test kit's flag is named only by the builds that have it.
+        let instead = if cfg!(feature = "testkit") {
+            " (tests: --machine-root DIR reads a machine tree instead)"
+        } else {
+            ""
+        };
         return Err(crate::error::bad_input(format!(
-            "status of {machine} with --host-root {} needs --machine-root DIR: the running \
-             machine is only reachable through the host's systemd",
+            "--host-root {}: the running machine {machine} is only reachable through the \
+             host's own systemd, which a host tree does not have{instead}",
             ctx.host.root().display()
         )));
     }

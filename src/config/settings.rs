@@ -42,7 +42,8 @@ pub const SETTINGS: &[SettingDoc] = &[
         key: "stagedImagesDir",
         kind: "absolute path in the machine",
         default: "\"/var/lib/nspawn-lifecycle/images\"",
-        meaning: "Image tarballs post-start imports with ctr, then removes.",
+        meaning: "Image tarballs post-start imports with ctr at every start (kept, so images \
+                  survive a wiped containerd store; a failed import is moved to failed/).",
     },
     SettingDoc {
         key: "ctrPath",

@@ -588,3 +588,63 @@ fn missing_mount_source_names_key_and_value() {
     assert_eq!(exit_code(&err), 2);
     assert!(format!("{err:#}").contains("machines.kube1.mounts[0].source: \"/nope\""));
 }
+
+/// A key given twice is refused naming it (JSON keeps the last silently: `"gpus": "none"` then
+/// `"gpus": "all"` would give the machine every GPU), and a value of the wrong type names its
+/// key path and the value: exit 2 both.
+#[test]
+fn duplicate_keys_and_wrong_types_are_named_by_their_path() {
+    let err = Config::parse(br#"{"machines":{"kube1":{"gpus":"none","gpus":"all"}}}"#).unwrap_err();
+    assert_eq!(exit_code(&err), 2);
+    assert!(
+        format!("{err:#}").contains("machines.kube1.gpus: the key is given twice"),
+        "{err:#}"
+    );
+    for (text, path, value) in [
+        (
+            r#"{"defaults":{"jobTimeoutSeconds":"120"}}"#,
+            "defaults.jobTimeoutSeconds",
+            "\"120\"",
+        ),
+        (
+            r#"{"defaults":{"require":"yes"}}"#,
+            "defaults.require",
+            "\"yes\"",
+        ),
+        (
+            r#"{"machines":{"kube1":{"mounts":[{"source":"/srv","readOnly":"false"}]}}}"#,
+            "machines.kube1.mounts[0].readOnly",
+            "\"false\"",
+        ),
+    ] {
+        let err = Config::parse(text.as_bytes()).unwrap_err();
+        let said = format!("{err:#}");
+        assert_eq!(exit_code(&err), 2, "{said}");
+        assert!(
+            said.contains(&format!("{path}: invalid type")),
+            "{text}: {said}"
+        );
+        assert!(said.contains(value), "{text}: {said}");
+    }
+}
+
+/// An import budget the unit's start timeout cannot hold is refused naming both: the drop-in
+/// says TimeoutStartSec=30min, and systemd would kill post-start mid-import.
+#[test]
+fn a_start_that_cannot_fit_the_units_timeout_is_refused_naming_both() {
+    assert_eq!(crate::model::dropin::TIMEOUT_START, "30min");
+    assert_eq!(START_TIMEOUT.as_secs(), 30 * 60);
+    let err =
+        Config::parse(br#"{"machines": {"kube1": {"importBudgetSeconds": 7200}}}"#).unwrap_err();
+    let said = format!("{err:#}");
+    assert_eq!(exit_code(&err), 2, "{said}");
+    assert!(
+        said.contains("machines.kube1: lockTimeoutSeconds (120) + bootTimeoutSeconds (60)")
+            && said.contains("importBudgetSeconds (7200) is 7920 s")
+            && said.contains("TimeoutStartSec=30min (1800 s)"),
+        "{said}"
+    );
+    // The largest budget the defaults leave room for still loads.
+    Config::parse(br#"{"defaults": {"importBudgetSeconds": 1080}}"#).unwrap();
+    assert!(Config::parse(br#"{"defaults": {"importBudgetSeconds": 1081}}"#).is_err());
+}

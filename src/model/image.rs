@@ -84,7 +84,7 @@ pub fn find(host: &HostRoot, machine: &MachineName, mc: &MachineConfig) -> Resul
          (machinectl import-tar/pull-tar, or set machines.{machine}.directory in {}); \
          nothing was written",
         SEARCH_DIRS.join(", "),
-        crate::config::DEFAULT_PATH,
+        mc.config_file,
     )))
 }
 
