@@ -100,8 +100,18 @@ fn driver_text(s: &mut String, d: &UserspaceDriver) {
     }
 }
 
+/// Whether this process printed to stdout through [`print_all`]: a command's JSON error object
+/// is printed only when its report was not (one JSON document on stdout, never two).
+static PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether anything was printed to stdout through [`print_all`].
+pub fn printed() -> bool {
+    PRINTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Print to stdout; a reader that went away (`demo | head`) is not an error.
 pub fn print_all(text: &str) -> Result<()> {
+    PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     match stdout

@@ -212,6 +212,19 @@ fn privileged_every_json_output_matches_its_schema() {
         "host-status-not-installed",
         &stdout_of(h.path(), &["host", "status", "--json"], 2),
     );
+    // A --json command that fails before its report still prints one object: plan of a
+    // machine while the driver is incomplete (3), install of a machine with no image (2).
+    let incomplete = installed_host("version-mismatch", &["kube1"]);
+    docs.add(
+        "command-error.schema.json",
+        "plan-incomplete",
+        &stdout_of(incomplete.path(), &["plan", "kube1", "--json"], 3),
+    );
+    docs.add(
+        "command-error.schema.json",
+        "install-no-image",
+        &stdout_of(h.path(), &["install", "kube9", "--json"], 2),
+    );
     stdout_of(h.path(), &["install", "--host"], 0);
     docs.add(
         "host-status.schema.json",

@@ -18,6 +18,83 @@ use anyhow::Result;
 /// `discover --exit-code` 3 on an incomplete verdict, for `plan --exit-code` 9 when pre-start
 /// would change the file.
 pub fn run_with_code(cli: Cli) -> Result<u8> {
+    let json_error = json_error_kind(&cli.command);
+    run_with_code_inner(cli).map_err(|e| match json_error {
+        // A report printed before the error (host plan's, install's before a failed reload) is
+        // the one JSON document.
+        Some((kind, subject)) if !crate::output::printed() => {
+            print_json_error(kind, subject.as_deref(), e)
+        }
+        _ => e,
+    })
+}
+
+/// With `--json`, a command that fails still prints one JSON object for a script to parse
+/// (`assets/json-schema/command-error.schema.json`): its kind (`PlanError`, …), the machine (or
+/// `host`), the exit code the command exits with, and the error, which also goes to stderr.
+/// `status` has its own (`StatusError`, with its state).
+fn json_error_kind(command: &Command) -> Option<(&'static str, Option<String>)> {
+    let subject = |machine: &Option<crate::types::machine_name::MachineName>, host: bool| {
+        if host {
+            Some("host".to_owned())
+        } else {
+            machine.as_ref().map(ToString::to_string)
+        }
+    };
+    match command {
+        Command::Discover { json: true, .. } => Some(("DiscoverError", None)),
+        Command::Plan {
+            machine,
+            json: true,
+            ..
+        } => Some(("PlanError", Some(machine.to_string()))),
+        Command::Host(HostCommand::Plan { json: true }) => {
+            Some(("PlanError", Some("host".to_owned())))
+        }
+        Command::Install {
+            machine,
+            host,
+            json: true,
+            ..
+        } => Some(("InstallError", subject(machine, *host))),
+        Command::Uninstall {
+            machine,
+            host,
+            json: true,
+            ..
+        } => Some(("UninstallError", subject(machine, *host))),
+        _ => None,
+    }
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CommandError<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    machine: Option<&'a str>,
+    exit_code: u8,
+    error: String,
+}
+
+fn print_json_error(kind: &'static str, machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
+    let object = CommandError {
+        api_version: status::API_VERSION,
+        kind,
+        machine,
+        exit_code: crate::error::exit_code(&e),
+        error: format!("{e:#}"),
+    };
+    let printed = serde_json::to_string_pretty(&object)
+        .map_err(anyhow::Error::from)
+        .and_then(|text| crate::output::print_all(&format!("{text}\n")));
+    match printed {
+        Ok(()) => e,
+        Err(p) => e.context(format!("{p:#}")),
+    }
+}
+
+fn run_with_code_inner(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Status {
             machine,
