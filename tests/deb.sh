@@ -36,6 +36,8 @@ want="/lib/systemd/system/nspawn-lifecycle-metrics.service
 /usr/share/fish/vendor_completions.d/$exe.fish
 /usr/share/lintian/overrides/nspawn-lifecycle
 /usr/share/zsh/vendor-completions/_$exe"
+# The JSON Schemas of every --json output, as in the repository.
+want+=$'\n'$(for f in assets/json-schema/*.json; do echo "/usr/share/nspawn-lifecycle/json-schema/${f##*/}"; done)
 # The documentation the README links to, every page of docs/.
 want+=$'\n'$(for d in docs/*.md; do echo "/usr/share/doc/nspawn-lifecycle/$d.gz"; done)
 # One man page per visible command, exactly the ones the binary generates.

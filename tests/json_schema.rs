@@ -21,16 +21,30 @@ fn schema_dir() -> PathBuf {
 }
 
 /// Validates each `SCHEMA=FILE` argument; prints one line per invalid document, exits 1 if any.
+/// The shipped schemas let consumers see fields added later (no `additionalProperties: false`);
+/// with `STRICT=1` every object that lists its properties allows no other, so the tests catch an
+/// output field the schema does not document.
 const VALIDATE: &str = r#"
 import json, os, sys
 try:
     import jsonschema
 except ImportError:
     print("python3 has no jsonschema module: install Debian's python3-jsonschema"); sys.exit(2)
+def strict(s):
+    if isinstance(s, dict):
+        if "properties" in s and "additionalProperties" not in s:
+            s["additionalProperties"] = False
+        for v in s.values():
+            strict(v)
+    elif isinstance(s, list):
+        for v in s:
+            strict(v)
 bad = 0
 for arg in sys.argv[2:]:
     name, path = arg.split("=", 1)
     schema = json.load(open(os.path.join(sys.argv[1], name)))
+    if os.environ.get("STRICT") == "1":
+        strict(schema)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     doc = json.load(open(path))
@@ -66,9 +80,16 @@ impl Docs {
         self.args.push(format!("{schema}={}", path.display()));
     }
 
-    /// The validator's verdict: `Ok` when every document is valid, else its lines.
+    /// The validator's verdict, strict (no undocumented field): `Ok` when every document is
+    /// valid, else its lines.
     fn check(&self) -> Result<(), String> {
+        self.check_as(true)
+    }
+
+    /// The verdict under the schemas as shipped (`strict` false: fields added later pass).
+    fn check_as(&self, strict: bool) -> Result<(), String> {
         let out = Command::new("python3")
+            .env("STRICT", if strict { "1" } else { "0" })
             .arg("-c")
             .arg(VALIDATE)
             .arg(schema_dir())
@@ -264,6 +285,28 @@ fn privileged_every_json_output_matches_its_schema() {
         assert!(
             docs.check().is_err(),
             "a status with its {what} edited passed"
+        );
+        // As shipped, a consumer's validator lets a field added later through, nothing else.
+        assert_eq!(
+            docs.check_as(false).is_ok(),
+            what == "extra",
+            "{what} under the shipped schema"
+        );
+    }
+}
+
+/// The schemas a consumer validates against (installed with the package under
+/// /usr/share/nspawn-lifecycle/json-schema/) allow fields added later, as docs/monitoring.md
+/// promises ("new fields may be added"): none closes an object.
+#[test]
+fn the_shipped_schemas_allow_fields_added_later() {
+    for e in std::fs::read_dir(schema_dir()).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            !text.contains("\"additionalProperties\": false"),
+            "{} closes an object",
+            p.display()
         );
     }
 }

@@ -26,6 +26,7 @@
 #                                                         exporter; not enabled (an operator's
 #                                                         choice: docs/monitoring.md)
 #   /usr/share/nspawn-lifecycle/prometheus/               alert rules and their promtool tests
+#   /usr/share/nspawn-lifecycle/json-schema/              the JSON Schemas of every --json output
 # No maintainer scripts: installing changes no machine and reloads nothing. The hooks' stable path
 # /usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper belongs to `install`, which copies the
 # binary there per machine; Debian packages never ship files under /usr/local, and a path owned by
@@ -104,6 +105,8 @@ install -m 0644 assets/systemd/nspawn-lifecycle-metrics.service assets/systemd/n
     "$root/lib/systemd/system/"
 install -m 0644 assets/prometheus/nspawn-lifecycle.rules.yml assets/prometheus/nspawn-lifecycle.rules.test.yml \
     "$root/usr/share/$name/prometheus/"
+install -d "$root/usr/share/$name/json-schema"
+install -m 0644 assets/json-schema/*.json "$root/usr/share/$name/json-schema/"
 {
     printf '%s (%s) unstable; urgency=medium\n\n' "$name" "$version"
     printf '  * Built from the %s repository at commit %s.\n\n' "$name" "$commit"
