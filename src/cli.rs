@@ -183,8 +183,9 @@ pub enum Command {
     /// `nspawn-lifecycle-helper completions bash > /etc/bash_completion.d/nspawn-lifecycle-helper`.
     Completions { shell: Shell },
 
-    /// Write one man page per (sub)command into DIR (for packaging), generated from this command
-    /// line: nspawn-lifecycle-helper.1, nspawn-lifecycle-helper-install.1, ...
+    /// Write one man page per (sub)command into the man tree DIR (for packaging), generated from
+    /// this command line: man1/nspawn-lifecycle-helper.1, man1/nspawn-lifecycle-helper-install.1,
+    /// ..., and the configuration's man5/nspawn-lifecycle.json.5.
     #[command(hide = true)]
     Manpages {
         #[arg(value_name = "DIR")]

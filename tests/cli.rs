@@ -345,11 +345,39 @@ const SUBCOMMANDS: [&str; 7] = [
 fn man_pages_are_written_and_render() {
     let dir = tempfile::tempdir().unwrap();
     let listed = stdout_of(&["manpages", dir.path().to_str().unwrap()]);
-    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+    // A man tree: each page in its section's directory, nothing else.
+    let mut sections: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
+    sections.sort();
+    assert_eq!(sections, ["man1", "man5"]);
+    let mut names: Vec<String> = Vec::new();
+    for sec in &sections {
+        for e in std::fs::read_dir(dir.path().join(sec)).unwrap() {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            assert!(n.ends_with(&format!(".{}", &sec[3..])), "{n} in {sec}");
+            names.push(n);
+        }
+    }
     names.sort();
+    let path_of = |n: &str| {
+        dir.path()
+            .join(format!("man{}", n.rsplit('.').next().unwrap()))
+            .join(n)
+    };
+    // man finds the configuration's page by its section, in this tree.
+    let found = Command::new("man")
+        .args(["-w", "-M"])
+        .arg(dir.path())
+        .args(["5", "nspawn-lifecycle.json"])
+        .output()
+        .expect("man (man-db)");
+    assert!(
+        found.status.success(),
+        "man 5 nspawn-lifecycle.json: {}",
+        String::from_utf8_lossy(&found.stderr)
+    );
     assert_eq!(listed.lines().count(), names.len(), "{listed}");
     for want in [
         "nspawn-lifecycle-helper.1",
@@ -377,7 +405,7 @@ fn man_pages_are_written_and_render() {
     for n in &names {
         let out = Command::new("man")
             .args(["--warnings", "-E", "UTF-8", "-l"])
-            .arg(dir.path().join(n))
+            .arg(path_of(n))
             .env("MANWIDTH", "80")
             .env("MANPAGER", "cat")
             .output()
@@ -389,7 +417,7 @@ fn man_pages_are_written_and_render() {
             "man --warnings on {n}"
         );
     }
-    let config = man_text(&dir.path().join("nspawn-lifecycle.json.5"));
+    let config = man_text(&path_of("nspawn-lifecycle.json.5"));
     for (key, _, _, _) in nspawn_lifecycle::config::SETTINGS
         .iter()
         .map(|d| (d.key, d.kind, d.default, d.meaning))
@@ -399,7 +427,7 @@ fn man_pages_are_written_and_render() {
             "{key} missing from nspawn-lifecycle.json(5)"
         );
     }
-    let text = man_text(&dir.path().join("nspawn-lifecycle-helper.1"));
+    let text = man_text(&path_of("nspawn-lifecycle-helper.1"));
     for section in [
         "EXIT STATUS",
         "ENVIRONMENT",
@@ -857,7 +885,7 @@ fn messages_name_the_config_file_given() {
 fn help_and_pages_say_what_the_code_does() {
     let dir = tempfile::tempdir().unwrap();
     stdout_of(&["manpages", dir.path().to_str().unwrap()]);
-    let page = std::fs::read_to_string(dir.path().join("nspawn-lifecycle.json.5")).unwrap();
+    let page = std::fs::read_to_string(dir.path().join("man5/nspawn-lifecycle.json.5")).unwrap();
     assert!(!page.contains("then removes"), "stagedImagesDir: {page}");
     assert!(page.contains("imports with ctr at every start"), "{page}");
     let help = stdout_of(&["uninstall", "--help"]);

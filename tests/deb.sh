@@ -44,8 +44,8 @@ want+=$'\n'$(for d in docs/*.md; do echo "/usr/share/doc/nspawn-lifecycle/$d.gz"
 pages=$(mktemp -d)
 trap 'rm -rf "$pages"' EXIT
 "$bin" manpages "$pages" >/dev/null
-want+=$'\n'$(cd "$pages" && for p in *.1; do echo "/usr/share/man/man1/$p.gz"; done)
-want+=$'\n'$(cd "$pages" && for p in *.5; do echo "/usr/share/man/man5/$p.gz"; done)
+want+=$'\n'$(cd "$pages/man1" && for p in *.1; do echo "/usr/share/man/man1/$p.gz"; done)
+want+=$'\n'$(cd "$pages/man5" && for p in *.5; do echo "/usr/share/man/man5/$p.gz"; done)
 want=$(printf '%s\n' "$want" | LC_ALL=C sort)
 [ "$files" = "$want" ] || fail "the package's files differ from the expected list:
 $(diff <(printf '%s\n' "$want") <(printf '%s\n' "$files") || true)"

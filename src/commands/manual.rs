@@ -426,8 +426,8 @@ fn breakable_paths(page: &str) -> String {
     out
 }
 
-/// Write every man page into `dir` (which must exist), each replaced atomically. Returns the
-/// paths written.
+/// Write every man page into the man tree `dir` (which must exist): `dir/man1/*.1`,
+/// `dir/man5/*.5`, each replaced atomically. Returns the paths written.
 pub fn write_pages(dir: &Path) -> Result<Vec<PathBuf>> {
     if !dir.is_dir() {
         return Err(crate::error::bad_input(format!(
@@ -437,11 +437,16 @@ pub fn write_pages(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     let mut written = Vec::new();
     for (name, roff) in pages()? {
-        let path = dir.join(&name);
+        // A man tree: each page in the directory of its section (`man1/`, `man5/`), so that
+        // `man 5 nspawn-lifecycle.json` finds the configuration's page.
+        let section = name.rsplit('.').next().unwrap_or("1");
+        let sub = dir.join(format!("man{section}"));
+        fs_err::create_dir_all(&sub)?;
+        let path = sub.join(&name);
         let mut tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
-            .tempfile_in(dir)
-            .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+            .tempfile_in(&sub)
+            .with_context(|| format!("creating a temporary file in {}", sub.display()))?;
         tmp.write_all(&roff)
             .and_then(|()| tmp.as_file().sync_all())
             .with_context(|| format!("writing {}", path.display()))?;
