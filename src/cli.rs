@@ -124,7 +124,8 @@ pub enum Command {
     /// nspawn_lifecycle_last_post_start_timestamp_seconds, _duration_seconds, _exit_status and
     /// _success. Per host: nspawn_lifecycle_host_gpus, nspawn_lifecycle_machines_installed,
     /// nspawn_lifecycle_status_errors (what status could not judge),
-    /// nspawn_lifecycle_status_timestamp_seconds. Alert rules:
+    /// nspawn_lifecycle_status_timestamp_seconds, nspawn_lifecycle_build_info{version,commit}
+    /// (the helper that wrote them). Alert rules:
     /// /usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.yml.
     Metrics {
         /// The textfile collector's directory (must exist).

@@ -82,6 +82,20 @@ fn privileged_every_state_is_valid_exposition_naming_the_state() {
     has(&text, "nspawn_lifecycle_host_gpus 0");
     has(&text, "nspawn_lifecycle_status_errors 0");
     has(&text, "nspawn_lifecycle_machines_installed 1");
+    // Which helper wrote them: the version and the commit it was built from.
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    has(
+        &text,
+        &format!(
+            r#"nspawn_lifecycle_build_info{{version="{}",commit="{head}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        ),
+    );
 
     // Drift: two GPUs the machine never saw, two machines.
     let gpus = host("two-gpus", &["kube1", "kube2"]);
@@ -198,6 +212,7 @@ fn not_running_and_a_failed_post_start_are_valid_exposition() {
         services: None,
         findings: Vec::new(),
         assignment: None,
+        judged_by: nspawn_lifecycle::build_info::this(),
     };
     let unit = UnitFacts {
         unit: "systemd-nspawn@kube2.service".into(),

@@ -271,6 +271,8 @@ pub struct Status {
     /// The machine's GPUs when the config's `gpus` is not `all`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub assignment: Option<crate::discovery::assign::AssignmentReport>,
+    /// The helper binary that judged: which build runs where, across a fleet.
+    pub judged_by: crate::build_info::Build,
 }
 
 /// `status --all --json`.

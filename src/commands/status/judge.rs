@@ -133,6 +133,7 @@ pub fn evaluate(
         services: observed.services,
         findings,
         assignment: None,
+        judged_by: crate::build_info::this(),
     }
 }
 

@@ -19,6 +19,8 @@
 //!   `nspawn_lifecycle_host_mode_check_failed{check}` and
 //!   `nspawn_lifecycle_host_mode_last_post_start_success`: no `machine` label, so a machine
 //!   named `host` cannot be mistaken for it;
+//! - `nspawn_lifecycle_build_info{version,commit}` (1): the helper that wrote them, the node
+//!   exporter's convention for which build runs where;
 //! - `nspawn_lifecycle_machines_installed`, `nspawn_lifecycle_status_errors` (1 when status
 //!   could not judge: the node exporter then still gets a parseable file saying so) and
 //!   `nspawn_lifecycle_status_timestamp_seconds` (when this was judged).
@@ -148,6 +150,16 @@ pub fn render(report: &Report) -> String {
         "nspawn_lifecycle_status_timestamp_seconds",
         "When status judged the machines, seconds since the epoch.",
         [(vec![], report.now)],
+    );
+    let build = crate::build_info::this();
+    gauge(
+        &mut out,
+        "nspawn_lifecycle_build_info",
+        "The helper that wrote these metrics: its version and git commit (always 1).",
+        [(
+            vec![("version", build.version), ("commit", build.commit)],
+            1.0,
+        )],
     );
     out
 }
