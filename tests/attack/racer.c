@@ -11,8 +11,8 @@
  *
  * Runs as root or not (the volume is 0777 and not sticky, like a Kubernetes emptyDir). Static,
  * so it runs in an image with nothing else in it. It keeps its counts in DIR/.racer-stats-<pid>
- * ("<mode> <passes> <hits>", rewritten in place every 256 passes), so the suite can tell that
- * it really raced. */
+ * ("<mode> <passes> <hits>", written at its start and rewritten in place every 256 passes), so
+ * the suite can tell that it ran through the creations and what it found to attack. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
         perror(stats_name);
         return 1;
     }
+    if (pwrite(stats, argv[1], strlen(argv[1]), 0) < 0) return 1;
     for (;;) {
         DIR *d = fdopendir(dup(dir));
         if (!d) return 1;
