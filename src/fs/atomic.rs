@@ -94,16 +94,7 @@ fn holds(dir: &OwnedFd, name: &str, contents: &[u8], mode: u32) -> Result<bool> 
     }
     // The checked inode, opened for reading without following or blocking: anything swapped
     // in meanwhile is another inode, and then simply not ours.
-    let fd = match nix::fcntl::openat(
-        dir,
-        name,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOCTTY
-            | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) {
+    let fd = match open_read_nofollow(dir, name) {
         Ok(fd) => fd,
         Err(Errno::ENOENT | Errno::ELOOP) => return Ok(false),
         Err(e) => return Err(e.into()),
@@ -117,6 +108,21 @@ fn holds(dir: &OwnedFd, name: &str, contents: &[u8], mode: u32) -> Result<bool> 
     file.take(contents.len() as u64 + 1)
         .read_to_end(&mut bytes)?;
     Ok(bytes == contents)
+}
+
+/// `name` in `dir` opened for reading: never through a symlink (`ELOOP`), never blocking on a
+/// FIFO, never becoming our controlling terminal.
+fn open_read_nofollow(dir: &OwnedFd, name: &str) -> nix::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// The steps every atomic write shares, host or machine: `tmp` (the file `tmp_name` in `dir`,
@@ -220,16 +226,7 @@ fn remove_dead_temps(dir: &OwnedFd, shown: &Path, prefix: &str) -> Result<()> {
         }
         // Opened without following a symlink swapped in meanwhile, and without blocking on a
         // FIFO; only a regular file nobody holds is removed.
-        let Ok(fd) = nix::fcntl::openat(
-            dir,
-            name.as_str(),
-            OFlag::O_RDONLY
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_NOCTTY
-                | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Ok(fd) = open_read_nofollow(dir, &name) else {
             continue;
         };
         let file = std::fs::File::from(fd);
