@@ -89,6 +89,19 @@ pub enum Command {
         json: bool,
     },
 
+    /// Print the CDI spec MACHINE gets from the host as it is now: the file post-start writes in
+    /// it (/var/run/cdi/nvidia.com-gpu.json by default), byte for byte, from the same model; or,
+    /// with --list, the device names it defines (kind=name, one a line, as `nvidia-ctk cdi list`
+    /// names them). Writes nothing. Prints nothing for a machine that gets no spec (no GPU for
+    /// it); exit 3 while the NVIDIA state is incomplete, as pre-start.
+    CdiSpec {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+        /// List the device names instead of printing the spec.
+        #[arg(long)]
+        list: bool,
+    },
+
     /// Is MACHINE's GPU wiring current? Compares the host now (driver version, GPUs) with the
     /// running machine (CDI spec, driver root, links, unit gate, containerd and kubelet) and the
     /// last post-start. Writes nothing. Exit 0 in sync, 5 drift (`reconcile` fixes it), 6 broken,

@@ -135,6 +135,7 @@ fn completions_hide_plumbing_and_offer_installed_machines() {
     // An option's value is not a command word (the list comes from the command line's grammar).
     assert_eq!(machines(&["status", "--format", "json", "k"]), ["kube1"]);
     assert_eq!(machines(&["plan", ""]), ["gpu2", "kube1"]);
+    assert_eq!(machines(&["cdi-spec", ""]), ["gpu2", "kube1"]);
     assert_eq!(
         machines(&["nspawn-lifecycle", "pre-start", ""]),
         ["gpu2", "kube1"]

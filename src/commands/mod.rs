@@ -245,6 +245,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Discover { json, .. } => discover::discover(&ctx, json).map(drop),
         Command::Plan { machine, json, .. } => plan::plan(&ctx, &machine, json).map(drop),
+        Command::CdiSpec { machine, list } => plan::cdi_spec(&ctx, &machine, list),
         Command::Host(HostCommand::PostStart) => post_start::host_post_start(&ctx),
         Command::Host(HostCommand::Plan { json }) => post_start::host_plan(&ctx, json),
         command @ (Command::Install { .. } | Command::Uninstall { .. }) => {

@@ -74,3 +74,27 @@ fn post_start_text(machine: &MachineName, now: &Result<Option<Vec<Change>>>) -> 
         Err(e) => format!("# post-start now: {machine} could not be read: {e:#}\n"),
     }
 }
+
+/// `cdi-spec <MACHINE>`: the CDI spec post-start writes in the machine for the host as it is now
+/// (the desired state's, as pre-start would start it), or with `list` its device names
+/// (`kind=name`). Nothing when the machine gets no spec. Writes nothing.
+pub fn cdi_spec(ctx: &Ctx, machine: &MachineName, list: bool) -> Result<()> {
+    let (_, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
+        .with_context(|| format!("pre-start would refuse to start {machine}"))?;
+    let want = &r.desired.spec;
+    let Some(bytes) = &want.bytes else {
+        tracing::info!(%machine, "no CDI spec: the machine gets no GPU");
+        return Ok(());
+    };
+    if !list {
+        return print_all(&String::from_utf8_lossy(bytes));
+    }
+    let checked = crate::model::cdi::check(&want.kind, bytes)
+        .map_err(|e| anyhow::anyhow!("the CDI spec of {machine}: {e}"))?;
+    let names: String = checked
+        .devices
+        .iter()
+        .map(|(name, _)| format!("{}={name}\n", want.kind))
+        .collect();
+    print_all(&names)
+}

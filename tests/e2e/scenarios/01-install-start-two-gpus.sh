@@ -125,6 +125,10 @@ info "/dev/char in kube1: $(M ls -l /dev/char 2>&1 | awk 'NR>1{print $(NF-2), $N
 
 # ---- CDI -------------------------------------------------------------------------------------
 check_cdi_spec kube1 2
+# The operator's copy: `cdi-spec kube1` prints, byte for byte, the spec post-start wrote there.
+assert_eq "$(c cdi-spec-command-is-the-machines)" "$(M cat "$CDI_SPEC" | sha256sum)" \
+    "$(H "$HP" cdi-spec kube1 | sha256sum)"
+assert_match "$(c cdi-spec-list-names-all)" '^nvidia.com/gpu=all$' "$(H "$HP" cdi-spec kube1 --list)"
 
 # ---- services: containerd with the boot, kubelet gated until post-start, in order ---------------
 # The .nspawn file binds the unit gate (src/apply/gate.rs) over both units, and the host's marker
