@@ -24,8 +24,8 @@ ctrl=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | sed 's|^\./||; /^$/d' | LC_ALL=
 
 exe=nspawn-lifecycle-helper
 files=$(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|' | grep -v '/$' | LC_ALL=C sort)
-want="/lib/systemd/system/nspawn-lifecycle-metrics.service
-/lib/systemd/system/nspawn-lifecycle-metrics.timer
+want="/usr/lib/systemd/system/nspawn-lifecycle-metrics.service
+/usr/lib/systemd/system/nspawn-lifecycle-metrics.timer
 /usr/bin/$exe
 /usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.test.yml
 /usr/share/nspawn-lifecycle/prometheus/nspawn-lifecycle.rules.yml
@@ -54,6 +54,9 @@ dpkg-deb --fsys-tarfile "$deb" | tar -tv | awk '$2 != "root/root" {bad = 1; prin
 [ "$(dpkg-deb --fsys-tarfile "$deb" | tar -xO "./usr/bin/$exe" | sha256sum)" = "$(sha256sum < "$bin")" ] \
     || fail "/usr/bin/$exe in the package is not $bin"
 echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts" >&2
+# What it asks of the system: nspawn's package, and the node exporter for the metrics timer.
+[ "$(dpkg-deb -f "$deb" Recommends)" = systemd-container ] || fail "Recommends: $(dpkg-deb -f "$deb" Recommends)"
+[ "$(dpkg-deb -f "$deb" Suggests)" = prometheus-node-exporter ] || fail "Suggests: $(dpkg-deb -f "$deb" Suggests)"
 
 if command -v lintian >/dev/null; then
     # --fail-on warning: a warning is a defect to fix or to override with a reason

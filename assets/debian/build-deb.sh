@@ -22,7 +22,7 @@
 #   /usr/share/fish/vendor_completions.d/nspawn-lifecycle-helper.fish
 #   /usr/share/doc/nspawn-lifecycle/{README.md.gz,docs/*.md.gz,copyright,changelog.gz}
 #   /usr/share/lintian/overrides/nspawn-lifecycle
-#   /lib/systemd/system/nspawn-lifecycle-metrics.{service,timer}   fleet metrics for the node
+#   /usr/lib/systemd/system/nspawn-lifecycle-metrics.{service,timer}   fleet metrics for the node
 #                                                         exporter; not enabled (an operator's
 #                                                         choice: docs/monitoring.md)
 #   /usr/share/nspawn-lifecycle/prometheus/               alert rules and their promtool tests
@@ -100,9 +100,9 @@ install -d "$doc/docs"
 install -m 0644 docs/*.md "$doc/docs/"
 install -m 0644 assets/debian/copyright "$doc/copyright"
 install -m 0644 assets/debian/lintian-overrides "$root/usr/share/lintian/overrides/$name"
-install -d "$root/lib/systemd/system" "$root/usr/share/$name/prometheus"
+install -d "$root/usr/lib/systemd/system" "$root/usr/share/$name/prometheus"
 install -m 0644 assets/systemd/nspawn-lifecycle-metrics.service assets/systemd/nspawn-lifecycle-metrics.timer \
-    "$root/lib/systemd/system/"
+    "$root/usr/lib/systemd/system/"
 install -m 0644 assets/prometheus/nspawn-lifecycle.rules.yml assets/prometheus/nspawn-lifecycle.rules.test.yml \
     "$root/usr/share/$name/prometheus/"
 install -d "$root/usr/share/$name/json-schema"

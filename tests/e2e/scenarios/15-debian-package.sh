@@ -56,8 +56,8 @@ info "dpkg -i: $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c dpkg-install-exit-0)" 0 "$rc"
 assert_eq "$(c dpkg-status-installed)" "install ok installed" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>&1)"
 listed=$(H dpkg -L "$pkg" | LC_ALL=C sort)
-# The same paths as find sees them: the host is merged-/usr (/lib -> usr/lib), and dpkg lists the
-# units under /lib/systemd/system as the package ships them.
+# The same paths as find sees them: the host is merged-/usr (/lib -> usr/lib); dpkg lists what
+# the package ships where it ships it (its units under /usr/lib/systemd/system).
 listed_real=$(printf '%s\n' "$listed" | { if H test -L /lib; then sed 's|^/lib/|/usr/lib/|'; else cat; fi; } | LC_ALL=C sort -u)
 after_install=$(host_paths)
 added=$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after_install"))
@@ -69,13 +69,13 @@ for f in "/usr/bin/$exe" "/usr/share/man/man1/$exe.1.gz" "/usr/share/man/man1/$e
          "/usr/share/bash-completion/completions/$exe" "/usr/share/zsh/vendor-completions/_$exe" \
          "/usr/share/fish/vendor_completions.d/$exe.fish" "/usr/share/doc/$pkg/copyright" \
          "/usr/share/doc/$pkg/README.md.gz" "/usr/share/doc/$pkg/changelog.gz" \
-         /lib/systemd/system/nspawn-lifecycle-metrics.service /lib/systemd/system/nspawn-lifecycle-metrics.timer \
+         /usr/lib/systemd/system/nspawn-lifecycle-metrics.service /usr/lib/systemd/system/nspawn-lifecycle-metrics.timer \
          "/usr/share/$pkg/prometheus/nspawn-lifecycle.rules.yml"; do
     assert_match "$(c "ships$f")" "^$f\$" "$listed"
 done
 # The metrics units as systemd 252 reads them: no warning, and the timer is not enabled.
-out=$(H systemd-analyze verify --man=no /lib/systemd/system/nspawn-lifecycle-metrics.service \
-    /lib/systemd/system/nspawn-lifecycle-metrics.timer 2>&1); rc=$?
+out=$(H systemd-analyze verify --man=no /usr/lib/systemd/system/nspawn-lifecycle-metrics.service \
+    /usr/lib/systemd/system/nspawn-lifecycle-metrics.timer 2>&1); rc=$?
 assert_eq "$(c metrics-units-verify)" "0 " "$rc $out"
 assert_eq "$(c metrics-timer-not-enabled)" disabled "$(H systemctl is-enabled nspawn-lifecycle-metrics.timer 2>&1)"
 assert_eq "$(c no-maintainer-scripts)" "" \
