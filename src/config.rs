@@ -517,32 +517,6 @@ impl Config {
     }
 }
 
-/// The unit's start timeout, which the drop-in sets (`TimeoutStartSec=`).
-const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
-
-/// A start's worst case must fit the unit's start timeout, or systemd kills post-start mid-way
-/// (mid-import, the gate shut): the lock wait, the boot, six service jobs (stop and start of
-/// containerd and kubelet, their waits) and the whole import budget.
-fn check_start_fits(key: &str, mc: &MachineConfig) -> Result<()> {
-    let worst = mc.lock_timeout + mc.boot_timeout + 6 * mc.job_timeout + mc.import_budget;
-    if worst > START_TIMEOUT {
-        return Err(bad_input(format!(
-            "{key}: lockTimeoutSeconds ({}) + bootTimeoutSeconds ({}) + 6 × jobTimeoutSeconds \
-             ({}) + importBudgetSeconds ({}) is {} s, more than the unit's \
-             TimeoutStartSec={} ({} s): systemd would kill post-start mid-way; lower \
-             importBudgetSeconds (or the others)",
-            mc.lock_timeout.as_secs(),
-            mc.boot_timeout.as_secs(),
-            mc.job_timeout.as_secs(),
-            mc.import_budget.as_secs(),
-            worst.as_secs(),
-            crate::model::dropin::TIMEOUT_START,
-            START_TIMEOUT.as_secs()
-        )));
-    }
-    Ok(())
-}
-
 /// The setting `key` as a checked value of its type (`value`, or `default` when unset), or a
 /// bad-input error naming the key and the value.
 fn checked_or<T: std::str::FromStr<Err = String>>(
@@ -792,7 +766,10 @@ fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>>
 }
 
 mod settings;
+mod start;
 mod strict_json;
+use start::check_start_fits;
+pub use start::{START_TIMEOUT, START_TIMEOUT_TEXT};
 
 pub use settings::{SETTINGS, SettingDoc};
 

@@ -175,6 +175,24 @@ fn shorten(s: &str) -> String {
     s[..end].to_owned()
 }
 
+/// A refused run prints no result: nothing, or with `--json` the one error object
+/// (`command-error.schema.json`) with the exit code and the error that stderr has too.
+fn no_result(args: &[&str], r: &Run) {
+    if !args.contains(&"--json") {
+        assert_eq!(r.stdout, "", "{args:?}: a refused run prints no result");
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: one JSON error object, not {:?}: {e}", r.stdout));
+    assert_eq!(v["kind"], "DiscoverError", "{v}");
+    assert_eq!(v["exitCode"], r.code(), "{v}");
+    assert!(
+        r.stderr.contains(v["error"].as_str().unwrap()),
+        "{v} / {}",
+        r.stderr
+    );
+}
+
 /// discover and pre-start both fail with exit 1 and an error naming `file` as too large.
 fn assert_refused(root: &Path, file: &str, limit: u64) {
     for args in [
@@ -183,7 +201,7 @@ fn assert_refused(root: &Path, file: &str, limit: u64) {
     ] {
         let r = run(root, args);
         assert_eq!(r.code(), 1, "{args:?}: {}", r.stderr);
-        assert_eq!(r.stdout, "", "{args:?}: a refused run prints no result");
+        no_result(args, &r);
         let want = format!("{file}: larger than {limit} bytes");
         assert!(r.stderr.contains(&want), "{args:?}: {}", r.stderr);
         assert!(
@@ -368,7 +386,7 @@ fn assert_too_many_nodes(root: &Path, dir: &str) {
     ] {
         let r = run(root, args);
         assert_eq!(r.code(), 1, "{args:?}: {}", r.stderr);
-        assert_eq!(r.stdout, "", "{args:?}");
+        no_result(args, &r);
         let want = format!("{dir} holds more than 16384 NVIDIA device nodes");
         assert!(r.stderr.contains(&want), "{args:?}: {}", shorten(&r.stderr));
         assert!(r.stderr.len() < 1024, "{args:?}: {}", shorten(&r.stderr));

@@ -632,7 +632,7 @@ fn duplicate_keys_and_wrong_types_are_named_by_their_path() {
 /// says TimeoutStartSec=30min, and systemd would kill post-start mid-import.
 #[test]
 fn a_start_that_cannot_fit_the_units_timeout_is_refused_naming_both() {
-    assert_eq!(crate::model::dropin::TIMEOUT_START, "30min");
+    assert_eq!(START_TIMEOUT_TEXT, "30min");
     assert_eq!(START_TIMEOUT.as_secs(), 30 * 60);
     let err =
         Config::parse(br#"{"machines": {"kube1": {"importBudgetSeconds": 7200}}}"#).unwrap_err();

@@ -28,7 +28,8 @@ pub const RESTART_SEC: u32 = 5;
 /// image import, by default); systemd's default 90 s would kill it in the middle of an import and
 /// restart the whole machine, forever. 30 min fits the defaults with about six slow imports and
 /// still turns a hook that hangs into a retry.
-pub const TIMEOUT_START: &str = "30min";
+/// (The configuration refuses a machine whose worst start does not fit: `config::START_TIMEOUT`.)
+pub const TIMEOUT_START: &str = crate::config::START_TIMEOUT_TEXT;
 /// NVIDIA host daemons whose sockets pre-start binds into the machine; ordering after them (a
 /// no-op when they are not installed) keeps a boot-time start from missing their sockets.
 pub const AFTER: &str = "nvidia-persistenced.service nvidia-fabricmanager.service";

@@ -118,7 +118,6 @@ pub fn evaluate(
         ),
         State::Drift | State::Broken => findings_summary(subject, state, &findings),
     };
-    let running = observed.machine.is_some();
     Status {
         api_version: API_VERSION,
         kind: KIND,
@@ -128,7 +127,7 @@ pub fn evaluate(
         summary,
         host: host_facts(inv),
         unit: observed.unit,
-        running,
+        running: observed.machine.is_some(),
         machine_facts: observed.machine,
         services: observed.services,
         findings,

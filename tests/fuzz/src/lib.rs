@@ -193,7 +193,7 @@ pub fn config(data: &[u8]) {
     if let Ok(cfg) = Config::parse(data) {
         assert!(cfg.helper_path().starts_with('/'), "{cfg:?}");
         let host = empty_host();
-        for name in ["kube1", "gpu-node_01.example"] {
+        for name in ["kube1", "gpu-node-01.example"] {
             let machine: MachineName = name.parse().unwrap_or_else(|e| panic!("{e}"));
             match cfg.machine(host, &machine) {
                 Ok(mc) => {
@@ -263,7 +263,14 @@ pub fn machine_name(data: &[u8]) {
         );
         assert!(
             s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')),
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-')),
+            "{s:?}"
+        );
+        // systemd's hostname rules: dot-separated labels, none empty, none starting or ending
+        // with '-'.
+        assert!(
+            s.split('.')
+                .all(|l| !l.is_empty() && !l.starts_with('-') && !l.ends_with('-')),
             "{s:?}"
         );
     }
