@@ -37,18 +37,38 @@ Debug::NoLocking "true";
 EOF
 }
 
-# A mirror mid-sync answers "File has unexpected size" or a hash mismatch for a minute or two:
-# downloads retry (Acquire::Retries), and an `update` that fails is tried again after a pause,
-# three times in all, before the caller sees the failure.
+# A mirror mid-sync answers "File has unexpected size … Mirror sync in progress?" for an index
+# or two, for minutes: downloads retry (Acquire::Retries), and an `update` that fails is tried
+# again after a pause, four times in all. If the only failures left are indexes caught mid-sync,
+# the update goes on with a warning: apt keeps every other index (and the old copy of those, if
+# any), and a package that really needs a missing one then fails its download by name.
 private_apt() {
-    local a=$1 try
+    local a=$1 try out rc
     shift
-    for try in 1 2 3; do
-        APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3 "$@" && return 0
-        [ "$1" = update ] && [ "$try" -lt 3 ] || return 1
-        echo "private_apt: apt-get update failed (try $try of 3); again in 20 s" >&2
-        sleep 20
+    if [ "${1:-}" != update ]; then
+        APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3 "$@"
+        return
+    fi
+    out=$(mktemp)
+    for try in 1 2 3 4; do
+        rc=0
+        APT_CONFIG=$a/apt.conf apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3 "$@" >"$out" 2>&1 || rc=$?
+        cat "$out"
+        [ "$rc" = 0 ] && { rm -f "$out"; return 0; }
+        [ "$try" = 4 ] && break
+        echo "private_apt: apt-get update failed (try $try of 4); again in 30 s" >&2
+        sleep 30
     done
+    # Every error line about an index caught mid-sync, or the summary of those: go on.
+    if grep -q 'Mirror sync in progress' "$out" &&
+        ! grep '^E: ' "$out" | grep -qv -e 'File has unexpected size' -e 'Hash Sum mismatch' \
+            -e 'Some index files failed to download'; then
+        echo "private_apt: WARNING: going on without the indexes a mirror sync left behind (above)" >&2
+        rm -f "$out"
+        return 0
+    fi
+    rm -f "$out"
+    return 1
 }
 
 # private_apt_download DIR SUITE OUT PKG...: DIR's configuration made afresh (empty dpkg status,

@@ -59,7 +59,7 @@ assert_match "$(c drift-names-both-versions)" "^kube1: drift: NVIDIA driver chan
 # The driver root is made of binds of the host files: the running machine keeps the old driver's
 # files until its next start, so nothing in it dangles (it did when the tree was links).
 assert_no_match "$(c drift-nothing-dangles)" "dangle" "$out"
-assert_match "$(c drift-suggests-reconcile)" "nspawn-lifecycle reconcile kube1" "$out"
+assert_match "$(c drift-suggests-reconcile)" 'run `nspawn-lifecycle-helper reconcile kube1`' "$out"
 out=$(status_of --all); rc=$?
 info "status --all: exit $rc: $out"
 assert_eq "$(c all-exit-5)" 5 "$rc"
