@@ -327,23 +327,29 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
-/// The regular file an `O_PATH` descriptor pins, reopened for reading; `None` when it is not a
-/// regular file (a FIFO or device node is never opened). `path` and `noun` are for messages.
-fn reopen_regular(
-    pinned: &OwnedFd,
-    path: &str,
-    noun: &str,
-) -> Result<Option<(std::fs::File, FileStat)>> {
+/// What an `O_PATH` descriptor pins, for reading: a regular file reopened through it, or why
+/// it is not opened.
+enum Pinned {
+    File(std::fs::File, FileStat),
+    /// Not a regular file (a FIFO or device node is never opened).
+    Not(FileKind),
+    /// A kernel pseudo-file bound where a file belongs (`/proc/kmsg`): a regular file to `stat`,
+    /// but no one's file: reading it could block or take what another reader is owed.
+    PseudoFs,
+}
+
+/// Reopen what `pinned` names for reading when it is a regular file on a real filesystem
+/// (`O_NONBLOCK`, the same inode, checked). `path` and `noun` are for messages.
+fn reopen_pinned(pinned: &OwnedFd, path: &str, noun: &str) -> Result<Pinned> {
     use std::os::fd::AsRawFd as _;
     let st = nix::sys::stat::fstat(pinned).with_context(|| format!("stat {path}"))?;
-    if FileKind::from_stat(&st) != FileKind::File {
-        return Ok(None);
+    let kind = FileKind::from_stat(&st);
+    if kind != FileKind::File {
+        return Ok(Pinned::Not(kind));
     }
-    // A kernel pseudo-file bound where a file belongs (`/proc/kmsg`) is no regular file of
-    // anyone's: reading it could block or take what another reader is owed.
     let fs = nix::sys::statfs::fstatfs(pinned).with_context(|| format!("statfs {path}"))?;
     if is_pseudo_fs(&fs) {
-        return Ok(None);
+        return Ok(Pinned::PseudoFs);
     }
     let fd = nix::fcntl::open(
         format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_str(),
@@ -355,44 +361,63 @@ fn reopen_regular(
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
         bail!("{path} in the {noun} changed while it was being opened");
     }
-    Ok(Some((std::fs::File::from(fd), again)))
+    Ok(Pinned::File(std::fs::File::from(fd), again))
+}
+
+/// The regular file an `O_PATH` descriptor pins, reopened for reading; `None` when it is not a
+/// regular file on a real filesystem ([`reopen_pinned`]).
+fn reopen_regular(
+    pinned: &OwnedFd,
+    path: &str,
+    noun: &str,
+) -> Result<Option<(std::fs::File, FileStat)>> {
+    Ok(match reopen_pinned(pinned, path, noun)? {
+        Pinned::File(file, st) => Some((file, st)),
+        Pinned::Not(_) | Pinned::PseudoFs => None,
+    })
 }
 
 /// The bytes of the file `pinned` (an `O_PATH` descriptor) when it is a regular file of at most
-/// `max` bytes on no kernel pseudo-filesystem, reopened through that descriptor with
-/// `O_NONBLOCK` and read with that bound; else why not. The size is checked before a byte is
-/// read, so a sparse or endless file costs one `fstat`.
-fn fstat_path(pinned: &OwnedFd, path: &str) -> Result<FileStat> {
-    nix::sys::stat::fstat(pinned).with_context(|| format!("stat {path}"))
-}
-
-fn read_pinned(pinned: &OwnedFd, path: &str, noun: &str, max: usize) -> Result<ImageFile> {
-    let st = fstat_path(pinned, path)?;
-    let kind = FileKind::from_stat(&st);
-    if kind != FileKind::File {
-        return Ok(ImageFile::Unusable(format!("it is a {}", kind.as_str())));
-    }
-    let fs = nix::sys::statfs::fstatfs(pinned).with_context(|| format!("statfs {path}"))?;
-    if is_pseudo_fs(&fs) {
-        return Ok(ImageFile::Unusable(
-            "it is a file of a kernel pseudo-filesystem".into(),
-        ));
-    }
-    let size = usize::try_from(st.st_size).unwrap_or(usize::MAX);
-    if size > max {
-        return Ok(ImageFile::Unusable(format!(
+/// `max` bytes on no kernel pseudo-filesystem, read through that descriptor with that bound;
+/// else why not: its kind when it is no regular file, or the reason. The size is checked before
+/// a byte is read, so a sparse or endless file costs no read.
+fn read_pinned(
+    pinned: &OwnedFd,
+    path: &str,
+    noun: &str,
+    max: usize,
+) -> Result<std::result::Result<Vec<u8>, NotRead>> {
+    let (file, st) = match reopen_pinned(pinned, path, noun)? {
+        Pinned::File(file, st) => (file, st),
+        Pinned::Not(kind) => return Ok(Err(NotRead::Kind(kind))),
+        Pinned::PseudoFs => {
+            return Ok(Err(NotRead::Why(
+                "it is a file of a kernel pseudo-filesystem".into(),
+            )));
+        }
+    };
+    if usize::try_from(st.st_size).unwrap_or(usize::MAX) > max {
+        return Ok(Err(NotRead::Why(format!(
             "it holds {} bytes, more than the {max} read",
             st.st_size
-        )));
+        ))));
     }
-    // The pinned inode itself, reopened O_NONBLOCK (it cannot change under the descriptor).
-    let Some((file, _)) = reopen_regular(pinned, path, noun)? else {
-        return Ok(ImageFile::Unusable("it is not a regular file".into()));
-    };
-    match read_bounded(file, max, path, noun) {
-        Ok(bytes) => Ok(ImageFile::Bytes(bytes)),
-        // Grew past the bound since the stat: the writer's doing, like a file too large.
-        Err(e) => Ok(ImageFile::Unusable(format!("{e:#}"))),
+    // Grew past the bound since the stat: the writer's doing, like a file too large.
+    Ok(read_bounded(file, max, path, noun).map_err(|e| NotRead::Why(format!("{e:#}"))))
+}
+
+/// Why [`read_pinned`] read nothing.
+enum NotRead {
+    Kind(FileKind),
+    Why(String),
+}
+
+impl NotRead {
+    fn unusable(self) -> ImageFile {
+        ImageFile::Unusable(match self {
+            NotRead::Kind(kind) => format!("it is a {}", kind.as_str()),
+            NotRead::Why(why) => why,
+        })
     }
 }
 
@@ -682,7 +707,7 @@ impl MachineRoot {
                 "it is on another filesystem than the {noun} root"
             )));
         }
-        read_pinned(&pinned, path, noun, max)
+        Ok(read_pinned(&pinned, path, noun, max)?.map_or_else(NotRead::unusable, ImageFile::Bytes))
     }
 
     /// What a reader inside the machine gets when it opens `path` (every symlink followed, the
@@ -697,10 +722,11 @@ impl MachineRoot {
         let noun = self.tree.noun();
         components(path)?;
         match self.resolve(path, Links::Follow)? {
-            Ok(pinned) if FileKind::from_stat(&fstat_path(&pinned, path)?) == FileKind::Dir => {
-                Ok(ImageFile::Absent)
-            }
-            Ok(pinned) => read_pinned(&pinned, path, noun, max),
+            Ok(pinned) => Ok(match read_pinned(&pinned, path, noun, max)? {
+                Ok(bytes) => ImageFile::Bytes(bytes),
+                Err(NotRead::Kind(FileKind::Dir)) => ImageFile::Absent,
+                Err(why) => why.unusable(),
+            }),
             Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(ImageFile::Absent),
             Err(e) => Err(e).with_context(|| format!("resolving {path} in the {noun}")),
         }
