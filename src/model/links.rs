@@ -302,6 +302,7 @@ pub fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
         .collect();
     entries.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
     let mut seen = BTreeSet::new();
+    let mut triplets = Vec::new();
     for (entry, _) in entries {
         let dir = format!("/usr/lib/{entry}");
         // A file that merely has a triplet's name is none of our business.
@@ -311,15 +312,25 @@ pub fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
         if !seen.insert(d.identity()?) {
             continue;
         }
-        if seen.len() > MAX_LIB_DIRS {
+        if triplets.len() == MAX_LIB_DIRS {
             bail!(
                 "/usr/lib in the machine has more than {MAX_LIB_DIRS} multiarch library \
                  directories (*-linux-*)"
             );
         }
+        triplets.push((dir, d));
+    }
+    // Each triplet's `vdpau/` after it, once too: it may be a triplet directory itself, or
+    // another `vdpau/`, under a link.
+    for (dir, d) in triplets {
         out.push(dir.clone());
         if matches!(d.kind("vdpau")?, Some(FileKind::Dir | FileKind::Symlink)) {
-            out.push(format!("{dir}/vdpau"));
+            let vdpau = format!("{dir}/vdpau");
+            if let Some(v) = open_dir_if_dir(root, &vdpau)?
+                && seen.insert(v.identity()?)
+            {
+                out.push(vdpau);
+            }
         }
     }
     Ok(out)

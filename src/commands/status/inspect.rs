@@ -165,15 +165,10 @@ pub(super) fn inspect_lib_links(
     dangling: &mut Vec<String>,
 ) -> Result<Vec<String>> {
     let mut versions = Vec::new();
-    // Each directory once (a `vdpau` may be the directory itself, under another name).
-    let mut judged = std::collections::BTreeSet::new();
     for dir_path in links::machine_lib_dirs(root)? {
         let Lookup::Dir(dir) = root.lookup_dir(&dir_path)? else {
             continue;
         };
-        if !judged.insert(dir.identity()?) {
-            continue;
-        }
         let seen = links::observe_dir(&dir, &links::DirLinks::new())?;
         for (name, target) in links::ours(&seen) {
             if let Some(v) = libcuda_version(name) {
