@@ -177,3 +177,43 @@ mod printable_tests {
         );
     }
 }
+
+/// The one JSON object a `--json` command prints when it fails before its report, for a script
+/// to parse: its kind (`StatusError`, `PlanError`, …), the machine (or `host`), `status`'s
+/// `state`, the exit code the command exits with, and the error, which also goes to stderr
+/// (`assets/json-schema/status-error.schema.json`, `command-error.schema.json`).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ErrorObject<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    machine: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'static str>,
+    exit_code: u8,
+    error: String,
+}
+
+/// Print the [`ErrorObject`] of `e` and return `e` (with why printing failed, if it did).
+pub fn print_error_object(
+    kind: &'static str,
+    machine: Option<&str>,
+    state: Option<&'static str>,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    let object = ErrorObject {
+        api_version: crate::discovery::API_VERSION,
+        kind,
+        machine,
+        state,
+        exit_code: crate::error::exit_code(&e),
+        error: format!("{e:#}"),
+    };
+    let printed = serde_json::to_string_pretty(&object)
+        .map_err(anyhow::Error::from)
+        .and_then(|text| print_all(&format!("{text}\n")));
+    match printed {
+        Ok(()) => e,
+        Err(p) => e.context(format!("{p:#}")),
+    }
+}

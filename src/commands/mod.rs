@@ -23,7 +23,7 @@ pub fn run_with_code(cli: Cli) -> Result<u8> {
         // A report printed before the error (host plan's, install's before a failed reload) is
         // the one JSON document.
         Some((kind, subject)) if !crate::output::printed() => {
-            print_json_error(kind, subject.as_deref(), e)
+            crate::output::print_error_object(kind, subject.as_deref(), None, e)
         }
         _ => e,
     })
@@ -64,33 +64,6 @@ fn json_error_kind(command: &Command) -> Option<(&'static str, Option<String>)> 
             ..
         } => Some(("UninstallError", subject(machine, *host))),
         _ => None,
-    }
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct CommandError<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    machine: Option<&'a str>,
-    exit_code: u8,
-    error: String,
-}
-
-fn print_json_error(kind: &'static str, machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
-    let object = CommandError {
-        api_version: status::API_VERSION,
-        kind,
-        machine,
-        exit_code: crate::error::exit_code(&e),
-        error: format!("{e:#}"),
-    };
-    let printed = serde_json::to_string_pretty(&object)
-        .map_err(anyhow::Error::from)
-        .and_then(|text| crate::output::print_all(&format!("{text}\n")));
-    match printed {
-        Ok(()) => e,
-        Err(p) => e.context(format!("{p:#}")),
     }
 }
 

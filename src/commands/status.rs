@@ -509,7 +509,7 @@ pub fn status(
     } else {
         UNJUDGED_EXIT
     };
-    print_status(out, errors, state, all, json)?;
+    print_status(out, errors, state, code, all, json)?;
     Ok(code)
 }
 
@@ -528,33 +528,10 @@ pub struct MachineError {
 }
 
 /// `status --json` when it could not judge (not installed, host discovery failed, the bus did
-/// not answer): still one object, for monitoring to parse, with the exit code the command exits
-/// with and the error it also prints on stderr.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Unjudged {
-    api_version: &'static str,
-    kind: &'static str,
-    machine: Option<String>,
-    state: &'static str,
-    exit_code: u8,
-    error: String,
-}
-
-/// Print `status --json`'s object for an error `e` (see [`Unjudged`]) and return `e`.
+/// not answer): still one object for monitoring to parse (kind `StatusError`, state `unknown`,
+/// [`crate::output::print_error_object`]); returns `e`.
 pub fn print_unjudged(machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
-    let printed = print_json(&Unjudged {
-        api_version: API_VERSION,
-        kind: "StatusError",
-        machine: machine.map(ToString::to_string),
-        state: "unknown",
-        exit_code: crate::error::exit_code(&e),
-        error: format!("{e:#}"),
-    });
-    match printed {
-        Ok(()) => e,
-        Err(p) => e.context(format!("{p:#}")),
-    }
+    crate::output::print_error_object("StatusError", machine, Some("unknown"), e)
 }
 
 fn print_json(v: &impl Serialize) -> Result<()> {
@@ -644,6 +621,7 @@ fn print_status(
     out: Vec<Status>,
     errors: Vec<MachineError>,
     state: State,
+    exit_code: u8,
     all: bool,
     json: bool,
 ) -> Result<()> {
@@ -656,11 +634,7 @@ fn print_status(
                 api_version: API_VERSION,
                 kind: "MachineStatusList",
                 state,
-                exit_code: if errors.is_empty() {
-                    state.exit_code()
-                } else {
-                    UNJUDGED_EXIT
-                },
+                exit_code,
                 machines: out,
                 errors,
             });

@@ -38,7 +38,14 @@ pub fn host_status(ctx: &Ctx, json: bool) -> Result<u8> {
         Err(e) => return Err(e),
     };
     let state: State = status.state;
-    print_status(vec![status], Vec::new(), state, false, json)?;
+    print_status(
+        vec![status],
+        Vec::new(),
+        state,
+        state.exit_code(),
+        false,
+        json,
+    )?;
     Ok(state.exit_code())
 }
 
