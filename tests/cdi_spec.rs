@@ -8,19 +8,12 @@
 
 mod common;
 
-use common::{installed_host, run_helper};
+use common::installed_host;
 use container_device_interface as cdi_lib;
 use std::collections::BTreeSet;
 
 fn stdout(host: &std::path::Path, args: &[&str], code: i32) -> String {
-    let out = run_helper(host, args);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(common::stdout_of_exit(host, args, code)).unwrap()
 }
 
 #[test]

@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use common::{installed_host, machine_tree, run_helper};
+use common::{installed_host, machine_tree, stdout_of_exit as stdout_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -108,17 +108,6 @@ impl Docs {
             Err(said)
         }
     }
-}
-
-fn stdout_of(host: &Path, args: &[&str], want: i32) -> Vec<u8> {
-    let out = run_helper(host, args);
-    assert_eq!(
-        out.status.code(),
-        Some(want),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 #[test]

@@ -33,6 +33,19 @@ pub fn run_helper(root: &Path, args: &[&str]) -> std::process::Output {
     out
 }
 
+/// The helper's stdout for `args` under the host tree `root`, which must exit with `code`
+/// (stderr in the failure message).
+pub fn stdout_of_exit(root: &Path, args: &[&str], code: i32) -> Vec<u8> {
+    let out = run_helper(root, args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// Everything about a tree that a write would change: type, mode, owner, size, mtime, ctime,
 /// inode, device numbers, link targets and file bytes (up to 64 KiB: a larger file, such as the
 /// 100 MB test build of the installed helper, by its metadata alone, whose ctime any write
