@@ -53,9 +53,13 @@ const STANDARD_LIB_DIRS: &[&str] = &[
     "/lib/aarch64-linux-gnu",
     "/lib/x86_64-linux-gnu/nvidia/current",
     "/lib/aarch64-linux-gnu/nvidia/current",
+    // Where GKE's driver installer and NVIDIA's legacy container runtime put the driver (a
+    // directory of its own, often a read-only mount, outside the loader's cache).
+    "/usr/local/nvidia/lib64",
     "/usr/lib/i386-linux-gnu",
     "/usr/lib/i386-linux-gnu/nvidia/current",
     "/lib/i386-linux-gnu",
+    "/usr/local/nvidia/lib",
 ];
 
 /// Binaries carried into the machine, and the directories searched for them, in order.
@@ -73,6 +77,7 @@ const BIN_DIRS: &[&str] = &[
     "/usr/bin",
     "/sbin",
     "/bin",
+    "/usr/local/nvidia/bin",
 ];
 
 /// IPC directories bound when they hold a `socket`.

@@ -447,3 +447,26 @@ fn oversized_proc_files_are_refused_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn a_driver_under_usr_local_nvidia_outside_the_cache_is_found() {
+    let text = format!(
+        "{GPU}nvidia-libs /usr/local/nvidia/lib64 580.95.05 x86_64\n\
+         exe /usr/local/nvidia/bin/nvidia-smi\n\
+         dir /usr/lib/x86_64-linux-gnu\nldcache /usr/lib/x86_64-linux-gnu\n"
+    );
+    let (_d, inv) = scan(&text);
+    let d = inv.driver.as_ref().unwrap();
+    assert_eq!(d.version, "580.95.05");
+    assert_eq!(d.lib_dirs.len(), 1, "{:?}", d.lib_dirs);
+    assert_eq!(d.lib_dirs[0].path.as_str(), "/usr/local/nvidia/lib64");
+    assert_eq!(d.lib_dirs[0].triplet, "x86_64-linux-gnu");
+    assert!(files(&d.lib_dirs[0]).contains(&("libcuda.so.580.95.05", Some("libcuda.so.1"))));
+    let bins: Vec<_> = d.binaries.iter().map(|b| b.as_str()).collect();
+    assert_eq!(bins, ["/usr/local/nvidia/bin/nvidia-smi"]);
+    assert!(
+        !reasons(&inv).iter().any(|r| r.contains("libcuda")),
+        "{:?}",
+        reasons(&inv)
+    );
+}
