@@ -154,25 +154,9 @@ fn theirs(root: &Path) -> FileSet {
 
 /// The same with the driver's files under `root` and the device nodes under `dev_root`.
 fn theirs_in(root: &Path, dev_root: &Path) -> FileSet {
-    let out_dir = tempfile::tempdir().unwrap();
-    let spec = out_dir.path().join("ctk.json");
-    let mut driver_root = root.display().to_string();
-    // In a private mount namespace over an empty /dev: NVIDIA's real libraries, loaded by
-    // nvidia-ctk, create /dev/nvidiactl (195:255, 0666) when it is missing, and this test must
-    // leave the machine it runs on as it found it.
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(r#"mount -t tmpfs tmpfs /dev && exec "$0" "$@""#)
-        .arg(nvidia_ctk())
-        .args(["cdi", "generate", "--mode=management", "--format=json"])
-        .arg(format!("--driver-root={driver_root}"))
-        .arg(format!("--dev-root={}", dev_root.display()))
-        .arg(format!("--output={}", spec.display()))
-        .output()
-        .unwrap();
-    ok("nvidia-ctk cdi generate", &out);
-    let v: Value = serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap();
-    driver_root = driver_root.trim_end_matches('/').to_owned();
+    let v = ctk_spec(root, dev_root);
+    let driver_root = root.display().to_string();
+    let driver_root = driver_root.trim_end_matches('/').to_owned();
     let mut s = FileSet::default();
     let mounts = v["containerEdits"]["mounts"].as_array().unwrap();
     assert!(!mounts.is_empty(), "nvidia-ctk mounted nothing: {v}");
@@ -200,6 +184,28 @@ fn theirs_in(root: &Path, dev_root: &Path) -> FileSet {
         }
     }
     s
+}
+
+/// nvidia-ctk's management-mode spec of the driver under `root`, device nodes under `dev_root`.
+fn ctk_spec(root: &Path, dev_root: &Path) -> Value {
+    let out_dir = tempfile::tempdir().unwrap();
+    let spec = out_dir.path().join("ctk.json");
+    let driver_root = root.display().to_string();
+    // In a private mount namespace over an empty /dev: NVIDIA's real libraries, loaded by
+    // nvidia-ctk, create /dev/nvidiactl (195:255, 0666) when it is missing, and this test must
+    // leave the machine it runs on as it found it.
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs tmpfs /dev && exec "$0" "$@""#)
+        .arg(nvidia_ctk())
+        .args(["cdi", "generate", "--mode=management", "--format=json"])
+        .arg(format!("--driver-root={driver_root}"))
+        .arg(format!("--dev-root={}", dev_root.display()))
+        .arg(format!("--output={}", spec.display()))
+        .output()
+        .unwrap();
+    ok("nvidia-ctk cdi generate", &out);
+    serde_json::from_slice(&std::fs::read(&spec).unwrap()).unwrap()
 }
 
 /// Ours minus theirs and theirs minus ours, per kind.
@@ -474,4 +480,95 @@ fn privileged_debian_package_layout_matches_nvidia_ctk() {
         ],
     );
     goldens(dir.path(), "deb");
+}
+
+/// `nvidia-smi -q` as the driver prints it (the lines tests/gpu/compare.py reads), for the GPUs
+/// of a `discover --json`.
+fn smi_q(discover: &Value, minor_of_second: Option<u64>) -> String {
+    let mut t = format!("Driver Version                            : {VERSION}\n");
+    let gpus = discover["gpus"].as_array().unwrap();
+    t += &format!(
+        "Attached GPUs                             : {}\n",
+        gpus.len()
+    );
+    for (i, g) in gpus.iter().enumerate() {
+        let minor = match (i, minor_of_second) {
+            (1, Some(m)) => m,
+            _ => g["minor"].as_u64().unwrap(),
+        };
+        let bus = g["busId"].as_str().unwrap().to_uppercase();
+        t += &format!(
+            "GPU 0000{bus}\n    Product Name                          : {}\n    \
+             GPU UUID                              : {}\n    Minor Number                          : {minor}\n",
+            g["model"].as_str().unwrap(),
+            g["uuid"].as_str().unwrap()
+        );
+    }
+    t
+}
+
+/// tests/gpu/compare.py, the GPU proof's check 1, on a real driver's files against nvidia-ctk's
+/// own spec of them (management mode: there is no GPU here for nvml mode): it passes with every
+/// difference explained, and fails when discovery misses a library nvidia-ctk mounts or
+/// disagrees with nvidia-smi about a GPU.
+#[test]
+fn privileged_gpu_proof_compare_explains_every_difference_and_catches_a_gap() {
+    let dir = real_host("run");
+    let root = dir.path();
+    let out = run(root, &["discover", "--json"]);
+    ok("discover --json", &out);
+    let discover: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = |name: &str, text: &str| {
+        let p = work.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let spec = w("ctk.json", &ctk_spec(root, root).to_string());
+    let compare = |d: &Value, smi: &str| {
+        let out = Command::new("python3")
+            .arg(manifest().join("tests/gpu/compare.py"))
+            .arg(w("discover.json", &d.to_string()))
+            .arg(w("smi.txt", smi))
+            .arg(&spec)
+            .arg("--driver-root")
+            .arg(root)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    };
+    let (rc, said) = compare(&discover, &smi_q(&discover, None));
+    assert_eq!(rc, Some(0), "{said}");
+    for line in [
+        "PASS discover finds the GPUs nvidia-smi lists: 2 vs 2",
+        "PASS every difference from nvidia-ctk is explained (0 unexplained)",
+        "DIFF library only ours: libnvidia-api.so.1: explained:",
+    ] {
+        assert!(said.contains(line), "{line}\n{said}");
+    }
+    assert!(
+        !said.contains("UNEXPLAINED") && !said.contains("FAIL"),
+        "{said}"
+    );
+
+    // Discovery that misses libcuda: unexplained, exit 1.
+    let mut missing = discover.clone();
+    for d in missing["driver"]["libDirs"].as_array_mut().unwrap() {
+        d["files"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|f| !f["name"].as_str().unwrap().starts_with("libcuda.so."));
+    }
+    let (rc, said) = compare(&missing, &smi_q(&discover, None));
+    assert_eq!(rc, Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "DIFF library only nvidia-ctk: libcuda.so.{VERSION}: UNEXPLAINED"
+        )),
+        "{said}"
+    );
+    // nvidia-smi names another minor for the second GPU: that GPU's check fails.
+    let (rc, said) = compare(&discover, &smi_q(&discover, Some(7)));
+    assert_eq!(rc, Some(1), "{said}");
+    assert!(said.contains("FAIL GPU-a91e4b37"), "{said}");
 }

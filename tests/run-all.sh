@@ -8,7 +8,8 @@
 #      oversized hosts (GNU time measures peak RSS), fuzz corpus replay; then again with
 #      --features failpoints: the binary killed at each crash point, concurrent callers
 #   3. the static release build (plain `cargo build --release` and `cargo install --path .`),
-#      checked with file/ldd, and the same with --features failpoints; the adversarial CDI-hook
+#      checked with file/ldd, and the same with --features failpoints; the GPU proof's kit and
+#      what of tests/gpu/run.sh runs without a GPU (tests/gpu/selftest.sh); the adversarial CDI-hook
 #      suite with that binary (tests/attack/run.sh: real runc and crun of Debian bookworm and
 #      trixie, hostile images, racing sidecars, ~5 min); the Debian package built from it and
 #      checked (tests/deb.sh: deterministic, contents, lintian)
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 # suite reads to select, shorten, resize or rewrite checks (UPDATE_GOLDEN rewrites goldens,
 # SKIP_E2E, E2E_*, ATTACK_*, ...) is cleared first. Elsewhere they are a developer's to use, and
 # a run they narrowed says so in its last line.
-knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*)$' || true)
+knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|GPU_KIT_CACHE|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*)$' || true)
 narrowed=""
 for v in $knobs; do
     if [ "${CI:-}" = true ]; then
@@ -117,6 +118,12 @@ file "$fp_bin" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL:
 # Crash points exist only in the failpoints build: the product binary must not even know the knob.
 grep -q NSPAWN_LIFECYCLE_FAILPOINT "$fp_bin" || { echo "FAIL: $fp_bin has no crash points" >&2; exit 1; }
 if grep -q NSPAWN_LIFECYCLE_FAILPOINT "$bin"; then echo "FAIL: $bin has crash points compiled in" >&2; exit 1; fi
+
+step "GPU proof script, GPU-free parts: its kit (tests/gpu/kit.sh: ptxas assembles the probe's kernel) and tests/gpu/selftest.sh"
+kit=$(mktemp -d /tmp/nspawn-lifecycle-gpu-kit.XXXXXX)
+tests/gpu/kit.sh "$kit/kit" >&2
+tests/gpu/selftest.sh "$kit/kit"
+rm -rf "$kit"
 
 step "adversarial CDI-hook suite (tests/attack/run.sh): runc and crun of bookworm and trixie, hostile images, racing sidecars"
 tests/attack/run.sh "$bin"
