@@ -453,3 +453,44 @@ fn privileged_the_writer_follows_no_link_the_collectors_account_plants() {
         );
     }
 }
+
+/// Every alert carries what an on-call needs: a summary, a description, and a runbook_url whose
+/// anchor is a section of docs/monitoring.md (GitHub's heading anchors: the alert's name in
+/// lower case).
+#[test]
+fn every_alert_has_a_description_and_a_runbook_section() {
+    let rules =
+        std::fs::read_to_string(Path::new(ASSETS).join("nspawn-lifecycle.rules.yml")).unwrap();
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring.md"))
+            .unwrap();
+    let anchors: Vec<String> = docs
+        .lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(|h| h.trim().to_lowercase())
+        .collect();
+    let blocks: Vec<&str> = rules.split("      - alert: ").skip(1).collect();
+    assert_eq!(blocks.len(), 10, "{rules}");
+    for b in blocks {
+        let name = b.lines().next().unwrap().trim();
+        for key in ["summary: '", "description: '", "runbook_url: '"] {
+            assert!(b.contains(key), "{name} has no {key}");
+        }
+        let url = b
+            .split("runbook_url: '")
+            .nth(1)
+            .unwrap()
+            .split('\'')
+            .next()
+            .unwrap();
+        assert_eq!(
+            url,
+            format!("docs/monitoring.md#{}", name.to_lowercase()),
+            "{name}"
+        );
+        assert!(
+            anchors.contains(&name.to_lowercase()),
+            "docs/monitoring.md has no section '### {name}'"
+        );
+    }
+}
