@@ -1,7 +1,7 @@
 //! The hooks' plans and their one executor. pre-start's plan ([`pre_start`]) makes what the
 //! machine's next boot binds on the host (src/apply/boot.rs); post-start's ([`plan`]), in the
-//! order of DESIGN §5, makes a target's files ([`Wiring`]: the wiring model's changes made by
-//! src/apply/rewire.rs) and drives its services. [`execute`] runs either, step by step: one log
+//! order of a start (docs/wiring.md), makes a target's files ([`Wiring`]: the wiring model's
+//! changes made by src/apply/rewire.rs) and drives its services. [`execute`] runs either, step by step: one log
 //! line and timing per step, the crash points on its steps, and the restore-on-failure rule.
 
 use crate::apply::gate;
@@ -160,7 +160,7 @@ impl std::fmt::Display for Plan {
 /// When containerd may start: what post-start finds when it begins ([`Order::of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
-    /// Both services wait for post-start: the order of DESIGN §5.
+    /// Both services wait for post-start: the order of a start (docs/wiring.md).
     Gated,
     /// post-start runs in the unit's start and containerd's marker was there before it began:
     /// pre-start released it for this boot, over the driver root it had just built and checked
@@ -201,7 +201,7 @@ fn file_steps(target: Target) -> &'static [FileStep] {
     }
 }
 
-/// The order of DESIGN §5: kubelet stopped, containerd too unless it was released
+/// The order of a start (docs/wiring.md): kubelet stopped, containerd too unless it was released
 /// before post-start began ([`Order`]; a stop also cancels a start job the boot still has
 /// queued), the driver wired, containerd released and started (or, already released, waited
 /// for: the boot's own start job), the staged images imported, kubelet released and started.

@@ -1,5 +1,5 @@
-//! post-start's writes in a target (DESIGN §5): the link and CDI spec changes of the wiring model
-//! (src/model) made, and the removal of our NVIDIA state on a host without GPUs.
+//! post-start's writes in a target (docs/wiring.md, "The order of a start"): the link and CDI spec
+//! changes of the wiring model (src/model) made, and the removal of our NVIDIA state on a host without GPUs.
 //!
 //! Every part is read, compared with what it must be by the model's own function, and changed,
 //! one directory at a time, so `status` and `plan`, which read and compare with the same

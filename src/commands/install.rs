@@ -646,7 +646,7 @@ enum Subject<'a> {
     Host,
 }
 
-/// `install <MACHINE>`: see the module docs and DESIGN §1.
+/// `install <MACHINE>`: see the module docs and docs/wiring.md.
 pub fn install(
     ctx: &Ctx,
     machine: &MachineName,

@@ -2,8 +2,8 @@
 //!
 //! It runs while the machine boots (the `.nspawn` file says `NotifyReady=no`, so systemd runs
 //! `ExecStartPost=` as soon as the container is up), from the moment the machine's systemd
-//! answers on its bus. Order (DESIGN §5): stop kubelet → stop containerd → check the
-//! driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
+//! answers on its bus. Order (docs/wiring.md, "The order of a start"): stop kubelet → stop
+//! containerd → check the driver root (made by nspawn's binds at boot) → links → `ldconfig` → CDI spec → release
 //! containerd's unit gate → start containerd → import staged images → release kubelet's unit gate
 //! → start kubelet. When pre-start released containerd for this boot (`containerdAtBoot`, the
 //! default; [`Order::ContainerdReleased`]) the boot starts containerd itself: post-start neither

@@ -1,5 +1,5 @@
-//! Our drop-in for `systemd-nspawn@<machine>.service` as a typed value (DESIGN §4), and just
-//! enough unit-file syntax to read the drop-ins and `.nspawn` files other tools left beside it.
+//! Our drop-in for `systemd-nspawn@<machine>.service` as a typed value (docs/wiring.md shows it
+//! whole), and just enough unit-file syntax to read the drop-ins and `.nspawn` files other tools left beside it.
 //!
 //! `Display` renders the exact bytes, pinned by `tests/golden/dropin-kube1.conf`. install writes
 //! it, uninstall removes it, and the legacy migration (`legacy.rs`) classifies other files'
@@ -49,7 +49,8 @@ pub struct Setting {
     pub why: Option<&'static str>,
 }
 
-/// Our drop-in for `systemd-nspawn@<machine>.service` (DESIGN §4); `Display` renders the bytes.
+/// Our drop-in for `systemd-nspawn@<machine>.service` (docs/wiring.md shows it whole); `Display`
+/// renders the bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropin {
     pub machine: MachineName,

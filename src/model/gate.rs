@@ -11,8 +11,9 @@
 //!
 //! The markers are host files ([`machine_marker_dir`], bound read-only at [`MARKER_DIR`] in the
 //! machine): only the helper creates or removes one, and nothing of it is written into the
-//! machine's rootfs. Each is created exactly when that unit's precondition holds (DESIGN §5):
-//! containerd's by pre-start, once the driver tree the `.nspawn` file binds is built
+//! machine's rootfs. Each is created exactly when that unit's precondition holds
+//! (docs/wiring.md, "The unit gate"): containerd's by pre-start, once the driver tree the
+//! `.nspawn` file binds is built
 //! and checked ([`crate::apply::gate::prepare_boot`], `containerdAtBoot`, the default), so the boot starts containerd
 //! as a bare boot would; or, with `containerdAtBoot: false`, by post-start once the driver is
 //! wired (driver root checked, links, `ldconfig`, CDI spec). kubelet's always by post-start,

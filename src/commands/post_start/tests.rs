@@ -390,7 +390,7 @@ fn the_host_plan_runs_through_the_same_executor() {
     assert_eq!(fake.running(), ["containerd.service", "kubelet.service"]);
 }
 
-/// The plan is a plain value, in the order of DESIGN §5.
+/// The plan is a plain value, in the order of a start (docs/wiring.md).
 #[test]
 fn the_plan_is_a_value_in_the_order_of_the_design() {
     assert_eq!(
