@@ -3,6 +3,7 @@
 #
 #   run.sh --kit KIT --evidence DIR [--runs N]
 #
+# KIT: the directory tests/gpu/kit.sh built, or that directory packed (`tar czf`), as it travels.
 # Run as root on a host with an NVIDIA GPU and its driver loaded. KIT is what tests/gpu/kit.sh
 # built on a machine with the package mirror (the helper, its failpoints build, the CDI
 # injector, NVIDIA's nvidia-ctk and nvidia-cdi-hook, Debian 12's runc, a glibc image with the
@@ -60,6 +61,20 @@ if [ "${1:-}" != --inner ]; then
     [ -n "$KIT" ] && [ -n "$EVIDENCE" ] || usage
     case $RUNS in ''|*[!0-9]*) echo "run.sh: --runs wants a number, not '$RUNS'" >&2; exit 2 ;; esac
     [ "$RUNS" -ge 3 ] || { echo "run.sh: --runs $RUNS: a median needs at least 3" >&2; exit 2; }
+    [ "$(id -u)" = 0 ] || { echo "run.sh: must run as root (mounts, chroot, containers)" >&2; exit 2; }
+    # A packed kit (`tar czf kit.tar.gz -C target gpu-kit`, what travels to a GPU host) is
+    # unpacked into a scratch of its own, removed at the end.
+    S=$(mktemp -d /var/tmp/nspawn-lifecycle-gpu.XXXXXX) || exit 2
+    made_link=""
+    cleanup() { [ -z "$made_link" ] || rm -f "$KIT_LINK"; rm -rf "$S"; }
+    trap cleanup EXIT
+    if [ -f "$KIT" ]; then
+        mkdir "$S/kit"
+        tar -xf "$KIT" -C "$S/kit" 2>/dev/null || { echo "run.sh: --kit: $KIT is neither a directory nor a tar archive" >&2; exit 2; }
+        top=("$S"/kit/*)
+        [ ${#top[@]} = 1 ] && [ -d "${top[0]}" ] || { echo "run.sh: --kit: $KIT holds more than the one kit directory" >&2; exit 2; }
+        KIT=${top[0]}
+    fi
     abs=$(cd "$KIT" 2>/dev/null && pwd) || { echo "run.sh: --kit: no directory '$KIT'" >&2; exit 2; }
     KIT=$abs
     for f in MANIFEST runc-template.json image/cuda-probe bin/nspawn-lifecycle-helper \
@@ -67,7 +82,6 @@ if [ "${1:-}" != --inner ]; then
         lib/ld-linux-x86-64.so.2; do
         [ -e "$KIT/$f" ] || { echo "run.sh: $KIT is not a kit: no $f (tests/gpu/kit.sh builds one)" >&2; exit 2; }
     done
-    [ "$(id -u)" = 0 ] || { echo "run.sh: must run as root (mounts, chroot, containers)" >&2; exit 2; }
 
     # A GPU, or one line saying why not.
     smi=$(command -v nvidia-smi || true)
@@ -93,13 +107,12 @@ if [ "${1:-}" != --inner ]; then
     fi
     mkdir -p "$EVIDENCE" || exit 2
     EVIDENCE=$(cd "$EVIDENCE" && pwd)
-    if [ -e "$KIT_LINK" ] && [ ! -L "$KIT_LINK" ]; then
-        echo "run.sh: $KIT_LINK exists and is not our link; not touching it" >&2; exit 2
+    if [ -L "$KIT_LINK" ] && [ ! -e "$KIT_LINK" ]; then
+        rm -f "$KIT_LINK"   # left by a run that was killed: its kit is gone
+    elif [ -e "$KIT_LINK" ] || [ -L "$KIT_LINK" ]; then
+        echo "run.sh: $KIT_LINK exists (another run.sh is running?); not touching it" >&2; exit 2
     fi
-    S=$(mktemp -d /var/tmp/nspawn-lifecycle-gpu.XXXXXX) || exit 2
-    cleanup() { rm -f "$KIT_LINK"; rm -rf "$S"; }
-    trap cleanup EXIT
-    ln -sfn "$KIT" "$KIT_LINK"
+    ln -s "$KIT" "$KIT_LINK" && made_link=1
     rc=0
     unshare -m --propagation private "$0" --inner "$KIT" "$EVIDENCE" "$S" "$RUNS" "$smi" || rc=$?
     exit $rc

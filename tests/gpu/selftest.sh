@@ -42,6 +42,9 @@ if [ "${2:-}" != --inner ]; then
     expect 2 "is not a kit: no MANIFEST" --kit "$HERE" --evidence "$ev"
     expect 2 "wants a number, not '1x'" --kit "$KIT" --evidence "$ev" --runs 1x
     expect 2 "needs at least 3" --kit "$KIT" --evidence "$ev" --runs 2
+    printf 'not a tarball\n' >"$ev.notkit"
+    expect 2 "is neither a directory nor a tar archive" --kit "$ev.notkit" --evidence "$ev"
+    rm -f "$ev.notkit"
     before=$(ls -d /var/tmp/nspawn-lifecycle-gpu.* "$KIT_LINK" 2>/dev/null)
     out=$("$HERE/run.sh" --kit "$KIT" --evidence "$ev" 2>&1); rc=$?
     if [ -e /proc/driver/nvidia/version ]; then
@@ -51,6 +54,13 @@ if [ "${2:-}" != --inner ]; then
     else
         fail "run.sh on this GPU-free host: exit $rc: $out"
     fi
+    # The kit as it travels to a GPU host: packed. Unpacked, checked, then the same one line.
+    tar czf "$ev.tgz" -C "$(dirname "$KIT")" "$(basename "$KIT")"
+    out=$("$HERE/run.sh" --kit "$ev.tgz" --evidence "$ev" 2>&1); rc=$?
+    [ $rc = 3 ] && grep -q '^run.sh: no NVIDIA GPU on this host' <<<"$out" &&
+        pass "run.sh takes the packed kit ($(du -h "$ev.tgz" | cut -f1)): exit 3, the same line" ||
+        fail "run.sh with the packed kit: exit $rc: $out"
+    rm -f "$ev.tgz"
     after=$(ls -d /var/tmp/nspawn-lifecycle-gpu.* "$KIT_LINK" 2>/dev/null)
     [ "$before" = "$after" ] && [ -z "$(ls -A "$ev")" ] && pass "run.sh left nothing behind" ||
         fail "run.sh left [$after] (before [$before]), evidence [$(ls -A "$ev")]"
