@@ -211,9 +211,13 @@ impl fmt::Display for NspawnFile {
         // up, overlapping the boot; the unit gate holds containerd and kubelet. With
         // no hooks left (uninstalled), the start waits for the boot as it always did.
         let notify_ready = if self.uninstalled { "yes" } else { "no" };
+        // Beyond nspawn's default allow-list: runc's session keyrings (@keyring), eBPF device
+        // programs and datapaths (bpf), and the perf ring buffers eBPF agents read their events
+        // from and profilers sample with (perf_event_open: Cilium, Hubble, DCGM's profiling).
         write!(
             f,
-            "PrivateUsers=no\nSystemCallFilter=@keyring bpf\nNotifyReady={notify_ready}\n"
+            "PrivateUsers=no\nSystemCallFilter=@keyring bpf perf_event_open\n\
+             NotifyReady={notify_ready}\n"
         )?;
         f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
         f.write_str("\n[Files]\n")?;

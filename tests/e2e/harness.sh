@@ -296,7 +296,7 @@ up() {
     if systemd_pid1; then launcher=(systemd-run --quiet --scope --collect --unit="$CG_NAME" -p Delegate=yes); fi
     # SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 + --system-call-filter=bpf: the host's systemd gets a pure
     # cgroup2 tree and may load BPF device programs, i.e. DevicePolicy=/DeviceAllow= are enforced.
-    # --capability=all and @keyring: a real host hides no capability and no syscall from its
+    # --capability=all, @keyring and perf_event_open: a real host hides no capability and no syscall from its
     # machines; without them the machine's Capability=all stopped at nspawn's 26 default
     # capabilities and runc could not create a container's session keyring (scenario 13).
     (
@@ -306,7 +306,8 @@ up() {
         exec "${launcher[@]}" env SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn \
             --directory="$RUN/host" --boot --machine="$HOSTNAME_" \
             --register=no --keep-unit --private-network \
-            --system-call-filter=bpf --system-call-filter=@keyring --capability=all \
+            --system-call-filter=bpf --system-call-filter=@keyring --system-call-filter=perf_event_open \
+            --capability=all \
             --bind="$RUN/machines:/var/lib/machines" \
             --bind-ro="$(helper_path):$HP" "${fp_bind[@]}" \
             --console=read-only \

@@ -48,7 +48,7 @@ discover() { # sets VERDICT, WHY, KVER, UVER, LIBDIR, NODES[], DRI[]
 
 render_nspawn() {
     local n
-    echo "[Exec]"; echo "Capability=all"; echo "PrivateUsers=no"; echo "SystemCallFilter=@keyring bpf"; echo "NotifyReady=yes"
+    echo "[Exec]"; echo "Capability=all"; echo "PrivateUsers=no"; echo "SystemCallFilter=@keyring bpf perf_event_open"; echo "NotifyReady=yes"
     echo "[Network]"; echo "VirtualEthernet=no"
     echo "[Files]"; echo "BindReadOnly=/lib/modules"
     [ -c /dev/kvm ] && echo "Bind=/dev/kvm"

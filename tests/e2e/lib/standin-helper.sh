@@ -19,7 +19,7 @@ case "${1:-} ${2:-}" in
         echo "[Exec]"
         echo "Capability=all"
         echo "PrivateUsers=no"
-        echo "SystemCallFilter=@keyring bpf"
+        echo "SystemCallFilter=@keyring bpf perf_event_open"
         echo "NotifyReady=yes"
         echo "[Network]"
         echo "VirtualEthernet=no"

@@ -31,7 +31,7 @@ H tee /etc/systemd/nspawn/kube1.nspawn >/dev/null <<'EOF'
 [Exec]
 Capability=all
 PrivateUsers=no
-SystemCallFilter=@keyring bpf
+SystemCallFilter=@keyring bpf perf_event_open
 [Network]
 VirtualEthernet=no
 [Files]

@@ -11,6 +11,7 @@
 #    bounding set (CapBnd in /proc/<leader>/status, decoded) lacks every dropped capability and
 #    keeps the rest; post-start brought containerd and the kubelet stand-in up; a container runs
 #    and its bounding set lacks them too.
+# And perf_event_open, which the .nspawn file's SystemCallFilter= allows, works in the machine.
 scenario "capabilities containerd, runc and a container need; dropCapabilities" --needs-helper
 baseline
 
@@ -74,6 +75,39 @@ run_container() {
 out=$(run_container all)
 if printf '%s' "$out" | grep -q 'capcheck ok'; then pass "$(c container-runs-with-all-capabilities)"
 else fail "$(c container-runs-with-all-capabilities)" "$out"; fi
+
+# ---- perf_event_open: allowed by the .nspawn file's SystemCallFilter= (nspawn's default filter
+# answers EPERM), as eBPF agents (Cilium's perf ring buffers) and profilers need it --------------
+tmp=$(mktemp -d)
+cat > "$tmp/perfcheck.c" <<'EOF'
+#include <errno.h>
+#include <linux/perf_event.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.type = PERF_TYPE_SOFTWARE;
+    a.size = sizeof a;
+    a.config = PERF_COUNT_SW_TASK_CLOCK;
+    a.disabled = 1;
+    long fd = syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+    if (fd < 0) { printf("perf_event_open: errno %d (%s)\n", errno, strerror(errno)); return 1; }
+    printf("perf_event_open ok\n");
+    return 0;
+}
+EOF
+if gcc -static -O2 -o "$tmp/perfcheck" "$tmp/perfcheck.c"; then
+    mkdir -p "$R/usr/local/bin" && install -m 0755 "$tmp/perfcheck" "$R/usr/local/bin/e2e-perfcheck"
+    assert_match "$(c perf-event-open-allowed-in-machine)" '^perf_event_open ok$' "$(M /usr/local/bin/e2e-perfcheck 2>&1)"
+    assert_match "$(c nspawn-file-allows-perf-event-open)" '^SystemCallFilter=.*perf_event_open' "$(nspawn_file kube1)"
+    rm -f "$R/usr/local/bin/e2e-perfcheck"
+else
+    fail "$(c perfcheck-built)" "gcc -static failed"
+fi
+rm -rf "$tmp"
 
 # ---- 1. measure: one capability at a time taken from containerd's bounding set ------------------
 leader=$(leader_of kube1)
