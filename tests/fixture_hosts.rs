@@ -863,7 +863,12 @@ fn privileged_demo_interrupted_leaves_no_example_host() {
     let tmp = tempfile::tempdir().unwrap();
     let (r, w) = nix::unistd::pipe().unwrap();
     nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
-    let mut child = Command::new(common::example_bin("demo"))
+    // Ctrl-C's SIGINT as a terminal delivers it: with its default action, whatever this test
+    // inherited (a suite started in the background runs with SIGINT ignored, and an ignored
+    // signal stays ignored across exec).
+    let mut child = Command::new("env")
+        .arg("--default-signal=INT")
+        .arg(common::example_bin("demo"))
         .args(["--host", "eight-gpus"])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::from(w))
