@@ -258,6 +258,18 @@ fn read_json(path: &Path) -> Value {
 /// `"$ref": "defs.json#/…"` resolves as upstream's `file:///schema.json` does. `defs.json` has no
 /// `$schema`, so both are pinned to draft-07. Offline: an unregistered reference fails the build
 /// instead of being fetched.
+/// Fetches nothing: a reference outside the registry is an error, never a download.
+struct Offline;
+
+impl jsonschema::Retrieve for Offline {
+    fn retrieve(
+        &self,
+        uri: &jsonschema::Uri<String>,
+    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+        Err(format!("{} is not registered and nothing is fetched", uri.as_str()).into())
+    }
+}
+
 fn schema(sub: &str) -> Validator {
     let dir = schema_dir().join(sub);
     let base = format!("file:///cdi-schema/{sub}");
@@ -274,7 +286,7 @@ fn schema(sub: &str) -> Validator {
         .with_draft(Draft::Draft7)
         .with_base_uri(format!("{base}/schema.json"))
         .with_registry(&registry)
-        .offline()
+        .with_retriever(Offline)
         .build(&read_json(&dir.join("schema.json")))
         .unwrap()
 }
