@@ -12,7 +12,11 @@
 #    machine on disk (no GPU: the machine gets none of NVIDIA's state), the machine's binds made
 #    from the .nspawn file, real runc in the machine running the probe in a container of the
 #    kit's image (which finds no libcuda.so.1 here, and says so), and the official CDI library
-#    applying our CDI spec (tests/golden/cdi-1gpu.json) to the runtime config in the machine.
+#    applying our CDI spec (tests/golden/cdi-1gpu.json) to the runtime config in the machine;
+#  - run.sh's checks with a stand-in nvidia-smi on this host as it is (each runs to a verdict),
+#    and on this host made to look like a two-GPU host with NVIDIA's real 550.163.01 userspace
+#    and no kernel module (tests/gpu/simulate.sh): every check up to the kernel's answer passes,
+#    a container from our spec loads libcuda.so.1 and reaches cuInit, nvidia-smi runs in one.
 # Prints one line per check and "N passed, M failed" last; the GPU checks themselves are not run
 # here, and the last line says so.
 set -uo pipefail
@@ -98,6 +102,52 @@ EOF
         fail "run.sh's checks with a stand-in nvidia-smi (exit $rc, $checks checks, last '$last'):
 $out"
     fi
+
+    # The same checks on this host made to look like a two-GPU host with NVIDIA's real userspace
+    # and no kernel module (simulate.sh): everything but the kernel's answer must work.
+    S3=$S/simulated
+    ev=$S3/evidence
+    mkdir -p "$ev"
+    cat >"$S3/nvidia-smi" <<'EOF'
+#!/bin/sh
+case $1 in
+    -L) echo "GPU 0: NVIDIA L4 (UUID: GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120)"
+        echo "GPU 1: NVIDIA L4 (UUID: GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254)" ;;
+    -q) printf 'Driver Version : 550.163.01\nGPU 00000000:3B:00.0\n    Product Name : NVIDIA L4\n    GPU UUID : GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120\n    Minor Number : 0\nGPU 00000000:86:00.0\n    Product Name : NVIDIA L4\n    GPU UUID : GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254\n    Minor Number : 1\n' ;;
+    *) echo "0, NVIDIA L4" ;;
+esac
+EOF
+    chmod +x "$S3/nvidia-smi"
+    rc=0
+    out=$(unshare -m --propagation private "$HERE/simulate.sh" "$KIT" "$ev" "$S3" "$S3/nvidia-smi" 2>&1) || rc=$?
+    printf '%s\n' "$out" | sed 's/^/  simulated: /'
+    missing=""
+    for line in "PASS discover --json on the host" "PASS install gpuproof (on the view of this host)" \
+        "PASS pre-start gpuproof" "PASS the .nspawn file binds /dev/nvidia0" "PASS the .nspawn file binds /dev/nvidia1" \
+        "PASS the .nspawn file binds the driver tree at /run/nvidia/driver" \
+        "PASS post-start's plan and executor wire the machine (rewire-root)" \
+        "PASS the machine has /usr/bin/nvidia-smi -> /run/nvidia/driver/usr/bin/nvidia-smi" \
+        "PASS the machine's loader cache lists libcuda.so.1" \
+        "PASS nvidia-ctk lists our device nvidia.com/gpu=GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120" \
+        "PASS nvidia-ctk lists our device nvidia.com/gpu=GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254" \
+        "PASS nvidia-ctk lists our device nvidia.com/gpu=all"; do
+        grep -qxF "$line" <<<"$out" || missing+="[$line] "
+    done
+    [ $rc = 1 ] && [ -z "$missing" ] &&
+        pass "simulated GPU host: install, pre-start, the machine's binds, rewire-root, links, loader cache and our CDI spec as on a GPU host" ||
+        fail "simulated GPU host (exit $rc): missing ${missing:-nothing}"
+    # In a container from our spec: NVIDIA's libcuda.so.1 loaded by SONAME and cuInit reached
+    # (no kernel driver: 100, no device); NVIDIA's nvidia-smi ran to its driver check.
+    grep -q '^libcuda.so.1 is /usr/lib/x86_64-linux-gnu/libcuda.so.1$' "$ev/container-ours-cuda.txt" &&
+        grep -q '^CUDA-PROBE FAIL: cu_init(0): error 100 ' "$ev/container-ours-cuda.txt" &&
+        pass "simulated GPU host: runc ran the probe from our spec: NVIDIA's libcuda.so.1 loaded, cuInit answered 'no device' (no kernel driver here)" ||
+        fail "simulated GPU host, the probe from our spec: $(cat "$ev/container-ours-cuda.txt" 2>&1 | tail -3)"
+    grep -q "couldn't communicate with the NVIDIA driver" "$ev/container-ours-nvidia-smi.txt" &&
+        pass "simulated GPU host: NVIDIA's nvidia-smi ran in a container from our spec, to its driver check" ||
+        fail "simulated GPU host, nvidia-smi from our spec: $(cat "$ev/container-ours-nvidia-smi.txt" 2>&1 | tail -3)"
+    grep -q '^| ours | 3 | ' "$ev/cost.txt" && grep -q '^| none | 3 | ' "$ev/cost.txt" &&
+        pass "simulated GPU host: no-op containers with our spec and none all ran (costs measured)" ||
+        fail "simulated GPU host, cost table: $(cat "$ev/cost.txt" 2>&1)"
 
     rc=0
     unshare -m --propagation private "$0" "$KIT" --inner "$S" "$passed" "$failed" || rc=$?
