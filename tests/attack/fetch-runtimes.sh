@@ -23,18 +23,10 @@ die() { echo "fetch-runtimes.sh: $*" >&2; exit 1; }
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/debian-mirror.sh"
 # shellcheck source=../lib/private-apt.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/private-apt.sh"
+# shellcheck source=../lib/apt-need.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/apt-need.sh"
 
-need=()
-for pair in runc:runc crun:crun patchelf:patchelf; do
-    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
-        --no-install-recommends "${need[@]}" >&2 ||
-        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            -o DPkg::Lock::Timeout=600 --no-install-recommends "${need[@]}" >&2; } ||
-        die "apt-get install ${need[*]} failed"
-fi
+apt_need runc:runc crun:crun patchelf:patchelf || die "the tools above are needed"
 
 T=$CACHE/trixie
 if [ ! -x "$T/bin/runc" ] || [ ! -x "$T/bin/crun" ]; then

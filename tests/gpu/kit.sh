@@ -46,20 +46,12 @@ case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 . "$HERE/../lib/debian-mirror.sh"
 # shellcheck source=../lib/private-apt.sh
 . "$HERE/../lib/private-apt.sh"
+# shellcheck source=../lib/apt-need.sh
+. "$HERE/../lib/apt-need.sh"
 # shellcheck source=../lib/nvidia-tools.sh
 . "$HERE/../lib/nvidia-tools.sh"
 
-need=()
-for pair in runc:runc patchelf:patchelf gcc:gcc ldconfig:libc-bin; do
-    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
-        --no-install-recommends "${need[@]}" >&2 ||
-        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            -o DPkg::Lock::Timeout=600 --no-install-recommends "${need[@]}" >&2; } ||
-        die "apt-get install ${need[*]} failed"
-fi
+apt_need runc:runc patchelf:patchelf gcc:gcc ldconfig:libc-bin || die "the tools above are needed"
 
 # ptxas (NVIDIA's PTX assembler), cached once: the kernel is checked before any GPU sees it.
 ptxas() {

@@ -2,7 +2,8 @@
 # A private apt configuration: every directory apt reads or writes lies under one directory of the
 # caller's cache, so the machine's own sources, lists, dpkg status and archive cache are neither
 # read nor written (the rule: use the mirror's other suites, never change the machine's sources).
-# Used by tests/realdriver/fetch.sh, tests/cdihooks/fetch-lib64-glibc.sh and tests/e2e/lib/engines.sh.
+# Used by tests/realdriver/fetch.sh, tests/cdihooks/fetch-lib64-glibc.sh, tests/attack/fetch-runtimes.sh,
+# tests/gpu/kit.sh and tests/e2e/lib/engines.sh.
 #
 #   private_apt_init DIR ARCH...  make DIR's layout and DIR/apt.conf; the first ARCH is native.
 #                                 The caller then writes DIR/etc/sources.list (one-line format),
