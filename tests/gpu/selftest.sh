@@ -25,6 +25,21 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/lib.sh"
 [ $# = 1 ] || [ "${2:-}" = --inner ] || { echo "usage: selftest.sh KIT" >&2; exit 2; }
 KIT=$(cd "$1" && pwd) || exit 2
+# standin_smi FILE VERSION BUS=UUID...: an nvidia-smi that answers -L and -q (the lines run.sh
+# and compare.py read) for those GPUs, minors in order, and one CSV line for anything else.
+standin_smi() {
+    local file=$1 version=$2 i=0 g list="" query
+    shift 2
+    query="Driver Version : $version\n"
+    for g in "$@"; do
+        list+="GPU $i: NVIDIA L4 (UUID: ${g#*=})\n"
+        query+="GPU 0000${g%%=*}\n    Product Name : NVIDIA L4\n    GPU UUID : ${g#*=}\n    Minor Number : $i\n"
+        i=$((i + 1))
+    done
+    printf '#!/bin/sh\ncase $1 in\n    -L) printf %%b %q ;;\n    -q) printf %%b %q ;;\n    *) echo "0, NVIDIA L4" ;;\nesac\n' \
+        "$list" "$query" >"$file"
+    chmod +x "$file"
+}
 passed=0 failed=0
 pass() { echo "PASS $*"; passed=$((passed + 1)); }
 fail() { echo "FAIL $*"; failed=$((failed + 1)); }
@@ -80,15 +95,7 @@ if [ "${2:-}" != --inner ]; then
     S2=$S/stand-in
     ev=$S/evidence
     mkdir -p "$S2/smi" "$ev"
-    cat >"$S2/smi/nvidia-smi" <<'EOF'
-#!/bin/sh
-case $1 in
-    -L) echo "GPU 0: Stand-in (UUID: GPU-00000000-0000-4000-8000-000000000001)" ;;
-    -q) printf 'Driver Version : 580.95.05\nGPU 00000000:3B:00.0\n    Product Name : Stand-in\n    GPU UUID : GPU-00000000-0000-4000-8000-000000000001\n    Minor Number : 0\n' ;;
-    *) echo "0, Stand-in" ;;
-esac
-EOF
-    chmod +x "$S2/smi/nvidia-smi"
+    standin_smi "$S2/smi/nvidia-smi" 580.95.05 0000:3B:00.0=GPU-00000000-0000-4000-8000-000000000001
     rc=0
     out=$(unshare -m --propagation private "$HERE/run.sh" --inner "$KIT" "$ev" "$S2" 3 "$S2/smi/nvidia-smi" 2>&1) || rc=$?
     last=$(tail -1 <<<"$out")
@@ -108,16 +115,9 @@ $out"
     S3=$S/simulated
     ev=$S3/evidence
     mkdir -p "$ev"
-    cat >"$S3/nvidia-smi" <<'EOF'
-#!/bin/sh
-case $1 in
-    -L) echo "GPU 0: NVIDIA L4 (UUID: GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120)"
-        echo "GPU 1: NVIDIA L4 (UUID: GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254)" ;;
-    -q) printf 'Driver Version : 550.163.01\nGPU 00000000:3B:00.0\n    Product Name : NVIDIA L4\n    GPU UUID : GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120\n    Minor Number : 0\nGPU 00000000:86:00.0\n    Product Name : NVIDIA L4\n    GPU UUID : GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254\n    Minor Number : 1\n' ;;
-    *) echo "0, NVIDIA L4" ;;
-esac
-EOF
-    chmod +x "$S3/nvidia-smi"
+    # The GPUs of the real-driver fixture host (tests/realdriver/host.rs).
+    standin_smi "$S3/nvidia-smi" 550.163.01 0000:3B:00.0=GPU-2f6d1c8e-0b7a-4e39-8c51-d4a7e9b3f120 \
+        0000:86:00.0=GPU-a91e4b37-5c2d-4f08-b6e3-17c9d0f8a254
     rc=0
     out=$(unshare -m --propagation private "$HERE/simulate.sh" "$KIT" "$ev" "$S3" "$S3/nvidia-smi" 2>&1) || rc=$?
     printf '%s\n' "$out" | sed 's/^/  simulated: /'
