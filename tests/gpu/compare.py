@@ -100,20 +100,30 @@ def basename(p):
 
 
 def theirs(spec, root):
-    """nvidia-ctk's spec as sets: device nodes, libraries, binaries, firmware, sockets, configs."""
+    """nvidia-ctk's spec as sets (device nodes, libraries, binaries, firmware, sockets, configs),
+    its host paths taken relative to `root`, and the host paths it names outside `root`."""
     s = {k: set() for k in ("device", "library", "binary", "firmware", "socket", "config")}
+    outside = []
+
+    def rel(host):
+        if root == "/":
+            return host
+        if host.startswith(root + "/"):
+            return host[len(root):]
+        outside.append(host)
+        return None
+
     edits = [spec.get("containerEdits") or {}]
     edits += [(d.get("containerEdits") or {}) for d in spec.get("devices", [])]
     for e in edits:
         for n in e.get("deviceNodes") or []:
-            s["device"].add(n.get("hostPath") or n["path"])
+            # nvidia-ctk takes device nodes from the dev root, which may lie outside the driver root.
+            node = n.get("hostPath") or n["path"]
+            s["device"].add(node[len(root):] if root != "/" and node.startswith(root + "/") else node)
         for m in e.get("mounts") or []:
-            host = m["hostPath"]
-            if root != "/":
-                if not host.startswith(root + "/"):
-                    print(f"FAIL nvidia-ctk mounts {host}, outside its driver root {root}")
-                    continue
-                host = host[len(root):]
+            host = rel(m["hostPath"])
+            if host is None:
+                continue
             parent = host.rsplit("/", 1)[0]
             if "/firmware/" in host:
                 s["firmware"].add(basename(host))
@@ -125,17 +135,14 @@ def theirs(spec, root):
                 s["library"].add(basename(host))
             else:
                 s["config"].add(host)
-    s["device"] = {d[len(root):] if root != "/" and d.startswith(root + "/") else d for d in s["device"]}
-    return s
+    return s, outside
 
 
 def ours(d, root):
     s = {k: set() for k in ("device", "library", "binary", "firmware", "socket", "config")}
+    # Every node discovery found, DRM nodes of the GPUs included.
     for n in d.get("devices", []):
         s["device"].add(n["path"])
-    for g in d.get("gpus", []):
-        for n in g.get("dri") or []:
-            s["device"].add(n if isinstance(n, str) else n.get("path"))
     drv = d.get("driver") or {}
     for lib_dir in drv.get("libDirs", []):
         for f in lib_dir.get("files", []):
@@ -203,7 +210,8 @@ def main(argv):
     where = sorted({l["path"] for l in drv.get("libDirs", [])})
     print(f"INFO driver libraries found in {where}; binaries {drv.get('binaries')}; firmware {drv.get('firmware')}")
 
-    a, b = ours(d, root), theirs(spec, root)
+    a, (b, outside) = ours(d, root), theirs(spec, root)
+    check(not outside, f"nvidia-ctk mounts nothing from outside its driver root {root}: {outside}")
     check(len(b["library"]) > 0, f"nvidia-ctk's spec mounts driver libraries ({len(b['library'])})")
     unexplained = 0
     for kind in ("device", "library", "binary", "firmware", "socket", "config"):

@@ -58,13 +58,13 @@ nspawn_binds() {
             *) continue ;;
         esac
         val=${line#*=}
-        case $val in *\\*|*:*:*) echo "nspawn_binds: cannot read '$line'" >&2; return 1 ;; esac
+        case $val in *\\*|*:*:*) echo "nspawn_binds: $file: cannot read '$line'" >&2; return 1 ;; esac
         src=${val%%:*}
         dst=${val#*:}
         [ "$dst" = "$val" ] && dst=$src
         local s=$host$src t=$m$dst
         if [ -d "$s" ]; then mkdir -p "$t"; else mkdir -p "$(dirname "$t")" && { [ -e "$t" ] || touch "$t"; }; fi
-        mount --bind "$s" "$t" || { echo "nspawn_binds: $line: bind failed" >&2; return 1; }
+        mount --bind "$s" "$t" || { echo "nspawn_binds: $file: $line: bind failed" >&2; return 1; }
         if [ $key = BindReadOnly ]; then mount -o remount,bind,ro "$t" || return 1; fi
         echo "$key $src -> $dst"
     done <"$file"

@@ -254,8 +254,10 @@ launch() {
 }
 container() { prepare "$@" && launch "$3"; }
 mkdir -p "$S/nvidia-cdi" && cp "$E/nvidia-ctk-nvml.json" "$S/nvidia-cdi/nvidia.json" 2>/dev/null
+# Our spec's directory as the machine sees it (the default when post-start wrote none: the
+# containers then fail, each saying so).
 ours_dir=/var/run/cdi
-[ -n "${spec:-}" ] && case $spec in "$M"/etc/cdi/*) ours_dir=/etc/cdi ;; esac
+[ -z "${spec:-}" ] || ours_dir=$(dirname "${spec#"$M"}")
 for side in ours nvidia; do
     if [ $side = ours ]; then where=machine dir=$ours_dir; sp=$E/cdi-ours.json
     else where=host dir=$S/nvidia-cdi; sp=$E/nvidia-ctk-nvml.json; fi
