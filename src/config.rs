@@ -59,9 +59,11 @@ struct Settings {
     gpus: Option<serde_json::Value>,
     require: Option<bool>,
     containerd_at_boot: Option<bool>,
+    devices: Option<devices::DevicesSetting>,
 }
 
 pub use crate::types::gpus::{GpuSelector, Gpus};
+pub use devices::{Devices, ExtraNode};
 
 /// `GPU-` and a UUID `8-4-4-4-12` hex digits, as `/proc/driver/nvidia/gpus/*/information` and
 /// `nvidia-smi -L` print it; returned in lower case.
@@ -282,6 +284,8 @@ pub struct MachineConfig {
     /// driver root pre-start has just built or checked. false: containerd waits for
     /// post-start's wiring too, as kubelet always does (the earlier order).
     pub containerd_at_boot: bool,
+    /// `devices`: the host devices it gets beside its GPUs.
+    pub devices: Devices,
 }
 
 /// The whole loaded configuration.
@@ -435,6 +439,7 @@ impl Config {
             (h.gpus.is_some(), "gpus"),
             (h.require.is_some(), "require"),
             (h.containerd_at_boot.is_some(), "containerdAtBoot"),
+            (h.devices.is_some(), "devices"),
             (h.boot_timeout_seconds.is_some(), "bootTimeoutSeconds"),
         ] {
             if set {
@@ -462,6 +467,7 @@ impl Config {
                 .try_into()
                 .map_err(|e| bad_input(format!("{key}.directory: {e}")))?;
         }
+        devices::check_on_host(&key, &mut mc.devices, host)?;
         for (i, m) in mc.mounts.iter().enumerate() {
             if host.symlink_metadata(&m.source).is_err() {
                 return Err(bad_input(format!(
@@ -511,6 +517,7 @@ impl Config {
             gpus: check_gpus(key, s.gpus.as_ref())?,
             require: s.require.unwrap_or(false),
             containerd_at_boot: s.containerd_at_boot.unwrap_or(true),
+            devices: devices::check(key, s.devices.as_ref())?,
         };
         check_start_fits(key, &mc)?;
         Ok(mc)
@@ -706,6 +713,10 @@ impl Settings {
             gpus: other.gpus.or(self.gpus),
             require: other.require.or(self.require),
             containerd_at_boot: other.containerd_at_boot.or(self.containerd_at_boot),
+            devices: match (self.devices, other.devices) {
+                (Some(a), Some(b)) => Some(a.overlay(b)),
+                (a, b) => b.or(a),
+            },
         }
     }
 }
@@ -765,6 +776,7 @@ fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>>
     Ok(out)
 }
 
+mod devices;
 mod settings;
 mod start;
 mod strict_json;

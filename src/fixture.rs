@@ -15,6 +15,10 @@
 //!                                     each ending in a newline
 //! exe  PATH                           executable stand-in (a small shell script, mode 0755)
 //! chr  PATH MAJOR:MINOR [MODE]        character device via mknod (MODE octal, default 0666)
+//! blk  PATH MAJOR:MINOR [MODE]        block device via mknod (MODE octal, default 0660)
+//! blockdev NAME MAJOR:MINOR           a disk or partition as the kernel shows it: its
+//!                                     /sys/class/block/NAME/dev file and the block device
+//!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs)
 //! sock PATH                           unix socket file (as a daemon's listening socket leaves it)
 //! link PATH TARGET                    symbolic link; TARGET is verbatim (use relative targets)
 //! elf  PATH ARCH [SONAME]             minimal ELF shared object with DT_SONAME;
@@ -70,6 +74,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         include_str!("../assets/hosts/nodes-without-libs.host"),
     ),
     ("aarch64", include_str!("../assets/hosts/aarch64.host")),
+    ("gb300", include_str!("../assets/hosts/gb300.host")),
     (
         "ldcache-only",
         include_str!("../assets/hosts/ldcache-only.host"),
@@ -252,6 +257,8 @@ enum Op {
     File(String, Vec<u8>),
     Exe(String),
     Chr(String, u32, u32, u32),
+    Blk(String, u32, u32, u32),
+    BlockDev(String, u32, u32),
     Sock(String),
     Link(String, String),
     Elf(String, Arch, Option<String>),
@@ -338,6 +345,29 @@ fn parse_line<'a>(line: &str, more: &mut impl Iterator<Item = (usize, &'a str)>)
                 None => 0o666,
             };
             Op::Chr(path(0)?, maj.parse()?, min.parse()?, mode)
+        }
+        "blk" => {
+            argc(2, 3)?;
+            let (maj, min) = words[1].split_once(':').context("expected MAJOR:MINOR")?;
+            let mode = match words.get(2) {
+                Some(m) => u32::from_str_radix(m, 8).with_context(|| format!("bad mode {m}"))?,
+                None => 0o660,
+            };
+            Op::Blk(path(0)?, maj.parse()?, min.parse()?, mode)
+        }
+        "blockdev" => {
+            argc(2, 2)?;
+            let (maj, min) = words[1].split_once(':').context("expected MAJOR:MINOR")?;
+            let (maj, min): (u32, u32) = (maj.parse()?, min.parse()?);
+            let name = words[0];
+            anyhow::ensure!(
+                !name.contains('/')
+                    && name
+                        .split('!')
+                        .all(|c| !c.is_empty() && c != "." && c != ".."),
+                "bad block device name {name}"
+            );
+            Op::BlockDev(name.to_owned(), maj, min)
         }
         "sock" => {
             argc(1, 1)?;
@@ -509,6 +539,24 @@ impl Builder {
             Op::Exe(p) => self.file(&p, b"#!/bin/sh\necho \"fixture stand-in for $0\"\n", 0o755),
             Op::Chr(p, maj, min, mode) => {
                 self.node(&p, SFlag::S_IFCHR, makedev(maj.into(), min.into()), mode)
+            }
+            Op::Blk(p, maj, min, mode) => {
+                self.node(&p, SFlag::S_IFBLK, makedev(maj.into(), min.into()), mode)
+            }
+            Op::BlockDev(name, maj, min) => {
+                let dev = format!("{maj}:{min}\n");
+                self.file(
+                    &format!("/sys/class/block/{name}/dev"),
+                    dev.as_bytes(),
+                    0o444,
+                )?;
+                let node = format!("/dev/{}", name.replace('!', "/"));
+                self.node(
+                    &node,
+                    SFlag::S_IFBLK,
+                    makedev(maj.into(), min.into()),
+                    0o660,
+                )
             }
             Op::Sock(p) => self.node(&p, SFlag::S_IFSOCK, 0, 0o777),
             Op::Link(p, target) => {

@@ -68,6 +68,23 @@ fn gpus_text(s: &mut String, inv: &Inventory) {
             k.path, k.major, k.minor
         ))
     );
+    let _ = writeln!(s, "host devices: {}", inv.host_devices.len());
+    for d in &inv.host_devices {
+        let _ = writeln!(
+            s,
+            "  {} {} {} {}:{}{}",
+            d.category.as_str(),
+            d.path,
+            d.kind.as_str(),
+            d.major,
+            d.minor,
+            if d.create {
+                " (registered without a node: pre-start makes it)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 /// The userspace driver's files of [`discovery_text`].

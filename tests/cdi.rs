@@ -144,6 +144,7 @@ fn inventory(h: Host) -> Inventory {
     Inventory {
         devices,
         kvm: Some(node("/dev/kvm", 10, 232, DeviceRole::Kvm)),
+        host_devices: Vec::new(),
         gpus,
         kernel_module: Some(VER.into()),
         driver: Some(UserspaceDriver {
@@ -873,6 +874,7 @@ fn no_spec_without_gpus_or_complete_driver() {
     let none = Inventory {
         devices: vec![],
         kvm: None,
+        host_devices: Vec::new(),
         gpus: vec![],
         kernel_module: None,
         driver: None,

@@ -135,6 +135,7 @@ fn inventory() -> Inventory {
             node("/dev/nvidiactl", 195, 255, DeviceRole::Control),
         ],
         kvm: None,
+        host_devices: Vec::new(),
         gpus: vec![Gpu {
             index: 0,
             minor: 0,

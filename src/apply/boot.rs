@@ -10,6 +10,7 @@ use crate::config::MachineConfig;
 use crate::failpoint::Point;
 use crate::model::device_cgroup;
 use crate::model::gate as gates;
+use crate::model::host_devices;
 use crate::model::layout::{self, Tree};
 use crate::model::nspawn::describe_change;
 use crate::model::render::Rendered;
@@ -28,11 +29,72 @@ pub struct Boot<'a> {
 }
 
 impl Boot<'_> {
-    /// Whether pre-start sets the machine's own GPUs in its device cgroup: with `gpus: all` the
-    /// drop-in's device groups allow every NVIDIA node; under `--host-root` there is no unit.
+    /// Whether pre-start sets the machine's device cgroup: its GPUs (a share) or the drop-in's
+    /// NVIDIA groups (`all`), and its host devices; under `--host-root` there is no unit.
     pub fn sets_device_cgroup(&self) -> bool {
-        self.rendered.borrow().start().assignment.setting != crate::config::Gpus::All
-            && self.ctx.host.is_real_root()
+        self.ctx.host.is_real_root()
+    }
+
+    /// The host paths the `.nspawn` file binds that pre-start must make first: the empty NVIDIA
+    /// node directories ([`host_devices::NVIDIA_NODE_DIRS`], a machine with every GPU) and the
+    /// nodes discovery found registered without one; (path, device numbers for a node).
+    fn host_nodes(&self) -> Vec<(String, Option<(u32, u32)>)> {
+        let rendered = self.rendered.borrow();
+        let start = rendered.start();
+        let mut out = Vec::new();
+        if start.assignment.view.complete_driver().is_some() {
+            for (dir, role) in host_devices::NVIDIA_NODE_DIRS {
+                if host_devices::nvidia_dir_bound(&start.assignment.setting, role)
+                    && !self.ctx.host.is_dir(dir)
+                {
+                    out.push((dir.to_owned(), None));
+                }
+            }
+        }
+        for d in start.devices.iter().filter(|d| d.create) {
+            out.push((d.path.to_string(), Some((d.major, d.minor))));
+        }
+        out
+    }
+
+    /// Whether [`FileStep::HostNodes`] has anything to make.
+    pub fn makes_host_nodes(&self) -> bool {
+        !self.host_nodes().is_empty()
+    }
+
+    /// Make [`Self::host_nodes`]: directories `0755`, nodes `0666` as udev's rule for
+    /// `rdma_cm` makes it; one made meanwhile (udev) is left as it is.
+    fn make_host_nodes(&self) -> Result<String> {
+        use anyhow::Context as _;
+        use nix::sys::stat::{Mode, SFlag, fchmodat, makedev, mknodat};
+        let host = &self.ctx.host;
+        let mut made = Vec::new();
+        for (path, numbers) in self.host_nodes() {
+            let Some((major, minor)) = numbers else {
+                host.create_dir_all(&path, 0o755)?;
+                made.push(path);
+                continue;
+            };
+            let (parent, name) = path.rsplit_once('/').context("a node path has a parent")?;
+            let dir = host.create_dir_all(parent, 0o755)?;
+            let mode = Mode::from_bits_truncate(0o666);
+            let dev = makedev(u64::from(major), u64::from(minor));
+            match mknodat(&dir, name, SFlag::S_IFCHR, mode, dev) {
+                Ok(()) => {
+                    fchmodat(
+                        &dir,
+                        name,
+                        mode,
+                        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+                    )
+                    .with_context(|| format!("chmod {path}"))?;
+                    made.push(format!("{path} ({major}:{minor})"));
+                }
+                Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => return Err(e).with_context(|| format!("mknod {path}")),
+            }
+        }
+        Ok(format!("host device nodes made: {}", made.join(" ")))
     }
 
     /// Whether the file binds the unit gate (its drop-in and the boot's markers).
@@ -46,7 +108,13 @@ impl Boot<'_> {
         let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
         let sd = crate::systemd::Systemd::host(deadline)?;
         let current = sd.device_allow(&unit, deadline)?;
-        let ours = device_cgroup::machine_entries(&self.rendered.borrow().start().assignment.view);
+        let rendered = self.rendered.borrow();
+        let start = rendered.start();
+        let ours = device_cgroup::machine_entries(
+            &start.assignment.view,
+            &start.assignment.setting,
+            &start.devices,
+        );
         let new = device_cgroup::merge(&current, &ours);
         if new == current {
             return Ok(format!(
@@ -170,6 +238,7 @@ impl Boot<'_> {
 impl Work for Boot<'_> {
     fn file(&self, step: FileStep) -> Result<FileDone> {
         let line = match step {
+            FileStep::HostNodes => self.make_host_nodes()?,
             FileStep::DeviceCgroup => self.device_cgroup()?,
             FileStep::GateFile => self.gate_file()?,
             FileStep::DriverTree => self.driver_tree()?,

@@ -51,6 +51,9 @@ impl std::fmt::Display for Hook {
 /// next boot; post-start's are in the target's rootfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileStep {
+    /// pre-start: host nodes the `.nspawn` file binds that the kernel registered without a node
+    /// (`rdma_cm`), and the empty NVIDIA node directories a machine with every GPU binds.
+    HostNodes,
     /// pre-start: the unit's own GPUs in its runtime `DeviceAllow=` (which systemd keeps in a
     /// runtime drop-in), when the config's `gpus` is not `all`.
     DeviceCgroup,
@@ -72,6 +75,7 @@ pub enum FileStep {
 impl FileStep {
     pub(crate) fn name(self) -> &'static str {
         match self {
+            FileStep::HostNodes => "host device nodes",
             FileStep::DeviceCgroup => "device cgroup",
             FileStep::GateFile => "unit gate file",
             FileStep::DriverTree => "driver tree",
@@ -87,6 +91,7 @@ impl FileStep {
     /// The `step` field of the step's log line (`journalctl STEP=cdi`).
     fn key(self) -> &'static str {
         match self {
+            FileStep::HostNodes => "host-nodes",
             FileStep::DeviceCgroup => "device-cgroup",
             FileStep::GateFile => "gate-file",
             FileStep::DriverTree => "driver-tree",
@@ -245,12 +250,13 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
     }
 }
 
-/// pre-start's plan: the machine's own GPUs in its device cgroup (`device_cgroup`: when the
-/// config's `gpus` is not `all`), the unit gate's drop-in and the boot's markers (`gate`: when the
+/// pre-start's plan: the host nodes it binds that are missing (`host_nodes`), the machine's
+/// device cgroup (`device_cgroup`: under the real root, where the unit is), the unit gate's drop-in and the boot's markers (`gate`: when the
 /// `.nspawn` file binds them), the driver tree, and last the `.nspawn` file: nspawn refuses to
 /// start when a bind's source is missing, so what it binds is made first.
-pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan {
+pub fn pre_start(host_nodes: bool, device_cgroup: bool, gate: bool) -> Plan {
     let steps = [
+        host_nodes.then_some(FileStep::HostNodes),
         device_cgroup.then_some(FileStep::DeviceCgroup),
         gate.then_some(FileStep::GateFile),
         Some(FileStep::DriverTree),
@@ -321,7 +327,8 @@ impl Work for Wiring<'_> {
         let driver = self.driver()?;
         let d = self.desired;
         let (line, library_links_changed) = match step {
-            FileStep::DeviceCgroup
+            FileStep::HostNodes
+            | FileStep::DeviceCgroup
             | FileStep::GateFile
             | FileStep::DriverTree
             | FileStep::BootGate

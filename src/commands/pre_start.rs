@@ -24,6 +24,10 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         mc: &mc,
         rendered: rendered.into(),
     };
-    let plan = executor::pre_start(boot.sets_device_cgroup(), boot.binds_gate());
+    let plan = executor::pre_start(
+        boot.makes_host_nodes(),
+        boot.sets_device_cgroup(),
+        boot.binds_gate(),
+    );
     execute(&plan, machine.as_str(), &boot, &NoServices)
 }

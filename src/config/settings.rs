@@ -129,4 +129,10 @@ pub const SETTINGS: &[SettingDoc] = &[
         default: "true",
         meaning: "containerd starts with the machine's boot; false: it waits for post-start, as kubelet does.",
     },
+    SettingDoc {
+        key: "devices",
+        kind: "object {kvm, network, infiniband, block, gpudirect: boolean; extra: array of paths}",
+        default: "{\"kvm\": true, \"network\": true, \"infiniband\": true, \"block\": true, \"gpudirect\": true, \"extra\": []}",
+        meaning: "Host devices the machine gets beside its GPUs, found at every start: kvm (/dev/kvm), network (tun, vhost-net, vhost-vsock, macvtap/ipvtap taps), infiniband (/dev/infiniband whole, rdma_cm made when missing), block (disks and partitions; not loop, ram, zram, fd, sr), gpudirect (gdrdrv, nvidia-fs*); false switches one off. extra: more character or block nodes under /dev, each bound and allowed. A machine's devices override the defaults' key by key.",
+    },
 ];

@@ -145,6 +145,7 @@ fn without_gpus(inv: &Inventory) -> Inventory {
     Inventory {
         devices: Vec::new(),
         kvm: inv.kvm.clone(),
+        host_devices: inv.host_devices.clone(),
         gpus: Vec::new(),
         kernel_module: None,
         driver: None,
@@ -320,6 +321,7 @@ mod tests {
                 node("/dev/nvidiactl", 195, 255, DeviceRole::Control),
             ],
             kvm: None,
+            host_devices: Vec::new(),
             gpus: vec![
                 gpu(0, 1, "0000:06:00.0", vec![21]),
                 gpu(1, 0, "0000:07:00.0", vec![]),

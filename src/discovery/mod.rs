@@ -17,6 +17,10 @@ use serde::Serialize;
 pub use scan::discover;
 pub use verdict::check_complete;
 
+/// Where the InfiniBand verbs, MAD and RDMA CM nodes live; bound as the directory, so a port
+/// or HCA the host adds while the machine runs appears in it.
+pub const INFINIBAND_DIR: &str = "/dev/infiniband";
+
 /// Version of the `discover --json` object; bump on any incompatible change.
 pub const API_VERSION: &str = "nspawn-lifecycle/v1";
 
@@ -29,6 +33,9 @@ pub struct Inventory {
     pub devices: Vec<DeviceNode>,
     /// `/dev/kvm` when it is a real character device.
     pub kvm: Option<DeviceNode>,
+    /// The other host devices a Kubernetes node uses (networking, InfiniBand, disks,
+    /// GPUDirect), sorted by category then path (`scan/host_devices.rs`).
+    pub host_devices: Vec<HostDevice>,
     /// GPUs from `/proc/driver/nvidia/gpus/*/information`, indexed in PCI bus order.
     pub gpus: Vec<Gpu>,
     /// Version from `/proc/driver/nvidia/version`, when the kernel module is loaded.
@@ -71,6 +78,69 @@ pub enum DeviceRole {
     Dri,
     /// `/dev/kvm`.
     Kvm,
+}
+
+/// A host device node beyond the NVIDIA ones and `/dev/kvm`, bound into a machine by category.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostDevice {
+    pub category: DeviceCategory,
+    /// Absolute host path under `/dev`; the machine sees it at the same path.
+    pub path: HostPath,
+    #[serde(rename = "type")]
+    pub kind: NodeKind,
+    pub major: u32,
+    pub minor: u32,
+    /// Not on the host: the kernel registered it but no node was made (`rdma_cm` without udev's
+    /// rule); pre-start makes it before it binds it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub create: bool,
+}
+
+/// The kinds of host devices a machine gets, each switched by the config's `devices` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceCategory {
+    /// `/dev/net/tun`, `/dev/vhost-net`, `/dev/vhost-vsock`; the `macvtap`/`ipvtap` groups.
+    Network,
+    /// `/dev/infiniband/{uverbs,umad,issm}*` and `rdma_cm`, bound as the directory.
+    Infiniband,
+    /// Disks and partitions from `/sys/class/block` (not loop, ram, zram, floppy or optical).
+    Block,
+    /// `/dev/gdrdrv` (GDRCopy) and `/dev/nvidia-fs*` (GPUDirect Storage).
+    Gpudirect,
+    /// A node the config's `devices.extra` names.
+    Extra,
+}
+
+impl DeviceCategory {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceCategory::Network => "network",
+            DeviceCategory::Infiniband => "infiniband",
+            DeviceCategory::Block => "block",
+            DeviceCategory::Gpudirect => "gpudirect",
+            DeviceCategory::Extra => "extra",
+        }
+    }
+}
+
+/// A device node's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    Char,
+    Block,
+}
+
+impl NodeKind {
+    /// The directory of systemd's and udev's numbered links: `char` or `block`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Char => "char",
+            NodeKind::Block => "block",
+        }
+    }
 }
 
 /// One NVIDIA GPU.

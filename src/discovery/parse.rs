@@ -200,6 +200,21 @@ pub fn device_file_minor(bytes: &[u8]) -> Result<u32> {
 
 pub use crate::types::gpus::PciAddress;
 
+/// A sysfs `dev` file (`/sys/class/block/sda/dev`, `/sys/class/misc/rdma_cm/dev`): the kernel's
+/// `%u:%u\n`, major and minor.
+pub fn dev_numbers(bytes: &[u8]) -> Result<(u32, u32)> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
+    let t = text.strip_suffix('\n').unwrap_or(text);
+    let number = |w: &str| {
+        (!w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| w.parse::<u32>().ok())
+            .flatten()
+    };
+    t.split_once(':')
+        .and_then(|(a, b)| Some((number(a)?, number(b)?)))
+        .ok_or_else(|| ParseError::new(format!("{:?} is not \"<major>:<minor>\"", shorten(t))))
+}
+
 /// Parse the "Character devices:" section of `/proc/devices` into (major, driver name) pairs,
 /// in file order. A major may appear more than once (`4 /dev/vc/0`, `4 tty`).
 pub fn proc_devices(bytes: &[u8]) -> Result<Vec<(u32, String)>> {

@@ -69,6 +69,10 @@ const BINARIES: &[&str] = &[
     "nvidia-persistenced",
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
+    // The IMEX daemon and its control tool, which the ComputeDomain daemon pods of NVIDIA's DRA
+    // driver run from the driver root on multi-node NVLink hosts.
+    "nvidia-imex",
+    "nvidia-imex-ctl",
 ];
 const BIN_DIRS: &[&str] = &[
     "/usr/local/sbin",
@@ -146,6 +150,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     }
     devices.sort();
     let kvm = s.kvm()?;
+    let host_devices = s.host_devices()?;
 
     let present = !devices.is_empty() || odd_nodes || !gpus.is_empty();
     match &module {
@@ -180,6 +185,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     Ok(Inventory {
         devices,
         kvm,
+        host_devices,
         gpus,
         kernel_module: kernel_version.map(str::to_owned),
         driver,
@@ -700,6 +706,7 @@ impl Scan<'_> {
 }
 
 mod driver;
+mod host_devices;
 
 #[cfg(test)]
 mod tests;

@@ -17,36 +17,46 @@
 //! (pre-start refuses a drop-in that does: [`check_dropin`]).
 
 use crate::config::Gpus;
-use crate::discovery::{DeviceRole, Inventory};
+use crate::discovery::{DeviceRole, HostDevice, Inventory};
 use crate::error::bad_input;
+use crate::model::host_devices;
 use anyhow::Result;
 
 /// Access for every entry we add (read, write, mknod), as the `all` drop-in grants.
 pub const ACCESS: &str = "rwm";
 
-/// One `/dev/char/M:m` entry per NVIDIA or DRM node of the machine's view, sorted, each once.
-pub fn machine_entries(view: &Inventory) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = view
-        .devices
-        .iter()
-        .filter(|d| d.role != DeviceRole::Kvm)
-        .map(|d| {
-            (
-                format!("/dev/char/{}:{}", d.major, d.minor),
-                ACCESS.to_owned(),
-            )
-        })
-        .collect();
+/// The machine's entries, sorted, each once: for a share, one `/dev/char/M:m` entry per NVIDIA
+/// or DRM node of its view; for `all`, the drop-in's NVIDIA groups (the runtime list replaces
+/// the unit's whole list); then its host devices' ([`host_devices::cgroup_entries`]).
+pub fn machine_entries(
+    view: &Inventory,
+    gpus: &Gpus,
+    devices: &[HostDevice],
+) -> Vec<(String, String)> {
+    let mut out: Vec<String> = if *gpus == Gpus::All {
+        host_devices::ALL_GPU_GROUPS
+            .iter()
+            .map(|g| (*g).to_owned())
+            .collect()
+    } else {
+        view.devices
+            .iter()
+            .filter(|d| d.role != DeviceRole::Kvm)
+            .map(|d| format!("/dev/char/{}:{}", d.major, d.minor))
+            .collect()
+    };
+    out.extend(host_devices::cgroup_entries(devices));
     out.sort();
     out.dedup();
-    out
+    out.into_iter().map(|p| (p, ACCESS.to_owned())).collect()
 }
 
 /// Whether an entry of the unit's list is one pre-start owns (and so replaces at every start):
-/// every `/dev/char/…` entry, and any NVIDIA or DRM group an older drop-in or a runtime setting
-/// left. Entries by path (`/dev/net/tun`) and other groups (`char-pts`, `block-loop`) are kept.
+/// every `/dev/char/…` and `/dev/block/…` entry, any NVIDIA or DRM group, and the host device
+/// groups. Entries by path (`/dev/net/tun`) and other groups (`char-pts`, `block-loop`) are
+/// kept.
 fn owned(path: &str) -> bool {
-    path.starts_with("/dev/char/") || path.starts_with("char-nvidia") || path == "char-drm"
+    host_devices::owns_entry(path)
 }
 
 /// The unit's new list: what it allows now minus what pre-start owns, then `ours`.

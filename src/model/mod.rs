@@ -29,6 +29,7 @@ pub mod driver_root;
 pub mod dropin;
 pub mod gate;
 pub mod helper;
+pub mod host_devices;
 pub mod host_unit;
 pub mod image;
 pub mod layout;
@@ -127,6 +128,8 @@ pub struct Start {
     pub file: NspawnFile,
     /// The driver tree the file binds (src/apply/driver_tree.rs); `None` without a driver.
     pub tree: Option<tree::Plan>,
+    /// The host devices the machine gets beside its GPUs (the config's `devices`).
+    pub devices: Vec<crate::discovery::HostDevice>,
 }
 
 impl Start {
@@ -159,6 +162,7 @@ impl Start {
             assignment: a.clone(),
             file,
             tree: facts.tree.clone(),
+            devices: crate::model::host_devices::of_machine(&a.view, mc),
         }))
     }
 }

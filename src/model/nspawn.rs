@@ -5,6 +5,7 @@
 use crate::config::MachineConfig;
 use crate::discovery::Inventory;
 use crate::model::gate;
+use crate::model::host_devices;
 use crate::model::layout;
 use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, MachinePath, bind_escape};
@@ -80,14 +81,9 @@ impl NspawnFile {
         if has_lib_modules {
             binds.push(lib_modules());
         }
-        if let Some(kvm) = &inv.kvm {
-            binds.push(same(&kvm.path, false));
-        }
+        binds.extend(device_binds(inv, cfg));
         let summary = match inv.complete_driver() {
             Some(driver) => {
-                for dev in &inv.devices {
-                    binds.push(same(&dev.path, false));
-                }
                 // The driver root: pre-start's host tree of hard links, read-only, with the
                 // directory binds on its mount points (src/model/layout.rs, src/apply/driver_tree.rs); a
                 // file the tree cannot link is bound by `bind_driver_files`.
@@ -237,6 +233,34 @@ fn lib_modules() -> BindLine {
             .expect("/lib/modules is a valid host path"),
         true,
     )
+}
+
+/// The device nodes bound: `/dev/kvm` and the host devices of the config's `devices`, then with
+/// a complete driver the NVIDIA nodes: a machine with every GPU gets the directories of the
+/// nodes the host makes while it runs ([`host_devices::NVIDIA_NODE_DIRS`]), a share its own
+/// nodes one by one.
+fn device_binds(inv: &Inventory, cfg: &MachineConfig) -> Vec<BindLine> {
+    let mut binds = Vec::new();
+    if let Some(kvm) = inv.kvm.as_ref().filter(|_| cfg.devices.kvm) {
+        binds.push(same(&kvm.path, false));
+    }
+    for p in host_devices::bind_paths(&host_devices::of_machine(inv, cfg)) {
+        binds.push(same(&p, false));
+    }
+    if inv.complete_driver().is_none() {
+        return binds;
+    }
+    for (dir, role) in host_devices::NVIDIA_NODE_DIRS {
+        if host_devices::nvidia_dir_bound(&cfg.gpus, role) {
+            binds.push(same(&dir.parse().expect("a valid host path"), false));
+        }
+    }
+    for dev in &inv.devices {
+        if !host_devices::nvidia_dir_bound(&cfg.gpus, dev.role) {
+            binds.push(same(&dev.path, false));
+        }
+    }
+    binds
 }
 
 /// The configured extra mounts, in config order.

@@ -95,18 +95,26 @@ fn plan_text(r: &Rendered) -> String {
     let mut out = match start.assignment.setting {
         Gpus::All => String::new(),
         _ => format!(
-            "# GPUs (the config's gpus): {}\n# Device cgroup (runtime DeviceAllow=, set by pre-start): {}\n",
-            start.assignment.summary(),
-            match device_cgroup::machine_entries(&start.assignment.view) {
-                e if e.is_empty() => "no NVIDIA or DRM node".to_owned(),
-                e => e
-                    .iter()
-                    .map(|(p, a)| format!("{p} {a}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }
+            "# GPUs (the config's gpus): {}\n",
+            start.assignment.summary()
         ),
     };
+    let _ = writeln!(
+        out,
+        "# Device cgroup (runtime DeviceAllow=, set by pre-start): {}",
+        match device_cgroup::machine_entries(
+            &start.assignment.view,
+            &start.assignment.setting,
+            &start.devices,
+        ) {
+            e if e.is_empty() => "no NVIDIA, DRM or host device node".to_owned(),
+            e => e
+                .iter()
+                .map(|(p, a)| format!("{p} {a}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    );
     if let (Some(plan), Some(d)) = (&start.tree, start.assignment.view.complete_driver()) {
         let _ = writeln!(
             out,

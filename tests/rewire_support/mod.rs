@@ -40,6 +40,7 @@ pub fn inventory(version: &str) -> Inventory {
             dev("/dev/nvidiactl", 195, 255, DeviceRole::Control),
         ],
         kvm: None,
+        host_devices: Vec::new(),
         gpus: vec![Gpu {
             index: 0,
             minor: 0,

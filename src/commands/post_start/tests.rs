@@ -272,11 +272,11 @@ fn the_host_plan_differs_only_in_its_file_steps() {
 fn the_pre_start_plan_runs_through_the_same_executor() {
     use crate::apply::executor::pre_start;
     assert_eq!(
-        pre_start(true, true).to_string(),
-        "device cgroup → unit gate file → driver tree → unit gate for the boot → .nspawn file"
+        pre_start(true, true, true).to_string(),
+        "host device nodes → device cgroup → unit gate file → driver tree → unit gate for the boot → .nspawn file"
     );
     assert_eq!(
-        pre_start(false, false).to_string(),
+        pre_start(false, false, false).to_string(),
         "driver tree → .nspawn file"
     );
     let fake = Fake::default();
@@ -286,7 +286,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         import_fails: false,
     };
     let services = crate::systemd::services::NoServices;
-    let e = execute(&pre_start(true, true), "kube1", &work, &services).unwrap_err();
+    let e = execute(&pre_start(true, true, true), "kube1", &work, &services).unwrap_err();
     assert_eq!(
         format!("{e:#}"),
         "pre-start of kube1: step 'driver tree': planted failure"
@@ -294,6 +294,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
     assert_eq!(
         fake.log(),
         [
+            "file host device nodes",
             "file device cgroup",
             "file unit gate file",
             "file driver tree"
@@ -305,7 +306,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         fail: None,
         import_fails: false,
     };
-    execute(&pre_start(false, true), "kube1", &work, &services).unwrap();
+    execute(&pre_start(false, false, true), "kube1", &work, &services).unwrap();
     assert_eq!(
         fake.log(),
         [

@@ -147,6 +147,7 @@ mod tests {
         let inv = Inventory {
             devices: Vec::new(),
             kvm: None,
+            host_devices: Vec::new(),
             gpus: Vec::new(),
             kernel_module: None,
             driver: None,

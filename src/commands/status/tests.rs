@@ -604,6 +604,7 @@ fn empty_inventory() -> Inventory {
     Inventory {
         devices: Vec::new(),
         kvm: None,
+        host_devices: Vec::new(),
         gpus: Vec::new(),
         kernel_module: None,
         driver: None,

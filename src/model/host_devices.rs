@@ -1,0 +1,131 @@
+//! The host devices a machine gets beside its GPUs (the config's `devices`), how its `.nspawn`
+//! file binds them and how its device cgroup allows them.
+//!
+//! Nodes the host makes while the machine runs are bound by their directory and allowed by
+//! their device group, so they open in the running machine with no restart: InfiniBand ports
+//! (`/dev/infiniband`, groups `infiniband_verbs`, `infiniband_mad`), taps (`macvtap`,
+//! `ipvtap`: no node to bind, the node agent makes them) and, for a machine with every GPU,
+//! MIG capabilities and IMEX channels (`/dev/nvidia-caps`, `/dev/nvidia-caps-imex-channels`,
+//! allowed by the drop-in's `char-nvidia*`). Everything else is bound and allowed by node, as
+//! found at the start: a disk added later is drift that `status` names and a restart binds.
+
+use crate::config::{Devices, Gpus, MachineConfig};
+use crate::discovery::{
+    DeviceCategory, DeviceRole, HostDevice, INFINIBAND_DIR, Inventory, NodeKind,
+};
+use crate::types::paths::HostPath;
+
+/// NVIDIA directories whose nodes the host makes while a machine with every GPU runs: MIG
+/// capabilities (`nvidia-smi mig`, mig-manager) and IMEX channels (the DRA driver's
+/// ComputeDomains). Bound whole, made empty on the host when missing.
+pub const NVIDIA_NODE_DIRS: [(&str, DeviceRole); 2] = [
+    ("/dev/nvidia-caps", DeviceRole::Cap),
+    ("/dev/nvidia-caps-imex-channels", DeviceRole::ImexChannel),
+];
+
+/// Device groups allowed for a category whose nodes come and go while the machine runs.
+const GROUPS: &[(DeviceCategory, &str)] = &[
+    (DeviceCategory::Network, "char-macvtap"),
+    (DeviceCategory::Network, "char-ipvtap"),
+    (DeviceCategory::Infiniband, "char-infiniband_verbs"),
+    (DeviceCategory::Infiniband, "char-infiniband_mad"),
+];
+
+/// Whether the config switches `category` on.
+pub fn enabled(d: &Devices, category: DeviceCategory) -> bool {
+    match category {
+        DeviceCategory::Network => d.network,
+        DeviceCategory::Infiniband => d.infiniband,
+        DeviceCategory::Block => d.block,
+        DeviceCategory::Gpudirect => d.gpudirect,
+        DeviceCategory::Extra => true,
+    }
+}
+
+/// The host devices `cfg` gives the machine from `inv`, then its `extra` nodes, in that order.
+pub fn of_machine(inv: &Inventory, cfg: &MachineConfig) -> Vec<HostDevice> {
+    let d = &cfg.devices;
+    let mut out: Vec<HostDevice> = inv
+        .host_devices
+        .iter()
+        .filter(|h| enabled(d, h.category))
+        .cloned()
+        .collect();
+    for e in &d.extra {
+        if out.iter().any(|h| h.path == e.path) {
+            continue;
+        }
+        out.push(HostDevice {
+            category: DeviceCategory::Extra,
+            path: e.path.clone(),
+            kind: if e.block {
+                NodeKind::Block
+            } else {
+                NodeKind::Char
+            },
+            major: e.major,
+            minor: e.minor,
+            create: false,
+        });
+    }
+    out
+}
+
+/// What the `.nspawn` file binds for `devices`: InfiniBand as its directory (once), every other
+/// node at its path.
+pub fn bind_paths(devices: &[HostDevice]) -> Vec<HostPath> {
+    let mut out: Vec<HostPath> = Vec::new();
+    for h in devices {
+        let p = if h.category == DeviceCategory::Infiniband {
+            INFINIBAND_DIR.parse().expect("a valid host path")
+        } else {
+            h.path.clone()
+        };
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Whether the machine's NVIDIA nodes of `role` are bound by their directory (a machine with
+/// every GPU) rather than one by one (a share gets only its own: the device cgroup allows no
+/// other, and a node made later for a GPU outside the share must not even appear).
+pub fn nvidia_dir_bound(gpus: &Gpus, role: DeviceRole) -> bool {
+    *gpus == Gpus::All && NVIDIA_NODE_DIRS.iter().any(|(_, r)| *r == role)
+}
+
+/// The unit's `DeviceAllow=` entries for `devices`: the groups of the categories present, and
+/// one `/dev/{char,block}/M:m` entry per node the groups do not cover; sorted, each once.
+pub fn cgroup_entries(devices: &[HostDevice]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for h in devices {
+        let groups: Vec<&str> = GROUPS
+            .iter()
+            .filter(|(c, _)| *c == h.category)
+            .map(|(_, g)| *g)
+            .collect();
+        out.extend(groups.iter().map(|g| (*g).to_owned()));
+        let covered = h.category == DeviceCategory::Infiniband && !h.path.ends_with("/rdma_cm");
+        if !covered {
+            out.push(format!("/dev/{}/{}:{}", h.kind.as_str(), h.major, h.minor));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether a `DeviceAllow=` entry is one [`cgroup_entries`] can make (so pre-start replaces it
+/// at every start), or the NVIDIA groups of an `all` machine's drop-in.
+pub fn owns_entry(path: &str) -> bool {
+    path.starts_with("/dev/char/")
+        || path.starts_with("/dev/block/")
+        || path.starts_with("char-nvidia")
+        || path == "char-drm"
+        || GROUPS.iter().any(|(_, g)| *g == path)
+}
+
+/// The NVIDIA groups an `all` machine's drop-in allows ([`crate::model::dropin`]), which its
+/// runtime list carries too: a runtime list replaces the unit's whole list.
+pub const ALL_GPU_GROUPS: [&str; 2] = ["char-nvidia*", "char-drm"];

@@ -1,0 +1,278 @@
+//! The host devices a node gets beside its GPUs: discovery by category on a GB300-like host,
+//! the `.nspawn` binds and the nodes pre-start makes, the config's `devices` key and its bad
+//! input, and hostile host trees (names sysfs could not make, a linked `/dev/infiniband`, ten
+//! thousand partitions). Device nodes need root (mknod).
+
+// Helpers here are test code too (clippy's allow-unwrap-in-tests covers only #[test] fns).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{run_helper as run, snapshot};
+use nspawn_lifecycle::fixture;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::Path;
+
+const NSPAWN: &str = "etc/systemd/nspawn/kube1.nspawn";
+const CONFIG: &str = "etc/nspawn-lifecycle/config.json";
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "host-device tests make device nodes: run them as root (CI does)"
+    );
+}
+
+fn host_from(text: &str) -> tempfile::TempDir {
+    require_root();
+    let dir = tempfile::Builder::new()
+        .prefix("host-devices.")
+        .tempdir()
+        .unwrap();
+    fixture::materialize(text, dir.path()).unwrap();
+    dir
+}
+
+fn gb300() -> tempfile::TempDir {
+    host_from(fixture::example("gb300").unwrap())
+}
+
+fn pre_start(root: &Path) -> (i32, String) {
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn binds(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join(NSPAWN))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("Bind=") || l.starts_with("BindReadOnly="))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn config(root: &Path, json: &str) {
+    std::fs::create_dir_all(root.join(CONFIG).parent().unwrap()).unwrap();
+    std::fs::write(root.join(CONFIG), json).unwrap();
+}
+
+#[test]
+fn privileged_gb300_node_gets_every_device_and_rdma_cm_is_made() {
+    let dir = gb300();
+    let root = dir.path();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let b = binds(root);
+    for want in [
+        "Bind=/dev/kvm",
+        "Bind=/dev/net/tun",
+        "Bind=/dev/vhost-net",
+        "Bind=/dev/infiniband",
+        "Bind=/dev/nvme0n1",
+        "Bind=/dev/nvme0n1p1",
+        "Bind=/dev/nvme0n1p2",
+        "Bind=/dev/nvme1n1",
+        "Bind=/dev/dm-0",
+        "Bind=/dev/md0",
+        "Bind=/dev/gdrdrv",
+        "Bind=/dev/nvidia-fs0",
+        "Bind=/dev/nvidia-fs1",
+        "Bind=/dev/nvidia-caps",
+        "Bind=/dev/nvidia-caps-imex-channels",
+    ] {
+        assert!(b.iter().any(|l| l == want), "no {want} in {b:#?}");
+    }
+    for never in ["loop", "zram", "uverbs0", "nvidia-cap1", "channel0"] {
+        assert!(
+            !b.iter().any(|l| l.contains(never)),
+            "{never} bound: {b:#?}"
+        );
+    }
+    // rdma_cm was registered without a node: pre-start made it as udev's rule would.
+    let m = std::fs::symlink_metadata(root.join("dev/infiniband/rdma_cm")).unwrap();
+    assert!(m.file_type().is_char_device());
+    assert_eq!(
+        (
+            nix::sys::stat::major(m.rdev()),
+            nix::sys::stat::minor(m.rdev())
+        ),
+        (10, 58)
+    );
+    assert_eq!(m.mode() & 0o7777, 0o666);
+    // The driver's IMEX tools are in the driver root.
+    let tree = root.join("var/lib/nspawn-lifecycle/driver-root/kube1/usr/bin");
+    for tool in ["nvidia-imex", "nvidia-imex-ctl"] {
+        assert!(tree.join(tool).exists(), "{tool} not in the driver root");
+    }
+    // A second start finds the node and makes nothing.
+    let before = snapshot(root, &["run/nspawn-lifecycle/locks"]);
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("host device nodes made"), "{err}");
+    assert_eq!(before, snapshot(root, &["run/nspawn-lifecycle/locks"]));
+}
+
+#[test]
+fn privileged_a_share_machine_gets_its_own_caps_not_the_directories() {
+    let dir = gb300();
+    let root = dir.path();
+    config(root, r#"{"machines": {"kube1": {"gpus": [0]}}}"#);
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let b = binds(root);
+    // GPU 0's MIG instance (caps 12 and 13) and the IMEX channels of the start one by one; no
+    // directory, so a cap made later for another GPU never appears in the machine.
+    for want in [
+        "Bind=/dev/nvidia-caps/nvidia-cap12",
+        "Bind=/dev/nvidia-caps/nvidia-cap13",
+        "Bind=/dev/nvidia-caps-imex-channels/channel0",
+        "Bind=/dev/nvidia-caps-imex-channels/channel1",
+    ] {
+        assert!(b.iter().any(|l| l == want), "no {want} in {b:#?}");
+    }
+    for never in [
+        "Bind=/dev/nvidia-caps",
+        "Bind=/dev/nvidia-caps-imex-channels",
+        "Bind=/dev/nvidia-caps/nvidia-cap1",
+        "Bind=/dev/nvidia-caps/nvidia-cap2",
+    ] {
+        assert!(!b.iter().any(|l| l == never), "{never:?} bound: {b:#?}");
+    }
+    // The host devices are the node's, whatever its share of the GPUs.
+    assert!(b.contains(&"Bind=/dev/infiniband".to_owned()), "{b:#?}");
+}
+
+#[test]
+fn privileged_devices_switch_categories_off_and_add_extra_nodes() {
+    let dir = gb300();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    nix::sys::stat::mknod(
+        &root.join("dev/fuse"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(10, 229),
+    )
+    .unwrap();
+    config(
+        root,
+        r#"{"defaults": {"devices": {"block": false, "infiniband": false, "extra": ["/dev/fuse"]}},
+            "machines": {"kube1": {"devices": {"infiniband": true, "kvm": false}}}}"#,
+    );
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let b = binds(root);
+    // kube1 overrides infiniband and kvm and keeps the defaults' block and extra.
+    assert!(b.contains(&"Bind=/dev/infiniband".to_owned()), "{b:#?}");
+    assert!(b.contains(&"Bind=/dev/fuse".to_owned()), "{b:#?}");
+    assert!(b.contains(&"Bind=/dev/vhost-net".to_owned()), "{b:#?}");
+    for never in ["nvme", "dm-0", "md0", "/dev/kvm"] {
+        assert!(
+            !b.iter().any(|l| l.contains(never)),
+            "{never} bound: {b:#?}"
+        );
+    }
+}
+
+/// Each bad `devices` value: exit 2 naming the key, nothing written.
+#[test]
+fn privileged_bad_devices_are_named_and_change_nothing() {
+    let dir = gb300();
+    let root = dir.path();
+    std::fs::write(root.join("dev/not-a-node"), "x").unwrap();
+    std::os::unix::fs::symlink("null", root.join("dev/null-link")).unwrap();
+    for (devices, says) in [
+        (
+            r#"{"extra": ["/etc/passwd"]}"#,
+            "machines.kube1.devices.extra[0]: \"/etc/passwd\" is not under /dev",
+        ),
+        (
+            r#"{"extra": ["/dev/null", "/dev/nvidia0"]}"#,
+            "machines.kube1.devices.extra[1]: \"/dev/nvidia0\" is an NVIDIA or DRM node",
+        ),
+        (
+            r#"{"extra": ["/dev/not-a-node"]}"#,
+            "machines.kube1.devices.extra[0]: \"/dev/not-a-node\" is not a device node",
+        ),
+        (
+            r#"{"extra": ["/dev/null-link"]}"#,
+            "machines.kube1.devices.extra[0]: \"/dev/null-link\" is a symlink",
+        ),
+        (
+            r#"{"extra": ["/dev/fuse"]}"#,
+            "machines.kube1.devices.extra[0]: \"/dev/fuse\" does not exist on the host",
+        ),
+        (
+            r#"{"extra": ["/dev/null", "/dev/null"]}"#,
+            "machines.kube1.devices.extra[1]: \"/dev/null\" is listed twice",
+        ),
+        (
+            r#"{"extra": ["/dev/../etc/shadow"]}"#,
+            "machines.kube1.devices.extra[0]",
+        ),
+        (r#"{"disks": false}"#, "disks"),
+        (r#"{"block": "no"}"#, "block"),
+    ] {
+        config(
+            root,
+            &format!(r#"{{"machines": {{"kube1": {{"devices": {devices}}}}}}}"#),
+        );
+        let before = snapshot(root, &[]);
+        let (code, err) = pre_start(root);
+        assert_eq!(code, 2, "{devices}: {err}");
+        assert!(err.contains(says), "{devices}: {err} should say {says}");
+        assert_eq!(before, snapshot(root, &[]), "{devices} changed the tree");
+    }
+}
+
+/// What a hostile or broken host shows never becomes a bind outside `/dev` or a line of its
+/// own, and a host with ten thousand partitions still starts.
+#[test]
+fn privileged_hostile_block_names_and_a_linked_infiniband_dir_are_skipped() {
+    let mut text = String::from(fixture::example("cpu-only").unwrap());
+    text.push_str(
+        "blockdev cciss!c0d0 104:0\n\
+         blockdev sda 8:0\n\
+         file /sys/class/block/..!..!etc!passwd/dev 8:1\\n\n\
+         file /sys/class/block/evil\\nBind=!etc/dev 8:2\\n\n\
+         file /sys/class/block/sdb/dev 8:16\\n\n\
+         chr /dev/sdb 8:16\n\
+         file /sys/class/block/sdc/dev garbage\\n\n\
+         blk /dev/sdc 8:32\n\
+         dir /elsewhere/ib\n\
+         chr /elsewhere/ib/uverbs0 231:192\n\
+         link /dev/infiniband ../elsewhere/ib\n",
+    );
+    let dir = host_from(&text);
+    let root = dir.path();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let b = binds(root);
+    let devs: Vec<&String> = b.iter().filter(|l| l.contains("/dev/")).collect();
+    assert_eq!(
+        devs,
+        ["Bind=/dev/cciss/c0d0", "Bind=/dev/sda"],
+        "only real disks at their /dev path: {b:#?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let mut many = String::from(fixture::example("cpu-only").unwrap());
+    many.push_str("blockdev nvme0n1 259:0\n");
+    for p in 1..=10_000u32 {
+        many.push_str(&format!("blockdev nvme0n1p{p} 259:{p}\n"));
+    }
+    let dir = host_from(&many);
+    let root = dir.path();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        binds(root)
+            .iter()
+            .filter(|l| l.starts_with("Bind=/dev/nvme0n1"))
+            .count(),
+        10_001
+    );
+}
