@@ -28,6 +28,8 @@ pub struct Observed {
     pub spec: Result<spec::Seen>,
     /// Each gated unit: whether the gate holds it, and whether its marker is there.
     pub gate: Result<Vec<(UnitName, bool, bool)>>,
+    /// A machine's device binds of its next start that it lacks now ([`missing_devices`]).
+    pub host_devices: Option<Result<Vec<String>>>,
 }
 
 /// The driver root as found: against the expected tree (a wired machine), or what is left of
@@ -62,6 +64,10 @@ pub fn observe(root: &MachineRoot, d: &Desired) -> Observed {
             .map(|driver| ld_cache::lists_driver(root, driver)),
         spec: spec::observe(root, &d.spec),
         gate: observe_gate(root, d),
+        host_devices: d
+            .start
+            .as_ref()
+            .map(|start| missing_devices(root, &start.file)),
     }
 }
 
@@ -112,6 +118,25 @@ pub fn diff(d: &Desired, seen: &Observed) -> Vec<Change> {
         read(&seen.spec).and_then(|s| spec::diff(&d.spec, s)),
     );
     part("gate", read(&seen.gate).map(|g| gate_changes(g)));
+    if let Some(r) = &seen.host_devices {
+        part(
+            "host-devices",
+            read(r).map(|missing| {
+                missing
+                    .iter()
+                    .map(|p| {
+                        Change::new(
+                            "host-devices",
+                            Action::Restart,
+                            p.clone(),
+                            "the host has this device now and the running machine lacks it: \
+                             the next start binds it",
+                        )
+                    })
+                    .collect()
+            }),
+        );
+    }
     out
 }
 
@@ -119,6 +144,27 @@ pub fn diff(d: &Desired, seen: &Observed) -> Vec<Change> {
 /// [`diff`] of what [`observe`] reads. Reads only.
 pub fn pending(root: &MachineRoot, d: &Desired) -> Vec<Change> {
     diff(d, &observe(root, d))
+}
+
+/// The device binds of `file` (`Bind=/dev/…`, the node or directory at the same path) that the
+/// machine at `root` lacks: nothing, or something else than a device node or directory, at that
+/// path. Reads only, through the machine's root.
+fn missing_devices(root: &MachineRoot, file: &super::nspawn::NspawnFile) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for b in &file.binds {
+        let path = b.target.as_str();
+        if !path.starts_with("/dev/") || b.source.as_str() != path {
+            continue;
+        }
+        let present = matches!(
+            root.kind_of(path)?,
+            Some(FileKind::CharDevice | FileKind::BlockDevice | FileKind::Dir)
+        );
+        if !present {
+            out.push(path.to_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// A part as read, or why it could not be read (the error, as its message).

@@ -1,0 +1,129 @@
+# shellcheck shell=bash
+# Scenario 26: the host devices a node needs beside its GPUs, and NVIDIA nodes the host makes
+# while the machine runs. In the host: vhost-net, two fake InfiniBand nodes (major 231, named
+# infiniband_verbs/infiniband_mad in the /proc/devices stand-in), a block node for a disk the
+# kernel's /sys/class/block lists, and the fake nvidia-caps and IMEX majors. After a reconcile
+# the .nspawn file binds them (InfiniBand and the two NVIDIA directories whole), the unit's
+# runtime DeviceAllow= allows them, and they open in the machine (never EPERM). After the start
+# the host makes an IMEX channel, a MIG cap and an InfiniBand port: each appears in the running
+# machine and passes its device cgroup (ENXIO on the fake majors), no restart. A second disk
+# node made on the host is drift that status names and reconcile binds. This kernel's disks are
+# what /sys/class/block lists (one, here): the second is a stand-in entry, e2edisk0, on a tmpfs
+# over /sys/class/block holding the real entries as links (as lib/fakehw.sh fakes PCI devices),
+# numbered after the real disk's major so that only our DeviceAllow= lets it open (ENXIO).
+scenario "host devices and nodes made while the machine runs" --needs-helper
+baseline
+
+NOT_STORAGE='^(loop|ram|zram|fd|sr)[0-9]*$'
+# A disk or partition of this kernel whose node the host container lacks, and the stand-in.
+mapfile -t DISKS < <(H sh -c 'for d in /sys/class/block/*; do n=${d##*/}; [ -e "/dev/$n" ] || echo "$n $(cat "$d/dev")"; done' \
+    | awk -v re="$NOT_STORAGE" '$1 !~ re && $1 !~ /!/' | head -1)
+if [ "${#DISKS[@]}" = 1 ]; then
+    read -r _ dev <<<"${DISKS[0]}"
+    DISKS+=("e2edisk0 ${dev%%:*}:$(( ${dev##*:} + 240 ))")
+fi
+# Free majors in the /proc/devices stand-in for the fake nvidia-caps and IMEX channel drivers.
+mapfile -t FREE < <(H awk '/^Character/{c=1;next} /^$/{c=0} c{print $1}' /proc/devices \
+    | sort -n | awk 'BEGIN{for(m=503;m>=480;m--) free[m]=1} {delete free[$1]} END{for(m=503;m>=480;m--) if(m in free) print m}' | head -2)
+CAPS=${FREE[0]:-} IMEX=${FREE[1]:-}
+cleanup() {
+    H rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels
+    H sh -c 'umount /sys/class/block 2>/dev/null; rm -rf /run/e2e-class-block'
+    [ "${MADE_VHOST:-0}" = 1 ] && H rm -f /dev/vhost-net
+    for d in "${DISKS[@]}"; do H rm -f "/dev/${d%% *}"; done
+    fake_gpus "$E2E_GPUS"   # rewrites the /proc/devices stand-in without our majors
+    reconcile kube1 >/dev/null 2>&1
+}
+if [ "${#DISKS[@]}" -lt 2 ] || [ -z "$IMEX" ]; then
+    fail "$(c setup)" "need a disk in /sys/class/block without a node in the host (${DISKS[*]}) and two free majors (${FREE[*]})"
+    scenario_end
+    exit 0
+fi
+info "disks ${DISKS[*]}; fake nvidia-caps $CAPS, nvidia-caps-imex-channels $IMEX"
+read -r DISK1 DEV1 <<<"${DISKS[0]}"
+read -r DISK2 DEV2 <<<"${DISKS[1]}"
+
+# ---- the host as a GPU node's host ----------------------------------------------------------
+H sh -c "awk -v caps=$CAPS -v imex=$IMEX '
+    /^Character devices:/ {print; c=1; next}
+    c && /^\$/ {printf \"231 infiniband_verbs\n231 infiniband_mad\n%3d nvidia-caps\n%3d nvidia-caps-imex-channels\n\", caps, imex; c=0}
+    {print}' /proc/devices > /run/e2e-proc-devices && cat /run/e2e-proc-devices > /proc/devices"
+assert_match "$(c proc-devices-stand-in)" "$IMEX nvidia-caps-imex-channels" "$(H cat /proc/devices)"
+MADE_VHOST=0
+if ! H test -c /dev/vhost-net; then H mknod -m 0600 /dev/vhost-net c 10 238; MADE_VHOST=1; fi
+H sh -c 'rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels &&
+    mkdir /dev/infiniband && mknod -m 0666 /dev/infiniband/uverbs0 c 231 192 &&
+    mknod -m 0600 /dev/infiniband/umad0 c 231 0'
+H mknod -m 0660 "/dev/$DISK1" b "${DEV1%%:*}" "${DEV1##*:}"
+H sh -c "rm -rf /run/e2e-class-block && mkdir /run/e2e-class-block &&
+    for d in /sys/class/block/*; do ln -s \"\$(readlink -f \"\$d\")\" /run/e2e-class-block/\"\${d##*/}\"; done &&
+    mkdir /run/e2e-class-block/$DISK2 && echo $DEV2 > /run/e2e-class-block/$DISK2/dev &&
+    mount --bind /run/e2e-class-block /sys/class/block"
+assert_match "$(c stand-in-disk-in-sysfs)" "^$DEV2\$" "$(H cat "/sys/class/block/$DISK2/dev")"
+
+out=$(H "$HP" discover 2>&1)
+assert_match "$(c discover-lists-network)" 'network /dev/vhost-net char 10:238' "$out"
+assert_match "$(c discover-lists-infiniband)" 'infiniband /dev/infiniband/uverbs0 char 231:192' "$out"
+assert_match "$(c discover-lists-the-disk)" "block /dev/$DISK1 block $DEV1" "$out"
+assert_no_match "$(c discover-skips-disks-without-nodes)" "block /dev/$DISK2 " "$out"
+
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c reconcile-exit-0)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out"
+wait_machine_up kube1 60 || fail "$(c kube1-up)" "$(uprop ActiveState kube1)"
+f=$(nspawn_file kube1)
+for b in /dev/net/tun /dev/vhost-net /dev/infiniband "/dev/$DISK1" /dev/nvidia-caps /dev/nvidia-caps-imex-channels; do
+    assert_match "$(c "binds-${b//\//-}")" "^Bind=$b\$" "$f"
+done
+assert_cmd "$(c pre-start-made-the-caps-dirs)" H test -d /dev/nvidia-caps-imex-channels
+allow=$(uprop DeviceAllow kube1)
+info "kube1 DeviceAllow: $allow"
+for e in 'char-infiniband_verbs rwm' 'char-infiniband_mad rwm' '/dev/char/10:238 rwm' "/dev/block/$DEV1 rwm" 'char-nvidia\* rwm' 'char-macvtap rwm'; do
+    assert_match "$(c "allows-${e%% *}")" "$e" "$allow"
+done
+
+# ---- what the machine gets at its start -------------------------------------------------------
+assert_eq "$(c tun-opens)" opened "$(open_errno kube1 /dev/net/tun)"
+assert_ne "$(c vhost-net-not-eperm)" EPERM "$(open_errno kube1 /dev/vhost-net)"
+assert_eq "$(c uverbs0-enxio)" ENXIO "$(open_errno kube1 /dev/infiniband/uverbs0)"
+assert_eq "$(c umad0-enxio)" ENXIO "$(open_errno kube1 /dev/infiniband/umad0)"
+# The real disk opens in the machine as it opens in the host container (whose own device
+# cgroup, the harness's, may refuse a disk of the outer machine); never EPERM where the host
+# container opens it.
+host_open=$(H sh -c "exec 3<'/dev/$DISK1' && echo opened" 2>&1)
+case $host_open in *opened*) host_open=opened;; *"not permitted"*) host_open=EPERM;; esac
+info "/dev/$DISK1 in the host container: $host_open"
+assert_eq "$(c disk-opens-as-in-the-host)" "$host_open" "$(open_errno kube1 "/dev/$DISK1")"
+assert_eq "$(c gpu-still-enxio)" ENXIO "$(open_errno kube1 /dev/nvidia0)"
+
+# ---- nodes the host makes while the machine runs: no restart ----------------------------------
+leader=$(leader_of kube1)
+H mknod -m 0666 /dev/nvidia-caps-imex-channels/channel1 c "$IMEX" 1
+H mknod -m 0444 /dev/nvidia-caps/nvidia-cap5 c "$CAPS" 5
+H mknod -m 0666 /dev/infiniband/uverbs1 c 231 193
+for n in /dev/nvidia-caps-imex-channels/channel1 /dev/nvidia-caps/nvidia-cap5 /dev/infiniband/uverbs1; do
+    assert_cmd "$(c "appears-${n##*/}")" M -m kube1 test -c "$n"
+    assert_eq "$(c "opens-${n##*/}-enxio")" ENXIO "$(open_errno kube1 "$n")"
+done
+assert_eq "$(c no-restart)" "$leader" "$(leader_of kube1)"
+# The machine has no udev: their /dev/char links come with the next post-start, and status says so.
+out=$(H "$HP" status kube1 2>&1); rc=$?
+assert_eq "$(c status-new-nvidia-nodes-drift)" 5 "$rc"
+assert_match "$(c status-names-the-channel-link)" "/dev/char/$IMEX:1" "$out"
+H rm -f /dev/nvidia-caps-imex-channels/channel1 /dev/nvidia-caps/nvidia-cap5
+
+# ---- a disk added on the host: drift until the next start binds it -----------------------------
+H mknod -m 0660 "/dev/$DISK2" b "${DEV2%%:*}" "${DEV2##*:}"
+out=$(H "$HP" status kube1 2>&1); rc=$?
+assert_eq "$(c status-hot-added-disk-drift)" 5 "$rc"
+assert_match "$(c status-names-the-disk)" "host-devices.*/dev/$DISK2|/dev/$DISK2.*next start binds it" "$out"
+out=$(H "$HP" plan kube1 2>&1)
+assert_match "$(c plan-binds-the-disk)" "^\\+Bind=/dev/$DISK2\$" "$out"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c reconcile-binds-the-disk)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out"
+wait_machine_up kube1 60 || fail "$(c kube1-up-again)" "$(uprop ActiveState kube1)"
+assert_eq "$(c new-disk-allowed-enxio)" ENXIO "$(open_errno kube1 "/dev/$DISK2")"
+out=$(H "$HP" status kube1 2>&1); rc=$?
+assert_eq "$(c status-in-sync-after-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
+
+cleanup
+scenario_end
