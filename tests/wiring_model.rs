@@ -14,8 +14,8 @@
 //!
 //! One process, single-threaded (`harness = false`): it unshares its mount namespace and boots
 //! each machine as systemd-nspawn does from the `.nspawn` file pre-start wrote (the driver tree
-//! and every bind of it read-only, the helper, the unit gate and its markers; device nodes stood
-//! in for by empty files), then runs post-start's own run ([`post_start::run_on_disk`]: the
+//! and every bind of it read-only, the helper, the unit gate and its markers; device nodes made
+//! with the host's numbers, device directories bound), then runs post-start's own run ([`post_start::run_on_disk`]: the
 //! product's lock, discovery, model and executor, with `ldconfig -r` for the machine's) and
 //! judges with `status`'s own function. Privileged: fails, not skips, without root.
 
@@ -187,26 +187,57 @@ impl Node {
                 .join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")),
         )
         .unwrap();
+        // The machine's /dev is new at every boot (post-start's /dev/char kept: it remakes it).
         let dev = self.m().join("dev");
         for e in std::fs::read_dir(&dev).unwrap() {
             let p = e.unwrap().path();
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            if n.starts_with("nvidia") || n == "dri" {
-                if p.is_dir() {
-                    std::fs::remove_dir_all(&p).unwrap();
-                } else {
-                    std::fs::remove_file(&p).unwrap();
-                }
+            if p.file_name().is_some_and(|n| n == "char") {
+                continue;
+            }
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
             }
         }
+        // Device binds: a directory bound (nodes the host makes later appear in it), a node
+        // made with the host node's type and numbers.
+        let mut dirs = Vec::new();
         for node in text.lines().filter_map(|l| l.strip_prefix("Bind=/dev/")) {
-            let p = dev.join(node);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, b"").unwrap();
+            let (from, at) = (self.h().join("dev").join(node), dev.join(node));
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            let meta = std::fs::symlink_metadata(&from).unwrap();
+            if meta.is_dir() {
+                std::fs::create_dir(&at).unwrap();
+                mount(
+                    Some(&from),
+                    &at,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .unwrap();
+                dirs.push(at);
+            } else {
+                use std::os::unix::fs::MetadataExt as _;
+                let kind = nix::sys::stat::SFlag::from_bits_truncate(
+                    meta.mode() & nix::sys::stat::SFlag::S_IFMT.bits(),
+                );
+                nix::sys::stat::mknod(
+                    &at,
+                    kind,
+                    nix::sys::stat::Mode::from_bits_truncate(0o600),
+                    meta.rdev(),
+                )
+                .unwrap();
+            }
         }
         let (h, m) = (self.h().to_owned(), self.m().to_owned());
-        self.mounts = nspawn_binds::bind_read_only(&text, &h, &m, |t| t.starts_with("/run/"))
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.mounts = dirs;
+        self.mounts.extend(
+            nspawn_binds::bind_read_only(&text, &h, &m, |t| t.starts_with("/run/"))
+                .unwrap_or_else(|e| panic!("{e:#}")),
+        );
     }
 
     /// The machine stops: its binds go.
@@ -513,6 +544,37 @@ fn corrupt_helper(n: &mut Node) -> bool {
     true
 }
 
+/// Mutations of the host devices, on every host (with or without GPUs).
+fn device_mutations() -> Vec<Mutation> {
+    vec![
+        Mutation {
+            name: "a disk added on the host",
+            mend: Mend::Restart,
+            apply: |n| {
+                let h = n.h();
+                std::fs::create_dir_all(h.join("sys/class/block/vdz")).unwrap();
+                std::fs::write(h.join("sys/class/block/vdz/dev"), "254:400\n").unwrap();
+                nix::sys::stat::mknod(
+                    &h.join("dev/vdz"),
+                    nix::sys::stat::SFlag::S_IFBLK,
+                    nix::sys::stat::Mode::from_bits_truncate(0o660),
+                    nix::sys::stat::makedev(254, 400),
+                )
+                .unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "a bound device node gone from the running machine",
+            mend: Mend::Restart,
+            apply: |n| {
+                let p = n.m().join("dev/kvm");
+                p.exists() && std::fs::remove_file(p).is_ok()
+            },
+        },
+    ]
+}
+
 fn no_gpu_mutations() -> Vec<Mutation> {
     vec![
         Mutation {
@@ -753,11 +815,12 @@ fn run_host(
     let (s, pending) = n.judge();
     agree(t, &format!("{what}, before post-start"), &s, &pending);
     mend(t, &mut n, Mend::PostStart, &what);
-    let list = if inv.complete_driver().is_some() {
+    let mut list = if inv.complete_driver().is_some() {
         gpu_mutations()
     } else {
         no_gpu_mutations()
     };
+    list.extend(device_mutations());
     let mut count = 0;
     for m in &list {
         if mutate(t, &mut n, m) {
@@ -790,7 +853,11 @@ fn main() {
         mutations += run_host(&mut t, example, false, &mut applied);
     }
     // A mutation that applies to no example host checks nothing: each must apply somewhere.
-    for m in gpu_mutations().iter().chain(&no_gpu_mutations()) {
+    for m in gpu_mutations()
+        .iter()
+        .chain(&no_gpu_mutations())
+        .chain(&device_mutations())
+    {
         t.check(applied.contains_key(m.name), m.name, || {
             "applied to no example host: it checks nothing".into()
         });
