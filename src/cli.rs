@@ -318,6 +318,15 @@ pub enum Phase {
         machine: MachineName,
     },
 
+    /// Make the running machine's /dev/char links for the host's NVIDIA nodes as they are now:
+    /// the MIG capabilities and IMEX channels the host made while the machine runs, which its
+    /// bound directories already show. Run by nspawn-lifecycle-devices@MACHINE.path (install
+    /// writes it) when those directories change; stops no service.
+    RefreshDevices {
+        /// The machine: systemd-nspawn@MACHINE.service, its image in /var/lib/machines/MACHINE.
+        machine: MachineName,
+    },
+
     /// Restart systemd-nspawn@<MACHINE>.service through the host's systemd and wait, so both hooks
     /// run again (a "mini repave"). Prints the old and new leader PID and how long it took.
     /// Refused (exit 2, nothing restarted) when pre-start would refuse the start for a reason a

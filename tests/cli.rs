@@ -74,7 +74,7 @@ fn bash_completion_loads_and_completes_the_hooks() {
         ["pre-start"]
     );
     assert_eq!(
-        bash_complete(&script, &[NAME, "nspawn-lifecycle", "re"]),
+        bash_complete(&script, &[NAME, "nspawn-lifecycle", "rec"]),
         ["reconcile"]
     );
     assert_eq!(

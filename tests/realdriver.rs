@@ -572,3 +572,38 @@ fn privileged_gpu_proof_compare_explains_every_difference_and_catches_a_gap() {
     assert_eq!(rc, Some(1), "{said}");
     assert!(said.contains("FAIL GPU-a91e4b37"), "{said}");
 }
+
+/// The IMEX daemon and its control tool, which NVIDIA's data-center packages install beside
+/// `nvidia-smi` and the ComputeDomain daemon pods run from the driver root (stand-ins here:
+/// Debian's 550 packages ship neither): discovery lists them, pre-start puts them in the driver
+/// root, and NVIDIA's nvidia-ctk finds them both on the host and in that bare tree.
+#[test]
+fn privileged_imex_tools_are_in_the_driver_root_and_nvidia_ctk_finds_them() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = real_host("run");
+    let root = dir.path();
+    let tools = ["nvidia-imex", "nvidia-imex-ctl"];
+    for tool in tools {
+        let p = root.join("usr/bin").join(tool);
+        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (ours, _) = ours(root);
+    let theirs = theirs(root);
+    let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
+    ok("pre-start", &out);
+    let tree = root.join("var/lib/nspawn-lifecycle/driver-root/kube1");
+    let in_tree = theirs_in(&tree, root);
+    for tool in tools {
+        assert!(ours.binaries.contains(tool), "discovery lacks {tool}");
+        assert!(theirs.binaries.contains(tool), "nvidia-ctk lacks {tool}");
+        assert!(
+            tree.join("usr/bin").join(tool).is_file(),
+            "{tool} not in the driver root"
+        );
+        assert!(
+            in_tree.binaries.contains(tool),
+            "nvidia-ctk does not find {tool} in the driver root: {in_tree:#?}"
+        );
+    }
+}

@@ -352,6 +352,19 @@ fn plan_install(ctx: &Ctx, machine: &MachineName, exe: &[u8]) -> Result<Plan> {
     plan.files.push(nspawn_render(ctx, machine, &mc)?);
     plan.files
         .push(dropin_write(host, machine, helper, &mc.gpus)?);
+    // The templates the drop-in wants (shared by every machine; uninstall removes them with the
+    // helper). After it: a drop-in that wants a unit not written yet starts without it.
+    for f in crate::model::host_devices::devices_unit_files(helper) {
+        plan.files.push(write_line(
+            host,
+            &f.path,
+            f.text.into_bytes(),
+            0o644,
+            true,
+            Point::InstallMidDropinWrite,
+            |_| "watches the NVIDIA node directories while a machine runs".to_owned(),
+        )?);
+    }
     override_migration(host, machine, &mut plan)?;
     plan.warnings.extend(overlap_warnings(host, machine)?);
     Ok(plan)

@@ -213,6 +213,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::NspawnLifecycle(Phase::PostStart { machine }) => {
             post_start::post_start(&ctx, &machine)
         }
+        Command::NspawnLifecycle(Phase::RefreshDevices { machine }) => {
+            post_start::refresh_devices(&ctx, &machine)
+        }
         Command::NspawnLifecycle(Phase::Reconcile { machine }) | Command::Reconcile { machine } => {
             reconcile::reconcile(&ctx, &machine)
         }

@@ -84,6 +84,38 @@ impl Target {
     }
 }
 
+/// `refresh-devices`: the running machine's `/dev/char` links made for the host's nodes now
+/// (those its bound NVIDIA node directories show: a MIG capability or IMEX channel the host made
+/// while it runs), under the machine's lock, as post-start's links step makes them; nothing
+/// else is touched and no service stopped. A machine not running is an error (its path unit is
+/// bound to its unit, so only a hand-run meets it).
+pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let mc = ctx.config.machine(&ctx.host, machine)?;
+    if !ctx.host.is_real_root() {
+        return Err(crate::error::bad_input(format!(
+            "refresh-devices of {machine} works on the running machine; --host-root {} is only \
+             for pre-start, plan, discover and install",
+            ctx.host.root().display()
+        )));
+    }
+    let who = machine.as_str();
+    let _lock = timed(who, "lock", || {
+        lock::lock(&ctx.host, machine, mc.lock_timeout)
+    })?;
+    let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
+    let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
+        .with_context(|| format!("refresh-devices of {machine}"))?;
+    let deadline = Instant::now() + mc.job_timeout;
+    let handle = timed(who, "find machine", || {
+        MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+    })?;
+    let report = timed(who, "dev-char", || {
+        rewire::rebuild_dev_char(handle.root(), &desired.dev_char)
+    })?;
+    tracing::info!(machine = %who, step = "dev-char", "{report}");
+    Ok(())
+}
+
 /// ExecStartPost=: see the module documentation.
 pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = ctx.config.machine(&ctx.host, machine)?;

@@ -99,6 +99,20 @@ impl Dropin {
     /// the device cgroup.
     pub fn settings(&self) -> Vec<Setting> {
         let mut out = Self::retry_and_timeout();
+        if self.all_gpus {
+            out.insert(
+                2,
+                setting(
+                    "Unit",
+                    "Wants",
+                    "nspawn-lifecycle-devices@%i.path".into(),
+                    Some(
+                        "MIG capabilities and IMEX channels the host makes while the machine runs get\n\
+                         their /dev/char links in it (refresh-devices).",
+                    ),
+                ),
+            );
+        }
         out.extend(self.hooks());
         out.extend(self.device_allow());
         out
@@ -433,7 +447,7 @@ mod tests {
             &crate::config::DEFAULT_HELPER_PATH.parse().unwrap(),
         );
         for s in d.settings() {
-            let want = if matches!(s.key, "StartLimitIntervalSec" | "After") {
+            let want = if matches!(s.key, "StartLimitIntervalSec" | "After" | "Wants") {
                 "Unit"
             } else {
                 "Service"

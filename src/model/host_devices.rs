@@ -129,3 +129,59 @@ pub fn owns_entry(path: &str) -> bool {
 /// The NVIDIA groups an `all` machine's drop-in allows ([`crate::model::dropin`]), which its
 /// runtime list carries too: a runtime list replaces the unit's whole list.
 pub const ALL_GPU_GROUPS: [&str; 2] = ["char-nvidia*", "char-drm"];
+
+/// The unit template that watches [`NVIDIA_NODE_DIRS`] while a machine with every GPU runs
+/// (its drop-in wants it), and the service it starts: `refresh-devices` makes the machine's
+/// `/dev/char` links for the nodes the host made (the machine has no udev).
+pub const DEVICES_PATH_UNIT: &str = "nspawn-lifecycle-devices@.path";
+pub const DEVICES_SERVICE_UNIT: &str = "nspawn-lifecycle-devices@.service";
+/// First line of both units.
+pub const DEVICES_UNIT_HEADER: &str =
+    "# Written by nspawn-lifecycle-helper install; install rewrites it, for every machine.";
+
+/// The path unit template's text.
+pub fn devices_path_unit() -> String {
+    let mut s = format!(
+        "{DEVICES_UNIT_HEADER}\n\
+         [Unit]\n\
+         Description=NVIDIA node directories bound into machine %i\n\
+         BindsTo=systemd-nspawn@%i.service\n\
+         After=systemd-nspawn@%i.service\n\n\
+         [Path]\n"
+    );
+    for (dir, _) in NVIDIA_NODE_DIRS {
+        s.push_str(&format!("PathChanged={dir}\n"));
+    }
+    s.push_str("Unit=nspawn-lifecycle-devices@%i.service\n");
+    s
+}
+
+/// The service template's text; `helper` as the drop-in's hooks call it.
+pub fn devices_service_unit(helper: &HostPath) -> String {
+    format!(
+        "{DEVICES_UNIT_HEADER}\n\
+         [Unit]\n\
+         Description=/dev/char links in machine %i for NVIDIA nodes made while it runs\n\
+         BindsTo=systemd-nspawn@%i.service\n\
+         After=systemd-nspawn@%i.service\n\n\
+         [Service]\n\
+         Type=oneshot\n\
+         ExecStart={} nspawn-lifecycle refresh-devices %i\n",
+        crate::model::dropin::exec_escape(helper)
+    )
+}
+
+/// Both templates as `install` writes them (under `/etc/systemd/system`), part of every machine's
+/// desired state: a missing or different one is a change `install` mends.
+pub fn devices_unit_files(helper: &HostPath) -> Vec<crate::model::UnitFile> {
+    let file = |name: &str, text: String| crate::model::UnitFile {
+        path: format!("{}/{name}", crate::types::units::UNIT_DIR),
+        text,
+        required: true,
+        by: "install",
+    };
+    vec![
+        file(DEVICES_PATH_UNIT, devices_path_unit()),
+        file(DEVICES_SERVICE_UNIT, devices_service_unit(helper)),
+    ]
+}

@@ -332,7 +332,11 @@ mod tests {
         // A copy of it elsewhere would be flagged.
         let text = d.to_string();
         let o = overlaps(&text, &m("kube1"), true);
-        assert_eq!(o.len(), d.settings().len() - 1, "all but After=: {o:?}");
+        assert_eq!(
+            o.len(),
+            d.settings().len() - 2,
+            "all but After= and Wants=: {o:?}"
+        );
         let o = overlaps(&text, &m("kube1"), false);
         assert_eq!(o.len(), 8, "only list entries count before ours: {o:?}");
     }

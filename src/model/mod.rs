@@ -218,7 +218,9 @@ impl Desired {
         let facts = Facts::gather(Target::Machine, &ctx.host, &a.view, helper.as_str())?;
         let mut d = Desired::from_facts(Target::Machine, &a.view, mc, helper.as_str(), &facts)?;
         d.start = Start::from_facts(machine, mc, a, host_inv.gpus.len(), helper, &facts)?;
-        d.unit_files = vec![dropin::Dropin::unit_file(machine, helper, &mc.gpus)];
+        d.unit_files = host_devices::devices_unit_files(helper);
+        d.unit_files
+            .push(dropin::Dropin::unit_file(machine, helper, &mc.gpus));
         Ok(d)
     }
 

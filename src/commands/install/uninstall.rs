@@ -136,6 +136,18 @@ pub(super) fn helper_removal_except(ctx: &Ctx, except: &str, plan: &mut Plan) ->
         plan.files.push(FileLine::new(&helper, Verb::Keep, detail));
         return Ok(());
     }
+    // The templates every machine's drop-in wants, which call the helper too.
+    for f in crate::model::host_devices::devices_unit_files(ctx.config.helper_path()) {
+        let ours = host.read(&f.path).is_ok_and(|t| {
+            t.starts_with(crate::model::host_devices::DEVICES_UNIT_HEADER.as_bytes())
+        });
+        if ours {
+            plan.files.push(FileLine {
+                unit_file: true,
+                ..FileLine::removing(&f.path, "no machine uses it any more")
+            });
+        }
+    }
     plan.files
         .push(FileLine::removing(&helper, "no machine uses it any more"));
     let parent = Path::new(&helper)

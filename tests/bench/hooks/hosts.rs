@@ -82,6 +82,23 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
             realdriver: None,
         },
     ];
+    hosts.push(BenchHost {
+        name: "gb300".into(),
+        about: "example gb300: 4 GPUs (aarch64), MIG, IMEX, 2 HCAs, NVMe, dm, md, tun, vhost-net, GPUDirect"
+            .into(),
+        text: example("gb300")?,
+        driver_files: Some(EXAMPLE_DRIVER_FILES),
+        file_series: false,
+        realdriver: None,
+    });
+    hosts.push(BenchHost {
+        name: "8gpu-512blk".into(),
+        about: "eight-gpus + 512 block devices (16 NVMe drives of 31 partitions each)".into(),
+        text: with_block_devices(&eight, 16, 31),
+        driver_files: Some(EXAMPLE_DRIVER_FILES),
+        file_series: false,
+        realdriver: None,
+    });
     for files in [50, 200, 800] {
         hosts.push(BenchHost {
             name: format!("8gpu-{files}f"),
@@ -215,4 +232,18 @@ pub fn with_more_gpus_and_mig(base: &str, total: u32) -> Result<String> {
         }
     }
     Ok(out)
+}
+
+/// `text` plus `drives` NVMe drives of `parts` partitions each (`drives * (parts + 1)` block
+/// devices, in /sys/class/block and /dev).
+fn with_block_devices(text: &str, drives: u32, parts: u32) -> String {
+    let mut out = text.to_owned();
+    for d in 0..drives {
+        let base = d * (parts + 1);
+        out.push_str(&format!("blockdev nvme{d}n1 259:{base}\n"));
+        for p in 1..=parts {
+            out.push_str(&format!("blockdev nvme{d}n1p{p} 259:{}\n", base + p));
+        }
+    }
+    out
 }

@@ -6,7 +6,8 @@
 # the .nspawn file binds them (InfiniBand and the two NVIDIA directories whole), the unit's
 # runtime DeviceAllow= allows them, and they open in the machine (never EPERM). After the start
 # the host makes an IMEX channel, a MIG cap and an InfiniBand port: each appears in the running
-# machine and passes its device cgroup (ENXIO on the fake majors), no restart. A second disk
+# machine and passes its device cgroup (ENXIO on the fake majors), no restart, and the path unit
+# install wrote links the NVIDIA ones in the machine's /dev/char (status in sync). A second disk
 # node made on the host is drift that status names and reconcile binds. This kernel's disks are
 # what /sys/class/block lists (one, here): the second is a stand-in entry, e2edisk0, on a tmpfs
 # over /sys/class/block holding the real entries as links (as lib/fakehw.sh fakes PCI devices),
@@ -105,11 +106,31 @@ for n in /dev/nvidia-caps-imex-channels/channel1 /dev/nvidia-caps/nvidia-cap5 /d
     assert_eq "$(c "opens-${n##*/}-enxio")" ENXIO "$(open_errno kube1 "$n")"
 done
 assert_eq "$(c no-restart)" "$leader" "$(leader_of kube1)"
-# The machine has no udev: their /dev/char links come with the next post-start, and status says so.
+# The machine has no udev: nspawn-lifecycle-devices@kube1.path (its drop-in wants it) runs
+# refresh-devices, which links them in /dev/char; then status is in sync.
+assert_eq "$(c devices-path-unit-active)" active \
+    "$(H systemctl show -p ActiveState --value nspawn-lifecycle-devices@kube1.path)"
+linked=""
+for _ in $(seq 50); do
+    linked=$(M -m kube1 readlink "/dev/char/$IMEX:1" 2>/dev/null) && [ -n "$linked" ] && break
+    sleep 0.2
+done
+assert_eq "$(c channel-linked-while-running)" /dev/nvidia-caps-imex-channels/channel1 "$linked"
+assert_eq "$(c cap-linked-while-running)" /dev/nvidia-caps/nvidia-cap5 \
+    "$(M -m kube1 readlink "/dev/char/$CAPS:5" 2>/dev/null)"
+assert_match "$(c refresh-logged)" 'dev-char' \
+    "$(H journalctl --no-pager -o cat -u nspawn-lifecycle-devices@kube1.service 2>/dev/null)"
 out=$(H "$HP" status kube1 2>&1); rc=$?
-assert_eq "$(c status-new-nvidia-nodes-drift)" 5 "$rc"
-assert_match "$(c status-names-the-channel-link)" "/dev/char/$IMEX:1" "$out"
+assert_eq "$(c status-in-sync-with-new-nodes)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
+assert_eq "$(c still-no-restart)" "$leader" "$(leader_of kube1)"
 H rm -f /dev/nvidia-caps-imex-channels/channel1 /dev/nvidia-caps/nvidia-cap5
+# Their links go with them (the directories changed again).
+gone=""
+for _ in $(seq 50); do
+    M -m kube1 test -L "/dev/char/$IMEX:1" || { gone=yes; break; }
+    sleep 0.2
+done
+assert_eq "$(c channel-link-removed-with-it)" yes "$gone"
 
 # ---- a disk added on the host: drift until the next start binds it -----------------------------
 H mknod -m 0660 "/dev/$DISK2" b "${DEV2%%:*}" "${DEV2##*:}"
