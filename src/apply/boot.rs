@@ -59,7 +59,35 @@ impl Boot<'_> {
 
     /// Whether [`FileStep::HostNodes`] has anything to make.
     pub fn makes_host_nodes(&self) -> bool {
-        !self.host_nodes().is_empty()
+        !self.host_nodes().is_empty() || self.bpffs_missing()
+    }
+
+    /// Whether the machine's bpf filesystem ([`host_devices::bpffs_dir`]) is missing: no
+    /// directory, or (on the real host, where pre-start mounts) not a bpf filesystem.
+    fn bpffs_missing(&self) -> bool {
+        let dir = host_devices::bpffs_dir(self.machine.as_str());
+        match self.ctx.host.open_dir_no_symlinks(&dir) {
+            Err(_) => true,
+            Ok(fd) => {
+                self.ctx.host.is_real_root()
+                    && !crate::fs::fd_mount::is_bpffs(&fd).unwrap_or(false)
+            }
+        }
+    }
+
+    /// The machine's bpf filesystem made: its directory (`0700`), and on the real host a bpf
+    /// filesystem mounted there unless one is.
+    fn make_bpffs(&self) -> Result<Option<String>> {
+        if !self.bpffs_missing() {
+            return Ok(None);
+        }
+        let dir = host_devices::bpffs_dir(self.machine.as_str());
+        let fd = self.ctx.host.create_dir_all(&dir, 0o700)?;
+        if self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(&fd)? {
+            crate::fs::fd_mount::mount_bpffs_onto(&fd)?;
+            return Ok(Some(format!("bpf filesystem mounted at {dir}")));
+        }
+        Ok(Some(format!("{dir} made")))
     }
 
     /// Make [`Self::host_nodes`]: directories `0755`, nodes `0666` as udev's rule for
@@ -94,6 +122,7 @@ impl Boot<'_> {
                 Err(e) => return Err(e).with_context(|| format!("mknod {path}")),
             }
         }
+        made.extend(self.make_bpffs()?);
         Ok(format!("host device nodes made: {}", made.join(" ")))
     }
 

@@ -259,6 +259,29 @@ impl Tmpfs {
     }
 }
 
+/// `BPF_FS_MAGIC`: `statfs`'s type of a bpf filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Whether the directory `dir` is the root of a bpf filesystem.
+pub fn is_bpffs(dir: &OwnedFd) -> Result<bool> {
+    let st = nix::sys::statfs::fstatfs(dir).context("fstatfs")?;
+    Ok(i64::from(st.filesystem_type().0) == BPF_FS_MAGIC)
+}
+
+/// A new bpf filesystem (mode 0700, `nosuid`, `nodev`, `noexec`) attached onto the directory
+/// `dir` pins.
+pub fn mount_bpffs_onto(dir: &OwnedFd) -> Result<()> {
+    let fs = fsopen(c"bpf").context("fsopen(bpf)")?;
+    fsconfig_string(&fs, c"mode", c"0700").context("fsconfig(bpf, mode)")?;
+    fsconfig_create(&fs).context("fsconfig(bpf, create)")?;
+    let mnt = fsmount(
+        &fs,
+        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOEXEC,
+    )
+    .context("fsmount(bpf)")?;
+    attach(&mnt, dir)
+}
+
 /// Attach the detached mount `clone` onto the file or directory `target` pins (`move_mount`
 /// from descriptor to descriptor).
 pub fn attach(clone: &OwnedFd, target: &OwnedFd) -> Result<()> {

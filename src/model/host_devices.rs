@@ -23,6 +23,17 @@ pub const NVIDIA_NODE_DIRS: [(&str, DeviceRole); 2] = [
     ("/dev/nvidia-caps-imex-channels", DeviceRole::ImexChannel),
 ];
 
+/// The host directory of a machine's own bpf filesystem, bound at `/sys/fs/bpf` in it: eBPF
+/// datapaths (Cilium) pin their maps there, so pins neither leak between machines nor vanish with
+/// a machine's restart. pre-start mounts it (it lives until the host reboots, as a host's
+/// `/sys/fs/bpf` does).
+pub fn bpffs_dir(machine: &str) -> String {
+    format!("/run/nspawn-lifecycle/bpffs/{machine}")
+}
+
+/// Where a machine's bpf filesystem is bound in it.
+pub const BPFFS_TARGET: &str = "/sys/fs/bpf";
+
 /// Device groups allowed for a category whose nodes come and go while the machine runs.
 const GROUPS: &[(DeviceCategory, &str)] = &[
     (DeviceCategory::Network, "char-macvtap"),

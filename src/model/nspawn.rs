@@ -82,6 +82,15 @@ impl NspawnFile {
             binds.push(lib_modules());
         }
         binds.extend(device_binds(inv, cfg));
+        binds.push(BindLine {
+            source: host_devices::bpffs_dir(machine.as_str())
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+            target: host_devices::BPFFS_TARGET
+                .parse()
+                .expect("a valid machine path"),
+            read_only: false,
+        });
         let summary = match inv.complete_driver() {
             Some(driver) => {
                 // The driver root: pre-start's host tree of hard links, read-only, with the

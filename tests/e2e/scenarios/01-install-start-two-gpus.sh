@@ -175,10 +175,13 @@ assert_eq "$(c hooks-order)" "stopped kubelet,started containerd,unit gate: rele
 assert_match "$(c pre-start-released-containerd)" 'unit gate: released containerd\.service for the boot ahead' \
     "$(hook_journal_since kube1 "@$(( t0 / 1000 - 1 ))" "$HOOK_IDENT")"
 # pre-start's plan runs through the one executor: one line per step with its STEP key, in the
-# plan's order (gpus "all": no device cgroup step of its own)
+# plan's order (host-nodes only when something it binds is missing: the machine's bpf filesystem
+# at its first start, an NVIDIA node directory; the device cgroup at every start: its host devices
+# and, for gpus "all", the drop-in's NVIDIA groups)
 pre_steps=$(hook_journal_since kube1 "@$(( t0 / 1000 - 1 ))" "$HOOK_IDENT" \
-    | grep -oE 'step=(device-cgroup|gate-file|driver-tree|gate|nspawn) ' | tr -d ' ' | tr '\n' ,)
-assert_eq "$(c pre-start-steps-in-plan-order)" "step=gate-file,step=driver-tree,step=gate,step=nspawn," "$pre_steps"
+    | grep -oE 'step=(host-nodes|device-cgroup|gate-file|driver-tree|gate|nspawn) ' | tr -d ' ' | tr '\n' ,)
+assert_eq "$(c pre-start-steps-in-plan-order)" "step=device-cgroup,step=gate-file,step=driver-tree,step=gate,step=nspawn," \
+    "${pre_steps#step=host-nodes,}"
 
 # ---- journald-native fields (issue 16 item 4) ---------------------------------------------------
 # stderr of the hooks is the journal: each line is sent natively, MESSAGE= the same line as the

@@ -8,7 +8,9 @@
 # the host makes an IMEX channel, a MIG cap and an InfiniBand port: each appears in the running
 # machine and passes its device cgroup (ENXIO on the fake majors), no restart, and the path unit
 # install wrote links the NVIDIA ones in the machine's /dev/char (status in sync). A second disk
-# node made on the host is drift that status names and reconcile binds. This kernel's disks are
+# node made on the host is drift that status names and reconcile binds. The machine's own bpf
+# filesystem: a map pinned in its /sys/fs/bpf is in its host directory only and survives the
+# restart. This kernel's disks are
 # what /sys/class/block lists (one, here): the second is a stand-in entry, e2edisk0, on a tmpfs
 # over /sys/class/block holding the real entries as links (as lib/fakehw.sh fakes PCI devices),
 # numbered after the real disk's major so that only our DeviceAllow= lets it open (ENXIO).
@@ -82,6 +84,45 @@ for e in 'char-infiniband_verbs rwm' 'char-infiniband_mad rwm' '/dev/char/10:238
     assert_match "$(c "allows-${e%% *}")" "$e" "$allow"
 done
 
+# ---- its own bpf filesystem at /sys/fs/bpf ---------------------------------------------------
+assert_match "$(c binds-its-bpffs)" '^Bind=/run/nspawn-lifecycle/bpffs/kube1:/sys/fs/bpf$' "$f"
+assert_eq "$(c host-bpffs-mounted)" bpf "$(H findmnt -n -o FSTYPE /run/nspawn-lifecycle/bpffs/kube1)"
+assert_eq "$(c machine-sys-fs-bpf-is-bpffs)" cafe4a11 "$(M -m kube1 stat -f -c %t /sys/fs/bpf)"
+tmp=$(mktemp -d)
+cat > "$tmp/bpfpin.c" <<'EOF'
+#include <errno.h>
+#include <linux/bpf.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* bpfpin PATH: create an array map and pin it at PATH, as an eBPF datapath pins its maps. */
+int main(int argc, char **argv) {
+    union bpf_attr a;
+    if (argc != 2) return 2;
+    memset(&a, 0, sizeof a);
+    a.map_type = BPF_MAP_TYPE_ARRAY; a.key_size = 4; a.value_size = 4; a.max_entries = 1;
+    long fd = syscall(SYS_bpf, BPF_MAP_CREATE, &a, sizeof a);
+    if (fd < 0) { printf("map: errno %d (%s)\n", errno, strerror(errno)); return 1; }
+    memset(&a, 0, sizeof a);
+    a.pathname = (unsigned long)argv[1]; a.bpf_fd = (unsigned)fd;
+    if (syscall(SYS_bpf, BPF_OBJ_PIN, &a, sizeof a) < 0) { printf("pin: errno %d (%s)\n", errno, strerror(errno)); return 1; }
+    printf("pinned %s\n", argv[1]);
+    return 0;
+}
+EOF
+R=$(mroot kube1)
+if gcc -static -O2 -o "$tmp/bpfpin" "$tmp/bpfpin.c"; then
+    mkdir -p "$R/usr/local/bin" && install -m 0755 "$tmp/bpfpin" "$R/usr/local/bin/e2e-bpfpin"
+    assert_eq "$(c map-pinned-in-machine)" "pinned /sys/fs/bpf/e2e-pin" "$(M -m kube1 /usr/local/bin/e2e-bpfpin /sys/fs/bpf/e2e-pin 2>&1)"
+    assert_cmd "$(c pin-in-its-host-dir)" H test -e /run/nspawn-lifecycle/bpffs/kube1/e2e-pin
+    assert_not_cmd "$(c pin-not-in-the-hosts-bpffs)" H test -e /sys/fs/bpf/e2e-pin
+    assert_not_cmd "$(c pin-not-in-another-machines)" H test -e /run/nspawn-lifecycle/bpffs/kube2/e2e-pin
+else
+    fail "$(c bpfpin-built)" "gcc -static failed"
+fi
+rm -rf "$tmp"
+
 # ---- what the machine gets at its start -------------------------------------------------------
 assert_eq "$(c tun-opens)" opened "$(open_errno kube1 /dev/net/tun)"
 assert_ne "$(c vhost-net-not-eperm)" EPERM "$(open_errno kube1 /dev/vhost-net)"
@@ -143,6 +184,8 @@ out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-binds-the-disk)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out"
 wait_machine_up kube1 60 || fail "$(c kube1-up-again)" "$(uprop ActiveState kube1)"
 assert_eq "$(c new-disk-allowed-enxio)" ENXIO "$(open_errno kube1 "/dev/$DISK2")"
+assert_cmd "$(c pin-survives-the-restart)" M -m kube1 test -e /sys/fs/bpf/e2e-pin
+rm -f "$R/usr/local/bin/e2e-bpfpin"
 out=$(H "$HP" status kube1 2>&1); rc=$?
 assert_eq "$(c status-in-sync-after-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
 
