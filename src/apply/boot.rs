@@ -69,8 +69,7 @@ impl Boot<'_> {
         match self.ctx.host.open_dir_no_symlinks(&dir) {
             Err(_) => true,
             Ok(fd) => {
-                self.ctx.host.is_real_root()
-                    && !crate::fs::fd_mount::is_bpffs(&fd).unwrap_or(false)
+                self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(&fd).unwrap_or(false)
             }
         }
     }

@@ -259,13 +259,10 @@ impl Tmpfs {
     }
 }
 
-/// `BPF_FS_MAGIC`: `statfs`'s type of a bpf filesystem.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 /// Whether the directory `dir` is the root of a bpf filesystem.
 pub fn is_bpffs(dir: &OwnedFd) -> Result<bool> {
     let st = nix::sys::statfs::fstatfs(dir).context("fstatfs")?;
-    Ok(i64::from(st.filesystem_type().0) == BPF_FS_MAGIC)
+    Ok(st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// A new bpf filesystem (mode 0700, `nosuid`, `nodev`, `noexec`) attached onto the directory
