@@ -200,39 +200,8 @@ impl Node {
                 std::fs::remove_file(&p).unwrap();
             }
         }
-        // Device binds: a directory bound (nodes the host makes later appear in it), a node
-        // made with the host node's type and numbers.
-        let mut dirs = Vec::new();
-        for node in text.lines().filter_map(|l| l.strip_prefix("Bind=/dev/")) {
-            let (from, at) = (self.h().join("dev").join(node), dev.join(node));
-            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-            let meta = std::fs::symlink_metadata(&from).unwrap();
-            if meta.is_dir() {
-                std::fs::create_dir(&at).unwrap();
-                mount(
-                    Some(&from),
-                    &at,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                )
-                .unwrap();
-                dirs.push(at);
-            } else {
-                use std::os::unix::fs::MetadataExt as _;
-                let kind = nix::sys::stat::SFlag::from_bits_truncate(
-                    meta.mode() & nix::sys::stat::SFlag::S_IFMT.bits(),
-                );
-                nix::sys::stat::mknod(
-                    &at,
-                    kind,
-                    nix::sys::stat::Mode::from_bits_truncate(0o600),
-                    meta.rdev(),
-                )
-                .unwrap();
-            }
-        }
         let (h, m) = (self.h().to_owned(), self.m().to_owned());
+        let dirs = nspawn_binds::device_binds(&text, &h, &m).unwrap_or_else(|e| panic!("{e:#}"));
         self.mounts = dirs;
         self.mounts.extend(
             nspawn_binds::bind_read_only(&text, &h, &m, |t| t.starts_with("/run/"))

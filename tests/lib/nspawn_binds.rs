@@ -2,7 +2,8 @@
 //! that boot a machine tree without nspawn: each `BindReadOnly=SOURCE[:TARGET]` whose target
 //! `wanted` accepts, its source taken under the host tree `host`, bound at the target under the
 //! machine tree `machine` (the mount point made like nspawn makes it) and remounted read-only.
-//! Included by path (`#[path]`) from `tests/wiring_model.rs` and the hooks bench.
+//! Included by path (`#[path]`) from `tests/wiring_model.rs` and the hooks bench. And its device
+//! binds ([`device_binds`]).
 
 use anyhow::{Context as _, Result};
 use nix::mount::{MsFlags, mount};
@@ -52,6 +53,45 @@ pub fn bind_read_only(
         )
         .with_context(|| format!("read-only {}", at.display()))?;
         mounted.push(at);
+    }
+    Ok(mounted)
+}
+
+/// Make the device binds of `nspawn` (each `Bind=/dev/…` at the same path) in `machine` as
+/// systemd-nspawn does: a directory of the host tree `host` bound (nodes the host makes later
+/// appear in it), a node made with the host node's type and numbers. Returns the mount points
+/// (unmount them in reverse).
+pub fn device_binds(nspawn: &str, host: &Path, machine: &Path) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut mounted = Vec::new();
+    for node in nspawn.lines().filter_map(|l| l.strip_prefix("Bind=/dev/")) {
+        let (from, at) = (host.join("dev").join(node), machine.join("dev").join(node));
+        std::fs::create_dir_all(at.parent().unwrap_or(machine))?;
+        let meta = std::fs::symlink_metadata(&from)
+            .with_context(|| format!("the bound {}", from.display()))?;
+        if meta.is_dir() {
+            std::fs::create_dir(&at)?;
+            mount(
+                Some(&from),
+                &at,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .with_context(|| format!("binding {} at {}", from.display(), at.display()))?;
+            mounted.push(at);
+        } else {
+            let kind = nix::sys::stat::SFlag::from_bits_truncate(
+                meta.mode() & nix::sys::stat::SFlag::S_IFMT.bits(),
+            );
+            nix::sys::stat::mknod(
+                &at,
+                kind,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                meta.rdev(),
+            )
+            .with_context(|| format!("mknod {}", at.display()))?;
+        }
     }
     Ok(mounted)
 }

@@ -86,7 +86,8 @@ pub fn all(system_libs: usize) -> Result<Vec<BenchHost>> {
         name: "gb300".into(),
         about: "example gb300: 4 GPUs (aarch64), MIG, IMEX, 2 HCAs, NVMe, dm, md, tun, vhost-net, GPUDirect"
             .into(),
-        text: example("gb300")?,
+        // As after its first pre-start, which made the missing rdma_cm node: the steady state.
+        text: example("gb300")? + "chr /dev/infiniband/rdma_cm 10:58\n",
         driver_files: Some(EXAMPLE_DRIVER_FILES),
         file_series: false,
         realdriver: None,

@@ -516,25 +516,9 @@ fn bench_host(o: &Opts, h: &hosts::BenchHost, work: &Path, machines: &Path) -> R
             bail!("install: {}", String::from_utf8_lossy(&install.stderr));
         }
         // The driver root as nspawn binds it: pre-start's tree and the binds inside it, from the
-        // `.nspawn` file install wrote, read-only.
+        // `.nspawn` file install wrote, read-only; and the device binds (nodes made, directories
+        // bound).
         let mounted = bind_driver_root(&root, &dir)?;
-        // And the NVIDIA device nodes nspawn binds into /dev.
-        for e in fs_err::read_dir(root.join("dev"))? {
-            let e = e?;
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("nvidia") || name == "dri" {
-                let cp = Command::new("cp")
-                    .arg("-a")
-                    .arg(e.path())
-                    .arg(dir.join("dev"))
-                    .status()
-                    .context("cp -a")?;
-                if !cp.success() {
-                    bail!("cp -a {} {}", e.path().display(), dir.join("dev").display());
-                }
-            }
-        }
         // The machine's own loader cache, as post-start's `ldconfig` leaves it.
         let ld = Command::new("ldconfig")
             .arg("-r")
@@ -845,10 +829,13 @@ fn tables(r: &Results) -> String {
 }
 
 /// What systemd-nspawn makes of the `.nspawn` file install wrote under `root` for the driver
-/// root: every `BindReadOnly=` into `/run/nvidia/driver`, made in `machine` and read-only.
+/// root and the devices: every `BindReadOnly=` into `/run/nvidia/driver`, made in `machine` and
+/// read-only, and the device binds.
 fn bind_driver_root(root: &Path, machine: &Path) -> Result<Vec<PathBuf>> {
     let text = fs_err::read_to_string(root.join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")))?;
-    nspawn_binds::bind_read_only(&text, root, machine, |t| {
+    let mut mounted = nspawn_binds::device_binds(&text, root, machine)?;
+    mounted.extend(nspawn_binds::bind_read_only(&text, root, machine, |t| {
         t.starts_with("/run/nvidia/driver")
-    })
+    })?);
+    Ok(mounted)
 }
