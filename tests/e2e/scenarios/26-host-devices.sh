@@ -10,7 +10,7 @@
 # install wrote links the NVIDIA ones in the machine's /dev/char (status in sync). A second disk
 # node made on the host is drift that status names and reconcile binds. The machine's own bpf
 # filesystem: a map pinned in its /sys/fs/bpf is in its host directory only and survives the
-# restart. This kernel's disks are
+# restart. Last, kube1 with a share of the GPUs: a MIG cap made later is neither in it nor allowed. This kernel's disks are
 # what /sys/class/block lists (one, here): the second is a stand-in entry, e2edisk0, on a tmpfs
 # over /sys/class/block holding the real entries as links (as lib/fakehw.sh fakes PCI devices),
 # numbered after the real disk's major so that only our DeviceAllow= lets it open (ENXIO).
@@ -34,6 +34,7 @@ cleanup() {
     H sh -c 'umount /sys/class/block 2>/dev/null; rm -rf /run/e2e-class-block'
     [ "${MADE_VHOST:-0}" = 1 ] && H rm -f /dev/vhost-net
     for d in "${DISKS[@]}"; do H rm -f "/dev/${d%% *}"; done
+    H rm -f "$NL_CFG"; helper install kube1 >/dev/null 2>&1
     fake_gpus "$E2E_GPUS"   # rewrites the /proc/devices stand-in without our majors
     reconcile kube1 >/dev/null 2>&1
 }
@@ -188,6 +189,25 @@ assert_cmd "$(c pin-survives-the-restart)" M -m kube1 test -e /sys/fs/bpf/e2e-pi
 rm -f "$R/usr/local/bin/e2e-bpfpin"
 out=$(H "$HP" status kube1 2>&1); rc=$?
 assert_eq "$(c status-in-sync-after-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
+
+# ---- a machine with a share of the GPUs: a node made later is neither in it nor allowed ---------
+printf '%s\n' '{"machines": {"kube1": {"gpus": [0]}}}' | H sh -c "mkdir -p ${NL_CFG%/*} && cat > $NL_CFG"
+out=$(helper install kube1 2>&1); rc=$?
+assert_eq "$(c share-install)" 0 "$rc"; [ "$rc" = 0 ] || info "install: $out"
+out=$(reconcile kube1 2>&1); rc=$?
+assert_eq "$(c share-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out"
+wait_machine_up kube1 60 || fail "$(c share-up)" "$(uprop ActiveState kube1)"
+f=$(nspawn_file kube1)
+assert_no_match "$(c share-binds-no-nvidia-dirs)" '^Bind=/dev/nvidia-caps(-imex-channels)?$' "$f"
+assert_match "$(c share-keeps-host-devices)" '^Bind=/dev/infiniband$' "$f"
+H mknod -m 0444 /dev/nvidia-caps/nvidia-cap7 c "$CAPS" 7
+assert_not_cmd "$(c share-new-cap-not-in-machine)" M -m kube1 test -e /dev/nvidia-caps/nvidia-cap7
+assert_eq "$(c share-new-cap-mknod-eperm)" EPERM "$(mknod_open kube1 "$CAPS" 7)"
+assert_eq "$(c share-own-gpu-enxio)" ENXIO "$(open_errno kube1 /dev/nvidia0)"
+assert_eq "$(c share-other-gpu-eperm)" EPERM "$(mknod_open kube1 195 1)"
+H rm -f /dev/nvidia-caps/nvidia-cap7 "$NL_CFG"
+out=$(helper install kube1 2>&1); rc=$?
+assert_eq "$(c all-again-install)" 0 "$rc"; [ "$rc" = 0 ] || info "install: $out"
 
 cleanup
 scenario_end
