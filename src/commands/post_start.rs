@@ -84,33 +84,56 @@ impl Target {
     }
 }
 
+/// What post-start and `refresh-devices` start from: the machine's settings, its lock held, its
+/// desired state for the host now (the machine's share of it, exit 3 while incomplete) and the
+/// running machine. `what` names the command in messages.
+struct Running {
+    mc: MachineConfig,
+    _lock: lock::MachineLock,
+    desired: Desired,
+    handle: MachineHandle,
+}
+
+impl Running {
+    fn open(ctx: &Ctx, machine: &MachineName, what: &str) -> Result<Running> {
+        let mc = ctx.config.machine(&ctx.host, machine)?;
+        if !ctx.host.is_real_root() {
+            return Err(crate::error::bad_input(format!(
+                "{what} of {machine} works on the running machine through the host's systemd; \
+                 --host-root {} is only for pre-start, plan, discover and install",
+                ctx.host.root().display()
+            )));
+        }
+        let who = machine.as_str();
+        let lock = timed(who, "lock", || {
+            lock::lock(&ctx.host, machine, mc.lock_timeout)
+        })?;
+        let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
+        let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
+            .with_context(|| format!("{what} of {machine}"))?;
+        let deadline = Instant::now() + mc.job_timeout;
+        let handle = timed(who, "find machine", || {
+            MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+        })?;
+        Ok(Running {
+            mc,
+            _lock: lock,
+            desired,
+            handle,
+        })
+    }
+}
+
 /// `refresh-devices`: the running machine's `/dev/char` links made for the host's nodes now
 /// (those its bound NVIDIA node directories show: a MIG capability or IMEX channel the host made
 /// while it runs), under the machine's lock, as post-start's links step makes them; nothing
 /// else is touched and no service stopped. A machine not running is an error (its path unit is
 /// bound to its unit, so only a hand-run meets it).
 pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    if !ctx.host.is_real_root() {
-        return Err(crate::error::bad_input(format!(
-            "refresh-devices of {machine} works on the running machine; --host-root {} is only \
-             for pre-start, plan, discover and install",
-            ctx.host.root().display()
-        )));
-    }
+    let r = Running::open(ctx, machine, "refresh-devices")?;
     let who = machine.as_str();
-    let _lock = timed(who, "lock", || {
-        lock::lock(&ctx.host, machine, mc.lock_timeout)
-    })?;
-    let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
-    let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
-        .with_context(|| format!("refresh-devices of {machine}"))?;
-    let deadline = Instant::now() + mc.job_timeout;
-    let handle = timed(who, "find machine", || {
-        MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
-    })?;
     let report = timed(who, "dev-char", || {
-        rewire::rebuild_dev_char(handle.root(), &desired.dev_char)
+        rewire::rebuild_dev_char(r.handle.root(), &r.desired.dev_char)
     })?;
     tracing::info!(machine = %who, step = "dev-char", "{report}");
     Ok(())
@@ -118,45 +141,26 @@ pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 
 /// ExecStartPost=: see the module documentation.
 pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    if !ctx.host.is_real_root() {
-        return Err(crate::error::bad_input(format!(
-            "post-start of {machine} works on the running machine through the host's systemd; \
-             --host-root {} is only for pre-start, plan, discover and install",
-            ctx.host.root().display()
-        )));
-    }
     let total = Instant::now();
-    let who = machine.as_str();
-    let _lock = timed(who, "lock", || {
-        lock::lock(&ctx.host, machine, mc.lock_timeout)
-    })?;
-    let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
-    // The machine's share of the host (the config's `gpus`): all it is wired for.
-    let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
-        .with_context(|| format!("post-start of {machine}"))?;
-
-    let deadline = Instant::now() + mc.job_timeout;
-    let handle = timed(who, "find machine", || {
-        MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
-    })?;
+    let r = Running::open(ctx, machine, "post-start")?;
+    let (mc, handle) = (&r.mc, &r.handle);
     let run = TargetRun {
-        who,
+        who: machine.as_str(),
         in_its_start: crate::types::units::runs_in_its_start(machine),
         target: Target::Machine,
-        mc: &mc,
+        mc,
         host: &ctx.host,
         root: handle.root(),
-        desired: &desired,
+        desired: &r.desired,
     };
     run.finish(
         total,
         // Without GPUs the start returns once the boot is done, as it did when post-start ran
         // after it (`NotifyReady=yes`): the boot starts this machine's services itself.
-        || systemd::wait_running(&handle, Instant::now() + mc.boot_timeout),
+        || systemd::wait_running(handle, Instant::now() + mc.boot_timeout),
         // With them, the boot goes on meanwhile: the unit gate holds both services until their
         // markers exist.
-        || systemd::wait_bus(&handle, Instant::now() + mc.boot_timeout),
+        || systemd::wait_bus(handle, Instant::now() + mc.boot_timeout),
     )
 }
 

@@ -36,14 +36,7 @@ pub fn bind_read_only(
                 std::fs::write(&at, b"")?;
             }
         }
-        mount(
-            Some(&from),
-            &at,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .with_context(|| format!("binding {} at {}", from.display(), at.display()))?;
+        bind(&from, &at)?;
         mount(
             None::<&str>,
             &at,
@@ -71,14 +64,7 @@ pub fn device_binds(nspawn: &str, host: &Path, machine: &Path) -> Result<Vec<Pat
             .with_context(|| format!("the bound {}", from.display()))?;
         if meta.is_dir() {
             std::fs::create_dir(&at)?;
-            mount(
-                Some(&from),
-                &at,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .with_context(|| format!("binding {} at {}", from.display(), at.display()))?;
+            bind(&from, &at)?;
             mounted.push(at);
         } else {
             let kind = nix::sys::stat::SFlag::from_bits_truncate(
@@ -94,4 +80,10 @@ pub fn device_binds(nspawn: &str, host: &Path, machine: &Path) -> Result<Vec<Pat
         }
     }
     Ok(mounted)
+}
+
+/// Bind `from` at `at`.
+fn bind(from: &Path, at: &Path) -> Result<()> {
+    mount(Some(from), at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .with_context(|| format!("binding {} at {}", from.display(), at.display()))
 }
