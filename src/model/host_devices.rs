@@ -196,3 +196,26 @@ pub fn devices_unit_files(helper: &HostPath) -> Vec<crate::model::UnitFile> {
         file(DEVICES_SERVICE_UNIT, devices_service_unit(helper)),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime list replaces the unit's whole list: it must carry exactly the NVIDIA groups
+    /// the drop-in of an `all` machine allows.
+    #[test]
+    fn the_all_gpu_groups_are_the_dropins() {
+        let (m, helper) = ("kube1".parse().unwrap(), "/usr/bin/h".parse().unwrap());
+        let text = crate::model::dropin::Dropin::for_gpus(&m, &helper, &Gpus::All).to_string();
+        let groups: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("DeviceAllow=char-"))
+            .map(|l| l.trim_end_matches(" rwm"))
+            .collect();
+        let ours: Vec<&str> = ALL_GPU_GROUPS
+            .iter()
+            .map(|g| g.trim_start_matches("char-"))
+            .collect();
+        assert_eq!(groups, ours, "{text}");
+    }
+}
