@@ -1387,16 +1387,17 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
 /// links untouched; then the no-GPU cleanup removes exactly the links and the spec.
 #[test]
 fn host_file_steps_wire_and_clean_a_host_tree() {
-    use nspawn_lifecycle::apply::executor::{FileStep, Work as _};
+    use nspawn_lifecycle::apply::executor::Work as _;
     use nspawn_lifecycle::apply::rewire;
     use nspawn_lifecycle::failpoint;
     use nspawn_lifecycle::fs::machine_root;
     use nspawn_lifecycle::model::cdi;
+    use nspawn_lifecycle::model::part::Written;
     let dir = host("two-gpus");
     let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
     let libs_before = snapshot(&libs, &[]);
     let (hc, written) = common::with_host_wiring(dir.path(), |wiring, hc, inv, json| {
-        let links = wiring.file(FileStep::DevChar).unwrap();
+        let links = wiring.apply(Written::DevChar, false).unwrap();
         assert!(!links.library_links_changed, "{}", links.line);
         for d in inv
             .devices
@@ -1410,9 +1411,12 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
             );
         }
         // The host's ld.so.cache lists the driver already: no ldconfig (NoSystemd would panic).
-        let ld = wiring.ldconfig(links.library_links_changed).unwrap();
+        let ld = wiring
+            .apply(Written::LdCache, links.library_links_changed)
+            .unwrap()
+            .line;
         assert!(ld.starts_with("ldconfig: not needed"), "{ld}");
-        wiring.file(FileStep::Cdi).unwrap();
+        wiring.apply(Written::CdiSpec, false).unwrap();
         let written = dir
             .path()
             .join("var/run/cdi")
@@ -1436,7 +1440,12 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
 
     let root = machine_root::MachineRoot::open(dir.path()).unwrap();
     let spec_file = cdi::spec_file_name(&hc.cdi_kind);
-    let report = rewire::cleanup_host(&root, &hc.cdi_dir, &spec_file).unwrap();
+    // The parts of host mode post-start writes without a driver: /dev/char and the spec.
+    let report = format!(
+        "{}; {}",
+        rewire::dev_char(&root, &Default::default(), false).unwrap(),
+        rewire::remove_spec(&root, &hc.cdi_dir, &spec_file).unwrap()
+    );
     assert!(!written.exists(), "{report}");
     let left: Vec<_> = std::fs::read_dir(dir.path().join("dev/char"))
         .unwrap()

@@ -13,7 +13,6 @@ mod rewire_support;
 
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::{Mode, SFlag};
-use nspawn_lifecycle::apply::rewire;
 use nspawn_lifecycle::config::{Config, MachineConfig};
 use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
@@ -406,7 +405,7 @@ fn run_steps(root: &MachineRoot, names: &[&str]) -> Vec<(&'static str, Outcome)>
     // What cleanup left alone (a bind mount it would not cross) tells cases apart.
     record(
         "cleanup",
-        rewire::cleanup(root, CDI_DIR, CDI_FILE).map(|r| {
+        cleanup(root, CDI_DIR, CDI_FILE).map(|r| {
             r.kept
                 .iter()
                 .map(|(p, _)| format!("kept {p}"))

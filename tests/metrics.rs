@@ -241,7 +241,7 @@ fn not_running_and_a_failed_post_start_are_valid_exposition() {
         host_mode: Some(Status {
             findings: vec![nspawn_lifecycle::commands::status::Finding {
                 state: State::Broken,
-                check: "gate",
+                check: nspawn_lifecycle::model::Check::Gate,
                 message: String::new(),
             }],
             ..status("host", State::Broken, Some(unit))

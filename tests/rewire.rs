@@ -8,7 +8,6 @@ mod rewire_support;
 
 mod common;
 
-use nspawn_lifecycle::apply::rewire;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
 use nspawn_lifecycle::model::driver_root;
 use rewire_support::*;
@@ -105,9 +104,9 @@ fn second_run_changes_nothing() {
     }
     assert_eq!(before, snapshot(dir.path(), &[]));
 
-    rewire::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
+    rewire_support::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
     let before = snapshot(dir.path(), &[]);
-    let r = rewire::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
+    let r = rewire_support::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
     assert!(!r.changed(), "second cleanup changed something: {r}");
     assert_eq!(before, snapshot(dir.path(), &[]));
 }
@@ -130,7 +129,7 @@ fn cleanup_removes_ours_and_nothing_else() {
     let (dir, root) = machine();
     let pristine = snapshot(dir.path(), &[]);
     gpu_pass(&root, &inventory(NEW));
-    let r = rewire::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
+    let r = rewire_support::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
     golden("cleanup", &listing(dir.path()));
     for tool in ["/usr/bin/nvidia-smi", "/usr/bin/nvidia-persistenced"] {
         assert!(r.removed.contains(&tool.to_owned()), "{r}");
@@ -172,7 +171,7 @@ fn cleanup_of_a_machine_that_never_had_gpus() {
     std::fs::create_dir_all(dir.path().join("usr/lib/x86_64-linux-gnu")).unwrap();
     let root = MachineRoot::open(dir.path()).unwrap();
     let before = snapshot(dir.path(), &[]);
-    let r = rewire::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
+    let r = rewire_support::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
     assert!(!r.changed(), "{r}");
     assert_eq!(before, snapshot(dir.path(), &[]));
 }
@@ -360,7 +359,7 @@ fn a_real_tool_in_the_image_is_left_alone_and_reported() {
             .contains("left /usr/bin/nvidia-smi alone (a regular file)"),
         "{r}"
     );
-    let r = rewire::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
+    let r = rewire_support::cleanup(&root, CDI_DIR, CDI_FILE).unwrap();
     assert!(
         !r.removed.contains(&"/usr/bin/nvidia-smi".to_owned()),
         "{r}"

@@ -8,7 +8,8 @@
 //! - after the mend an operator makes (post-start; a restart; `install` and a restart),
 //!   `status` is in sync and nothing is pending;
 //! - every mutation applies to some example host, and the same run with `status` read without
-//!   the model (its pending changes dropped: the negative control) fails;
+//!   the model (its pending changes dropped: the negative control) fails, as does one without
+//!   any one part of the list (that part's changes dropped): every part carries a check;
 //! - what `plan` shows as the `.nspawn` file is byte for byte what pre-start then writes, and
 //!   where pre-start refuses, `plan` refuses alike (same exit code and message).
 //!
@@ -16,7 +17,7 @@
 //! each machine as systemd-nspawn does from the `.nspawn` file pre-start wrote (the driver tree
 //! and every bind of it read-only, the helper, the unit gate and its markers; device nodes made
 //! with the host's numbers, device directories bound), then runs post-start's own run ([`post_start::run_on_disk`]: the
-//! product's lock, discovery, model and executor, with `ldconfig -r` for the machine's) and
+//! command's own path with its services replaced, `ldconfig -r` for the machine's) and
 //! judges with `status`'s own function. Privileged: fails, not skips, without root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -34,7 +35,7 @@ use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery::{self, Verdict};
 use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
-use nspawn_lifecycle::model::{Action, Change};
+use nspawn_lifecycle::model::{Action, Change, Check, Part, Target};
 use nspawn_lifecycle::model::{gate, render};
 use nspawn_lifecycle::systemd::services::OnDisk;
 use nspawn_lifecycle::types::machine_name::MachineName;
@@ -53,14 +54,26 @@ enum Mend {
     Restart,
     /// `install` (the helper, the drop-in for the config), then a new start.
     InstallAndRestart,
+    /// A person removes what is in the way (the mutation's `fix`: post-start fails until
+    /// then), then post-start.
+    Person,
+}
+
+/// Which pending changes the test sees of `status`: the negative controls drop them, all or
+/// one part's, and the checks must then fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blind {
+    No,
+    All,
+    Part(Check),
 }
 
 /// One machine on one host: the host tree (installed), the machine tree, and the mounts its
 /// last boot made (innermost last).
 struct Node {
     example: &'static str,
-    /// The negative control: `status` read without the model (its pending changes dropped).
-    blind: bool,
+    /// The negative controls: `status` read without the model, or without one of its parts.
+    blind: Blind,
     host: tempfile::TempDir,
     /// Hosts replaced by a mutation, kept until the machine no longer binds from them.
     old_hosts: Vec<tempfile::TempDir>,
@@ -112,7 +125,7 @@ impl Node {
     fn new(example: &'static str) -> Node {
         Node {
             example,
-            blind: false,
+            blind: Blind::No,
             host: installed(fixture::example(example).unwrap()),
             old_hosts: Vec::new(),
             machine: machine_tree(),
@@ -231,9 +244,12 @@ impl Node {
         let pending = s
             .machine_facts
             .as_ref()
-            .filter(|_| !self.blind)
+            .filter(|_| self.blind != Blind::All)
             .map(|m| m.pending_changes.clone())
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| self.blind != Blind::Part(c.check))
+            .collect();
         (s, pending)
     }
 
@@ -301,6 +317,8 @@ struct Mutation {
     mend: Mend,
     /// Apply it; `false` when it does not apply to this host.
     apply: fn(&mut Node) -> bool,
+    /// What a person does first ([`Mend::Person`]).
+    fix: Option<fn(&mut Node)>,
 }
 
 /// The first symlink in the machine directory `dir` whose target contains `needle`.
@@ -336,11 +354,13 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a library link removed",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| remove_first_link(n, "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver"),
         },
         Mutation {
             name: "a library link pointing elsewhere",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver")
                     .map(|p| {
@@ -353,16 +373,19 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a tool link removed",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| remove_first_link(n, "usr/bin", "/run/nvidia/driver"),
         },
         Mutation {
             name: "a /dev/char link removed",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| remove_first_link(n, "dev/char", "/dev/nvidia"),
         },
         Mutation {
             name: "the CDI spec edited",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 let p = n.m().join("run/cdi/nvidia.com-gpu.json");
                 let mut text = std::fs::read_to_string(&p).unwrap();
@@ -374,6 +397,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "another spec of our kind in /etc/cdi",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 std::fs::write(
                     n.m().join("etc/cdi/nvidia-old.json"),
@@ -386,6 +410,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "the loader cache gone",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 let p = n.m().join("etc/ld.so.cache");
                 // Only where the cache has libraries of ours to list.
@@ -394,8 +419,53 @@ fn gpu_mutations() -> Vec<Mutation> {
             },
         },
         Mutation {
+            name: "the loader cache unreadable (larger than is read)",
+            mend: Mend::PostStart,
+            fix: None,
+            apply: |n| {
+                let p = n.m().join("etc/ld.so.cache");
+                first_link(n.m(), "usr/lib/x86_64-linux-gnu", "/run/nvidia/driver").is_some() && {
+                    let f = std::fs::File::create(p).unwrap();
+                    f.set_len(65 << 20).unwrap();
+                    true
+                }
+            },
+        },
+        Mutation {
+            name: "the CDI spec truncated",
+            mend: Mend::PostStart,
+            fix: None,
+            apply: |n| {
+                let p = n.m().join("run/cdi/nvidia.com-gpu.json");
+                let bytes = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "the CDI spec not a spec",
+            mend: Mend::PostStart,
+            fix: None,
+            apply: |n| {
+                std::fs::write(n.m().join("run/cdi/nvidia.com-gpu.json"), "{not json\n").unwrap();
+                true
+            },
+        },
+        Mutation {
+            name: "the /dev/char link directory a file",
+            mend: Mend::Person,
+            fix: Some(|n| std::fs::remove_file(n.m().join("dev/char")).unwrap()),
+            apply: |n| {
+                let p = n.m().join("dev/char");
+                std::fs::remove_dir_all(&p).unwrap();
+                std::fs::write(p, "not a directory\n").unwrap();
+                true
+            },
+        },
+        Mutation {
             name: "kubelet's gate marker removed",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 let p = n.h().join(format!(
                     "run/nspawn-lifecycle/machines/{MACHINE}/released/kubelet.service"
@@ -406,6 +476,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "GPUs renumbered",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 let dir = n.h().join("proc/driver/nvidia/gpus");
                 let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -439,6 +510,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a host driver file replaced (another inode)",
             mend: Mend::Restart,
+            fix: None,
             apply: |n| {
                 let Some(p) = a_driver_library(n) else {
                     return false;
@@ -452,16 +524,19 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "the installed helper corrupted",
             mend: Mend::InstallAndRestart,
+            fix: None,
             apply: corrupt_helper,
         },
         Mutation {
             name: "the machine's unit drop-in edited",
             mend: Mend::InstallAndRestart,
+            fix: None,
             apply: edit_dropin,
         },
         Mutation {
             name: "the driver upgraded",
             mend: Mend::Restart,
+            fix: None,
             apply: |n| {
                 let text = fixture::example(n.example).unwrap();
                 let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
@@ -475,6 +550,7 @@ fn gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "the machine's gpus changed in the config",
             mend: Mend::InstallAndRestart,
+            fix: None,
             apply: |n| {
                 let inv = discovery::discover(&HostRoot::new(n.h())).unwrap();
                 if inv.gpus.len() < 2 {
@@ -519,6 +595,7 @@ fn device_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a disk added on the host",
             mend: Mend::Restart,
+            fix: None,
             apply: |n| {
                 let h = n.h();
                 std::fs::create_dir_all(h.join("sys/class/block/vdz")).unwrap();
@@ -536,6 +613,7 @@ fn device_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a bound device node gone from the running machine",
             mend: Mend::Restart,
+            fix: None,
             apply: |n| {
                 let p = n.m().join("dev/kvm");
                 p.exists() && std::fs::remove_file(p).is_ok()
@@ -549,6 +627,7 @@ fn no_gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a stale library link of ours",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 symlink(
                     "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1",
@@ -561,6 +640,7 @@ fn no_gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a stale spec of ours",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 std::fs::create_dir_all(n.m().join("run/cdi")).unwrap();
                 std::fs::write(
@@ -574,6 +654,7 @@ fn no_gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "a stale /dev/char link of ours",
             mend: Mend::PostStart,
+            fix: None,
             apply: |n| {
                 symlink("/dev/nvidia0", n.m().join("dev/char/195:0")).unwrap();
                 true
@@ -582,11 +663,13 @@ fn no_gpu_mutations() -> Vec<Mutation> {
         Mutation {
             name: "the installed helper corrupted",
             mend: Mend::InstallAndRestart,
+            fix: None,
             apply: corrupt_helper,
         },
         Mutation {
             name: "the machine's unit drop-in edited",
             mend: Mend::InstallAndRestart,
+            fix: None,
             apply: edit_dropin,
         },
     ]
@@ -688,14 +771,22 @@ pending:
 }
 
 /// The mend, then `status` in sync with nothing pending.
-fn mend(t: &mut Tally, n: &mut Node, how: Mend, what: &str) {
+fn mend(t: &mut Tally, n: &mut Node, how: Mend, fix: Option<fn(&mut Node)>, what: &str) {
+    if how == Mend::Person {
+        // Until a person acts post-start fails, changing nothing it would not change anyway.
+        let failed = n.post_start().is_err();
+        t.check(failed, what, || {
+            "post-start succeeded where status said it would fail".into()
+        });
+        (fix.expect("a mend by a person names the fix"))(n);
+    }
     if how == Mend::InstallAndRestart {
         let out = common::run_helper(n.h(), &["install", MACHINE]);
         t.check(out.status.success(), what, || {
             format!("install: {}", String::from_utf8_lossy(&out.stderr))
         });
     }
-    if how != Mend::PostStart
+    if matches!(how, Mend::Restart | Mend::InstallAndRestart)
         && let Err((code, why)) = n.start(t)
     {
         t.fail(what, format!("the new start was refused ({code}): {why}"));
@@ -727,14 +818,19 @@ fn mutate(t: &mut Tally, n: &mut Node, m: &Mutation) -> bool {
         format!("nothing pending; status: {}", s.summary)
     });
     let by_post_start = pending.iter().all(Change::by_post_start);
-    let fails = pending
+    // A helper that fails is install's to mend (status says so); any other failing part a
+    // person's.
+    let install = pending.iter().any(|c| {
+        c.action == Action::Install || (c.action == Action::Fails && c.check == Check::Helper)
+    }) || s.findings.iter().any(|f| f.check == Check::NextStart);
+    let person = pending
         .iter()
-        .any(|c| matches!(c.action, Action::Fails | Action::Install))
-        || s.findings.iter().any(|f| f.check == "next-start");
-    let class = match (by_post_start, fails) {
-        (true, false) => Mend::PostStart,
-        (_, true) => Mend::InstallAndRestart,
-        (false, false) => Mend::Restart,
+        .any(|c| c.action == Action::Fails && c.check != Check::Helper);
+    let class = match (by_post_start, install, person) {
+        (_, true, _) => Mend::InstallAndRestart,
+        (_, false, true) => Mend::Person,
+        (true, false, false) => Mend::PostStart,
+        (false, false, false) => Mend::Restart,
     };
     t.check(class == m.mend, &what, || {
         format!(
@@ -743,16 +839,16 @@ fn mutate(t: &mut Tally, n: &mut Node, m: &Mutation) -> bool {
             listed(&pending)
         )
     });
-    mend(t, n, m.mend, &what);
+    mend(t, n, m.mend, m.fix, &what);
     true
 }
 
 /// Every mutation of the model on `example`; each one that applied to it is counted in
-/// `applied`. `blind`: status judged without the model (the negative control).
+/// `applied`. `blind`: what the test sees of status's pending changes (the negative controls).
 fn run_host(
     t: &mut Tally,
     example: &'static str,
-    blind: bool,
+    blind: Blind,
     applied: &mut std::collections::BTreeMap<&'static str, usize>,
 ) -> usize {
     let mut n = Node::new(example);
@@ -783,7 +879,7 @@ fn run_host(
     // Before post-start: the boot's binds are there, nothing of post-start's is.
     let (s, pending) = n.judge();
     agree(t, &format!("{what}, before post-start"), &s, &pending);
-    mend(t, &mut n, Mend::PostStart, &what);
+    mend(t, &mut n, Mend::PostStart, None, &what);
     let mut list = if inv.complete_driver().is_some() {
         gpu_mutations()
     } else {
@@ -819,7 +915,7 @@ fn main() {
     let mut mutations = 0;
     let mut applied = std::collections::BTreeMap::new();
     for (example, _) in fixture::EXAMPLES {
-        mutations += run_host(&mut t, example, false, &mut applied);
+        mutations += run_host(&mut t, example, Blind::No, &mut applied);
     }
     // A mutation that applies to no example host checks nothing: each must apply somewhere.
     for m in gpu_mutations()
@@ -833,19 +929,45 @@ fn main() {
     }
     // The negative control: the same run with status judging without the model must fail.
     let mut control = Tally::default();
-    run_host(&mut control, "two-gpus", true, &mut Default::default());
+    run_host(
+        &mut control,
+        "two-gpus",
+        Blind::All,
+        &mut Default::default(),
+    );
     t.check(!control.failures.is_empty(), "negative control", || {
         "status without the model passed every check: the checks prove nothing".into()
     });
+    // And without any one part of a machine's list: each part's changes carry a check (a
+    // status that judged a part outside the list would pass that check without it).
+    let mut parts_failed = Vec::new();
+    for part in Part::list(Target::Machine) {
+        let mut control = Tally::default();
+        run_host(
+            &mut control,
+            "two-gpus",
+            Blind::Part(part.check()),
+            &mut Default::default(),
+        );
+        t.check(!control.failures.is_empty(), "negative control", || {
+            format!(
+                "status without the part {} passed every check: nothing proves that part",
+                part.check()
+            )
+        });
+        parts_failed.push(format!("{} {}", part.check(), control.failures.len()));
+    }
     println!(
         "wiring model: {} example hosts, {mutations} mutations ({} kinds, each applied), {} checks, {} failed; \
-         negative control (status without the model): {} of {} checks failed, as they must",
+         negative control (status without the model): {} of {} checks failed, as they must; \
+         without one part (failed checks): {}",
         fixture::EXAMPLES.len(),
         applied.len(),
         t.checks,
         t.failures.len(),
         control.failures.len(),
-        control.checks
+        control.checks,
+        parts_failed.join(", ")
     );
     if !t.failures.is_empty() {
         for f in &t.failures {

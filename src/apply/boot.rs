@@ -4,7 +4,7 @@
 
 use crate::Ctx;
 use crate::apply::driver_tree;
-use crate::apply::executor::{FileDone, FileStep, Work, not_a_step};
+use crate::apply::executor::{BootStep, BootWork};
 use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::failpoint::Point;
@@ -57,7 +57,7 @@ impl Boot<'_> {
         out
     }
 
-    /// Whether [`FileStep::HostNodes`] has anything to make.
+    /// Whether [`BootStep::HostNodes`] has anything to make.
     pub fn makes_host_nodes(&self) -> bool {
         !self.host_nodes().is_empty() || self.bpffs_missing()
     }
@@ -263,23 +263,16 @@ impl Boot<'_> {
     }
 }
 
-impl Work for Boot<'_> {
-    fn file(&self, step: FileStep) -> Result<FileDone> {
-        let line = match step {
-            FileStep::HostNodes => self.make_host_nodes()?,
-            FileStep::DeviceCgroup => self.device_cgroup()?,
-            FileStep::GateFile => self.gate_file()?,
-            FileStep::DriverTree => self.driver_tree()?,
-            FileStep::BootGate => self.boot_gate()?,
-            FileStep::NspawnFile => self.nspawn_file()?,
-            FileStep::DriverRoot | FileStep::Links | FileStep::DevChar | FileStep::Cdi => {
-                return not_a_step(step.name());
-            }
-        };
-        Ok(FileDone {
-            line,
-            library_links_changed: false,
-        })
+impl BootWork for Boot<'_> {
+    fn step(&self, step: BootStep) -> Result<String> {
+        match step {
+            BootStep::HostNodes => self.make_host_nodes(),
+            BootStep::DeviceCgroup => self.device_cgroup(),
+            BootStep::GateFile => self.gate_file(),
+            BootStep::DriverTree => self.driver_tree(),
+            BootStep::BootGate => self.boot_gate(),
+            BootStep::NspawnFile => self.nspawn_file(),
+        }
     }
 }
 

@@ -1,18 +1,16 @@
-//! The hooks' plans and their one executor. pre-start's plan ([`pre_start`]) makes what the
-//! machine's next boot binds on the host (src/apply/boot.rs); post-start's ([`plan`]), in the
-//! order of a start (docs/wiring.md), makes a target's files ([`Wiring`]: the wiring model's
-//! changes made by src/apply/rewire.rs) and drives its services. [`execute`] runs either, step by step: one log
-//! line and timing per step, the crash points on its steps, and the restore-on-failure rule.
+//! The hooks' plans and their executors. pre-start's plan ([`pre_start`], run by
+//! [`execute_boot`]) makes what the machine's next boot binds on the host (src/apply/boot.rs);
+//! post-start's ([`plan`], [`plan_without_gpus`], run by [`execute`]), in the order of a start
+//! (docs/wiring.md), applies the parts of the wiring it writes (src/model/part.rs, written by
+//! src/apply/part.rs) and drives the target's services: one log line and timing per step, the
+//! crash points on its steps, and the restore-on-failure rule.
 
 use crate::apply::gate;
-use crate::apply::images::{FAILED_DIR, import_images};
-use crate::apply::rewire;
+use crate::apply::images::FAILED_DIR;
 use crate::config::MachineConfig;
-use crate::discovery;
 use crate::failpoint::{self, Point};
-use crate::fs::host::HostRoot;
-use crate::fs::machine_root::MachineRoot;
-use crate::model::{self, Desired, Target};
+use crate::model::part::Written;
+use crate::model::{Part, Target};
 use crate::systemd::services::Services;
 use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
@@ -47,78 +45,90 @@ impl std::fmt::Display for Hook {
     }
 }
 
-/// The file steps: what a hook writes or checks. pre-start's are the host's, for the machine's
-/// next boot; post-start's are in the target's rootfs.
+/// pre-start's steps: what it makes on the host for the machine's next boot, in this order
+/// ([`pre_start`]). Its own type: no post-start step can be given to pre-start, nor the other
+/// way round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileStep {
-    /// pre-start: host nodes the `.nspawn` file binds that the kernel registered without a node
+pub enum BootStep {
+    /// Host nodes the `.nspawn` file binds that the kernel registered without a node
     /// (`rdma_cm`), and the empty NVIDIA node directories a machine with every GPU binds.
     HostNodes,
-    /// pre-start: the unit's own GPUs in its runtime `DeviceAllow=` (which systemd keeps in a
-    /// runtime drop-in), when the config's `gpus` is not `all`.
+    /// The machine's runtime `DeviceAllow=` (which systemd keeps in a runtime drop-in).
     DeviceCgroup,
-    /// pre-start: the host's unit gate drop-in, which the `.nspawn` file binds.
+    /// The host's unit gate drop-in, which the `.nspawn` file binds.
     GateFile,
-    /// pre-start: the machine's driver tree on the host (removed without a driver).
+    /// The machine's driver tree on the host (removed without a driver).
     DriverTree,
-    /// pre-start: the gate markers for the boot ahead.
+    /// The gate markers for the boot ahead.
     BootGate,
-    /// pre-start: the `.nspawn` file itself, last: it binds what the steps before made.
+    /// The `.nspawn` file itself, last: it binds what the steps before made.
     NspawnFile,
-    DriverRoot,
-    Links,
-    /// Host mode's links ([`Target::Host`]): `/dev/char` only.
-    DevChar,
-    Cdi,
 }
 
-impl FileStep {
-    pub(crate) fn name(self) -> &'static str {
+impl BootStep {
+    fn name(self) -> &'static str {
         match self {
-            FileStep::HostNodes => "host device nodes",
-            FileStep::DeviceCgroup => "device cgroup",
-            FileStep::GateFile => "unit gate file",
-            FileStep::DriverTree => "driver tree",
-            FileStep::BootGate => "unit gate for the boot",
-            FileStep::NspawnFile => ".nspawn file",
-            FileStep::DriverRoot => "driver root",
-            FileStep::Links => "library and /dev/char links",
-            FileStep::DevChar => "/dev/char links",
-            FileStep::Cdi => "CDI spec",
+            BootStep::HostNodes => "host device nodes",
+            BootStep::DeviceCgroup => "device cgroup",
+            BootStep::GateFile => "unit gate file",
+            BootStep::DriverTree => "driver tree",
+            BootStep::BootGate => "unit gate for the boot",
+            BootStep::NspawnFile => ".nspawn file",
         }
     }
 
-    /// The `step` field of the step's log line (`journalctl STEP=cdi`).
+    /// The `step` field of the step's log line (`journalctl STEP=nspawn`).
     fn key(self) -> &'static str {
         match self {
-            FileStep::HostNodes => "host-nodes",
-            FileStep::DeviceCgroup => "device-cgroup",
-            FileStep::GateFile => "gate-file",
-            FileStep::DriverTree => "driver-tree",
-            FileStep::BootGate => "gate",
-            FileStep::NspawnFile => "nspawn",
-            FileStep::DriverRoot => "driver-root",
-            FileStep::Links => "links",
-            FileStep::DevChar => "dev-char",
-            FileStep::Cdi => "cdi",
+            BootStep::HostNodes => "host-nodes",
+            BootStep::DeviceCgroup => "device-cgroup",
+            BootStep::GateFile => "gate-file",
+            BootStep::DriverTree => "driver-tree",
+            BootStep::BootGate => "gate",
+            BootStep::NspawnFile => "nspawn",
         }
     }
 }
 
-/// One step of a hook's plan.
+impl std::fmt::Display for BootStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The name of a part post-start writes, in its plan and its errors.
+fn written_name(part: Written) -> &'static str {
+    match part {
+        Written::DriverRoot => "driver root",
+        Written::Links => "library links",
+        Written::DevChar => "/dev/char links",
+        Written::LdCache => "ldconfig",
+        Written::CdiSpec => "CDI spec",
+    }
+}
+
+/// The `step` field of a written part's log line (`journalctl STEP=cdi`).
+fn written_key(part: Written) -> &'static str {
+    match part {
+        Written::DriverRoot => "driver-root",
+        Written::Links => "links",
+        Written::DevChar => "dev-char",
+        Written::LdCache => "ldconfig",
+        Written::CdiSpec => "cdi",
+    }
+}
+
+/// One step of post-start's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Stop the unit (noting first whether it ran: a failure puts back only that), then reach
     /// the failpoint.
     Stop(UnitName, Point),
-    File(FileStep),
-    /// The machine's own `ldconfig`, as a transient unit of its systemd; skipped when no library
-    /// link changed and the machine's `ld.so.cache` already lists the driver (a transient unit
-    /// and a full cache rebuild on every start otherwise, most of the rewiring's time when
-    /// nothing changed).
-    Ldconfig,
-    /// Create the unit's gate marker (src/apply/gate.rs): from now on the unit may start. The point is
-    /// the failpoint between the marker's temp file and its rename; `key` the log line's `step`.
+    /// Apply one part of the wiring (src/apply/part.rs): re-read it, write what differs.
+    Apply(Written),
+    /// Create the unit's gate marker (src/apply/gate.rs): from now on the unit may start. The
+    /// point is the failpoint between the marker's temp file and its rename; `key` the log
+    /// line's `step`.
     Release {
         unit: UnitName,
         point: Point,
@@ -139,8 +149,7 @@ impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Step::Stop(unit, _) => write!(f, "stop {unit}"),
-            Step::File(step) => write!(f, "{}", step.name()),
-            Step::Ldconfig => f.write_str("ldconfig"),
+            Step::Apply(part) => f.write_str(written_name(*part)),
             Step::Release { unit, .. } => write!(f, "release {unit}"),
             Step::Start { unit, .. } => write!(f, "start {unit}"),
             Step::Import(dir) => write!(f, "import staged images from {dir}"),
@@ -148,16 +157,17 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// A hook's plan: a plain value, computed before anything is touched, run by [`execute`].
+/// A hook's plan: a plain value, computed before anything is touched, run by [`execute`]
+/// (post-start's, of [`Step`]s) or [`execute_boot`] (pre-start's, of [`BootStep`]s).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct Plan<S> {
     pub hook: Hook,
-    pub steps: Vec<Step>,
+    pub steps: Vec<S>,
 }
 
-impl std::fmt::Display for Plan {
+impl<S: std::fmt::Display> std::fmt::Display for Plan<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let steps: Vec<String> = self.steps.iter().map(Step::to_string).collect();
+        let steps: Vec<String> = self.steps.iter().map(ToString::to_string).collect();
         f.write_str(&steps.join(" → "))
     }
 }
@@ -198,25 +208,25 @@ impl Order {
     }
 }
 
-/// The file steps between the stops and `ldconfig`.
-fn file_steps(target: Target) -> &'static [FileStep] {
-    match target {
-        Target::Machine => &[FileStep::DriverRoot, FileStep::Links],
-        Target::Host => &[FileStep::DevChar],
-    }
+/// The parts post-start writes in `target`, in [`Part::list`]'s order: the file steps of
+/// [`plan`] and [`plan_without_gpus`].
+fn written(target: Target) -> impl Iterator<Item = Step> {
+    Part::list(target)
+        .iter()
+        .filter_map(|p| p.written())
+        .map(Step::Apply)
 }
 
 /// The order of a start (docs/wiring.md): kubelet stopped, containerd too unless it was released
 /// before post-start began ([`Order`]; a stop also cancels a start job the boot still has
-/// queued), the driver wired, containerd released and started (or, already released, waited
+/// queued), the parts post-start writes ([`written`]: the driver root checked, the links,
+/// `ldconfig`, the CDI spec), containerd released and started (or, already released, waited
 /// for: the boot's own start job), the staged images imported, kubelet released and started.
-/// The target ([`Target`]) changes only the file steps before `ldconfig`.
-pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
+pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan<Step> {
     let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
     let gated = order == Order::Gated;
     let stops = std::iter::once(Step::Stop(kubelet.clone(), Point::AfterKubeletStop))
         .chain(gated.then(|| Step::Stop(containerd.clone(), Point::AfterContainerdStop)));
-    let files = file_steps(target).iter().map(|f| Step::File(*f));
     let release_containerd = gated.then(|| Step::Release {
         unit: containerd.clone(),
         point: Point::PostStartMidGateRelease,
@@ -225,8 +235,7 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
     Plan {
         hook: Hook::PostStart,
         steps: stops
-            .chain(files)
-            .chain([Step::Ldconfig, Step::File(FileStep::Cdi)])
+            .chain(written(target))
             .chain(release_containerd)
             .chain(vec![
                 Step::Start {
@@ -250,188 +259,116 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan {
     }
 }
 
-/// pre-start's plan: the host nodes it binds that are missing (`host_nodes`), the machine's
-/// device cgroup (`device_cgroup`: under the real root, where the unit is), the unit gate's drop-in and the boot's markers (`gate`: when the
-/// `.nspawn` file binds them), the driver tree, and last the `.nspawn` file: nspawn refuses to
-/// start when a bind's source is missing, so what it binds is made first.
-pub fn pre_start(host_nodes: bool, device_cgroup: bool, gate: bool) -> Plan {
-    let steps = [
-        host_nodes.then_some(FileStep::HostNodes),
-        device_cgroup.then_some(FileStep::DeviceCgroup),
-        gate.then_some(FileStep::GateFile),
-        Some(FileStep::DriverTree),
-        gate.then_some(FileStep::BootGate),
-        Some(FileStep::NspawnFile),
+/// post-start of a target without GPUs (its [`Desired`] holds nothing of ours): the same parts
+/// written, which removes what is left of ours, and no service stopped. When the gate holds
+/// the services (`gated`: the GPUs went since pre-start saw them, or the host's gate drop-ins
+/// are installed), nothing else would start them this boot: both are released, then started.
+pub fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Plan<Step> {
+    let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
+    let gate = [
+        Step::Release {
+            unit: containerd.clone(),
+            point: Point::PostStartMidGateRelease,
+            key: "gate",
+        },
+        Step::Release {
+            unit: kubelet.clone(),
+            point: Point::PostStartMidKubeletGateRelease,
+            key: "gate-kubelet",
+        },
+        Step::Start {
+            unit: containerd.clone(),
+            before: None,
+            after: None,
+        },
+        Step::Start {
+            unit: kubelet.clone(),
+            before: None,
+            after: None,
+        },
     ];
     Plan {
-        hook: Hook::PreStart,
-        steps: steps.into_iter().flatten().map(Step::File).collect(),
+        hook: Hook::PostStart,
+        steps: written(target)
+            .chain(gate.into_iter().filter(|_| gated))
+            .collect(),
     }
 }
 
-/// What a file step did.
-pub struct FileDone {
+/// pre-start's plan: the host nodes it binds that are missing (`host_nodes`), the machine's
+/// device cgroup (`device_cgroup`: under the real root, where the unit is), the unit gate's
+/// drop-in and the boot's markers (`gate`: when the `.nspawn` file binds them), the driver
+/// tree, and last the `.nspawn` file: nspawn refuses to start when a bind's source is missing,
+/// so what it binds is made first.
+pub fn pre_start(host_nodes: bool, device_cgroup: bool, gate: bool) -> Plan<BootStep> {
+    let steps = [
+        host_nodes.then_some(BootStep::HostNodes),
+        device_cgroup.then_some(BootStep::DeviceCgroup),
+        gate.then_some(BootStep::GateFile),
+        Some(BootStep::DriverTree),
+        gate.then_some(BootStep::BootGate),
+        Some(BootStep::NspawnFile),
+    ];
+    Plan {
+        hook: Hook::PreStart,
+        steps: steps.into_iter().flatten().collect(),
+    }
+}
+
+/// What applying a part did.
+pub struct Applied {
     /// The step's log line.
     pub line: String,
-    /// Whether a library link changed (the links step; decides whether `ldconfig` runs).
+    /// Whether a library link changed (the links part; `ldconfig` hears it).
     pub library_links_changed: bool,
 }
 
 /// What [`execute`] does apart from the services: a trait so the ordering and the
-/// restore-on-failure rules are unit-tested with a recording fake. pre-start's work
-/// (src/apply/boot.rs) has file steps only; the others are post-start's.
+/// restore-on-failure rules are unit-tested with a recording fake (the product's is
+/// src/apply/part.rs's).
 pub trait Work {
-    fn file(&self, step: FileStep) -> Result<FileDone>;
-    /// Run `ldconfig` unless nothing needs it (see [`Step::Ldconfig`]). Returns the log line.
-    fn ldconfig(&self, _library_links_changed: bool) -> Result<String> {
-        not_a_step("ldconfig")
-    }
+    /// Apply `part`; `library_links_changed`: what the links part said (true until it ran).
+    fn apply(&self, part: Written, library_links_changed: bool) -> Result<Applied>;
     /// Create `unit`'s gate marker. Returns the log line.
-    fn release(&self, unit: &UnitName, _point: Point) -> Result<String> {
-        not_a_step(&format!("release {unit}"))
-    }
+    fn release(&self, unit: &UnitName, point: Point) -> Result<String>;
     /// Import the staged images: (imported, set aside).
-    fn import(&self) -> Result<(usize, usize)> {
-        not_a_step("import")
-    }
+    fn import(&self) -> Result<(usize, usize)>;
 }
 
-/// A step a plan holds that its work does not make.
-pub(crate) fn not_a_step<T>(step: &str) -> Result<T> {
-    anyhow::bail!("step '{step}' is not this hook's (a bug in its plan)")
+/// What [`execute_boot`] does: pre-start's work on the host (src/apply/boot.rs).
+pub trait BootWork {
+    /// Make `step`. Returns the log line.
+    fn step(&self, step: BootStep) -> Result<String>;
 }
 
-/// The real machine: its rootfs, the inventory it is wired for and its systemd.
-pub struct Wiring<'a> {
-    pub machine: &'a str,
-    pub mc: &'a MachineConfig,
-    pub host: &'a HostRoot,
-    pub markers: &'a gate::Markers<'a>,
-    pub root: &'a MachineRoot,
-    /// What the file steps make the target: the wiring model's [`Desired`].
-    pub desired: &'a Desired,
-    pub services: &'a dyn Services,
-}
-
-impl Wiring<'_> {
-    pub(crate) fn driver(&self) -> Result<&discovery::UserspaceDriver> {
-        self.desired.driver.as_ref().context(
-            "file steps without a complete NVIDIA driver: post-start runs them only when \
-             discovery found one (a bug)",
-        )
+/// Run pre-start's `plan` in order: one log line and timing per step; the first failure ends it
+/// (nothing to put back: the machine has not started).
+pub fn execute_boot(plan: &Plan<BootStep>, machine: &str, work: &dyn BootWork) -> Result<()> {
+    for step in &plan.steps {
+        let started = Instant::now();
+        let line = timed(machine, step.name(), || work.step(*step))
+            .with_context(|| format!("{} of {machine}: step '{step}'", plan.hook))?;
+        tracing::info!(%machine, step = %step.key(), us = micros(started.elapsed()), "{line}");
     }
-}
-
-impl Work for Wiring<'_> {
-    fn file(&self, step: FileStep) -> Result<FileDone> {
-        let driver = self.driver()?;
-        let d = self.desired;
-        let (line, library_links_changed) = match step {
-            FileStep::HostNodes
-            | FileStep::DeviceCgroup
-            | FileStep::GateFile
-            | FileStep::DriverTree
-            | FileStep::BootGate
-            | FileStep::NspawnFile => return not_a_step(step.name()),
-            FileStep::DriverRoot => {
-                let want = d.driver_root.as_ref().context(
-                    "the driver root step without a driver root to check (a bug: host mode has none)",
-                )?;
-                let seen = model::driver_root::observe(self.root, want)?;
-                if let Some(why) = model::driver_root::diff(want, &seen).message(want) {
-                    return Err(crate::apply::driver_tree::distrust(
-                        self.host,
-                        self.machine,
-                        anyhow::anyhow!(why),
-                    ));
-                }
-                (
-                    format!(
-                        "driver root: {} binds of driver {} checked against the host",
-                        want.len(),
-                        driver.version
-                    ),
-                    false,
-                )
-            }
-            FileStep::Links => {
-                let lib = d
-                    .lib_links
-                    .as_ref()
-                    .context("the links step without library links (a bug: host mode has none)")?;
-                let report = rewire::rebuild_links(self.root, lib, &d.dev_char)?;
-                (report.to_string(), rewire::library_links_changed(&report))
-            }
-            // Only /dev/char links: no library link of ours changes ldconfig's verdict on the
-            // host, whose cache alone decides (ld_cache_current).
-            FileStep::DevChar => (
-                rewire::rebuild_dev_char(self.root, &d.dev_char)?.to_string(),
-                false,
-            ),
-            FileStep::Cdi => {
-                let report = rewire::write_cdi(self.root, &d.spec, |n, b| d.spec.conflicts(n, b))?;
-                (report.to_string(), false)
-            }
-        };
-        Ok(FileDone {
-            line,
-            library_links_changed,
-        })
-    }
-
-    fn ldconfig(&self, library_links_changed: bool) -> Result<String> {
-        if !library_links_changed && ld_cache_current(self.root, self.driver()?) {
-            return Ok(
-                "ldconfig: not needed, no library link changed and /etc/ld.so.cache lists the \
-                 driver"
-                    .to_owned(),
-            );
-        }
-        let out = self.services.run(
-            "nspawn-lifecycle-ldconfig",
-            &["/sbin/ldconfig"],
-            None,
-            self.mc.job_timeout,
-        )?;
-        out.check("ldconfig")?;
-        Ok(format!(
-            "ldconfig: done in {:.2}s",
-            out.elapsed.as_secs_f64()
-        ))
-    }
-
-    fn release(&self, unit: &UnitName, point: Point) -> Result<String> {
-        Ok(if self.markers.release(unit, point)? {
-            format!("unit gate: released {unit} ({})", self.markers.path(unit))
-        } else {
-            format!("unit gate: {unit} already released")
-        })
-    }
-
-    fn import(&self) -> Result<(usize, usize)> {
-        import_images(self.machine, self.root, self.mc, self.services)
-    }
-}
-
-/// [`model::ld_cache::lists_driver`], where a cache that cannot be read means running `ldconfig`.
-fn ld_cache_current(root: &MachineRoot, driver: &discovery::UserspaceDriver) -> bool {
-    model::ld_cache::lists_driver(root, driver).unwrap_or_else(|e| {
-        tracing::debug!("reading the machine's ld.so.cache: {e:#}; running ldconfig");
-        false
-    })
+    Ok(())
 }
 
 /// The one executor: run `plan`'s steps in order. On a failure, start again only the services
 /// that were running before their stop (in the plan's start order; see the module
 /// documentation) and return the error.
-pub fn execute(plan: &Plan, machine: &str, work: &dyn Work, services: &dyn Services) -> Result<()> {
+pub fn execute(
+    plan: &Plan<Step>,
+    machine: &str,
+    work: &dyn Work,
+    services: &dyn Services,
+) -> Result<()> {
     let mut run = Run {
         hook: plan.hook,
         machine,
         work,
         services,
         was_running: Vec::new(),
-        library_links_changed: true,
+        library_links_changed: false,
     };
     for step in &plan.steps {
         if let Err(e) = run.step(step) {
@@ -458,7 +395,8 @@ struct Run<'a> {
     services: &'a dyn Services,
     /// What ran before post-start stopped it: the only services a failure puts back.
     was_running: Vec<UnitName>,
-    /// What the links step said (true until it ran: `ldconfig` then runs).
+    /// What the links part said (false before it ran, and in host mode, which has none: the
+    /// cache alone decides, [`crate::model::ld_cache::ldconfig_needed`]).
     library_links_changed: bool,
 }
 
@@ -489,20 +427,16 @@ impl Run<'_> {
                 self.import(dir);
                 return Ok(());
             }
-            Step::File(file) => {
-                let done =
-                    timed(machine, file.name(), || self.work.file(*file)).with_context(what)?;
-                // Starts true (ldconfig runs unless a links step says nothing changed).
-                if matches!(file, FileStep::Links | FileStep::DevChar) {
+            Step::Apply(part) => {
+                let changed = self.library_links_changed;
+                let done = timed(machine, written_name(*part), || {
+                    self.work.apply(*part, changed)
+                })
+                .with_context(what)?;
+                if *part == Written::Links {
                     self.library_links_changed = done.library_links_changed;
                 }
-                (file.key(), done.line)
-            }
-            Step::Ldconfig => {
-                let changed = self.library_links_changed;
-                let line = timed(machine, "ldconfig", || self.work.ldconfig(changed))
-                    .with_context(what)?;
-                ("ldconfig", line)
+                (written_key(*part), done.line)
             }
             Step::Release { unit, point, key } => {
                 let line = timed(machine, &step.to_string(), || {
@@ -555,7 +489,7 @@ impl Run<'_> {
 /// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
 /// an operator had stopped them), say why nothing is started; a plan that starts no service
 /// (pre-start's) has nothing to say.
-fn start_again(machine: &str, plan: &Plan, services: &dyn Services, units: &[&UnitName]) {
+fn start_again(machine: &str, plan: &Plan<Step>, services: &dyn Services, units: &[&UnitName]) {
     let names: Vec<String> = plan
         .steps
         .iter()

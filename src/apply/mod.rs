@@ -9,4 +9,5 @@ pub mod driver_tree;
 pub mod executor;
 pub mod gate;
 pub mod images;
+pub mod part;
 pub mod rewire;

@@ -1,11 +1,12 @@
-//! post-start's writes in a target (docs/wiring.md, "The order of a start"): the link and CDI spec
-//! changes of the wiring model (src/model) made, and the removal of our NVIDIA state on a host without GPUs.
+//! The writes of post-start's parts in a target (src/apply/part.rs says which part makes which):
+//! links, `/dev/char`, the CDI spec, and what is left of ours where a target has no driver.
 //!
-//! Every part is read, compared with what it must be by the model's own function, and changed,
-//! one directory at a time, so `status` and `plan`, which read and compare with the same
-//! functions, see exactly what post-start would change. Everything goes through a
-//! [`MachineRoot`], so a hostile rootfs cannot redirect a write, a replace or a delete to the
-//! host. Each step returns a [`Report`] the caller logs as one line.
+//! Every directory is read, compared with what it must be by the model's own function
+//! (src/model/links.rs, src/model/spec.rs), and changed, one directory at a time, so `status`
+//! and `plan`, which read and compare with the same functions, see exactly what post-start
+//! would change. Everything goes through a [`MachineRoot`], so a hostile rootfs cannot
+//! redirect a write, a replace or a delete to the host. Each returns a [`Report`] logged as
+//! one line.
 
 use crate::failpoint::{self, Point};
 use crate::fs::machine_root::{FileKind, LinkOutcome, MachineDir, MachineRoot, Subdir};
@@ -121,41 +122,29 @@ fn sync_dev_char(dir: &MachineDir, wanted: &links::DirLinks, report: &mut Report
     apply_dir(dir, &diff, report)
 }
 
-/// Rebuild the links in the machine: SONAME and versioned library links in each multiarch dir
-/// the machine has and the tool links in `/usr/bin` (stale ones removed first), and
-/// `/dev/char/<major>:<minor>` for every NVIDIA node (stale NVIDIA ones removed). `ldconfig` in
-/// the machine is the caller's next step.
-pub fn rebuild_links(
-    root: &MachineRoot,
-    lib: &BTreeMap<String, links::DirLinks>,
-    dev_char: &links::DirLinks,
-) -> Result<Report> {
+/// A machine's library links in line with `lib` (dir → name → target): SONAME and versioned
+/// library links in each multiarch dir the machine has and the tool links in `/usr/bin`, stale
+/// ones of ours removed (all of ours, with `lib` empty). `ldconfig` in the machine follows.
+pub fn lib_links(root: &MachineRoot, lib: &BTreeMap<String, links::DirLinks>) -> Result<Report> {
     let mut report = Report::new("links");
     sync_lib_dirs(root, lib, &mut report)?;
-    let dir = root.create_dir_all(DEV_CHAR, DIR_MODE)?;
-    sync_dev_char(&dir, dev_char, &mut report)?;
     Ok(report)
 }
 
-/// Host mode: the host's driver is installed at its standard paths (driver root `/`),
-/// so its library links are the driver installer's and `ldconfig`'s, never ours; only the
-/// `/dev/char/<major>:<minor>` links are made (stale NVIDIA ones removed), as in a machine.
-pub fn rebuild_dev_char(root: &MachineRoot, dev_char: &links::DirLinks) -> Result<Report> {
+/// `/dev/char/<major>:<minor>` for every NVIDIA node in `wanted`, stale NVIDIA ones removed.
+/// `make`: the directory is made when missing (a wired target); otherwise a `/dev/char` that is
+/// not a directory holds nothing of ours and is left alone.
+pub fn dev_char(root: &MachineRoot, wanted: &links::DirLinks, make: bool) -> Result<Report> {
     let mut report = Report::new("/dev/char links");
-    let dir = root.create_dir_all(DEV_CHAR, DIR_MODE)?;
-    sync_dev_char(&dir, dev_char, &mut report)?;
+    let dir = if make {
+        Some(root.create_dir_all(DEV_CHAR, DIR_MODE)?)
+    } else {
+        open_dir_if_dir(root, DEV_CHAR)?
+    };
+    if let Some(dir) = dir {
+        sync_dev_char(&dir, wanted, &mut report)?;
+    }
     Ok(report)
-}
-
-/// Whether the report of [`rebuild_links`] changed a library link (anything outside
-/// `/dev/char`, which is a fresh tmpfs on every boot and says nothing about `ld.so.cache`).
-pub fn library_links_changed(report: &Report) -> bool {
-    report
-        .created
-        .iter()
-        .chain(&report.replaced)
-        .chain(&report.removed)
-        .any(|p| !links::is_under(p, DEV_CHAR))
 }
 
 /// Write the CDI spec `dir/file_name` atomically (only when its bytes change), then remove every
@@ -202,99 +191,62 @@ pub fn write_cdi(
     Ok(report)
 }
 
-/// For a host without NVIDIA devices: remove the driver root (and any staging leftover), our
-/// links in every multiarch dir, our NVIDIA `/dev/char` links, and our CDI spec. Nothing else;
-/// idempotent.
-pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result<Report> {
-    let mut report = Report::new("cleanup");
-    spec::check_spec_name(cdi_file_name)?;
-
+/// A machine without a driver: its driver root and any staging leftover removed. A path on the
+/// way that is not a directory holds nothing of ours (and must not keep the machine from
+/// starting); this boot's binds cannot be removed and are reported kept (the next start renders
+/// none). Idempotent.
+pub fn remove_driver_root(root: &MachineRoot) -> Result<Report> {
+    let mut report = Report::new("driver root");
     let (parent_path, name) = DRIVER_ROOT.rsplit_once('/').unwrap_or(("/", DRIVER_ROOT));
     let (grand, pname) = parent_path.rsplit_once('/').unwrap_or(("/", parent_path));
     let grand = if grand.is_empty() { "/" } else { grand };
-    // Cleanup runs on hosts without GPUs: a path that is not a directory holds nothing of
-    // ours, and must not keep the machine from starting.
-    if let Some(g) = open_dir_if_dir(root, grand)? {
-        match g.open_subdir(pname)? {
-            Subdir::Dir(parent) => {
-                for n in [STAGING, name] {
-                    match parent.remove_tree(n) {
-                        Ok(true) => report.removed.push(parent.child(n)),
-                        Ok(false) => {}
-                        // The binds nspawn made at this boot (a post-start run by hand after
-                        // the GPUs went): nothing points into them any more, and the next start
-                        // renders none.
-                        Err(e) => report.kept.push((
-                            parent.child(n),
-                            format!("this boot's driver binds, gone at the next start: {e:#}"),
-                        )),
-                    }
+    let Some(g) = open_dir_if_dir(root, grand)? else {
+        return Ok(report);
+    };
+    match g.open_subdir(pname)? {
+        Subdir::Dir(parent) => {
+            for n in [STAGING, name] {
+                match parent.remove_tree(n) {
+                    Ok(true) => report.removed.push(parent.child(n)),
+                    Ok(false) => {}
+                    Err(e) => report.kept.push((
+                        parent.child(n),
+                        format!("this boot's driver binds, gone at the next start: {e:#}"),
+                    )),
                 }
-                parent.sync()?;
             }
-            Subdir::Missing => {}
-            Subdir::Other(k) => report
-                .kept
-                .push((g.child(pname), format!("a {}, not ours", k.as_str()))),
+            parent.sync()?;
         }
+        Subdir::Missing => {}
+        Subdir::Other(k) => report
+            .kept
+            .push((g.child(pname), format!("a {}, not ours", k.as_str()))),
     }
-
-    sync_lib_dirs(root, &BTreeMap::new(), &mut report)?;
-    cleanup_dev_char_and_cdi(root, cdi_dir, cdi_file_name, &mut report)?;
     Ok(report)
 }
 
-/// Host mode's [`cleanup`]: our NVIDIA `/dev/char` links and our CDI spec. Nothing of
-/// the driver: the host's is its installer's, and a `/run/nvidia/driver` on the host is someone
-/// else's (the GPU operator's driver container), never ours.
-pub fn cleanup_host(root: &MachineRoot, cdi_dir: &str, cdi_file_name: &str) -> Result<Report> {
-    let mut report = Report::new("cleanup");
-    spec::check_spec_name(cdi_file_name)?;
-    cleanup_dev_char_and_cdi(root, cdi_dir, cdi_file_name, &mut report)?;
+/// A target without GPUs: our spec file `dir/file_name` and its temp leftover removed (a
+/// directory by that name is not ours and is kept). Nothing else: another spec of our kind is
+/// not ours to judge without a spec of ours. Idempotent.
+pub fn remove_spec(root: &MachineRoot, dir: &str, file_name: &str) -> Result<Report> {
+    let mut report = Report::new("CDI spec");
+    spec::check_spec_name(file_name)?;
+    let Some(d) = open_dir_if_dir(root, dir)? else {
+        return Ok(report);
+    };
+    match d.kind(file_name)? {
+        None => {}
+        Some(FileKind::Dir) => report
+            .kept
+            .push((d.child(file_name), "a directory, not a spec of ours".into())),
+        Some(_) if d.remove_file(file_name)? => report.removed.push(d.child(file_name)),
+        Some(_) => {}
+    }
+    // The temp name is ours whatever it holds (the same name `write_file` clears).
+    let tmp = spec::tmp_name(file_name);
+    if d.remove_tree(&tmp)? {
+        report.removed.push(d.child(&tmp));
+    }
+    d.sync()?;
     Ok(report)
-}
-
-fn cleanup_dev_char_and_cdi(
-    root: &MachineRoot,
-    cdi_dir: &str,
-    cdi_file_name: &str,
-    report: &mut Report,
-) -> Result<()> {
-    if let Some(dev_char) = open_dir_if_dir(root, DEV_CHAR)? {
-        sync_dev_char(&dev_char, &BTreeMap::new(), report)?;
-    }
-
-    if let Some(d) = open_dir_if_dir(root, cdi_dir)? {
-        match d.kind(cdi_file_name)? {
-            None => {}
-            Some(FileKind::Dir) => report.kept.push((
-                d.child(cdi_file_name),
-                "a directory, not a spec of ours".into(),
-            )),
-            Some(_) if d.remove_file(cdi_file_name)? => report.removed.push(d.child(cdi_file_name)),
-            Some(_) => {}
-        }
-        // The temp name is ours whatever it holds (the same name `write_file` clears).
-        let tmp = spec::tmp_name(cdi_file_name);
-        if d.remove_tree(&tmp)? {
-            report.removed.push(d.child(&tmp));
-        }
-        d.sync()?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_library_link_changes_count_for_ldconfig() {
-        let mut r = Report::new("links");
-        r.created.push("/dev/char/195:0".into());
-        assert!(!library_links_changed(&r));
-        r.removed
-            .push("/usr/lib/x86_64-linux-gnu/libcuda.so.1".into());
-        assert!(library_links_changed(&r));
-    }
 }

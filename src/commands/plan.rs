@@ -36,8 +36,8 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
     Ok(r.up_to_date())
 }
 
-/// What post-start run now would change in `machine` when it runs ([`model::pending`] through
-/// its leader's root): `None` when it is not running, or under `--host-root` (no machine is
+/// What would change in `machine` when it runs ([`model::pending`]: every part, through its
+/// leader's root): `None` when it is not running, or under `--host-root` (no machine is
 /// reachable there). Reads only.
 fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Option<Vec<Change>>> {
     if !ctx.host.is_real_root() {
@@ -49,9 +49,11 @@ fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Opti
         return Ok(None);
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let mut changes = model::pending(handle.root(), &r.desired);
-    changes.extend(model::pending_units(&ctx.host, &r.desired)?);
-    Ok(Some(changes))
+    let at = model::Roots {
+        target: handle.root(),
+        host: &ctx.host,
+    };
+    Ok(Some(model::pending(&at, &r.desired)))
 }
 
 /// The text of [`post_start_now`].

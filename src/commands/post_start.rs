@@ -24,9 +24,9 @@
 //! the whole start.
 
 use crate::Ctx;
-use crate::apply::executor::{Order, Wiring, execute, micros, plan, timed};
+use crate::apply::executor::{Order, execute, micros, plan, plan_without_gpus, timed};
 use crate::apply::gate;
-use crate::apply::rewire;
+use crate::apply::part::{self, Wiring};
 use crate::config::MachineConfig;
 use crate::discovery;
 use crate::discovery::check_complete;
@@ -34,17 +34,15 @@ use crate::failpoint::{self, Point};
 use crate::fs::host::HostRoot;
 use crate::fs::lock;
 use crate::fs::machine_root::MachineRoot;
-use crate::model::Desired;
-use crate::model::cdi;
-use crate::model::gate as gates;
-use crate::systemd::services::{MachineServices, Services as _};
+use crate::model::part::{Roots, Seen};
+use crate::model::{Desired, Part};
+use crate::systemd::services::{Deferred, MachineServices, Services};
 use crate::systemd::{self, MachineHandle, Systemd};
 use crate::types::machine_name::MachineName;
-use crate::types::paths::UnitName;
 use anyhow::{Context as _, Result};
 use std::time::Instant;
 
-/// Where post-start works ([`crate::model::Target`]); everything but the file steps is the same
+/// Where post-start works ([`crate::model::Target`]); everything but the parts' list is the same
 /// [`plan`], [`execute`] and [`Wiring`] for both. Units, CDI directory, staged images directory,
 /// gate markers and timeouts come from the config (`machines.<name>`/`defaults`, or `host`) and
 /// resolve in the target's root.
@@ -54,14 +52,6 @@ pub use crate::model::Target;
 pub const HOST_LABEL: &str = "the host";
 
 impl Target {
-    /// Whether `unit`'s gate drop-in is in place (the unit waits for its marker this boot).
-    fn is_gated(self, root: &MachineRoot, unit: &UnitName) -> Result<bool> {
-        match self {
-            Target::Machine => gates::is_gated(root, unit),
-            Target::Host => gates::is_gated_on_host(root, unit),
-        }
-    }
-
     /// Where the target's gate markers live (host paths, see [`gate::Markers`]).
     fn markers<'a>(self, host: &'a HostRoot, who: &str) -> gate::Markers<'a> {
         match self {
@@ -69,41 +59,20 @@ impl Target {
             Target::Host => gate::Markers::of_host(host),
         }
     }
-
-    /// Remove our NVIDIA state from a root without GPUs.
-    fn cleanup(
-        self,
-        root: &MachineRoot,
-        mc: &MachineConfig,
-        spec_file: &str,
-    ) -> Result<rewire::Report> {
-        match self {
-            Target::Machine => rewire::cleanup(root, &mc.cdi_dir, spec_file),
-            Target::Host => rewire::cleanup_host(root, &mc.cdi_dir, spec_file),
-        }
-    }
 }
 
-/// What post-start and `refresh-devices` start from: the machine's settings, its lock held, its
-/// desired state for the host now (the machine's share of it, exit 3 while incomplete) and the
-/// running machine. `what` names the command in messages.
-struct Running {
+/// What post-start starts from, wherever its target is: the machine's settings, its lock held,
+/// its desired state for the host now (the machine's share of it, exit 3 while incomplete).
+/// `what` names the command in messages.
+struct Prepared {
     mc: MachineConfig,
     _lock: lock::MachineLock,
     desired: Desired,
-    handle: MachineHandle,
 }
 
-impl Running {
-    fn open(ctx: &Ctx, machine: &MachineName, what: &str) -> Result<Running> {
+impl Prepared {
+    fn open(ctx: &Ctx, machine: &MachineName, what: &str) -> Result<Prepared> {
         let mc = ctx.config.machine(&ctx.host, machine)?;
-        if !ctx.host.is_real_root() {
-            return Err(crate::error::bad_input(format!(
-                "{what} of {machine} works on the running machine through the host's systemd; \
-                 --host-root {} is only for pre-start, plan, discover and install",
-                ctx.host.root().display()
-            )));
-        }
         let who = machine.as_str();
         let lock = timed(who, "lock", || {
             lock::lock(&ctx.host, machine, mc.lock_timeout)
@@ -111,31 +80,50 @@ impl Running {
         let host_inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
         let desired = Desired::for_hooks(ctx, machine, &mc, &host_inv)
             .with_context(|| format!("{what} of {machine}"))?;
-        let deadline = Instant::now() + mc.job_timeout;
-        let handle = timed(who, "find machine", || {
-            MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
-        })?;
-        Ok(Running {
+        Ok(Prepared {
             mc,
             _lock: lock,
             desired,
-            handle,
         })
+    }
+}
+
+/// [`Prepared`] for the running machine, reached through the host's systemd.
+struct Running {
+    prepared: Prepared,
+    handle: MachineHandle,
+}
+
+impl Running {
+    fn open(ctx: &Ctx, machine: &MachineName, what: &str) -> Result<Running> {
+        if !ctx.host.is_real_root() {
+            return Err(crate::error::bad_input(format!(
+                "{what} of {machine} works on the running machine through the host's systemd; \
+                 --host-root {} is only for pre-start, plan, discover and install",
+                ctx.host.root().display()
+            )));
+        }
+        let prepared = Prepared::open(ctx, machine, what)?;
+        let deadline = Instant::now() + prepared.mc.job_timeout;
+        let handle = timed(machine.as_str(), "find machine", || {
+            MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+        })?;
+        Ok(Running { prepared, handle })
     }
 }
 
 /// `refresh-devices`: the running machine's `/dev/char` links made for the host's nodes now
 /// (those its bound NVIDIA node directories show: a MIG capability or IMEX channel the host made
-/// while it runs), under the machine's lock, as post-start's links step makes them; nothing
-/// else is touched and no service stopped. A machine not running is an error (its path unit is
-/// bound to its unit, so only a hand-run meets it).
+/// while it runs), under the machine's lock: post-start's `/dev/char` part
+/// ([`part::dev_char`]) alone; nothing else is touched and no service stopped. A machine not
+/// running is an error (its path unit is bound to its unit, so only a hand-run meets it).
 pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let r = Running::open(ctx, machine, "refresh-devices")?;
     let who = machine.as_str();
-    let report = timed(who, "dev-char", || {
-        rewire::rebuild_dev_char(r.handle.root(), &r.desired.dev_char)
+    let line = timed(who, "dev-char", || {
+        part::dev_char(r.handle.root(), &r.prepared.desired)
     })?;
-    tracing::info!(machine = %who, step = "dev-char", "{report}");
+    tracing::info!(machine = %who, step = "dev-char", "{line}");
     Ok(())
 }
 
@@ -143,7 +131,7 @@ pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let total = Instant::now();
     let r = Running::open(ctx, machine, "post-start")?;
-    let (mc, handle) = (&r.mc, &r.handle);
+    let (mc, handle) = (&r.prepared.mc, &r.handle);
     let run = TargetRun {
         who: machine.as_str(),
         in_its_start: crate::types::units::runs_in_its_start(machine),
@@ -151,23 +139,34 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         mc,
         host: &ctx.host,
         root: handle.root(),
-        desired: &r.desired,
+        desired: &r.prepared.desired,
     };
+    let job_timeout = mc.job_timeout;
     run.finish(
         total,
         // Without GPUs the start returns once the boot is done, as it did when post-start ran
         // after it (`NotifyReady=yes`): the boot starts this machine's services itself.
-        || systemd::wait_running(handle, Instant::now() + mc.boot_timeout),
+        || {
+            Ok(MachineServices {
+                sd: systemd::wait_running(handle, Instant::now() + mc.boot_timeout)?,
+                job_timeout,
+            })
+        },
         // With them, the boot goes on meanwhile: the unit gate holds both services until their
         // markers exist.
-        || systemd::wait_bus(handle, Instant::now() + mc.boot_timeout),
+        || {
+            Ok(MachineServices {
+                sd: systemd::wait_bus(handle, Instant::now() + mc.boot_timeout)?,
+                job_timeout,
+            })
+        },
     )
 }
 
 /// `host post-start`: post-start of the host itself, [`Target::Host`]. Run by
 /// `nspawn-lifecycle-host.service` at boot (see `install --host`) and by hand after a driver
 /// change. The same discovery, incomplete verdict (exit 3), lock discipline (a lock of its
-/// own), plan, executor, failure points, restore-on-failure and no-GPU cleanup as a machine's.
+/// own), parts, executor, failure points and restore-on-failure as a machine's.
 pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     let hc = ctx.config.host()?;
     if !ctx.host.is_real_root() {
@@ -194,7 +193,12 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
         desired: &Desired::host(&ctx.host, &inv, &hc, helper)?,
     };
     // No boot to wait for: this runs as a unit of the host's own boot.
-    let bus = || Systemd::host(Instant::now() + hc.job_timeout);
+    let bus = || {
+        Ok(MachineServices {
+            sd: Systemd::host(Instant::now() + hc.job_timeout)?,
+            job_timeout: hc.job_timeout,
+        })
+    };
     run.finish(total, bus, bus)
 }
 
@@ -212,20 +216,21 @@ struct TargetRun<'a> {
 
 impl TargetRun<'_> {
     /// The part both targets share once they have discovered and locked: without a complete
-    /// driver (or nothing to put in a spec) [`TargetRun::without_gpus`] on the systemd
-    /// `running` gives; otherwise [`TargetRun::wire`] on the one `bus` gives.
-    fn finish(
+    /// driver (or nothing to put in a spec) [`TargetRun::without_gpus`], reaching the services
+    /// `running` gives only if it starts one; otherwise [`TargetRun::wire`] on the services
+    /// `bus` gives.
+    fn finish<S: Services>(
         &self,
         total: Instant,
-        running: impl FnOnce() -> Result<Systemd>,
-        bus: impl FnOnce() -> Result<Systemd>,
+        running: impl FnOnce() -> Result<S>,
+        bus: impl FnOnce() -> Result<S>,
     ) -> Result<()> {
         if self.desired.driver.is_none() {
             return self.without_gpus(running);
         }
-        let sd = timed(self.who, "wait bus", bus)?;
+        let services = timed(self.who, "wait bus", bus)?;
         failpoint::hit(Point::AfterBus);
-        self.wire(&sd)?;
+        self.wire(&services)?;
         tracing::debug!(
             machine = self.who,
             step = "post-start",
@@ -235,13 +240,25 @@ impl TargetRun<'_> {
         Ok(())
     }
 
-    /// Run the target's plan over its root and systemd, and log what was wired.
-    fn wire(&self, sd: &Systemd) -> Result<()> {
+    fn wiring<'a>(
+        &'a self,
+        markers: &'a gate::Markers<'a>,
+        services: &'a dyn Services,
+    ) -> Wiring<'a> {
+        Wiring {
+            machine: self.who,
+            mc: self.mc,
+            host: self.host,
+            markers,
+            root: self.root,
+            desired: self.desired,
+            services,
+        }
+    }
+
+    /// Run the target's plan over its root and services, and log what was wired.
+    fn wire(&self, services: &dyn Services) -> Result<()> {
         let (who, mc) = (self.who, self.mc);
-        let services = MachineServices {
-            sd,
-            job_timeout: mc.job_timeout,
-        };
         let markers = self.target.markers(self.host, who);
         let order = Order::of(self.target, &markers, mc, self.in_its_start)?;
         if order == Order::ContainerdReleased {
@@ -249,80 +266,57 @@ impl TargetRun<'_> {
                 "released before post-start began ({}): not stopped, started with the boot",
                 markers.path(&mc.containerd_unit));
         }
-        let wiring = Wiring {
-            machine: who,
-            mc,
-            host: self.host,
-            markers: &markers,
-            root: self.root,
-            desired: self.desired,
-            services: &services,
-        };
         let started = Instant::now();
-        execute(&plan(mc, self.target, order), who, &wiring, &services)?;
+        let wiring = self.wiring(&markers, services);
+        execute(&plan(mc, self.target, order), who, &wiring, services)?;
         tracing::info!(
             machine = who,
             "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
             started.elapsed().as_secs_f64(),
-            wiring.driver()?.version,
+            self.desired
+                .driver
+                .as_ref()
+                .map_or("?", |d| d.version.as_str()),
             self.desired.gpus
         );
         Ok(())
     }
 
-    /// post-start without NVIDIA devices: services are left alone; only stale NVIDIA state is
-    /// removed so pods cannot be handed GPUs that are gone. Unless the services are gated and
-    /// the GPUs went since (pre-start still saw them, or the host's gate drop-ins are
-    /// installed): then nothing else would ever start them this boot, so both gates are
-    /// released and both services started, on the systemd `running` gives once it may.
-    fn without_gpus(&self, running: impl FnOnce() -> Result<Systemd>) -> Result<()> {
-        let (who, target, mc, root) = (self.who, self.target, self.mc, self.root);
-        let markers = target.markers(self.host, who);
-        let gated = clean(who, target, mc, root, &markers)?;
-        let sd = running()?;
-        if gated {
-            let services = MachineServices {
-                sd: &sd,
-                job_timeout: mc.job_timeout,
-            };
-            for unit in [&mc.containerd_unit, &mc.kubelet_unit] {
-                services
-                    .start(unit)
-                    .with_context(|| format!("post-start of {who}: starting {unit}"))?;
-                tracing::info!(machine = who, %unit, "started (gated at boot while the host had GPUs)");
+    /// post-start without NVIDIA devices ([`plan_without_gpus`]): the same parts against a
+    /// desired state with nothing of ours, so what is left of ours goes and pods cannot be
+    /// handed GPUs that are gone; no service stopped. When the gate holds the services (the
+    /// gate part as read now), both are released and started, once `running` gives the
+    /// target's systemd.
+    fn without_gpus<S: Services>(&self, running: impl FnOnce() -> Result<S>) -> Result<()> {
+        let (who, mc) = (self.who, self.mc);
+        tracing::info!(
+            machine = who,
+            "{}; removing what is left of ours",
+            if mc.gpus == crate::config::Gpus::None {
+                "no NVIDIA GPUs for this machine (gpus: none)"
+            } else {
+                "no NVIDIA GPUs on the host"
             }
-        }
-        Ok(())
+        );
+        let at = Roots {
+            target: self.root,
+            host: self.host,
+        };
+        let gated = match Part::Gate.observe(&at, self.desired) {
+            Ok(Seen::Gate(units)) => units.iter().any(|u| u.gated),
+            Ok(_) => false,
+            Err(e) => return Err(e.context(format!("post-start of {who}: reading the gate"))),
+        };
+        let markers = self.target.markers(self.host, who);
+        let services = Deferred::new(running);
+        let wiring = self.wiring(&markers, &services);
+        execute(
+            &plan_without_gpus(mc, self.target, gated),
+            who,
+            &wiring,
+            &services,
+        )
     }
-}
-
-/// post-start without NVIDIA devices, in the target's files: our stale NVIDIA state removed
-/// and, when the unit gate holds the services, both released. Returns whether it did (the
-/// caller then starts both).
-fn clean(
-    who: &str,
-    target: Target,
-    mc: &MachineConfig,
-    root: &MachineRoot,
-    markers: &gate::Markers,
-) -> Result<bool> {
-    let spec_file = cdi::spec_file_name(&mc.cdi_kind);
-    let report = target
-        .cleanup(root, mc, &spec_file)
-        .with_context(|| format!("post-start of {who}: removing stale NVIDIA state"))?;
-    let why = if mc.gpus == crate::config::Gpus::None {
-        "no NVIDIA GPUs for this machine (gpus: none)"
-    } else {
-        "no NVIDIA GPUs on the host"
-    };
-    tracing::info!(machine = who, "{why}; {report}");
-    let gated =
-        target.is_gated(root, &mc.kubelet_unit)? || target.is_gated(root, &mc.containerd_unit)?;
-    if gated {
-        markers.release(&mc.containerd_unit, Point::PostStartMidGateRelease)?;
-        markers.release(&mc.kubelet_unit, Point::PostStartMidKubeletGateRelease)?;
-    }
-    Ok(gated)
 }
 
 mod host_plan;

@@ -4,10 +4,9 @@
 
 use crate::Ctx;
 use crate::apply::boot::Boot;
-use crate::apply::executor::{self, execute};
+use crate::apply::executor::{self, execute_boot};
 use crate::fs::lock;
 use crate::model::render::{check_rendered, check_startable, render};
-use crate::systemd::services::NoServices;
 use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result};
 
@@ -29,5 +28,5 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         boot.sets_device_cgroup(),
         boot.binds_gate(),
     );
-    execute(&plan, machine.as_str(), &boot, &NoServices)
+    execute_boot(&plan, machine.as_str(), &boot)
 }

@@ -20,7 +20,7 @@ mod inspect;
 mod judge;
 pub mod metrics;
 
-use inspect::{gate_facts, inspect_dev_char, inspect_spec, last_post_start};
+use inspect::{inspect_dev_char, inspect_spec, judged_changes, last_post_start};
 pub use inspect::{inspect_machine, utc};
 use judge::host_facts;
 pub use judge::{Subject, evaluate};
@@ -33,7 +33,7 @@ use crate::model::cdi;
 use crate::model::helper::HelperFacts;
 #[cfg(test)]
 use crate::model::helper::helper_facts;
-use crate::model::{Change, Desired};
+use crate::model::{Change, Check, Desired};
 use crate::systemd::{MachineHandle, ServiceRun, Systemd};
 use crate::types::machine_name::MachineName;
 use crate::types::units;
@@ -94,10 +94,8 @@ impl State {
 pub struct Finding {
     /// `drift` or `broken`.
     pub state: State,
-    /// What was compared: `driver-version`, `gpus`, `cdi-spec`, `dangling-links`, `gate`,
-    /// `services`, `post-start`, `unit`, `host-driver`, `stale-nvidia-state`, `driver-root`,
-    /// `helper`, `next-start`, `ld-cache`.
-    pub check: &'static str,
+    /// What was compared (named in JSON as [`Check::as_str`] says).
+    pub check: Check,
     pub message: String,
 }
 
@@ -322,7 +320,7 @@ fn observe(
         let root = MachineRoot::open(Path::new(&dir))?;
         return Ok(Observed {
             unit: None,
-            machine: Some(inspect_machine(&root, mc, desired, judged)?),
+            machine: Some(inspect_machine(&root, &ctx.host, mc, desired, judged)?),
             services: None,
             ..Observed::default()
         });
@@ -367,7 +365,7 @@ fn observe(
         });
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let facts = inspect_machine(handle.root(), mc, desired, judged)?;
+    let facts = inspect_machine(handle.root(), &ctx.host, mc, desired, judged)?;
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
     let sd = Systemd::machine_in_any_userns(&handle, deadline)?;
     Ok(Observed {
@@ -449,11 +447,6 @@ pub fn machine_status(
     };
     let mut observed = observe(ctx, inv, machine, &mc, &desired, machine_root)
         .with_context(|| format!("status of {machine}"))?;
-    // The drop-in is install's: what the next start runs, against what install writes now.
-    if let Some(m) = observed.machine.as_mut() {
-        m.pending_changes
-            .extend(crate::model::pending_units(&ctx.host, &desired)?);
-    }
     observed.missing_gpus = a.missing.iter().map(ToString::to_string).collect();
     observed.helper = Some(desired.helper.clone());
     observed.next_start = next_start;

@@ -43,6 +43,21 @@ pub fn lists_driver(root: &MachineRoot, driver: &UserspaceDriver) -> Result<bool
     Ok(lists(&cache, &wanted))
 }
 
+/// Why `ldconfig` must run in a target, or `None` when it need not: the one decision `status`,
+/// `plan` and post-start share. `library_links_change`: a library link of ours changes (is
+/// pending, or was just made). `lists`: [`lists_driver`]'s answer; a cache that cannot be read
+/// is no reason to fail, `ldconfig` writes a new one.
+pub fn ldconfig_needed(library_links_change: bool, lists: &Result<bool>) -> Option<String> {
+    match (library_links_change, lists) {
+        (true, _) => Some("library links change".to_owned()),
+        (false, Ok(true)) => None,
+        (false, Ok(false)) => {
+            Some("/etc/ld.so.cache does not list the driver's libraries".to_owned())
+        }
+        (false, Err(e)) => Some(format!("/etc/ld.so.cache cannot be read ({e:#})")),
+    }
+}
+
 /// Whether `cache` (the bytes of an `ld.so.cache`) has an entry for every path in `wanted`
 /// (`/lib/<triplet>/<name>`), written `/lib/…` or `/usr/lib/…` (one dir under usrmerge). Read
 /// with the one reader of the format ([`crate::discovery::ldcache::each`]); a cache it cannot read lists

@@ -1,30 +1,28 @@
 //! The wiring as a value: what the hooks must leave for a target (a machine, or the host itself
-//! in host mode) for the host as discovered now ([`Desired`]), and what post-start would change
-//! there ([`pending`]).
+//! in host mode) for the host as discovered now ([`Desired`]), and what would change there to
+//! make it so ([`pending`], part by part: [`Part`]).
 //!
 //! [`Desired`] is computed once, purely ([`Desired::from_facts`], [`Start::from_facts`]), from
 //! discovery (the machine's share of it), the host facts it names ([`Facts`]: the identity of
 //! every driver file and whether the tree can link it, the installed helper), gathered by reads
 //! alone, and the configuration. A machine's holds its next start ([`Start`]: the `.nspawn` file
 //! and the driver tree it binds), which pre-start makes and `plan` prints
-//! (src/model/render.rs), and what post-start makes in the running machine, which post-start,
-//! `plan` and `status` read through the target's root handle and compare with what is there by
-//! one pure function per part ([`links::diff_lib_dir`], [`links::diff_dev_char`],
-//! [`driver_root::diff`], [`spec::diff`]):
-//!
-//! - post-start applies each part's difference (src/apply/rewire.rs), part by part, reading each part
-//!   just before it changes it;
-//! - `status` and `plan` read every part at once ([`observe`], into an [`Observed`]) and list the
-//!   differences as [`Change`]s ([`diff`], pure) without writing anything. `status` is out of sync exactly when that list is not empty
-//!   (tests/wiring_model.rs holds it to that over every example host and a list of mutations).
+//! (src/model/render.rs), and what post-start makes in the running machine, one [`Part`] at a
+//! time: each part reads what the target holds of it ([`Part::observe`]) and compares it with
+//! [`Desired`] by one pure function ([`Part::diff`]: [`links::diff_lib_dir`],
+//! [`links::diff_dev_char`], [`driver_root::diff`], [`spec::diff`], …) into [`Change`]s.
+//! `status` and `plan` list the changes of every part ([`pending`]); post-start applies the
+//! parts it writes in the same order (src/apply/part.rs), each re-read just before it is
+//! changed. `status` is out of sync exactly when that list is not empty (tests/wiring_model.rs
+//! holds it to that over every example host and a list of mutations).
 //!
 //! A change is post-start's to make, or only a new start's (the driver root and the helper bound
-//! into a machine are made with it: [`Action::Restart`]), or nobody's until a person acts
-//! (post-start would fail there: [`Action::Fails`]).
+//! into a machine are made with it: [`Action::Restart`]), or `install`'s ([`Action::Install`]),
+//! or nobody's until a person acts (post-start would fail there: [`Action::Fails`]).
 
 pub mod cdi;
+pub mod check;
 pub mod device_cgroup;
-pub mod diff;
 pub mod driver_root;
 pub mod dropin;
 pub mod gate;
@@ -37,6 +35,7 @@ pub mod ld_cache;
 pub mod legacy;
 pub mod links;
 pub mod nspawn;
+pub mod part;
 pub mod render;
 pub mod spec;
 pub mod tree;
@@ -50,8 +49,9 @@ use crate::model::nspawn::NspawnFile;
 use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, UnitName};
 use anyhow::Result;
-pub use diff::{Observed, diff, observe, pending};
+pub use check::Check;
 use links::DirLinks;
+pub use part::{Observation, Part, Roots, observe, pending};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -101,7 +101,7 @@ pub struct Desired {
     pub helper: helper::HelperFacts,
     /// How many GPUs the target is wired for.
     pub gpus: usize,
-    /// The unit files `install` writes for the target ([`pending_units`]).
+    /// The unit files `install` writes for the target ([`Part::UnitFiles`]).
     pub unit_files: Vec<UnitFile>,
 }
 
@@ -348,9 +348,8 @@ impl Action {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
-    /// The part it belongs to, named as `status` names its checks: `driver-root`, `links`,
-    /// `dev-char`, `ld-cache`, `cdi-spec`, `gate`, `helper`, `stale-nvidia-state`.
-    pub check: &'static str,
+    /// The part it belongs to ([`Part::check`]), named as `status` names its checks.
+    pub check: Check,
     pub action: Action,
     /// What it changes (a path in the target, a unit).
     pub path: String,
@@ -359,7 +358,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(check: &'static str, action: Action, path: String, detail: impl Into<String>) -> Self {
+    fn new(check: Check, action: Action, path: String, detail: impl Into<String>) -> Self {
         Change {
             check,
             action,
@@ -385,24 +384,4 @@ impl std::fmt::Display for Change {
         }
         Ok(())
     }
-}
-
-/// The unit files `d` names on `host` against what `install` writes now: an [`Action::Install`]
-/// change for each that differs, or is missing where that is a change ([`UnitFile::required`]).
-/// Reads only.
-pub fn pending_units(host: &HostRoot, d: &Desired) -> Result<Vec<Change>> {
-    let mut out = Vec::new();
-    for f in &d.unit_files {
-        let why = match host.read(&f.path) {
-            Ok(have) if have == f.text.as_bytes() => continue,
-            Ok(_) => format!("differs from what {} writes now", f.by),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !f.required => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "missing".to_owned(),
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!("reading {}", f.path)));
-            }
-        };
-        out.push(Change::new("dropin", Action::Install, f.path.clone(), why));
-    }
-    Ok(out)
 }

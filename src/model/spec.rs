@@ -253,7 +253,7 @@ pub fn observe(root: &MachineRoot, want: &Want) -> Result<Seen> {
 /// of a leftover or of others of our kind. An error where post-start would fail. Pure.
 pub fn diff(want: &Want, seen: &Seen) -> Result<Vec<Change>> {
     let change = |path: String, action: Action, why: &str| Change {
-        check: "cdi-spec",
+        check: super::Check::CdiSpec,
         action,
         path,
         detail: why.to_owned(),

@@ -32,12 +32,12 @@ pub trait Services {
 }
 
 /// The machine's systemd over its own bus.
-pub struct MachineServices<'a> {
-    pub sd: &'a Systemd,
+pub struct MachineServices {
+    pub sd: Systemd,
     pub job_timeout: Duration,
 }
 
-impl Services for MachineServices<'_> {
+impl Services for MachineServices {
     fn stop(&self, unit: &str) -> Result<()> {
         self.sd.stop_unit(unit, Instant::now() + self.job_timeout)
     }
@@ -82,41 +82,77 @@ impl Services for MachineServices<'_> {
     }
 }
 
-/// What pre-start reaches: no service. Its plan has no service step; one there is a bug.
-pub struct NoServices;
+/// Services reached only when first asked: post-start of a target without GPUs removes what is
+/// left of ours first and only then waits for the boot to finish (`connect`) before it starts a
+/// gated service; with nothing gated it never waits.
+pub struct Deferred<S, F> {
+    connect: std::cell::Cell<Option<F>>,
+    services: std::cell::OnceCell<S>,
+}
 
-impl NoServices {
-    fn refuse<T>(what: &str) -> Result<T> {
-        anyhow::bail!("{what}: pre-start reaches no service (a bug in its plan)")
+impl<S: Services, F: FnOnce() -> Result<S>> Deferred<S, F> {
+    pub fn new(connect: F) -> Self {
+        Deferred {
+            connect: std::cell::Cell::new(Some(connect)),
+            services: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> Result<&S> {
+        if let Some(s) = self.services.get() {
+            return Ok(s);
+        }
+        let connect = self
+            .connect
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the target's systemd could not be reached"))?;
+        let services = connect()?;
+        Ok(self.services.get_or_init(|| services))
     }
 }
 
-impl Services for NoServices {
+impl<S: Services, F: FnOnce() -> Result<S>> Services for Deferred<S, F> {
     fn stop(&self, unit: &str) -> Result<()> {
-        Self::refuse(&format!("stop {unit}"))
+        self.get()?.stop(unit)
     }
     fn start(&self, unit: &str) -> Result<()> {
-        Self::refuse(&format!("start {unit}"))
+        self.get()?.start(unit)
     }
     fn is_active(&self, unit: &str) -> Result<bool> {
-        Self::refuse(&format!("is {unit} active"))
+        self.get()?.is_active(unit)
     }
     fn run(
         &self,
-        _: &str,
+        prefix: &str,
         argv: &[&str],
-        _: Option<BorrowedFd<'_>>,
-        _: Duration,
+        stdin: Option<BorrowedFd<'_>>,
+        timeout: Duration,
     ) -> Result<TransientOutcome> {
-        Self::refuse(&format!("run {}", argv.join(" ")))
+        self.get()?.run(prefix, argv, stdin, timeout)
     }
 }
 
-/// A machine rootfs on disk with no systemd in it. Nothing runs there, so no unit is active and
-/// stops and starts are logged no-ops. `ldconfig` is the host's `ldconfig -r <rootfs>`, which
-/// rebuilds the rootfs's own `/etc/ld.so.cache` from its own `ld.so.conf`, as the machine's
-/// `ldconfig` would. `ctr` needs the machine's containerd, so an import fails as one whose `ctr`
-/// could not run: the tarball is set aside like any failed import.
+impl<T: Services + ?Sized> Services for &T {
+    fn stop(&self, unit: &str) -> Result<()> {
+        (**self).stop(unit)
+    }
+    fn start(&self, unit: &str) -> Result<()> {
+        (**self).start(unit)
+    }
+    fn is_active(&self, unit: &str) -> Result<bool> {
+        (**self).is_active(unit)
+    }
+    fn run(
+        &self,
+        prefix: &str,
+        argv: &[&str],
+        stdin: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<TransientOutcome> {
+        (**self).run(prefix, argv, stdin, timeout)
+    }
+}
+
 #[cfg(any(feature = "failpoints", feature = "testkit"))]
 pub struct OnDisk<'a> {
     pub dir: &'a std::path::Path,

@@ -160,14 +160,59 @@ pub fn debian_machine(root: &Path) {
     link("/dev/nvidia-modeset", "dev/char/195:254");
 }
 
-/// post-start's links step for `inv` (the model's wanted links of its driver and devices).
+/// Reports of several parts as one (`step` named anew).
+pub fn merged(step: &'static str, reports: Vec<Report>) -> Report {
+    let mut out = Report {
+        step,
+        ..Report::default()
+    };
+    for r in reports {
+        out.created.extend(r.created);
+        out.replaced.extend(r.replaced);
+        out.removed.extend(r.removed);
+        out.kept.extend(r.kept);
+        out.skipped.extend(r.skipped);
+    }
+    out
+}
+
+/// post-start's library link and `/dev/char` parts for `inv` (the model's wanted links of its
+/// driver and devices), as one report.
 pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> anyhow::Result<Report> {
     use nspawn_lifecycle::model::links;
-    rewire::rebuild_links(
-        root,
-        &links::lib_links(inv.driver.as_ref()),
-        &links::dev_char_links(inv),
-    )
+    Ok(merged(
+        "links",
+        vec![
+            rewire::lib_links(root, &links::lib_links(inv.driver.as_ref()))?,
+            rewire::dev_char(root, &links::dev_char_links(inv), true)?,
+        ],
+    ))
+}
+
+/// What post-start's parts write in a machine without a driver (each part against "nothing of
+/// ours", in the parts' order: the driver root, the links, `/dev/char`, the spec), as one
+/// report.
+pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file: &str) -> anyhow::Result<Report> {
+    Ok(merged(
+        "cleanup",
+        vec![
+            rewire::remove_driver_root(root)?,
+            rewire::lib_links(root, &Default::default())?,
+            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::remove_spec(root, cdi_dir, cdi_file)?,
+        ],
+    ))
+}
+
+/// [`cleanup`] of host mode: its parts are `/dev/char` and the spec.
+pub fn cleanup_host(root: &MachineRoot, cdi_dir: &str, cdi_file: &str) -> anyhow::Result<Report> {
+    Ok(merged(
+        "cleanup",
+        vec![
+            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::remove_spec(root, cdi_dir, cdi_file)?,
+        ],
+    ))
 }
 
 /// post-start's CDI step writing `bytes` as `dir/file`, with `conflicts` deciding which other

@@ -25,7 +25,7 @@ pub fn host_plan(ctx: &Ctx, json: bool) -> Result<()> {
         units.push(HostPlanUnit {
             unit: unit.to_string(),
             gate_dropin: gates::host_dropin(unit).to_string(),
-            gate_installed: Target::Host.is_gated(&root, unit)?,
+            gate_installed: gates::is_gated_on_host(&root, unit)?,
             marker: gates::marker(unit).to_string(),
             released: gate::Markers::of_host(&ctx.host).is_released(unit)?,
         });

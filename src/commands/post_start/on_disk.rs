@@ -1,16 +1,17 @@
-//! post-start against a machine rootfs on disk with no systemd in it: for the crash tests
-//! (`rewire-root`, failpoints builds) and the wiring model's property test (the test kit).
+//! post-start's own run against a machine rootfs on disk with no systemd in it, its services
+//! replaced: for the crash tests (`rewire-root`, failpoints builds) and the wiring model's
+//! property test (the test kit). Everything but the services and how the machine is reached
+//! is the command's ([`Prepared`], [`TargetRun`]).
 
-use super::clean;
+use super::{Prepared, Target, TargetRun};
 use crate::Ctx;
-use crate::apply::executor::{Order, Wiring, execute, plan};
+#[cfg(feature = "failpoints")]
 use crate::apply::gate;
-use crate::config::MachineConfig;
+#[cfg(feature = "failpoints")]
 use crate::discovery;
+#[cfg(feature = "failpoints")]
 use crate::fs::host::HostRoot;
-use crate::fs::lock;
 use crate::fs::machine_root::MachineRoot;
-use crate::model::{Desired, Target};
 #[cfg(feature = "failpoints")]
 use crate::systemd::services::OnDisk;
 use crate::systemd::services::Services;
@@ -18,67 +19,50 @@ use crate::types::machine_name::MachineName;
 #[cfg(feature = "failpoints")]
 use anyhow::Context as _;
 use anyhow::Result;
+use std::time::Instant;
 
 /// post-start of `machine` against a machine rootfs on disk, with `services` in place of its
-/// systemd: the product's lock, discovery, [`Desired`], no-GPU cleanup and, with GPUs, [`plan`]
-/// (the gated order) run by [`execute`] over [`Wiring`]. For the crash tests (`rewire-root`) and
-/// the wiring model's property test.
-#[cfg(any(feature = "failpoints", feature = "testkit"))]
+/// systemd: the command's lock, discovery, [`crate::model::Desired`], parts and executor
+/// ([`TargetRun::finish`]), as a run by hand (the gated order).
 pub fn run_on_disk(
     ctx: &Ctx,
     machine: &MachineName,
     root: &MachineRoot,
     services: &dyn Services,
 ) -> Result<()> {
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let desired = Desired::for_hooks(ctx, machine, &mc, &discovery::discover(&ctx.host)?)?;
-    on_disk(machine, &mc, &ctx.host, &desired, root, services)
+    let p = Prepared::open(ctx, machine, "post-start")?;
+    on_disk(&ctx.host, machine, &p, root, services)
 }
 
-/// [`run_on_disk`] once locked and discovered.
-#[cfg(any(feature = "failpoints", feature = "testkit"))]
+/// [`run_on_disk`] once prepared, with the host at `host`.
 fn on_disk(
+    host: &crate::fs::host::HostRoot,
     machine: &MachineName,
-    mc: &MachineConfig,
-    host: &HostRoot,
-    desired: &Desired,
+    p: &Prepared,
     root: &MachineRoot,
     services: &dyn Services,
 ) -> Result<()> {
-    let who = machine.as_str();
-    let markers = gate::Markers::of_machine(host, who);
-    if desired.driver.is_none() {
-        clean(who, Target::Machine, mc, root, &markers)?;
-        return Ok(());
-    }
-    let wiring = Wiring {
-        machine: who,
-        mc,
+    let run = TargetRun {
+        who: machine.as_str(),
+        in_its_start: false,
+        target: Target::Machine,
+        mc: &p.mc,
         host,
-        markers: &markers,
         root,
-        desired,
-        services,
+        desired: &p.desired,
     };
-    execute(
-        &plan(mc, Target::Machine, Order::Gated),
-        who,
-        &wiring,
-        services,
-    )
+    run.finish(Instant::now(), || Ok(services), || Ok(services))
 }
 
-/// `rewire-root` (failpoints builds only): post-start's plan and executor, exactly as the product
-/// runs them ([`plan`], [`execute`] over [`Wiring`]), against a
-/// machine rootfs directory on disk with no systemd in it ([`OnDisk`]), for the crash tests.
+/// `rewire-root` (failpoints builds only): post-start's own run ([`run_on_disk`]'s) against a
+/// machine rootfs directory on disk with no systemd in it ([`OnDisk`]), its driver root bound
+/// as nspawn binds it, for the crash tests.
 #[cfg(feature = "failpoints")]
 pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> Result<()> {
-    let mc = ctx.config.machine(&ctx.host, machine)?;
-    let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
-    let desired = Desired::for_hooks(ctx, machine, &mc, &discovery::discover(&ctx.host)?)?;
+    let p = Prepared::open(ctx, machine, "post-start")?;
     // The machine's share, complete: for_hooks refuses it otherwise.
-    let driver = desired
+    let driver = p
+        .desired
         .start
         .as_ref()
         .and_then(|s| s.assignment.view.complete_driver());
@@ -98,7 +82,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
         // them.
         gate::prepare_boot(&host, machine.as_str(), None)?;
     }
-    on_disk(machine, &mc, &host, &desired, &root, &services)
+    on_disk(&host, machine, &p, &root, &services)
 }
 
 /// A mount namespace of this process only, for `rewire-root`'s driver binds: gone when it exits,

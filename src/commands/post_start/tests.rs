@@ -3,9 +3,10 @@ use crate::apply::executor::*;
 use crate::apply::images::*;
 use crate::config::Config;
 use crate::fs::host::HostRoot;
+use crate::model::part::Written;
 use crate::systemd::ExitStatus;
 use crate::systemd::TransientOutcome;
-use crate::systemd::services::*;
+use crate::systemd::services::Services;
 use crate::types::paths::UnitName;
 use std::cell::RefCell;
 use std::os::fd::BorrowedFd;
@@ -181,34 +182,32 @@ fn cfg() -> MachineConfig {
         .unwrap()
 }
 
-/// The machine side of a run, recorded in the fake's log: file steps as `file <name>`,
-/// `ldconfig` as `file ldconfig`, containerd's gate as `file unit gate`, kubelet's as
-/// `file kubelet's unit gate` (which also create the markers the fake's starts look for),
-/// the imports as `import`.
+/// The machine side of a run, recorded in the fake's log: each part as `file <step>`
+/// (`file ldconfig` for the loader cache), containerd's gate as `file unit gate`, kubelet's as
+/// `file kubelet's unit gate` (which also create the markers the fake's starts look for), the
+/// imports as `import`.
 struct FakeWork<'a> {
     fake: &'a Fake,
-    fail: Option<FileStep>,
+    fail: Option<Written>,
     import_fails: bool,
 }
 
 impl Work for FakeWork<'_> {
-    fn file(&self, step: FileStep) -> Result<FileDone> {
+    fn apply(&self, part: Written, links_changed: bool) -> Result<Applied> {
+        if part == Written::LdCache {
+            self.fake.ldconfig_told.borrow_mut().push(links_changed);
+        }
         self.fake
             .log
             .borrow_mut()
-            .push(format!("file {}", step.name()));
-        if Some(step) == self.fail {
+            .push(format!("file {}", Step::Apply(part)));
+        if Some(part) == self.fail {
             anyhow::bail!("planted failure");
         }
-        Ok(FileDone {
+        Ok(Applied {
             line: String::new(),
             library_links_changed: !self.fake.links_unchanged,
         })
-    }
-    fn ldconfig(&self, links_changed: bool) -> Result<String> {
-        self.fake.ldconfig_told.borrow_mut().push(links_changed);
-        self.fake.log.borrow_mut().push("file ldconfig".into());
-        Ok(String::new())
     }
     fn release(&self, unit: &UnitName, _: Point) -> Result<String> {
         let name = if unit.as_str() == "kubelet.service" {
@@ -229,7 +228,23 @@ impl Work for FakeWork<'_> {
     }
 }
 
-fn sequence(fake: &Fake, fail: Option<FileStep>) -> (Result<()>, Vec<String>) {
+/// pre-start's side, recorded as `file <step>`.
+struct FakeBoot<'a> {
+    fake: &'a Fake,
+    fail: Option<BootStep>,
+}
+
+impl BootWork for FakeBoot<'_> {
+    fn step(&self, step: BootStep) -> Result<String> {
+        self.fake.log.borrow_mut().push(format!("file {step}"));
+        if Some(step) == self.fail {
+            anyhow::bail!("planted failure");
+        }
+        Ok(String::new())
+    }
+}
+
+fn sequence(fake: &Fake, fail: Option<Written>) -> (Result<()>, Vec<String>) {
     let m = "kube1";
     let work = FakeWork {
         fake,
@@ -240,8 +255,8 @@ fn sequence(fake: &Fake, fail: Option<FileStep>) -> (Result<()>, Vec<String>) {
     (r, fake.log())
 }
 
-/// Host mode is the same plan with the host's file steps: no driver root to check
-/// (the host's is `/`), `/dev/char` links only; every other step is the machine's.
+/// Host mode is the same plan with the host's parts: no driver root to check (the host's is
+/// `/`), no library links (its installer's); every other step is the machine's.
 #[test]
 fn the_host_plan_differs_only_in_its_file_steps() {
     let (machine, host) = (
@@ -255,19 +270,19 @@ fn the_host_plan_differs_only_in_its_file_steps() {
          from /var/lib/nspawn-lifecycle/images → release kubelet.service → start \
          kubelet.service"
     );
-    let others = |p: &Plan| -> Vec<Step> {
+    let others = |p: &Plan<Step>| -> Vec<Step> {
         p.steps
             .iter()
-            .filter(|s| !matches!(s, Step::File(f) if *f != FileStep::Cdi))
+            .filter(|s| !matches!(s, Step::Apply(Written::DriverRoot | Written::Links)))
             .cloned()
             .collect()
     };
     assert_eq!(others(&machine), others(&host));
 }
 
-/// pre-start's plan runs through the same executor: what the boot binds first, the `.nspawn`
-/// file last; a failed step names pre-start and the step, ends the run there and starts no
-/// service (pre-start reaches none).
+/// pre-start's plan: what the boot binds first, the `.nspawn` file last; a failed step names
+/// pre-start and the step and ends the run there (its steps are its own type: it has no
+/// service to reach).
 #[test]
 fn the_pre_start_plan_runs_through_the_same_executor() {
     use crate::apply::executor::pre_start;
@@ -280,13 +295,11 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         "driver tree → .nspawn file"
     );
     let fake = Fake::default();
-    let work = FakeWork {
+    let work = FakeBoot {
         fake: &fake,
-        fail: Some(FileStep::DriverTree),
-        import_fails: false,
+        fail: Some(BootStep::DriverTree),
     };
-    let services = crate::systemd::services::NoServices;
-    let e = execute(&pre_start(true, true, true), "kube1", &work, &services).unwrap_err();
+    let e = execute_boot(&pre_start(true, true, true), "kube1", &work).unwrap_err();
     assert_eq!(
         format!("{e:#}"),
         "pre-start of kube1: step 'driver tree': planted failure"
@@ -301,12 +314,11 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         ]
     );
     let fake = Fake::default();
-    let work = FakeWork {
+    let work = FakeBoot {
         fake: &fake,
         fail: None,
-        import_fails: false,
     };
-    execute(&pre_start(false, false, true), "kube1", &work, &services).unwrap();
+    execute_boot(&pre_start(false, false, true), "kube1", &work).unwrap();
     assert_eq!(
         fake.log(),
         [
@@ -321,9 +333,9 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
 /// The one executor runs the host plan with the same rules: on a gated boot each
 /// service starts once after its own gate; a failed `/dev/char` step on a running host puts
 /// both services back and names the step.
-/// ldconfig hears from the links step of either target whether a library link changed
-/// (the host's is its `/dev/char` step): nothing changed, it may skip when the cache is
-/// current; no links step ran, it must assume a change.
+/// ldconfig hears from the links part whether a library link changed: nothing changed, it may
+/// skip when the cache is current. Host mode has no links part of ours: its cache alone
+/// decides.
 #[test]
 fn ldconfig_hears_from_each_targets_links_step() {
     for target in [Target::Machine, Target::Host] {
@@ -374,7 +386,7 @@ fn the_host_plan_runs_through_the_same_executor() {
     let fake = Fake::default();
     let work = FakeWork {
         fake: &fake,
-        fail: Some(FileStep::DevChar),
+        fail: Some(Written::DevChar),
         import_fails: false,
     };
     let err = execute(
@@ -396,8 +408,8 @@ fn the_host_plan_runs_through_the_same_executor() {
 fn the_plan_is_a_value_in_the_order_of_the_design() {
     assert_eq!(
         plan(&cfg(), Target::Machine, Order::Gated).to_string(),
-        "stop kubelet.service → stop containerd.service → driver root → library and /dev/char \
-         links → ldconfig → CDI spec → release containerd.service → start containerd.service \
+        "stop kubelet.service → stop containerd.service → driver root → library links → \
+         /dev/char links → ldconfig → CDI spec → release containerd.service → start containerd.service \
          → import staged images from /var/lib/nspawn-lifecycle/images → release \
          kubelet.service → start kubelet.service"
     );
@@ -409,8 +421,8 @@ fn the_plan_is_a_value_in_the_order_of_the_design() {
 fn with_containerd_released_before_post_start_only_kubelet_waits() {
     assert_eq!(
         plan(&cfg(), Target::Machine, Order::ContainerdReleased).to_string(),
-        "stop kubelet.service → driver root → library and /dev/char links → ldconfig → CDI \
-         spec → start containerd.service → import staged images from \
+        "stop kubelet.service → driver root → library links → /dev/char links → ldconfig → \
+         CDI spec → start containerd.service → import staged images from \
          /var/lib/nspawn-lifecycle/images → release kubelet.service → start kubelet.service"
     );
     // A boot where the gate let containerd through (its marker came from pre-start) and
@@ -445,7 +457,7 @@ fn with_containerd_released_before_post_start_only_kubelet_waits() {
     let fake = Fake::containerd_released_boot();
     let work = FakeWork {
         fake: &fake,
-        fail: Some(FileStep::DriverRoot),
+        fail: Some(Written::DriverRoot),
         import_fails: false,
     };
     assert!(execute(&p, "kube1", &work, &fake).is_err());
@@ -494,7 +506,8 @@ fn services_stop_and_start_in_dependency_order() {
             "stop kubelet.service",
             "stop containerd.service",
             "file driver root",
-            "file library and /dev/char links",
+            "file library links",
+            "file /dev/char links",
             "file ldconfig",
             "file CDI spec",
             "file unit gate",
@@ -509,14 +522,14 @@ fn services_stop_and_start_in_dependency_order() {
 #[test]
 fn a_failed_step_starts_both_services_again_and_names_the_step() {
     let fake = Fake::default();
-    let (r, log) = sequence(&fake, Some(FileStep::Links));
+    let (r, log) = sequence(&fake, Some(Written::Links));
     let msg = format!("{:#}", r.unwrap_err());
-    assert!(msg.contains("step 'library and /dev/char links'"), "{msg}");
+    assert!(msg.contains("step 'library links'"), "{msg}");
     assert!(msg.contains("planted failure"), "{msg}");
     assert_eq!(
         log[3..],
         [
-            "file library and /dev/char links",
+            "file library links",
             "start containerd.service",
             "start kubelet.service"
         ]
@@ -529,7 +542,7 @@ fn a_failed_containerd_start_still_tries_both_again() {
     let (r, log) = sequence(&fake, None);
     assert!(format!("{:#}", r.unwrap_err()).contains("starting containerd.service"));
     assert_eq!(
-        log[7..],
+        log[8..],
         [
             "start containerd.service",
             "start containerd.service",
@@ -858,7 +871,7 @@ fn non_utf8_tarball_names_are_skipped_and_reported() {
 #[test]
 fn on_a_gated_boot_a_failed_step_starts_nothing() {
     let fake = Fake::gated_boot();
-    let (r, logs) = logged(|| sequence(&fake, Some(FileStep::Links)));
+    let (r, logs) = logged(|| sequence(&fake, Some(Written::Links)));
     let (r, log) = r;
     assert!(format!("{:#}", r.unwrap_err()).contains("planted failure"));
     assert_eq!(
@@ -867,7 +880,7 @@ fn on_a_gated_boot_a_failed_step_starts_nothing() {
             "stop kubelet.service",
             "stop containerd.service",
             "file driver root",
-            "file library and /dev/char links",
+            "file library links",
         ]
     );
     assert!(fake.running().is_empty());
@@ -886,7 +899,7 @@ fn a_failure_on_a_running_machine_restores_only_what_was_running() {
     fake.running
         .borrow_mut()
         .retain(|u| u == "containerd.service");
-    let (r, log) = sequence(&fake, Some(FileStep::Cdi));
+    let (r, log) = sequence(&fake, Some(Written::CdiSpec));
     assert!(r.is_err());
     assert_eq!(log.last().unwrap(), "start containerd.service");
     assert!(

@@ -10,8 +10,8 @@
 #[cfg(test)]
 use super::MachineFacts;
 use super::{
-    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, gate_facts,
-    inspect_dev_char, inspect_spec, last_post_start, print_status, print_unjudged,
+    Observed, ServiceFacts, State, Status, Subject, UnitFacts, evaluate, inspect_dev_char,
+    inspect_spec, judged_changes, last_post_start, print_status, print_unjudged,
 };
 use crate::Ctx;
 use crate::config::MachineConfig;
@@ -81,8 +81,12 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     // Read once: the changes are judged from it, the gate quoted from it.
-    let seen = crate::model::observe(&root, &desired);
-    let (gated, gate_released) = gate_facts(&seen)?;
+    let at = crate::model::Roots {
+        target: &root,
+        host: &ctx.host,
+    };
+    let seen = crate::model::observe(&at, &desired);
+    let (gated, gate_released) = seen.gate()?;
     let mut facts = super::MachineFacts {
         cdi_spec: inspect_spec(&root, hc, desired.spec.bytes.as_deref())?,
         driver_root_versions: Vec::new(),
@@ -92,17 +96,9 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
         gate_released,
         driver_root_mismatch: None,
         hook_binary: None,
-        pending_changes: if judged {
-            crate::model::diff(&desired, &seen)
-        } else {
-            Vec::new()
-        },
+        pending_changes: judged_changes(&seen, &desired, judged),
     };
     inspect_dev_char(&root, &mut facts.dangling_links)?;
-    // The unit files are install --host's: what the next boot runs, against what it writes now.
-    facts
-        .pending_changes
-        .extend(crate::model::pending_units(&ctx.host, &desired)?);
     let (unit, services) = if ctx.host.is_real_root() {
         let (u, s) = ask_systemd(hc)?;
         (Some(u), Some(s))
@@ -160,7 +156,7 @@ mod tests {
             Observed {
                 machine: Some(MachineFacts {
                     pending_changes: vec![crate::model::Change {
-                        check: "ld-cache",
+                        check: crate::model::Check::LdCache,
                         action: crate::model::Action::Run,
                         path: "ldconfig".into(),
                         detail: "/etc/ld.so.cache does not list the driver's libraries".into(),

@@ -5,10 +5,11 @@
 use super::{MachineFacts, PostStartRun, SpecFacts};
 use crate::config::MachineConfig;
 use crate::discovery::parse::is_version;
+use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
 use crate::model::cdi;
 use crate::model::layout::DRIVER_ROOT;
-use crate::model::{self, Desired, links};
+use crate::model::{self, Check, Desired, Roots, links};
 use crate::systemd::ExecRun;
 use anyhow::{Context as _, Result};
 
@@ -30,11 +31,12 @@ pub(super) fn push_unique(v: &mut Vec<String>, s: &str) {
 }
 
 /// Read the machine's NVIDIA state through its root (the CDI spec, the driver root, our links)
-/// and what post-start would change there to make it `desired` ([`model::pending`]). `judged`
-/// false (the host's driver is incomplete: post-start refuses, changing nothing) lists no
-/// change. Reads only.
+/// and what would change there to make it `desired` (every [`model::Part`]'s diff, as
+/// [`model::pending`]). `judged` false (the host's driver is incomplete: post-start refuses,
+/// changing nothing) lists only the unit files' changes (`install`'s). Reads only.
 pub fn inspect_machine(
     root: &MachineRoot,
+    host: &HostRoot,
     mc: &MachineConfig,
     desired: &Desired,
     judged: bool,
@@ -45,17 +47,10 @@ pub fn inspect_machine(
     let link_versions = inspect_lib_links(root, &mut dangling)?;
     inspect_dev_char(root, &mut dangling)?;
     // Read once: the changes are judged from it, the gate and the bound helper quoted from it.
-    let seen = model::observe(root, desired);
-    let (gated, gate_released) = gate_facts(&seen)?;
-    let hook_binary = *seen
-        .hook_binary
-        .as_ref()
-        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    let pending_changes = if judged {
-        model::diff(desired, &seen)
-    } else {
-        Vec::new()
-    };
+    let seen = model::observe(&Roots { target: root, host }, desired);
+    let (gated, gate_released) = seen.gate()?;
+    let hook_binary = seen.hook_binary()?;
+    let pending_changes = judged_changes(&seen, desired, judged);
     Ok(MachineFacts {
         cdi_spec,
         driver_root_versions,
@@ -65,21 +60,25 @@ pub fn inspect_machine(
         gate_released,
         driver_root_mismatch: pending_changes
             .iter()
-            .find(|c| c.check == "driver-root")
+            .find(|c| c.check == Check::DriverRoot)
             .map(|c| c.detail.clone()),
         hook_binary,
         pending_changes,
     })
 }
 
-/// From the model's observation of the gate: whether it holds any unit, and whether every
-/// unit's marker is there.
-pub(super) fn gate_facts(seen: &model::Observed) -> Result<(bool, bool)> {
-    let gate = seen.gate.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    Ok((
-        gate.iter().any(|(_, gated, _)| *gated),
-        gate.iter().all(|(_, _, released)| *released),
-    ))
+/// The changes of `seen` ([`model::Observation::diff`]); only the unit files' when the host's
+/// driver is incomplete (`judged` false: post-start would refuse, changing nothing).
+pub(super) fn judged_changes(
+    seen: &model::Observation,
+    desired: &Desired,
+    judged: bool,
+) -> Vec<model::Change> {
+    if judged {
+        seen.diff(desired)
+    } else {
+        seen.diff_of(desired, model::Part::UnitFiles)
+    }
 }
 
 /// The machine's CDI spec: missing, invalid or valid, and whether it is what post-start would

@@ -11,7 +11,7 @@ use crate::model::cdi;
 use crate::model::gate;
 use crate::model::helper::HelperFacts;
 use crate::model::layout::DRIVER_ROOT;
-use crate::model::{Action, Change};
+use crate::model::{Action, Change, Check};
 use crate::types::machine_name::MachineName;
 
 /// Whose GPU wiring is judged: a machine, or the host itself (host mode, `host status`).
@@ -62,7 +62,7 @@ pub fn evaluate(
     observed: Observed,
 ) -> Status {
     let mut findings: Vec<Finding> = Vec::new();
-    let mut add = |state: State, check: &'static str, message: String| {
+    let mut add = |state: State, check: Check, message: String| {
         findings.push(Finding {
             state,
             check,
@@ -72,7 +72,7 @@ pub fn evaluate(
     if let Verdict::Incomplete { reasons } = &inv.verdict {
         add(
             State::Broken,
-            "host-driver",
+            Check::HostDriver,
             format!(
                 "the host's NVIDIA state is incomplete ({}); the next start would fail until the \
                  driver install finishes",
@@ -95,7 +95,7 @@ pub fn evaluate(
     if let Some((code, why)) = &observed.next_start {
         add(
             State::Broken,
-            "next-start",
+            Check::NextStart,
             format!("pre-start would refuse the next start (exit {code}): {why}"),
         );
     }
@@ -162,7 +162,7 @@ pub(super) fn host_facts(inv: &Inventory) -> HostFacts {
 pub(super) fn judge_unit(
     subject: Subject<'_>,
     observed: &Observed,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) -> Option<String> {
     let mut not_running = None;
     if let Some(u) = &observed.unit {
@@ -172,7 +172,7 @@ pub(super) fn judge_unit(
         {
             add(
                 State::Broken,
-                "post-start",
+                Check::PostStart,
                 format!(
                     "the last post-start ({}) {}",
                     run.started_at,
@@ -190,7 +190,7 @@ pub(super) fn judge_unit(
         if failing {
             add(
                 State::Broken,
-                "unit",
+                Check::Unit,
                 format!(
                     "{} is {} ({}), result {}",
                     u.unit, u.active_state, u.sub_state, u.result
@@ -213,12 +213,12 @@ pub(super) fn judge_unit(
 pub(super) fn judge_gate(
     subject: Subject<'_>,
     m: &MachineFacts,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     if m.gated && !m.gate_released {
         add(
             State::Broken,
-            "gate",
+            Check::Gate,
             format!(
                 "containerd and kubelet are gated this boot and {} has not released them (a \
                  marker in {} missing {})",
@@ -240,12 +240,12 @@ pub(super) fn judge_helper(
     subject: Subject<'_>,
     h: &HelperFacts,
     m: Option<&MachineFacts>,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     if let Some(problem) = &h.problem {
         add(
             State::Broken,
-            "helper",
+            Check::Helper,
             format!(
                 "{problem}: {} next start would fail; reinstall the package (or `install`)",
                 match subject {
@@ -261,7 +261,7 @@ pub(super) fn judge_helper(
     {
         add(
             State::Drift,
-            "helper",
+            Check::Helper,
             format!(
                 "the machine's CDI hooks run the helper as it was at its start, not the one \
                  installed now at {} (upgraded since)",
@@ -275,12 +275,12 @@ pub(super) fn judge_helper(
 pub(super) fn judge_missing_gpus(
     missing: &[String],
     require: bool,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     if !missing.is_empty() {
         add(
             State::Broken,
-            "gpus",
+            Check::Gpus,
             format!(
                 "the config's gpus names GPU(s) the host does not have: {}{}",
                 missing.join(", "),
@@ -298,19 +298,19 @@ pub(super) fn judge_missing_gpus(
 pub(super) fn judge_services(
     subject: Subject<'_>,
     services: &[ServiceFacts],
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     for s in services {
         if s.load_state != "loaded" {
             add(
                 State::Broken,
-                "services",
+                Check::Services,
                 format!("{} is {} {}", s.unit, s.load_state, subject.inside()),
             );
         } else if s.active_state != "active" {
             add(
                 State::Broken,
-                "services",
+                Check::Services,
                 format!(
                     "{} is {} ({}) {}",
                     s.unit,
@@ -335,16 +335,16 @@ pub(super) fn judge_pending(
     m: &MachineFacts,
     findings: &mut Vec<Finding>,
 ) {
-    const EXPLAINING: [&str; 5] = [
-        "driver-version",
-        "gpus",
-        "cdi-spec",
-        "stale-nvidia-state",
-        "driver-root",
+    const EXPLAINING: [Check; 5] = [
+        Check::DriverVersion,
+        Check::Gpus,
+        Check::CdiSpec,
+        Check::StaleNvidiaState,
+        Check::DriverRoot,
     ];
     let explained = findings.iter().any(|f| EXPLAINING.contains(&f.check));
     let changes = &m.pending_changes;
-    let mut checks: Vec<&'static str> = Vec::new();
+    let mut checks: Vec<Check> = Vec::new();
     for c in changes {
         if !checks.contains(&c.check) {
             checks.push(c.check);
@@ -359,9 +359,9 @@ pub(super) fn judge_pending(
         let failing = part
             .iter()
             .find(|c| matches!(c.action, Action::Fails | Action::Install | Action::Keep));
-        let links_change = changes.iter().any(|c| c.check == "links");
+        let links_change = changes.iter().any(|c| c.check == Check::Links);
         if findings.iter().any(|f| f.check == check)
-            || (failing.is_none() && (explained || (check == "ld-cache" && links_change)))
+            || (failing.is_none() && (explained || (check == Check::LdCache && links_change)))
         {
             continue;
         }
@@ -393,7 +393,7 @@ pub(super) fn judge_pending(
                 State::Broken,
                 format!("{post_start} would fail {}: {}", subject.inside(), c.detail),
             ),
-            None if check == "ld-cache" => (
+            None if check == Check::LdCache => (
                 State::Drift,
                 format!(
                     "{}'s /etc/ld.so.cache does not list NVIDIA {}'s libraries ({post_start} runs \
@@ -493,7 +493,7 @@ pub(super) fn judge_nvidia(
     subject: Subject<'_>,
     inv: &Inventory,
     m: &MachineFacts,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     let spec = &m.cdi_spec;
     let has_state = spec.state != "missing"
@@ -507,7 +507,7 @@ pub(super) fn judge_nvidia(
     if !has_state {
         add(
             State::Drift,
-            "driver-version",
+            Check::DriverVersion,
             format!(
                 "the host has NVIDIA {host_version} with {} GPU(s) but {} has no NVIDIA state \
                  (it was wired before they appeared)",
@@ -522,7 +522,7 @@ pub(super) fn judge_nvidia(
     }
     let version_drift = judge_driver_version(subject, host_version, m, add);
     if let Some(why) = m.driver_root_mismatch.as_ref().filter(|_| !version_drift) {
-        add(State::Drift, "driver-root", why.clone());
+        add(State::Drift, Check::DriverRoot, why.clone());
     }
     judge_spec_state(subject, m, add);
     let mut gpu_drift = false;
@@ -531,7 +531,7 @@ pub(super) fn judge_nvidia(
         if !version_drift && !gpu_drift && !spec.current {
             add(
                 State::Drift,
-                "cdi-spec",
+                Check::CdiSpec,
                 format!(
                     "CDI spec {} differs from what post-start would write for the host now",
                     spec.path
@@ -549,7 +549,7 @@ pub(super) fn judge_nvidia(
         } else {
             State::Broken
         };
-        add(state, "dangling-links", dangling_message(subject, m));
+        add(state, Check::DanglingLinks, dangling_message(subject, m));
     }
 }
 
@@ -575,7 +575,7 @@ pub(super) fn judge_no_host_gpus(
     subject: Subject<'_>,
     m: &MachineFacts,
     has_state: bool,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     let spec = &m.cdi_spec;
     if has_state {
@@ -591,7 +591,7 @@ pub(super) fn judge_no_host_gpus(
         }
         add(
             State::Drift,
-            "stale-nvidia-state",
+            Check::StaleNvidiaState,
             format!(
                 "the host has no NVIDIA GPUs but {} still has NVIDIA state ({})",
                 subject.the(),
@@ -600,7 +600,11 @@ pub(super) fn judge_no_host_gpus(
         );
     }
     if !m.dangling_links.is_empty() {
-        add(State::Drift, "dangling-links", dangling_message(subject, m));
+        add(
+            State::Drift,
+            Check::DanglingLinks,
+            dangling_message(subject, m),
+        );
     }
 }
 
@@ -610,7 +614,7 @@ pub(super) fn judge_driver_version(
     subject: Subject<'_>,
     host_version: &str,
     m: &MachineFacts,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) -> bool {
     let mut by_version: Vec<(String, Vec<&str>)> = Vec::new();
     for (what, versions) in [
@@ -633,7 +637,7 @@ pub(super) fn judge_driver_version(
         };
         add(
             State::Drift,
-            "driver-version",
+            Check::DriverVersion,
             format!(
                 "NVIDIA driver changed: host kernel module {host_version}, {}'s {whats} {v}",
                 match subject {
@@ -650,13 +654,13 @@ pub(super) fn judge_driver_version(
 pub(super) fn judge_spec_state(
     subject: Subject<'_>,
     m: &MachineFacts,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) {
     let spec = &m.cdi_spec;
     match spec.state {
         "missing" => add(
             State::Broken,
-            "cdi-spec",
+            Check::CdiSpec,
             format!(
                 "CDI spec {} is missing while {} is wired for NVIDIA {}",
                 spec.path,
@@ -669,7 +673,7 @@ pub(super) fn judge_spec_state(
         ),
         "invalid" => add(
             State::Broken,
-            "cdi-spec",
+            Check::CdiSpec,
             format!(
                 "CDI spec {} is invalid: {}",
                 spec.path,
@@ -685,7 +689,7 @@ pub(super) fn judge_spec_gpus(
     subject: Subject<'_>,
     inv: &Inventory,
     c: &cdi::Checked,
-    add: &mut impl FnMut(State, &'static str, String),
+    add: &mut impl FnMut(State, Check, String),
 ) -> bool {
     let mut gpu_drift = false;
     let minor_of = |name: &str| -> Option<Vec<&str>> {
@@ -701,7 +705,7 @@ pub(super) fn judge_spec_gpus(
                 gpu_drift = true;
                 add(
                     State::Drift,
-                    "gpus",
+                    Check::Gpus,
                     format!(
                         "GPU {} ({node}) on the host is not in {}'s CDI spec",
                         g.uuid,
@@ -713,7 +717,7 @@ pub(super) fn judge_spec_gpus(
                 gpu_drift = true;
                 add(
                     State::Drift,
-                    "gpus",
+                    Check::Gpus,
                     format!(
                         "GPU {} is {node} on the host but {} in {}'s CDI spec",
                         g.uuid,
@@ -730,7 +734,7 @@ pub(super) fn judge_spec_gpus(
             gpu_drift = true;
             add(
                 State::Drift,
-                "gpus",
+                Check::Gpus,
                 format!(
                     "GPU {name} in {}'s CDI spec is gone from the host",
                     subject.the()

@@ -228,7 +228,7 @@ fn check_samples<'a>(
     s: &'a Status,
     labels: Vec<(&'static str, &'a str)>,
 ) -> impl Iterator<Item = Sample<'a>> {
-    let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check).collect();
+    let mut checks: Vec<&'static str> = s.findings.iter().map(|f| f.check.as_str()).collect();
     checks.sort_unstable();
     checks.dedup();
     checks.into_iter().map(move |c| {

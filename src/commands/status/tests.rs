@@ -134,7 +134,8 @@ fn wire(m: &Path, host: &HostRoot, inv: &Inventory) {
         "wire() wants a complete driver"
     );
     let d = post_start_desired(host, inv, &mc);
-    crate::apply::rewire::rebuild_links(&root, d.lib_links.as_ref().unwrap(), &d.dev_char).unwrap();
+    crate::apply::rewire::lib_links(&root, d.lib_links.as_ref().unwrap()).unwrap();
+    crate::apply::rewire::dev_char(&root, &d.dev_char, true).unwrap();
     crate::apply::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
     // What the machine shows at MARKER_DIR (the host's directory, bound there).
     let dir = m.join(crate::model::gate::MARKER_DIR.trim_start_matches('/'));
@@ -200,10 +201,10 @@ fn facts_of(
     mc: &MachineConfig,
 ) -> MachineFacts {
     let desired = post_start_desired(host, inv, mc);
-    let mut facts = inspect_machine(root, mc, &desired, true).unwrap();
+    let mut facts = inspect_machine(root, host, mc, &desired, true).unwrap();
     facts
         .pending_changes
-        .retain(|c| !matches!(c.check, "driver-root" | "ld-cache" | "helper"));
+        .retain(|c| !matches!(c.check, Check::DriverRoot | Check::LdCache | Check::Helper));
     facts.driver_root_mismatch = None;
     facts
 }
@@ -226,7 +227,7 @@ fn bare_facts() -> MachineFacts {
     MachineFacts::bare()
 }
 
-fn checks(s: &Status) -> Vec<(State, &'static str)> {
+fn checks(s: &Status) -> Vec<(State, Check)> {
     s.findings.iter().map(|f| (f.state, f.check)).collect()
 }
 
@@ -262,16 +263,16 @@ fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
     }
 
     let mut found = Vec::new();
-    let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
+    let mut add = |st: State, check: Check, _m: String| found.push((st, check));
     judge_helper(Subject::Host, &garbage, None, &mut add);
     judge_helper(Subject::Host, &good, None, &mut add);
-    assert_eq!(found, [(State::Broken, "helper")]);
+    assert_eq!(found, [(State::Broken, Check::Helper)]);
     let mut m = MachineFacts {
         hook_binary: good.identity,
         ..bare_facts()
     };
     let mut found = Vec::new();
-    let mut add = |st: State, check: &'static str, _m: String| found.push((st, check));
+    let mut add = |st: State, check: Check, _m: String| found.push((st, check));
     judge_helper(
         Subject::Machine(&"kube1".parse().unwrap()),
         &good,
@@ -292,7 +293,7 @@ fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
         Some(&m),
         &mut add,
     );
-    assert_eq!(found, [(State::Drift, "helper")]);
+    assert_eq!(found, [(State::Drift, Check::Helper)]);
 }
 
 #[test]
@@ -331,13 +332,20 @@ fn privileged_the_diff_is_pure_over_an_observation() {
     let links = |changes: Vec<crate::model::Change>| -> Vec<String> {
         changes
             .into_iter()
-            .filter(|c| c.check == "links")
+            .filter(|c| c.check == Check::Links)
             .map(|c| c.to_string())
             .collect()
     };
-    let mut seen = crate::model::observe(&root, &d);
-    assert_eq!(links(crate::model::diff(&d, &seen)), Vec::<String>::new());
-    let dirs = seen.lib_dirs.as_mut().unwrap().as_mut().unwrap();
+    let at = crate::model::Roots {
+        target: &root,
+        host: &host,
+    };
+    let mut seen = crate::model::observe(&at, &d);
+    assert_eq!(links(seen.diff(&d)), Vec::<String>::new());
+    let Some(Ok(crate::model::part::Seen::Links(dirs))) = seen.get_mut(crate::model::Part::Links)
+    else {
+        panic!("a machine's links part reads its directories")
+    };
     let (dir, _) = dirs
         .iter_mut()
         .find(|(s, _)| s.links.contains_key("libcuda.so.1"))
@@ -345,13 +353,10 @@ fn privileged_the_diff_is_pure_over_an_observation() {
     dir.links.remove("libcuda.so.1");
     let path = format!("{}/libcuda.so.1", dir.path);
     assert_eq!(
-        links(crate::model::diff(&d, &seen)),
+        links(seen.diff(&d)),
         [format!("create {path} (-> libcuda.so.{NEW})")]
     );
-    assert_eq!(
-        links(crate::model::pending(&root, &d)),
-        Vec::<String>::new()
-    );
+    assert_eq!(links(crate::model::pending(&at, &d)), Vec::<String>::new());
 }
 
 #[test]
@@ -375,7 +380,7 @@ fn privileged_driver_upgraded_is_drift_naming_both_versions() {
         s.summary
     );
     let c = checks(&s);
-    assert_eq!(c, [(State::Drift, "driver-version")], "{c:?}");
+    assert_eq!(c, [(State::Drift, Check::DriverVersion)], "{c:?}");
     // After the restart post-start wires the new driver: in sync again.
     wire(m.path(), &host, &inv);
     assert_eq!(judge(m.path(), &host, &inv).state, State::InSync);
@@ -402,7 +407,7 @@ fn privileged_a_driver_root_that_is_not_the_hosts_files_is_drift() {
         running(facts.clone()),
     );
     assert_eq!((s.state, s.exit_code), (State::Drift, 5), "{s:#?}");
-    assert_eq!(checks(&s), [(State::Drift, "driver-root")]);
+    assert_eq!(checks(&s), [(State::Drift, Check::DriverRoot)]);
     assert!(s.summary.contains("libc.so.6"), "{}", s.summary);
     facts.driver_root_versions = vec![OLD.to_owned()];
     let s = evaluate(
@@ -412,7 +417,7 @@ fn privileged_a_driver_root_that_is_not_the_hosts_files_is_drift() {
         running(facts),
     );
     assert!(
-        !checks(&s).iter().any(|(_, c)| *c == "driver-root"),
+        !checks(&s).iter().any(|(_, c)| *c == Check::DriverRoot),
         "{s:#?}"
     );
 }
@@ -435,7 +440,7 @@ fn privileged_gpu_removed_and_added_are_drift() {
         s.summary
     );
     // Its /dev/char link dangles now, explained by the removal: still drift, not broken.
-    assert!(checks(&s).contains(&(State::Drift, "dangling-links")));
+    assert!(checks(&s).contains(&(State::Drift, Check::DanglingLinks)));
     // Added: wired with one GPU, the host now has two.
     let m = machine();
     wire(m.path(), &one_host, &one_inv);
@@ -465,7 +470,7 @@ fn privileged_dangling_links_without_a_host_change_are_broken() {
     let s = judge(m.path(), &host, &inv);
     assert_eq!(s.state, State::Broken, "{s:#?}");
     assert_eq!(s.exit_code, 6);
-    assert_eq!(checks(&s), [(State::Broken, "dangling-links")]);
+    assert_eq!(checks(&s), [(State::Broken, Check::DanglingLinks)]);
     assert!(
         s.summary.contains("libnvidia-ml.so.580.95.05"),
         "{}",
@@ -516,7 +521,7 @@ fn privileged_spec_missing_or_invalid_is_broken() {
         .replace("NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all");
     std::fs::write(&spec, edited).unwrap();
     let s = judge(m.path(), &host, &inv);
-    assert_eq!(checks(&s), [(State::Drift, "cdi-spec")], "{s:#?}");
+    assert_eq!(checks(&s), [(State::Drift, Check::CdiSpec)], "{s:#?}");
 }
 
 #[test]
@@ -534,7 +539,7 @@ fn privileged_gate_not_released_is_broken() {
     )
     .unwrap();
     let s = judge(m.path(), &host, &inv);
-    assert_eq!(checks(&s), [(State::Broken, "gate")], "{s:#?}");
+    assert_eq!(checks(&s), [(State::Broken, Check::Gate)], "{s:#?}");
 }
 
 /// A `gpus: none` machine on a GPU host: its share is empty, and the summary says why rather
@@ -580,11 +585,11 @@ fn privileged_no_gpus_and_no_nvidia_state_is_in_sync_stale_state_is_drift() {
     bind_host(m.path(), &cpu, &cpu_inv);
     let s = judge(m.path(), &cpu, &cpu_inv);
     assert_eq!(s.state, State::Drift, "{s:#?}");
-    assert!(checks(&s).contains(&(State::Drift, "stale-nvidia-state")));
+    assert!(checks(&s).contains(&(State::Drift, Check::StaleNvidiaState)));
     // GPUs appeared after the machine started without: drift, not broken.
     let fresh = machine();
     let s = judge(fresh.path(), &host, &inv);
-    assert_eq!(checks(&s), [(State::Drift, "driver-version")], "{s:#?}");
+    assert_eq!(checks(&s), [(State::Drift, Check::DriverVersion)], "{s:#?}");
     assert!(s.summary.contains("has no NVIDIA state"), "{}", s.summary);
 }
 
@@ -597,7 +602,7 @@ fn privileged_incomplete_host_driver_is_broken() {
         host_from(|t| t.replace("nvidia-kernel 580.95.05", "nvidia-kernel 580.99.01"));
     let s = judge(m.path(), &bad, &bad_inv);
     assert_eq!(s.state, State::Broken, "{s:#?}");
-    assert!(checks(&s).contains(&(State::Broken, "host-driver")));
+    assert!(checks(&s).contains(&(State::Broken, Check::HostDriver)));
 }
 
 fn empty_inventory() -> Inventory {

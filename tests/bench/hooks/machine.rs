@@ -49,19 +49,24 @@ pub fn skeleton(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Post-start's file steps for `inv` in the machine, in post-start's order: with a complete
-/// driver, the links and the CDI spec (rendered here, as post-start renders
-/// it); otherwise the no-GPU cleanup.
+/// The writes of post-start's parts for `inv` in the machine, in post-start's order: with a
+/// complete driver, the library links, `/dev/char` and the CDI spec (rendered here, as
+/// post-start renders it); otherwise each part against nothing of ours.
 pub fn rewire_pass(root: &MachineRoot, inv: &Inventory, mc: &MachineConfig) -> Result<Vec<Report>> {
     let file_name = cdi::spec_file_name(&mc.cdi_kind);
     if inv.complete_driver().is_none() {
-        return Ok(vec![rewire::cleanup(root, &mc.cdi_dir, &file_name)?]);
+        // Each part against nothing of ours, in the parts' order (src/apply/part.rs).
+        return Ok(vec![
+            rewire::remove_driver_root(root)?,
+            rewire::lib_links(root, &Default::default())?,
+            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::remove_spec(root, &mc.cdi_dir, &file_name)?,
+        ]);
     }
-    let mut reports = vec![rewire::rebuild_links(
-        root,
-        &links::lib_links(inv.driver.as_ref()),
-        &links::dev_char_links(inv),
-    )?];
+    let mut reports = vec![
+        rewire::lib_links(root, &links::lib_links(inv.driver.as_ref()))?,
+        rewire::dev_char(root, &links::dev_char_links(inv), true)?,
+    ];
     let spec = cdi::spec(inv, &mc.cdi_kind).context("a complete host has a CDI spec")?;
     let want = spec::Want {
         dir: mc.cdi_dir.to_string(),
