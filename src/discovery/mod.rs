@@ -97,9 +97,9 @@ pub struct HostDevice {
     pub create: bool,
 }
 
-/// The kinds of host devices a machine gets, each switched by the config's `devices` key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// The kinds of host devices a machine gets, each switched by the config's `devices` key; named
+/// in JSON as [`DeviceCategory::as_str`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeviceCategory {
     /// `/dev/net/tun`, `/dev/vhost-net`, `/dev/vhost-vsock`; the `macvtap`/`ipvtap` groups.
     Network,
@@ -122,6 +122,12 @@ impl DeviceCategory {
             DeviceCategory::Gpudirect => "gpudirect",
             DeviceCategory::Extra => "extra",
         }
+    }
+}
+
+impl Serialize for DeviceCategory {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
