@@ -286,7 +286,7 @@ impl TargetRun<'_> {
     /// desired state with nothing of ours, so what is left of ours goes and pods cannot be
     /// handed GPUs that are gone; no service stopped. When the gate holds the services (the
     /// gate part as read now), both are released and started, once `running` gives the
-    /// target's systemd.
+    /// target's systemd; it returns once `running` has given it either way.
     fn without_gpus<S: Services>(&self, running: impl FnOnce() -> Result<S>) -> Result<()> {
         let (who, mc) = (self.who, self.mc);
         tracing::info!(
@@ -315,7 +315,10 @@ impl TargetRun<'_> {
             who,
             &wiring,
             &services,
-        )
+        )?;
+        // Nothing gated: the boot starts the services itself, and the start returns once the
+        // boot is done, as it did when post-start ran after it (`NotifyReady=yes`).
+        timed(who, "wait running", || services.reach())
     }
 }
 

@@ -82,9 +82,9 @@ impl Services for MachineServices {
     }
 }
 
-/// Services reached only when first asked: post-start of a target without GPUs removes what is
-/// left of ours first and only then waits for the boot to finish (`connect`) before it starts a
-/// gated service; with nothing gated it never waits.
+/// Services reached only when first asked ([`Deferred::reach`] at the latest): post-start of a
+/// target without GPUs removes what is left of ours first, and only then waits for the boot to
+/// finish (`connect`).
 pub struct Deferred<S, F> {
     connect: std::cell::Cell<Option<F>>,
     services: std::cell::OnceCell<S>,
@@ -96,6 +96,11 @@ impl<S: Services, F: FnOnce() -> Result<S>> Deferred<S, F> {
             connect: std::cell::Cell::new(Some(connect)),
             services: std::cell::OnceCell::new(),
         }
+    }
+
+    /// Reach the services now, if nothing has yet.
+    pub fn reach(&self) -> Result<()> {
+        self.get().map(drop)
     }
 
     fn get(&self) -> Result<&S> {
@@ -204,5 +209,64 @@ impl Services for OnDisk<'_> {
             output_dropped: 0,
             elapsed: started.elapsed(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::cell::Cell;
+
+    /// Services that only count the units started.
+    struct Count<'a>(&'a Cell<usize>);
+
+    impl Services for Count<'_> {
+        fn stop(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn start(&self, _: &str) -> Result<()> {
+            self.0.set(self.0.get() + 1);
+            Ok(())
+        }
+        fn is_active(&self, _: &str) -> Result<bool> {
+            Ok(false)
+        }
+        fn run(
+            &self,
+            _: &str,
+            _: &[&str],
+            _: Option<BorrowedFd<'_>>,
+            _: Duration,
+        ) -> Result<TransientOutcome> {
+            anyhow::bail!("not here")
+        }
+    }
+
+    /// Reached once, when first asked or at `reach` (post-start without GPUs waits for the
+    /// boot there); a connection that failed stays failed.
+    #[test]
+    fn deferred_services_are_reached_once_when_first_asked() {
+        let (connects, starts) = (Cell::new(0), Cell::new(0));
+        let d = Deferred::new(|| {
+            connects.set(connects.get() + 1);
+            Ok(Count(&starts))
+        });
+        assert_eq!(connects.get(), 0);
+        d.start("containerd.service").unwrap();
+        d.reach().unwrap();
+        d.start("kubelet.service").unwrap();
+        assert_eq!((connects.get(), starts.get()), (1, 2));
+
+        let d = Deferred::new(|| {
+            connects.set(connects.get() + 1);
+            Ok(Count(&starts))
+        });
+        d.reach().unwrap();
+        assert_eq!(connects.get(), 2);
+
+        let failed: Deferred<Count, _> = Deferred::new(|| anyhow::bail!("no bus"));
+        assert_eq!(format!("{:#}", failed.reach().unwrap_err()), "no bus");
+        assert!(failed.start("kubelet.service").is_err());
     }
 }

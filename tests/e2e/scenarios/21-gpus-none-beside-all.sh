@@ -48,6 +48,9 @@ assert_match "$(c all-dropin-unchanged)" 'DeviceAllow=char-nvidia\* rwm' \
 since="@$(date +%s)"
 out=$(reconcile kube2 2>&1); rc=$?
 assert_eq "$(c reconcile-kube2-none)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile kube2: $out"
+# Without GPUs post-start returns (and with it the start) once the machine's boot is done.
+assert_match "$(c none-start-returned-after-the-boot)" '^(running|degraded)$' \
+    "$(M -m kube2 systemctl is-system-running 2>/dev/null)"
 wait_machine_up kube2 60 || fail "$(c kube2-up-none)" "$(uprop ActiveState kube2)"
 assert_match "$(c none-post-start-says-why)" 'no NVIDIA GPUs for this machine \(gpus: none\)' \
     "$(hook_journal_since kube2 "$since")"
