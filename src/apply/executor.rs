@@ -227,11 +227,7 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan<Step> {
     let gated = order == Order::Gated;
     let stops = std::iter::once(Step::Stop(kubelet.clone(), Point::AfterKubeletStop))
         .chain(gated.then(|| Step::Stop(containerd.clone(), Point::AfterContainerdStop)));
-    let release_containerd = gated.then(|| Step::Release {
-        unit: containerd.clone(),
-        point: Point::PostStartMidGateRelease,
-        key: "gate",
-    });
+    let release_containerd = gated.then(|| release_containerd(mc));
     Plan {
         hook: Hook::PostStart,
         steps: stops
@@ -244,11 +240,7 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan<Step> {
                     after: Some(Point::AfterContainerdStart),
                 },
                 Step::Import(mc.staged_images_dir.clone()),
-                Step::Release {
-                    unit: kubelet.clone(),
-                    point: Point::PostStartMidKubeletGateRelease,
-                    key: "gate-kubelet",
-                },
+                release_kubelet(mc),
                 Step::Start {
                     unit: kubelet.clone(),
                     before: Some(Point::BeforeKubeletStart),
@@ -259,6 +251,24 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan<Step> {
     }
 }
 
+/// The release of containerd's gate marker, with its crash point and log key.
+fn release_containerd(mc: &MachineConfig) -> Step {
+    Step::Release {
+        unit: mc.containerd_unit.clone(),
+        point: Point::PostStartMidGateRelease,
+        key: "gate",
+    }
+}
+
+/// The release of kubelet's gate marker, with its crash point and log key.
+fn release_kubelet(mc: &MachineConfig) -> Step {
+    Step::Release {
+        unit: mc.kubelet_unit.clone(),
+        point: Point::PostStartMidKubeletGateRelease,
+        key: "gate-kubelet",
+    }
+}
+
 /// post-start of a target without GPUs (its [`Desired`] holds nothing of ours): the same parts
 /// written, which removes what is left of ours, and no service stopped. When the gate holds
 /// the services (`gated`: the GPUs went since pre-start saw them, or the host's gate drop-ins
@@ -266,16 +276,8 @@ pub fn plan(mc: &MachineConfig, target: Target, order: Order) -> Plan<Step> {
 pub fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Plan<Step> {
     let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
     let gate = [
-        Step::Release {
-            unit: containerd.clone(),
-            point: Point::PostStartMidGateRelease,
-            key: "gate",
-        },
-        Step::Release {
-            unit: kubelet.clone(),
-            point: Point::PostStartMidKubeletGateRelease,
-            key: "gate-kubelet",
-        },
+        release_containerd(mc),
+        release_kubelet(mc),
         Step::Start {
             unit: containerd.clone(),
             before: None,

@@ -139,37 +139,29 @@ impl Part {
     /// links). A part that could not be read is one change that fails ([`Action::Fails`]), as
     /// post-start would. Pure.
     pub fn diff(self, d: &Desired, seen: &Result<Seen>, earlier: &[Change]) -> Vec<Change> {
-        let seen = match seen {
-            Ok(s) => s,
-            Err(e) => {
-                return vec![Change::new(
-                    self.check(),
-                    Action::Fails,
-                    String::new(),
-                    format!("{e:#}"),
-                )];
-            }
-        };
-        let out = match (self, seen) {
-            (_, Seen::Nothing) => Ok(Vec::new()),
-            (Part::DriverRoot, Seen::DriverRoot(s)) => Ok(driver_root_changes(d, s)),
-            (Part::Helper, Seen::Helper(bound)) => Ok(helper_changes(d, *bound)),
-            (Part::Links, Seen::Links(dirs)) => Ok(lib_link_changes(dirs)),
-            (Part::DevChar, Seen::DevChar(s)) => dev_char_changes(d, s),
-            (Part::LdCache, Seen::LdCache(lists)) => {
-                let links_change = earlier.iter().any(|c| c.check == Check::Links);
-                Ok(ld_cache::ldconfig_needed(links_change, lists)
-                    .map(|why| Change::new(Check::LdCache, Action::Run, "ldconfig".into(), why))
-                    .into_iter()
-                    .collect())
-            }
-            (Part::CdiSpec, Seen::CdiSpec(s)) => spec::diff(&d.spec, s),
-            (Part::Gate, Seen::Gate(units)) => Ok(gate_changes(units)),
-            (Part::HostDevices, Seen::HostDevices(missing)) => Ok(device_changes(missing)),
-            (Part::UnitFiles, Seen::UnitFiles(files)) => Ok(unit_file_changes(d, files)),
-            (part, seen) => Err(anyhow::anyhow!(
-                "{part:?} judged on what another part read ({seen:?}): a bug"
-            )),
+        let out = match seen {
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            Ok(seen) => match (self, seen) {
+                (_, Seen::Nothing) => Ok(Vec::new()),
+                (Part::DriverRoot, Seen::DriverRoot(s)) => Ok(driver_root_changes(d, s)),
+                (Part::Helper, Seen::Helper(bound)) => Ok(helper_changes(d, *bound)),
+                (Part::Links, Seen::Links(dirs)) => Ok(lib_link_changes(dirs)),
+                (Part::DevChar, Seen::DevChar(s)) => dev_char_changes(d, s),
+                (Part::LdCache, Seen::LdCache(lists)) => {
+                    let links_change = earlier.iter().any(|c| c.check == Check::Links);
+                    Ok(ld_cache::ldconfig_needed(links_change, lists)
+                        .map(|why| Change::new(Check::LdCache, Action::Run, "ldconfig".into(), why))
+                        .into_iter()
+                        .collect())
+                }
+                (Part::CdiSpec, Seen::CdiSpec(s)) => spec::diff(&d.spec, s),
+                (Part::Gate, Seen::Gate(units)) => Ok(gate_changes(units)),
+                (Part::HostDevices, Seen::HostDevices(missing)) => Ok(device_changes(missing)),
+                (Part::UnitFiles, Seen::UnitFiles(files)) => Ok(unit_file_changes(d, files)),
+                (part, seen) => Err(anyhow::anyhow!(
+                    "{part:?} judged on what another part read ({seen:?}): a bug"
+                )),
+            },
         };
         out.unwrap_or_else(|e| {
             vec![Change::new(
