@@ -118,7 +118,16 @@ if gcc -static -O2 -o "$tmp/bpfpin" "$tmp/bpfpin.c"; then
     assert_eq "$(c map-pinned-in-machine)" "pinned /sys/fs/bpf/e2e-pin" "$(M -m kube1 /usr/local/bin/e2e-bpfpin /sys/fs/bpf/e2e-pin 2>&1)"
     assert_cmd "$(c pin-in-its-host-dir)" H test -e /run/nspawn-lifecycle/bpffs/kube1/e2e-pin
     assert_not_cmd "$(c pin-not-in-the-hosts-bpffs)" H test -e /sys/fs/bpf/e2e-pin
-    assert_not_cmd "$(c pin-not-in-another-machines)" H test -e /run/nspawn-lifecycle/bpffs/kube2/e2e-pin
+    # Another machine, running beside it, has a bpf filesystem of its own without kube1's pin.
+    helper install kube2 >/dev/null 2>&1
+    if start_unit kube2 >/dev/null 2>&1 && wait_machine_up kube2 120; then
+        assert_eq "$(c kube2-bpffs-mounted)" bpf "$(H findmnt -n -o FSTYPE /run/nspawn-lifecycle/bpffs/kube2)"
+        assert_eq "$(c kube2-sys-fs-bpf-is-bpffs)" cafe4a11 "$(M -m kube2 stat -f -c %t /sys/fs/bpf 2>&1)"
+        assert_eq "$(c pin-not-in-another-machine)" absent "$(M -m kube2 sh -c 'test -e /sys/fs/bpf/e2e-pin && echo present || echo absent' 2>&1)"
+    else
+        fail "$(c kube2-up)" "$(uprop ActiveState kube2)"
+    fi
+    stop_unit kube2 >/dev/null 2>&1
 else
     fail "$(c bpfpin-built)" "gcc -static failed"
 fi
