@@ -28,6 +28,8 @@ mod nspawn_binds;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nspawn_lifecycle::Ctx;
+use nspawn_lifecycle::apply::boot::Boot;
+use nspawn_lifecycle::apply::executor::pending_boot;
 use nspawn_lifecycle::commands::post_start;
 use nspawn_lifecycle::commands::pre_start;
 use nspawn_lifecycle::commands::status::{self, State, Status};
@@ -166,6 +168,14 @@ impl Node {
                 .unwrap();
                 t.check(text == written, &what, || {
                     format!("plan showed\n{text}\npre-start wrote\n{written}")
+                });
+                // Each of pre-start's parts is now as its diff wants it.
+                let machine = name();
+                let (mc, r) = render::as_pre_start(&ctx, &machine, &inv).unwrap();
+                let boot = Boot::new(&ctx, &machine, &mc, r, true);
+                let left = pending_boot(&boot.plan(), &boot);
+                t.check(left.is_empty(), &format!("{what}: nothing left"), || {
+                    format!("pre-start's parts still list {left:#?}")
                 });
             }
             (Err(p), Err(s)) => {

@@ -1,40 +1,90 @@
-//! pre-start's work ([`Boot`]): what the machine's next boot binds, made on the host from the
-//! rendered `.nspawn` file ([`Rendered`]), one file step of [`crate::apply::executor::pre_start`]'s
-//! plan at a time.
+//! pre-start's parts ([`BootPart`], listed by [`crate::apply::executor::pre_start`]): what the
+//! machine's next boot binds, made on the host from the rendered `.nspawn` file ([`Rendered`]).
+//! Each is one unit, as the wiring's parts are (src/model/part.rs): [`Boot::observe`] reads what
+//! the host holds of it (reads only), [`Boot::diff_of`] says what would change (pure), and the
+//! apply makes it, re-reading what it is about to write. pre-start applies a part only when its
+//! diff is not empty ([`crate::apply::executor::execute_boot`]); `plan` lists the diffs
+//! ([`crate::apply::executor::pending_boot`]). The parts live beside their writes: what they
+//! read is the host's own tree, which pre-start alone writes.
 
 use crate::Ctx;
 use crate::apply::driver_tree;
-use crate::apply::executor::{BootStep, BootWork};
+use crate::apply::executor::{self, BootPart, BootWork, Plan};
 use crate::apply::gate;
 use crate::config::MachineConfig;
 use crate::failpoint::Point;
+use crate::model::Change;
 use crate::model::device_cgroup;
 use crate::model::gate as gates;
 use crate::model::host_devices;
 use crate::model::layout::{self, Tree};
 use crate::model::nspawn::describe_change;
 use crate::model::render::Rendered;
+use crate::systemd::Systemd;
 use crate::types::machine_name::MachineName;
+use crate::types::paths::UnitName;
 use anyhow::Result;
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
+
+mod observe;
 
 /// What pre-start makes for `machine`'s next boot: the rendered file and what it binds.
 pub struct Boot<'a> {
     pub ctx: &'a Ctx,
     pub machine: &'a MachineName,
     pub mc: &'a MachineConfig,
-    /// The file is the plan's until the driver tree step: a driver file the kernel refuses to
+    /// The file is the plan's until the driver tree part: a driver file the kernel refuses to
     /// link becomes a bind of the file ([`Boot::driver_tree`]).
     pub rendered: RefCell<Rendered>,
+    /// Whether this is the unit's own start, whose boot gets fresh gate markers: under the real
+    /// root only then (run by hand, the machine may be running, and its boot keeps its markers);
+    /// under `--host-root` always (no machine runs from the tree); `plan` shows a start's.
+    in_its_start: bool,
+    /// The host's systemd, once reached (the device cgroup's observe and apply).
+    bus: OnceCell<Systemd>,
+}
+
+impl<'a> Boot<'a> {
+    /// pre-start's parts for `machine`, in the unit's own start when `in_its_start`.
+    pub fn new(
+        ctx: &'a Ctx,
+        machine: &'a MachineName,
+        mc: &'a MachineConfig,
+        rendered: Rendered,
+        in_its_start: bool,
+    ) -> Self {
+        Boot {
+            ctx,
+            machine,
+            mc,
+            rendered: rendered.into(),
+            in_its_start,
+            bus: OnceCell::new(),
+        }
+    }
+
+    /// Whether this run is in `machine`'s own start ([`Boot::new`]).
+    pub fn in_its_start(ctx: &Ctx, machine: &MachineName) -> bool {
+        !ctx.host.is_real_root() || crate::types::units::runs_in_its_start(machine)
+    }
+
+    /// The parts of this machine's start, in order: the device cgroup under the real root
+    /// (under `--host-root` there is no unit), the gate's when the file binds it.
+    pub fn plan(&self) -> Plan<BootPart> {
+        executor::pre_start(self.ctx.host.is_real_root(), self.binds_gate())
+    }
+
+    /// The host's systemd, reached at the first call.
+    fn bus(&self) -> Result<&Systemd> {
+        if let Some(sd) = self.bus.get() {
+            return Ok(sd);
+        }
+        let sd = Systemd::host(std::time::Instant::now() + DBUS_TIMEOUT)?;
+        Ok(self.bus.get_or_init(|| sd))
+    }
 }
 
 impl Boot<'_> {
-    /// Whether pre-start sets the machine's device cgroup: its GPUs (a share) or the drop-in's
-    /// NVIDIA groups (`all`), and its host devices; under `--host-root` there is no unit.
-    pub fn sets_device_cgroup(&self) -> bool {
-        self.ctx.host.is_real_root()
-    }
-
     /// The host paths the `.nspawn` file binds that pre-start must make first: the empty NVIDIA
     /// node directories ([`host_devices::NVIDIA_NODE_DIRS`], a machine with every GPU) and the
     /// nodes discovery found registered without one; (path, device numbers for a node).
@@ -55,11 +105,6 @@ impl Boot<'_> {
             out.push((d.path.to_string(), Some((d.major, d.minor))));
         }
         out
-    }
-
-    /// Whether [`BootStep::HostNodes`] has anything to make.
-    pub fn makes_host_nodes(&self) -> bool {
-        !self.host_nodes().is_empty() || self.bpffs_missing()
     }
 
     /// Whether the machine's bpf filesystem ([`host_devices::bpffs_dir`]) is missing: no
@@ -126,31 +171,39 @@ impl Boot<'_> {
     }
 
     /// Whether the file binds the unit gate (its drop-in and the boot's markers).
-    pub fn binds_gate(&self) -> bool {
+    fn binds_gate(&self) -> bool {
         self.rendered.borrow().start().file.binds_gate()
     }
 
-    fn device_cgroup(&self) -> Result<String> {
-        let machine = self.machine;
-        let unit = crate::types::units::unit_name(machine);
-        let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
-        let sd = crate::systemd::Systemd::host(deadline)?;
-        let current = sd.device_allow(&unit, deadline)?;
+    /// The machine's own `DeviceAllow=` entries: its GPUs (a share) or the drop-in's NVIDIA
+    /// groups (`all`), and its host devices.
+    fn device_entries(&self) -> Vec<(String, String)> {
         let rendered = self.rendered.borrow();
         let start = rendered.start();
-        let ours = device_cgroup::machine_entries(
+        device_cgroup::machine_entries(
             &start.assignment.view,
             &start.assignment.setting,
             &start.devices,
-        );
+        )
+    }
+
+    /// The unit's `DeviceAllow=` as systemd holds it now.
+    fn device_allow(&self) -> Result<Vec<(String, String)>> {
+        let unit = crate::types::units::unit_name(self.machine);
+        let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
+        self.bus()?.device_allow(&unit, deadline)
+    }
+
+    fn device_cgroup(&self) -> Result<String> {
+        let unit = crate::types::units::unit_name(self.machine);
+        let current = self.device_allow()?;
+        let ours = self.device_entries();
         let new = device_cgroup::merge(&current, &ours);
-        if new == current {
-            return Ok(format!(
-                "device cgroup of {unit} unchanged: {} NVIDIA/DRM node(s)",
-                ours.len()
-            ));
+        if device_cgroup::allows_same(&new, &current) {
+            return self.unchanged(BootPart::DeviceCgroup);
         }
-        sd.set_device_allow(&unit, &new, deadline)?;
+        let deadline = std::time::Instant::now() + DBUS_TIMEOUT;
+        self.bus()?.set_device_allow(&unit, &new, deadline)?;
         Ok(format!(
             "device cgroup of {unit} set: {} NVIDIA/DRM node(s) of its own: {}",
             ours.len(),
@@ -165,7 +218,7 @@ impl Boot<'_> {
         Ok(if gate::write_host_file(&self.ctx.host)? {
             format!("unit gate written: {}", gates::HOST_FILE)
         } else {
-            format!("unit gate: {} as it must be", gates::HOST_FILE)
+            self.unchanged(BootPart::GateFile)?
         })
     }
 
@@ -183,7 +236,7 @@ impl Boot<'_> {
             return Ok(if driver_tree::remove(&self.ctx.host, machine)? {
                 format!("driver tree {dir} removed: no NVIDIA driver for this machine")
             } else {
-                "driver tree: none, no NVIDIA driver for this machine".to_owned()
+                NO_TREE.to_owned()
             });
         };
         let built = driver_tree::ensure(&self.ctx.host, machine, plan)?;
@@ -208,40 +261,35 @@ impl Boot<'_> {
                 .collect();
             start.file.bind_driver_files(layout::file_binds(&tree)?);
         }
-        let bound = layout::file_binds(&plan.tree)?.len();
-        Ok(format!(
-            "driver tree {dir} {}: {} entries, {bound} bound",
+        tree_line(
+            &dir,
             if built.changed { "built" } else { "as planned" },
-            plan.tree.len()
-        ))
+            plan,
+        )
     }
 
     /// The unit gate's markers for the boot ahead ([`gate::prepare_boot`]): the driver root the
     /// file binds is built and checked, so containerd may start with the boot (unless the config
-    /// keeps it for post-start); kubelet waits for post-start. Only in the unit's own start: run
-    /// by hand the machine may be running, and its boot keeps its markers. Under `--host-root`
-    /// no machine runs from the tree.
+    /// keeps it for post-start); kubelet waits for post-start. Only in the unit's own start
+    /// ([`Boot::new`]): otherwise the part reads nothing and is left as it is.
     fn boot_gate(&self) -> Result<String> {
-        let machine = self.machine;
-        if self.ctx.host.is_real_root() && !crate::types::units::runs_in_its_start(machine) {
-            return Ok(format!(
-                "unit gate: markers left alone (pre-start run outside {}'s start; a running \
-                 boot keeps its own)",
-                crate::types::units::unit_name(machine)
-            ));
+        if !self.in_its_start {
+            return self.unchanged(BootPart::BootGate);
         }
-        let containerd = self
-            .mc
+        gate::prepare_boot(
+            &self.ctx.host,
+            self.machine.as_str(),
+            self.boot_containerd(),
+        )?;
+        self.unchanged(BootPart::BootGate)
+    }
+
+    /// The unit the boot ahead releases at once: containerd, unless the config keeps it for
+    /// post-start.
+    fn boot_containerd(&self) -> Option<&UnitName> {
+        self.mc
             .containerd_at_boot
-            .then_some(&self.mc.containerd_unit);
-        let dir = gate::prepare_boot(&self.ctx.host, machine.as_str(), containerd)?;
-        Ok(match containerd {
-            Some(unit) => format!(
-                "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree \
-                 it binds is checked complete"
-            ),
-            None => format!("unit gate: {dir} emptied; containerd and kubelet wait for post-start"),
-        })
+            .then_some(&self.mc.containerd_unit)
     }
 
     fn nspawn_file(&self) -> Result<String> {
@@ -257,24 +305,44 @@ impl Boot<'_> {
             )? {
                 format!("{shown}: {}", describe_change(r.old.as_deref(), &new))
             } else {
-                format!("{shown}: unchanged")
+                format!("{shown}: {UNCHANGED}")
             },
         )
     }
 }
 
 impl BootWork for Boot<'_> {
-    fn step(&self, step: BootStep) -> Result<String> {
-        match step {
-            BootStep::HostNodes => self.make_host_nodes(),
-            BootStep::DeviceCgroup => self.device_cgroup(),
-            BootStep::GateFile => self.gate_file(),
-            BootStep::DriverTree => self.driver_tree(),
-            BootStep::BootGate => self.boot_gate(),
-            BootStep::NspawnFile => self.nspawn_file(),
+    fn diff(&self, part: BootPart) -> Result<Vec<Change>> {
+        Ok(self.diff_of(part, &self.observe(part)?))
+    }
+
+    fn unchanged(&self, part: BootPart) -> Result<String> {
+        Boot::unchanged(self, part)
+    }
+
+    fn apply(&self, part: BootPart) -> Result<String> {
+        match part {
+            BootPart::HostNodes => self.make_host_nodes(),
+            BootPart::DeviceCgroup => self.device_cgroup(),
+            BootPart::GateFile => self.gate_file(),
+            BootPart::DriverTree => self.driver_tree(),
+            BootPart::BootGate => self.boot_gate(),
+            BootPart::NspawnFile => self.nspawn_file(),
         }
     }
 }
+
+/// The driver tree part's line: `how` (built, as planned) and what it holds.
+fn tree_line(dir: &str, how: &str, plan: &crate::model::tree::Plan) -> Result<String> {
+    let bound = layout::file_binds(&plan.tree)?.len();
+    Ok(format!(
+        "driver tree {dir} {how}: {} entries, {bound} bound",
+        plan.tree.len()
+    ))
+}
+
+const NO_TREE: &str = "driver tree: none, no NVIDIA driver for this machine";
+const UNCHANGED: &str = "unchanged";
 
 /// How long pre-start waits for the host's systemd to answer.
 const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -125,6 +125,91 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
     })
 }
 
+/// `machine`'s tree as found against a plan ([`observe`]): what [`ensure`] would do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeState {
+    /// Its stamp says `plan` (the usual restart: only the stamp and the directories are read).
+    Stamped,
+    /// Walked and found exactly `plan`, with no stamp saying so: [`ensure`] stamps it.
+    Unstamped,
+    /// Not `plan` (not a directory, or an entry differs): [`ensure`] builds it afresh.
+    Differs,
+    /// No tree: [`ensure`] builds it.
+    Missing,
+}
+
+/// What [`observe`] read: the tree, and what a killed pre-start left beside it (host paths).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeSeen {
+    pub state: TreeState,
+    pub leftovers: Vec<String>,
+}
+
+/// `machine`'s tree against `plan`, as [`ensure`] judges it (the same stamp, the same walk),
+/// and the leftovers [`ensure`] removes first. Reads only, below the verified tree directory.
+pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> {
+    let Some(top) = host_dir::check(host, layout::TREE_HOST_DIR, DIR_MODE)? else {
+        return Ok(TreeSeen {
+            state: TreeState::Missing,
+            leftovers: Vec::new(),
+        });
+    };
+    let shown = host.path(layout::tree_host_path(machine));
+    let leftovers = [format!(".{machine}.new"), format!(".{machine}.old")]
+        .into_iter()
+        .filter(|n| {
+            nix::sys::stat::fstatat(top.fd(), n.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+        })
+        .map(|n| format!("{}/{n}", layout::TREE_HOST_DIR))
+        .collect();
+    let state = match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
+        Err(Errno::ENOENT) => TreeState::Missing,
+        Err(Errno::ELOOP | Errno::ENOTDIR) => TreeState::Differs,
+        Err(e) => return Err(e).with_context(|| format!("opening {}", shown.display())),
+        Ok(fd) => {
+            let now = stamp_text(top.fd(), machine, plan);
+            if now
+                .as_deref()
+                .is_some_and(|t| stamp_reads(top.fd(), machine, t))
+            {
+                TreeState::Stamped
+            } else if matches(&fd, plan).with_context(|| format!("reading {}", shown.display()))? {
+                TreeState::Unstamped
+            } else {
+                TreeState::Differs
+            }
+        }
+    };
+    Ok(TreeSeen { state, leftovers })
+}
+
+/// What [`remove`] would remove (host paths). Reads only.
+pub fn remains(host: &HostRoot, machine: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for dir in [layout::TREE_HOST_DIR, layout::LEGACY_TREE_HOST_DIR] {
+        let Some(top) = open_existing(host, dir)? else {
+            continue;
+        };
+        for name in removed_names(machine) {
+            if nix::sys::stat::fstatat(&top, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                out.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The names [`remove`] removes in each tree directory.
+fn removed_names(machine: &str) -> [String; 5] {
+    [
+        machine.to_owned(),
+        format!(".{machine}.new"),
+        format!(".{machine}.old"),
+        stamp_name(machine),
+        stamp_tmp_name(machine),
+    ]
+}
+
 /// The machine's current tree, if it is a directory; anything else at its name is removed
 /// (replaced below, never followed).
 fn open_current(
@@ -152,13 +237,7 @@ pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
         let Some(top) = open_existing(host, dir)? else {
             continue;
         };
-        for name in [
-            machine.to_owned(),
-            format!(".{machine}.new"),
-            format!(".{machine}.old"),
-            stamp_name(machine),
-            stamp_tmp_name(machine),
-        ] {
+        for name in removed_names(machine) {
             any |= remove_tree(&top, &name)
                 .with_context(|| format!("removing {}", host.path(dir).join(&name).display()))?;
         }

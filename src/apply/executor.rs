@@ -1,5 +1,6 @@
 //! The hooks' plans and their executors. pre-start's plan ([`pre_start`], run by
-//! [`execute_boot`]) makes what the machine's next boot binds on the host (src/apply/boot.rs);
+//! [`execute_boot`]) makes what the machine's next boot binds on the host, part by part, each
+//! applied only where its diff says (src/apply/boot.rs);
 //! post-start's ([`plan`], [`plan_without_gpus`], run by [`execute`]), in the order of a start
 //! (docs/wiring.md), applies the parts of the wiring it writes (src/model/part.rs, written by
 //! src/apply/part.rs) and drives the target's services: one log line and timing per step, the
@@ -10,7 +11,7 @@ use crate::apply::images::FAILED_DIR;
 use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
 use crate::model::part::Written;
-use crate::model::{Part, Target};
+use crate::model::{Action, Change, Check, Part, Target};
 use crate::systemd::services::Services;
 use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
@@ -45,11 +46,11 @@ impl std::fmt::Display for Hook {
     }
 }
 
-/// pre-start's steps: what it makes on the host for the machine's next boot, in this order
-/// ([`pre_start`]). Its own type: no post-start step can be given to pre-start, nor the other
-/// way round.
+/// pre-start's parts: what it makes on the host for the machine's next boot, in this order
+/// ([`pre_start`]), each one unit that observes, diffs and applies (src/apply/boot.rs). Its own
+/// type: no post-start step can be given to pre-start, nor the other way round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootStep {
+pub enum BootPart {
     /// Host nodes the `.nspawn` file binds that the kernel registered without a node
     /// (`rdma_cm`), and the empty NVIDIA node directories a machine with every GPU binds.
     HostNodes,
@@ -65,32 +66,44 @@ pub enum BootStep {
     NspawnFile,
 }
 
-impl BootStep {
+impl BootPart {
+    /// The check its changes name in `plan`'s pre-start list: the host devices the file binds
+    /// (their nodes, the cgroup that lets the machine open them), the gate, the driver root the
+    /// tree becomes, and the next start's own file.
+    pub fn check(self) -> Check {
+        match self {
+            BootPart::HostNodes | BootPart::DeviceCgroup => Check::HostDevices,
+            BootPart::GateFile | BootPart::BootGate => Check::Gate,
+            BootPart::DriverTree => Check::DriverRoot,
+            BootPart::NspawnFile => Check::NextStart,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
-            BootStep::HostNodes => "host device nodes",
-            BootStep::DeviceCgroup => "device cgroup",
-            BootStep::GateFile => "unit gate file",
-            BootStep::DriverTree => "driver tree",
-            BootStep::BootGate => "unit gate for the boot",
-            BootStep::NspawnFile => ".nspawn file",
+            BootPart::HostNodes => "host device nodes",
+            BootPart::DeviceCgroup => "device cgroup",
+            BootPart::GateFile => "unit gate file",
+            BootPart::DriverTree => "driver tree",
+            BootPart::BootGate => "unit gate for the boot",
+            BootPart::NspawnFile => ".nspawn file",
         }
     }
 
     /// The `step` field of the step's log line (`journalctl STEP=nspawn`).
     fn key(self) -> &'static str {
         match self {
-            BootStep::HostNodes => "host-nodes",
-            BootStep::DeviceCgroup => "device-cgroup",
-            BootStep::GateFile => "gate-file",
-            BootStep::DriverTree => "driver-tree",
-            BootStep::BootGate => "gate",
-            BootStep::NspawnFile => "nspawn",
+            BootPart::HostNodes => "host-nodes",
+            BootPart::DeviceCgroup => "device-cgroup",
+            BootPart::GateFile => "gate-file",
+            BootPart::DriverTree => "driver-tree",
+            BootPart::BootGate => "gate",
+            BootPart::NspawnFile => "nspawn",
         }
     }
 }
 
-impl std::fmt::Display for BootStep {
+impl std::fmt::Display for BootPart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
@@ -158,7 +171,7 @@ impl std::fmt::Display for Step {
 }
 
 /// A hook's plan: a plain value, computed before anything is touched, run by [`execute`]
-/// (post-start's, of [`Step`]s) or [`execute_boot`] (pre-start's, of [`BootStep`]s).
+/// (post-start's, of [`Step`]s) or [`execute_boot`] (pre-start's, of [`BootPart`]s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan<S> {
     pub hook: Hook,
@@ -297,19 +310,19 @@ pub fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Pla
     }
 }
 
-/// pre-start's plan: the host nodes it binds that are missing (`host_nodes`), the machine's
+/// pre-start's plan, the parts of this machine's start: the host nodes it binds, the machine's
 /// device cgroup (`device_cgroup`: under the real root, where the unit is), the unit gate's
 /// drop-in and the boot's markers (`gate`: when the `.nspawn` file binds them), the driver
 /// tree, and last the `.nspawn` file: nspawn refuses to start when a bind's source is missing,
 /// so what it binds is made first.
-pub fn pre_start(host_nodes: bool, device_cgroup: bool, gate: bool) -> Plan<BootStep> {
+pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan<BootPart> {
     let steps = [
-        host_nodes.then_some(BootStep::HostNodes),
-        device_cgroup.then_some(BootStep::DeviceCgroup),
-        gate.then_some(BootStep::GateFile),
-        Some(BootStep::DriverTree),
-        gate.then_some(BootStep::BootGate),
-        Some(BootStep::NspawnFile),
+        Some(BootPart::HostNodes),
+        device_cgroup.then_some(BootPart::DeviceCgroup),
+        gate.then_some(BootPart::GateFile),
+        Some(BootPart::DriverTree),
+        gate.then_some(BootPart::BootGate),
+        Some(BootPart::NspawnFile),
     ];
     Plan {
         hook: Hook::PreStart,
@@ -337,22 +350,52 @@ pub trait Work {
     fn import(&self) -> Result<(usize, usize)>;
 }
 
-/// What [`execute_boot`] does: pre-start's work on the host (src/apply/boot.rs).
+/// What [`execute_boot`] does: pre-start's parts on the host (src/apply/boot.rs).
 pub trait BootWork {
-    /// Make `step`. Returns the log line.
-    fn step(&self, step: BootStep) -> Result<String>;
+    /// What making `part` would change now: its observe (reads only; an error there is the
+    /// step's) and its diff.
+    fn diff(&self, part: BootPart) -> Result<Vec<Change>>;
+    /// The log line of a part found as it must be.
+    fn unchanged(&self, part: BootPart) -> Result<String>;
+    /// Make `part`, re-reading what it is about to write. Returns the log line.
+    fn apply(&self, part: BootPart) -> Result<String>;
 }
 
-/// Run pre-start's `plan` in order: one log line and timing per step; the first failure ends it
-/// (nothing to put back: the machine has not started).
-pub fn execute_boot(plan: &Plan<BootStep>, machine: &str, work: &dyn BootWork) -> Result<()> {
-    for step in &plan.steps {
+/// Run pre-start's `plan` in order: each part observed and diffed, and applied only when its
+/// diff is not empty; one log line and timing per part; the first failure ends it (nothing to
+/// put back: the machine has not started).
+pub fn execute_boot(plan: &Plan<BootPart>, machine: &str, work: &dyn BootWork) -> Result<()> {
+    for part in &plan.steps {
         let started = Instant::now();
-        let line = timed(machine, step.name(), || work.step(*step))
-            .with_context(|| format!("{} of {machine}: step '{step}'", plan.hook))?;
-        tracing::info!(%machine, step = %step.key(), us = micros(started.elapsed()), "{line}");
+        let line = timed(machine, part.name(), || {
+            if work.diff(*part)?.is_empty() {
+                work.unchanged(*part)
+            } else {
+                work.apply(*part)
+            }
+        })
+        .with_context(|| format!("{} of {machine}: step '{part}'", plan.hook))?;
+        tracing::info!(%machine, step = %part.key(), us = micros(started.elapsed()), "{line}");
     }
     Ok(())
+}
+
+/// What pre-start's `plan` would change now, part by part in order: each part's diff, or one
+/// change that fails with what could not be read. Reads only (`plan`).
+pub fn pending_boot(plan: &Plan<BootPart>, work: &dyn BootWork) -> Vec<Change> {
+    plan.steps
+        .iter()
+        .flat_map(|part| {
+            work.diff(*part).unwrap_or_else(|e| {
+                vec![Change::new(
+                    part.check(),
+                    Action::Fails,
+                    String::new(),
+                    format!("{e:#}"),
+                )]
+            })
+        })
+        .collect()
 }
 
 /// The one executor: run `plan`'s steps in order. On a failure, start again only the services

@@ -130,10 +130,14 @@ pub fn prepare_boot(
         host.remove_file(format!("{dir}/{}", name.to_string_lossy()))?;
     }
     if let Some(unit) = containerd {
-        let text = format!("nspawn-lifecycle pre-start released {unit} for the next boot\n");
-        markers.write(unit, &text, Point::PreStartMidGateRelease)?;
+        markers.write(unit, &boot_marker(unit), Point::PreStartMidGateRelease)?;
     }
     Ok(markers.dir)
+}
+
+/// The text of the marker [`prepare_boot`] writes for `unit`.
+pub fn boot_marker(unit: &UnitName) -> String {
+    format!("nspawn-lifecycle pre-start released {unit} for the next boot\n")
 }
 
 #[cfg(test)]

@@ -1,8 +1,11 @@
 //! `plan <MACHINE>`: what pre-start would write, and a unified diff against the file on disk, or
-//! why pre-start would refuse the start; and, for a running machine, what post-start run now
+//! why pre-start would refuse the start; what pre-start's parts would change on the host (their
+//! diffs, the ones pre-start applies); and, for a running machine, what post-start run now
 //! would change in it (the wiring model's diff, the one `status` judges).
 
 use crate::Ctx;
+use crate::apply::boot::Boot;
+use crate::apply::executor::pending_boot;
 use crate::model::render::{Rendered, as_pre_start};
 use crate::model::{self, Change};
 use crate::output::print_all;
@@ -14,16 +17,22 @@ use std::time::{Duration, Instant};
 /// How long the bus reads for a running machine may take.
 const BUS_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// `plan`: print what pre-start would write and a unified diff against the file on disk, and
-/// for a running machine what post-start would change in it now (or, with `json`, one
-/// `MachinePlan` object); returns whether the file on disk is already exactly that. Where
-/// pre-start would refuse the start, plan fails with its message and exit code.
+/// `plan`: print what pre-start would write and a unified diff against the file on disk, what
+/// pre-start's parts would change on the host at the unit's next start, and for a running
+/// machine what post-start would change in it now (or, with `json`, one `MachinePlan` object);
+/// returns whether the file on disk is already exactly that. Where pre-start would refuse the
+/// start, plan fails with its message and exit code.
 pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
-    let (_, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
+    let (mc, r) = as_pre_start(ctx, machine, &crate::discovery::discover(&ctx.host)?)
         .with_context(|| format!("pre-start would refuse to start {machine}"))?;
+    // What the unit's own start would find: its parts' diffs, read now (reads only).
+    let boot = Boot::new(ctx, machine, &mc, r, true);
+    let pre = pending_boot(&boot.plan(), &boot);
+    let r = boot.rendered.into_inner();
     let now = post_start_now(ctx, machine, &r);
     if json {
         let mut v = r.to_json(machine);
+        v["preStart"] = serde_json::json!({ "changes": pre });
         v["postStart"] = match &now {
             Ok(None) => serde_json::Value::Null,
             Ok(Some(changes)) => serde_json::json!({ "changes": changes }),
@@ -31,9 +40,28 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
         };
         print_all(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else {
-        print_all(&format!("{r}{}", post_start_text(machine, &now)))?;
+        print_all(&format!(
+            "{r}{}{}",
+            pre_start_text(&pre),
+            post_start_text(machine, &now)
+        ))?;
     }
     Ok(r.up_to_date())
+}
+
+/// The text of pre-start's list: what its parts would change on the host at the next start.
+fn pre_start_text(changes: &[Change]) -> String {
+    if changes.is_empty() {
+        return "# pre-start at the next start: nothing to change on the host.\n".to_owned();
+    }
+    let mut out = format!(
+        "# pre-start at the next start: {} change(s) on the host:\n",
+        changes.len()
+    );
+    for c in changes {
+        out.push_str(&format!("#   {c}\n"));
+    }
+    out
 }
 
 /// What would change in `machine` when it runs ([`model::pending`]: every part, through its

@@ -1,10 +1,11 @@
 //! `nspawn-lifecycle pre-start <MACHINE>` (ExecStartPre=): render the machine's `.nspawn` file
-//! and carry out pre-start's plan (the device cgroup, the unit gate, the driver tree, the file)
-//! with the one executor, under the machine's lock.
+//! and make pre-start's parts (the host nodes, the device cgroup, the unit gate, the driver
+//! tree, the file) with the one executor, each only where its diff says, under the machine's
+//! lock.
 
 use crate::Ctx;
 use crate::apply::boot::Boot;
-use crate::apply::executor::{self, execute_boot};
+use crate::apply::executor::execute_boot;
 use crate::fs::lock;
 use crate::model::render::{check_rendered, check_startable, render};
 use crate::types::machine_name::MachineName;
@@ -17,16 +18,12 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let rendered = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     check_rendered(ctx, machine, &rendered).with_context(|| format!("pre-start of {machine}"))?;
-    let boot = Boot {
+    let boot = Boot::new(
         ctx,
         machine,
-        mc: &mc,
-        rendered: rendered.into(),
-    };
-    let plan = executor::pre_start(
-        boot.makes_host_nodes(),
-        boot.sets_device_cgroup(),
-        boot.binds_gate(),
+        &mc,
+        rendered,
+        Boot::in_its_start(ctx, machine),
     );
-    execute_boot(&plan, machine.as_str(), &boot)
+    execute_boot(&boot.plan(), machine.as_str(), &boot)
 }

@@ -74,7 +74,7 @@ fn write_if_changed_at(
 /// follows a symlink there (another account may own the directory and plant one: it is then
 /// replaced, never read through), never opens anything but a regular file, and reads nothing
 /// unless the size is that of `contents`, and then no more than that.
-fn holds(dir: &OwnedFd, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
+pub(crate) fn holds(dir: &OwnedFd, name: &str, contents: &[u8], mode: u32) -> Result<bool> {
     let pinned = match nix::fcntl::openat(
         dir,
         name,

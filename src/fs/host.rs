@@ -259,6 +259,20 @@ impl HostRoot {
         crate::fs::atomic::write_if_changed(&dir, &self.path(parent), name, contents, mode, point)
     }
 
+    /// Whether `abs` is a regular file holding exactly `contents` with `mode`: what
+    /// [`HostRoot::write_if_changed`] would leave alone. Reads only; a missing file or directory
+    /// does not hold it.
+    pub fn holds(&self, abs: impl AsRef<Path>, contents: &[u8], mode: u32) -> Result<bool> {
+        let abs = abs.as_ref();
+        let (dir, name) = match self.parent_of(abs) {
+            Ok(d) => d,
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        crate::fs::atomic::holds(&dir, name, contents, mode)
+            .with_context(|| format!("reading {}", self.path(abs).display()))
+    }
+
     /// Remove the file (or symlink) `abs` if it exists and fsync its directory. Returns whether
     /// something was removed.
     pub fn remove_file(&self, abs: impl AsRef<Path>) -> Result<bool> {

@@ -53,6 +53,18 @@ fn dir_flags() -> OFlag {
 /// beyond it (`0o700`: nobody else may even look inside); the ones before it are created with
 /// [`PARENT_MODE`].
 pub fn open(host: &HostRoot, abs: &str, mode: u32) -> Result<HostDir> {
+    walk(host, abs, mode, true)?
+        .with_context(|| format!("internal error: {abs} was created, then not found"))
+}
+
+/// [`open`] without creating anything: the directory `abs`, verified the same way, or `None`
+/// when it (or a component) does not exist. Reads only: what observes a part of ours on the
+/// host before anything is written.
+pub fn check(host: &HostRoot, abs: &str, mode: u32) -> Result<Option<HostDir>> {
+    walk(host, abs, mode, false)
+}
+
+fn walk(host: &HostRoot, abs: &str, mode: u32, create: bool) -> Result<Option<HostDir>> {
     let names: Vec<&str> = abs.split('/').filter(|c| !c.is_empty()).collect();
     if !abs.starts_with('/') || names.is_empty() || names.iter().any(|c| *c == "." || *c == "..") {
         bail!("internal error: {abs:?} is not a plain absolute directory path");
@@ -69,23 +81,29 @@ pub fn open(host: &HostRoot, abs: &str, mode: u32) -> Result<HostDir> {
         path.push(name);
         let last = i + 1 == names.len();
         let want = if last { mode } else { PARENT_MODE };
-        fd = open_component(&fd, name, &path, want, last)?;
+        fd = match open_component(&fd, name, &path, want, last, create)? {
+            Some(fd) => fd,
+            None => return Ok(None),
+        };
     }
-    Ok(HostDir { fd, path })
+    Ok(Some(HostDir { fd, path }))
 }
 
-/// Open or create `name` in `parent` and check it; `path` only names it in messages.
+/// Open (with `create`, or create) `name` in `parent` and check it; `None` when it is missing
+/// and not to be created; `path` only names it in messages.
 fn open_component(
     parent: &OwnedFd,
     name: &str,
     path: &Path,
     mode: u32,
     last: bool,
-) -> Result<OwnedFd> {
+    create: bool,
+) -> Result<Option<OwnedFd>> {
     let mut created = false;
     let fd = loop {
         match nix::fcntl::openat(parent, name, dir_flags(), Mode::empty()) {
             Ok(fd) => break fd,
+            Err(Errno::ENOENT) if !create => return Ok(None),
             Err(Errno::ENOENT) if !created => {
                 match nix::sys::stat::mkdirat(parent, name, Mode::from_bits_truncate(mode)) {
                     // Someone created it in between: open and check what is there.
@@ -128,7 +146,7 @@ fn open_component(
         // Ours, just made: the umask does not decide the mode.
         nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode))
             .with_context(|| format!("chmod {:o} {}", mode, path.display()))?;
-        return Ok(fd);
+        return Ok(Some(fd));
     }
     let perms = st.st_mode & 0o777;
     let extra = if last { perms & !mode } else { perms & 0o022 };
@@ -146,7 +164,7 @@ fn open_component(
             mode
         );
     }
-    Ok(fd)
+    Ok(Some(fd))
 }
 
 /// "a symbolic link", "a regular file", … for what is at `name` in `parent` (not followed).

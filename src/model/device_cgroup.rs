@@ -70,6 +70,14 @@ pub fn merge(current: &[(String, String)], ours: &[(String, String)]) -> Vec<(St
     out
 }
 
+/// Whether two `DeviceAllow=` lists allow the same: the same entries, whatever their order or
+/// repeats (the cgroup's device program allows each; systemd reports the unit file's, the
+/// drop-ins' and the runtime setting's together, in an order of its own).
+pub fn allows_same(a: &[(String, String)], b: &[(String, String)]) -> bool {
+    use std::collections::BTreeSet;
+    a.iter().collect::<BTreeSet<_>>() == b.iter().collect::<BTreeSet<_>>()
+}
+
 /// The installed drop-in (`text`) must match the machine's `gpus`: an `all` machine's allows
 /// every NVIDIA group, any other's none (a `daemon-reload` would add it back after the
 /// runtime list). A mismatch is bad input until `install` is run again.
@@ -134,6 +142,16 @@ mod tests {
         );
         // `none`: nothing of NVIDIA stays.
         assert_eq!(merge(&current, &[]).len(), 4);
+        // The list systemd reports back, ours first and one repeated, allows the same.
+        let mut back = merge(&current, &ours);
+        back.rotate_right(2);
+        back.push(e("char-pts", "rw"));
+        assert!(allows_same(&back, &merge(&current, &ours)));
+        assert!(!allows_same(&back, &current));
+        assert!(!allows_same(
+            &[e("/dev/kvm", "rw")],
+            &[e("/dev/kvm", "rwm")]
+        ));
     }
 
     #[test]

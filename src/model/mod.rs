@@ -358,7 +358,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(check: Check, action: Action, path: String, detail: impl Into<String>) -> Self {
+    pub fn new(check: Check, action: Action, path: String, detail: impl Into<String>) -> Self {
         Change {
             check,
             action,

@@ -228,16 +228,37 @@ impl Work for FakeWork<'_> {
     }
 }
 
-/// pre-start's side, recorded as `file <step>`.
+/// pre-start's side: each part diffed (`diff <part>`), then applied (`apply <part>`) or found
+/// as it must be (`unchanged <part>`, the parts in `current`).
 struct FakeBoot<'a> {
     fake: &'a Fake,
-    fail: Option<BootStep>,
+    fail: Option<BootPart>,
+    current: &'a [BootPart],
 }
 
 impl BootWork for FakeBoot<'_> {
-    fn step(&self, step: BootStep) -> Result<String> {
-        self.fake.log.borrow_mut().push(format!("file {step}"));
-        if Some(step) == self.fail {
+    fn diff(&self, part: BootPart) -> Result<Vec<crate::model::Change>> {
+        self.fake.log.borrow_mut().push(format!("diff {part}"));
+        Ok(if self.current.contains(&part) {
+            Vec::new()
+        } else {
+            vec![crate::model::Change::new(
+                part.check(),
+                crate::model::Action::Write,
+                format!("/{part}"),
+                "",
+            )]
+        })
+    }
+
+    fn unchanged(&self, part: BootPart) -> Result<String> {
+        self.fake.log.borrow_mut().push(format!("unchanged {part}"));
+        Ok(String::new())
+    }
+
+    fn apply(&self, part: BootPart) -> Result<String> {
+        self.fake.log.borrow_mut().push(format!("apply {part}"));
+        if Some(part) == self.fail {
             anyhow::bail!("planted failure");
         }
         Ok(String::new())
@@ -280,26 +301,28 @@ fn the_host_plan_differs_only_in_its_file_steps() {
     assert_eq!(others(&machine), others(&host));
 }
 
-/// pre-start's plan: what the boot binds first, the `.nspawn` file last; a failed step names
-/// pre-start and the step and ends the run there (its steps are its own type: it has no
-/// service to reach).
+/// pre-start's plan: what the boot binds first, the `.nspawn` file last; each part is
+/// applied only when its diff is not empty; a failed part names pre-start and the part and ends
+/// the run there (its parts are its own type: it has no service to reach). `plan`'s list is
+/// the same parts' diffs, in order, a part that cannot be read one change that fails.
 #[test]
 fn the_pre_start_plan_runs_through_the_same_executor() {
     use crate::apply::executor::pre_start;
     assert_eq!(
-        pre_start(true, true, true).to_string(),
+        pre_start(true, true).to_string(),
         "host device nodes → device cgroup → unit gate file → driver tree → unit gate for the boot → .nspawn file"
     );
     assert_eq!(
-        pre_start(false, false, false).to_string(),
-        "driver tree → .nspawn file"
+        pre_start(false, false).to_string(),
+        "host device nodes → driver tree → .nspawn file"
     );
     let fake = Fake::default();
     let work = FakeBoot {
         fake: &fake,
-        fail: Some(BootStep::DriverTree),
+        fail: Some(BootPart::DriverTree),
+        current: &[BootPart::DeviceCgroup],
     };
-    let e = execute_boot(&pre_start(true, true, true), "kube1", &work).unwrap_err();
+    let e = execute_boot(&pre_start(true, true), "kube1", &work).unwrap_err();
     assert_eq!(
         format!("{e:#}"),
         "pre-start of kube1: step 'driver tree': planted failure"
@@ -307,26 +330,53 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
     assert_eq!(
         fake.log(),
         [
-            "file host device nodes",
-            "file device cgroup",
-            "file unit gate file",
-            "file driver tree"
+            "diff host device nodes",
+            "apply host device nodes",
+            "diff device cgroup",
+            "unchanged device cgroup",
+            "diff unit gate file",
+            "apply unit gate file",
+            "diff driver tree",
+            "apply driver tree"
         ]
     );
     let fake = Fake::default();
     let work = FakeBoot {
         fake: &fake,
         fail: None,
+        current: &[BootPart::HostNodes, BootPart::NspawnFile],
     };
-    execute_boot(&pre_start(false, false, true), "kube1", &work).unwrap();
+    execute_boot(&pre_start(false, true), "kube1", &work).unwrap();
     assert_eq!(
         fake.log(),
         [
-            "file unit gate file",
-            "file driver tree",
-            "file unit gate for the boot",
-            "file .nspawn file"
+            "diff host device nodes",
+            "unchanged host device nodes",
+            "diff unit gate file",
+            "apply unit gate file",
+            "diff driver tree",
+            "apply driver tree",
+            "diff unit gate for the boot",
+            "apply unit gate for the boot",
+            "diff .nspawn file",
+            "unchanged .nspawn file"
         ]
+    );
+    let fake = Fake::default();
+    let work = FakeBoot {
+        fake: &fake,
+        fail: None,
+        current: &[BootPart::HostNodes],
+    };
+    let listed: Vec<String> = pending_boot(&pre_start(false, false), &work)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(listed, ["write /driver tree", "write /.nspawn file"]);
+    assert!(
+        !fake.log().iter().any(|l| l.starts_with("apply")),
+        "plan's list applies nothing: {:?}",
+        fake.log()
     );
 }
 

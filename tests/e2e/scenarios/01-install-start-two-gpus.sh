@@ -174,16 +174,15 @@ order=$(printf '%s\n' "$hj" | grep -oE 'stopped machine=kube1 unit=[a-z]+|unit g
 assert_eq "$(c hooks-order)" "stopped kubelet,started containerd,unit gate: released kubelet,started kubelet," "${order#unit gate: released containerd,}"
 assert_match "$(c pre-start-released-containerd)" 'unit gate: released containerd\.service for the boot ahead' \
     "$(hook_journal_since kube1 "@$(( t0 / 1000 - 1 ))" "$HOOK_IDENT")"
-# pre-start's plan runs through the one executor: one line per step with its STEP key, in the
-# plan's order (host-nodes only when something it binds is missing: the machine's bpf filesystem
-# at its first start, an NVIDIA node directory; the device cgroup at every start: its host devices
-# and, for gpus "all", the drop-in's NVIDIA groups)
+# pre-start's parts run through the one executor: one line per part with its STEP key, in the
+# plan's order, each applied or found as it must be (the host nodes it binds, the device cgroup
+# under the real root: its host devices and, for gpus "all", the drop-in's NVIDIA groups)
 pre_steps=$(hook_journal_since kube1 "@$(( t0 / 1000 - 1 ))" "$HOOK_IDENT" \
     | grep -oE 'step=(host-nodes|device-cgroup|gate-file|driver-tree|gate|nspawn) ' | tr -d ' ' | tr '\n' ,)
 # The window opens a second before t0: a start the rig made just before (01 run first after `up`)
 # may show too; its last run is this start's.
-assert_eq "$(c pre-start-steps-in-plan-order)" "step=device-cgroup,step=gate-file,step=driver-tree,step=gate,step=nspawn," \
-    "step=device-cgroup,${pre_steps##*step=device-cgroup,}"
+assert_eq "$(c pre-start-steps-in-plan-order)" "step=host-nodes,step=device-cgroup,step=gate-file,step=driver-tree,step=gate,step=nspawn," \
+    "step=host-nodes,${pre_steps##*step=host-nodes,}"
 
 # ---- journald-native fields (issue 16 item 4) ---------------------------------------------------
 # stderr of the hooks is the journal: each line is sent natively, MESSAGE= the same line as the

@@ -1,0 +1,337 @@
+//! What pre-start's parts hold on the host ([`Boot::observe`], reads only), what making them
+//! would change ([`Boot::diff_of`], pure), and the line of a part found as it must be
+//! ([`Boot::unchanged`]).
+
+use super::{Boot, NO_TREE, UNCHANGED, tree_line};
+use crate::apply::driver_tree::{self, TreeSeen, TreeState};
+use crate::apply::executor::BootPart;
+use crate::apply::gate;
+use crate::fs::host_dir;
+use crate::fs::machine_root::FileKind;
+use crate::model::gate as gates;
+use crate::model::layout;
+use crate::model::nspawn::describe_change;
+use crate::model::{Action, Change, device_cgroup, host_devices};
+use crate::types::units::{nspawn_path, unit_name};
+use anyhow::Result;
+use std::ffi::OsString;
+
+/// A part of pre-start as [`Boot::observe`] read it on the host.
+#[derive(Debug)]
+pub enum BootSeen {
+    /// What the file binds that is missing on the host: nodes and directories (path, and the
+    /// device numbers of a node), and whether the machine's bpf filesystem is.
+    HostNodes {
+        missing: Vec<(String, Option<(u32, u32)>)>,
+        bpffs_missing: bool,
+    },
+    /// The unit's `DeviceAllow=` now.
+    DeviceCgroup(Vec<(String, String)>),
+    /// Whether the host's unit gate drop-in holds exactly what it must.
+    GateFile(bool),
+    /// The driver tree against its plan.
+    DriverTree(TreeSeen),
+    /// No driver: what is left of a tree (host paths).
+    NoDriverTree(Vec<String>),
+    /// The boot's markers; none read outside the unit's own start.
+    BootGate(Option<MarkersSeen>),
+    /// Whether the `.nspawn` file on disk is exactly the one rendered.
+    NspawnFile(bool),
+}
+
+/// The machine's marker directory as found: its entries (`None`: no directory), and whether
+/// the marker the boot ahead releases holds its text.
+#[derive(Debug)]
+pub struct MarkersSeen {
+    entries: Option<Vec<(OsString, FileKind)>>,
+    released_holds: bool,
+}
+
+impl Boot<'_> {
+    /// Read `part` on the host. Reads only; an error is what the part's apply would meet.
+    pub fn observe(&self, part: BootPart) -> Result<BootSeen> {
+        let host = &self.ctx.host;
+        Ok(match part {
+            BootPart::HostNodes => BootSeen::HostNodes {
+                missing: self
+                    .host_nodes()
+                    .into_iter()
+                    // A directory not there as one is missing (its apply fails on what is
+                    // there instead); a node, when nothing is at its path (one made meanwhile
+                    // is left as it is).
+                    .filter(|(path, numbers)| {
+                        numbers.is_none() || host.symlink_metadata(path).is_err()
+                    })
+                    .collect(),
+                bpffs_missing: self.bpffs_missing(),
+            },
+            BootPart::DeviceCgroup => BootSeen::DeviceCgroup(self.device_allow()?),
+            BootPart::GateFile => {
+                let dir = layout_parent(gates::HOST_FILE);
+                BootSeen::GateFile(
+                    host_dir::check(host, dir, host_dir::PARENT_MODE)?.is_some()
+                        && host.holds(gates::HOST_FILE, gates::CONTENT.as_bytes(), 0o644)?,
+                )
+            }
+            BootPart::DriverTree => match &self.rendered.borrow().start().tree {
+                Some(plan) => {
+                    BootSeen::DriverTree(driver_tree::observe(host, self.machine.as_str(), plan)?)
+                }
+                None => BootSeen::NoDriverTree(driver_tree::remains(host, self.machine.as_str())?),
+            },
+            BootPart::BootGate => BootSeen::BootGate(self.observe_markers()?),
+            BootPart::NspawnFile => BootSeen::NspawnFile(host.holds(
+                nspawn_path(self.machine),
+                self.rendered.borrow().text().as_bytes(),
+                0o644,
+            )?),
+        })
+    }
+
+    /// The boot's markers, in the unit's own start.
+    fn observe_markers(&self) -> Result<Option<MarkersSeen>> {
+        if !self.in_its_start {
+            return Ok(None);
+        }
+        let host = &self.ctx.host;
+        let dir = gates::machine_marker_dir(self.machine.as_str());
+        let Some(_) = host_dir::check(host, &dir, host_dir::PARENT_MODE)? else {
+            return Ok(Some(MarkersSeen {
+                entries: None,
+                released_holds: false,
+            }));
+        };
+        let entries = host.read_dir(&dir).map_err(|e| {
+            anyhow::Error::new(e).context(format!("listing {}", host.path(&dir).display()))
+        })?;
+        let released_holds = match self.boot_containerd() {
+            Some(unit) => host.holds(
+                format!("{dir}/{unit}"),
+                gate::boot_marker(unit).as_bytes(),
+                0o644,
+            )?,
+            None => false,
+        };
+        Ok(Some(MarkersSeen {
+            entries: Some(entries),
+            released_holds,
+        }))
+    }
+
+    /// What making `part`, as `seen` holds it, would change, in order. Pure.
+    pub fn diff_of(&self, part: BootPart, seen: &BootSeen) -> Vec<Change> {
+        let change = |action, path: &str, detail: String| {
+            Change::new(part.check(), action, path.to_owned(), detail)
+        };
+        let machine = self.machine.as_str();
+        match seen {
+            BootSeen::HostNodes {
+                missing,
+                bpffs_missing,
+            } => {
+                let mut out: Vec<Change> = missing
+                    .iter()
+                    .map(|(path, numbers)| {
+                        let what = match numbers {
+                            Some((major, minor)) => format!("character device {major}:{minor}"),
+                            None => "a directory the file binds".to_owned(),
+                        };
+                        change(Action::Create, path, what)
+                    })
+                    .collect();
+                if *bpffs_missing {
+                    let dir = host_devices::bpffs_dir(machine);
+                    out.push(change(
+                        Action::Create,
+                        &dir,
+                        "the machine's bpf filesystem".into(),
+                    ));
+                }
+                out
+            }
+            BootSeen::DeviceCgroup(current) => self.cgroup_changes(part, current),
+            BootSeen::GateFile(true) | BootSeen::NspawnFile(true) => Vec::new(),
+            BootSeen::GateFile(false) => vec![change(
+                Action::Write,
+                gates::HOST_FILE,
+                "the unit gate's drop-in".into(),
+            )],
+            BootSeen::DriverTree(seen) => self.tree_changes(part, seen),
+            BootSeen::NoDriverTree(left) => left
+                .iter()
+                .map(|p| {
+                    change(
+                        Action::Remove,
+                        p,
+                        "no NVIDIA driver for this machine".into(),
+                    )
+                })
+                .collect(),
+            BootSeen::BootGate(None) => Vec::new(),
+            BootSeen::BootGate(Some(m)) => self.marker_changes(part, m),
+            BootSeen::NspawnFile(false) => {
+                let r = self.rendered.borrow();
+                vec![change(
+                    Action::Write,
+                    &nspawn_path(self.machine),
+                    describe_change(r.old.as_deref(), &r.text()),
+                )]
+            }
+        }
+    }
+
+    /// The unit's `DeviceAllow=` against the machine's own entries merged in.
+    fn cgroup_changes(&self, part: BootPart, current: &[(String, String)]) -> Vec<Change> {
+        let new = device_cgroup::merge(current, &self.device_entries());
+        if device_cgroup::allows_same(&new, current) {
+            return Vec::new();
+        }
+        let named = |from: &[(String, String)], not_in: &[(String, String)]| {
+            from.iter()
+                .filter(|e| !not_in.contains(e))
+                .map(|(p, how)| format!("{p} {how}"))
+                .collect::<Vec<_>>()
+        };
+        let (gains, drops) = (named(&new, current), named(current, &new));
+        let mut said = Vec::new();
+        if !gains.is_empty() {
+            said.push(format!("gains {}", gains.join(", ")));
+        }
+        if !drops.is_empty() {
+            said.push(format!("drops {}", drops.join(", ")));
+        }
+        let detail = format!("DeviceAllow= {}", said.join("; "));
+        vec![Change::new(
+            part.check(),
+            Action::Write,
+            unit_name(self.machine),
+            detail,
+        )]
+    }
+
+    fn tree_changes(&self, part: BootPart, seen: &TreeSeen) -> Vec<Change> {
+        let dir = layout::tree_host_path(self.machine.as_str());
+        let mut out: Vec<Change> = seen
+            .leftovers
+            .iter()
+            .map(|p| {
+                Change::new(
+                    part.check(),
+                    Action::Remove,
+                    p.clone(),
+                    "left by a pre-start that was killed",
+                )
+            })
+            .collect();
+        let entries = self
+            .rendered
+            .borrow()
+            .start()
+            .tree
+            .as_ref()
+            .map_or(0, |p| p.tree.len());
+        let (action, detail) = match seen.state {
+            TreeState::Stamped => return out,
+            TreeState::Unstamped => (
+                Action::Write,
+                "found exactly as planned, without a stamp saying so: stamped".to_owned(),
+            ),
+            TreeState::Differs => (
+                Action::Replace,
+                format!("differs from the host's driver: built afresh ({entries} entries)"),
+            ),
+            TreeState::Missing => (Action::Create, format!("built ({entries} entries)")),
+        };
+        out.push(Change::new(part.check(), action, dir, detail));
+        out
+    }
+
+    fn marker_changes(&self, part: BootPart, m: &MarkersSeen) -> Vec<Change> {
+        let dir = gates::machine_marker_dir(self.machine.as_str());
+        let change =
+            |action, path: String, detail: &str| Change::new(part.check(), action, path, detail);
+        let kept = self.boot_containerd();
+        let mut out = Vec::new();
+        match &m.entries {
+            None => out.push(change(
+                Action::Create,
+                dir.clone(),
+                "the boot's marker directory",
+            )),
+            Some(entries) => {
+                for (name, kind) in entries {
+                    let path = format!("{dir}/{}", name.to_string_lossy());
+                    if *kind == FileKind::Dir {
+                        out.push(change(
+                            Action::Fails,
+                            path,
+                            "a directory, which nspawn-lifecycle never puts there; remove it",
+                        ));
+                    } else if kept.is_none_or(|u| name.as_os_str() != u.as_str()) {
+                        out.push(change(
+                            Action::Remove,
+                            path,
+                            "a marker of the last boot: the boot ahead is gated afresh",
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(unit) = kept
+            && !m.released_holds
+        {
+            out.push(change(
+                Action::Release,
+                format!("{dir}/{unit}"),
+                "released for the boot ahead",
+            ));
+        }
+        out
+    }
+
+    /// The log line of `part` found as it must be.
+    pub fn unchanged(&self, part: BootPart) -> Result<String> {
+        let machine = self.machine.as_str();
+        Ok(match part {
+            BootPart::HostNodes => "host device nodes: none missing".to_owned(),
+            BootPart::DeviceCgroup => format!(
+                "device cgroup of {} unchanged: {} NVIDIA/DRM node(s)",
+                unit_name(self.machine),
+                self.device_entries().len()
+            ),
+            BootPart::GateFile => format!("unit gate: {} as it must be", gates::HOST_FILE),
+            BootPart::DriverTree => match &self.rendered.borrow().start().tree {
+                Some(plan) => tree_line(&layout::tree_host_path(machine), "as planned", plan)?,
+                None => NO_TREE.to_owned(),
+            },
+            BootPart::BootGate if !self.in_its_start => format!(
+                "unit gate: markers left alone (pre-start run outside {}'s start; a running \
+                 boot keeps its own)",
+                unit_name(self.machine)
+            ),
+            BootPart::BootGate => {
+                let dir = gates::machine_marker_dir(machine);
+                match self.boot_containerd() {
+                    Some(unit) => format!(
+                        "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the \
+                         driver tree it binds is checked complete"
+                    ),
+                    None => format!(
+                        "unit gate: {dir} emptied; containerd and kubelet wait for post-start"
+                    ),
+                }
+            }
+            BootPart::NspawnFile => {
+                format!(
+                    "{}: {UNCHANGED}",
+                    self.rendered.borrow().host_path.display()
+                )
+            }
+        })
+    }
+}
+
+/// The directory of a host file path.
+fn layout_parent(abs: &str) -> &str {
+    abs.rsplit_once('/').map_or("/", |(dir, _)| dir)
+}
