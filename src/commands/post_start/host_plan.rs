@@ -1,7 +1,7 @@
 //! `host plan`: what `host post-start` would do on this host now.
 
 use crate::Ctx;
-use crate::apply::executor::{Order, plan};
+use crate::apply::executor::{Order, plan, plan_without_gpus};
 use crate::apply::gate;
 use crate::discovery::{self, check_complete};
 use crate::fs::lock;
@@ -31,18 +31,15 @@ pub fn host_plan(ctx: &Ctx, json: bool) -> Result<()> {
         });
     }
     let complete = check_complete(&inv).context("host plan");
+    let gated = units.iter().any(|u| u.gate_installed);
     let (nvidia, steps) = match (inv.complete_driver(), &spec) {
-        _ if complete.is_err() => ("incomplete", Vec::new()),
-        (Some(_), Some(_)) => (
-            "complete",
-            plan(&hc, Target::Host, Order::Gated)
-                .steps
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-        ),
-        _ => ("none", Vec::new()),
+        _ if complete.is_err() => ("incomplete", None),
+        (Some(_), Some(_)) => ("complete", Some(plan(&hc, Target::Host, Order::Gated))),
+        _ => ("none", Some(plan_without_gpus(&hc, Target::Host, gated))),
     };
+    let steps = steps.map_or_else(Vec::new, |p| {
+        p.steps.iter().map(ToString::to_string).collect()
+    });
     let value = HostPlan {
         api_version: discovery::API_VERSION,
         kind: "HostPlan",
@@ -84,7 +81,8 @@ struct HostPlan {
     cdi_spec: String,
     hook: String,
     staged_images: String,
-    /// post-start's steps in order; empty unless `nvidia` is `complete`.
+    /// post-start's steps in order (without GPUs, the same parts against nothing of ours);
+    /// empty while `nvidia` is `incomplete`.
     steps: Vec<String>,
 }
 
@@ -140,13 +138,14 @@ impl std::fmt::Display for HostPlan {
             _ => writeln!(
                 f,
                 "no NVIDIA GPUs: remove our /dev/char links and {}; if the gate drop-ins are \
-                 installed, release both and start {}",
+                 installed, release both and start {}\nsteps: {}",
                 self.cdi_spec,
                 self.units
                     .iter()
                     .map(|u| u.unit.as_str())
                     .collect::<Vec<_>>()
-                    .join(" and ")
+                    .join(" and "),
+                self.steps.join(" → ")
             ),
         }
     }
