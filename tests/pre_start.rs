@@ -88,6 +88,14 @@ fn privileged_plan_lists_what_pre_start_makes_and_nothing_once_it_has() {
             "no {want:?} in {before:#?}"
         );
     }
+    let text = String::from_utf8(stdout_of_exit(root, &["plan", "kube1"], 0)).unwrap();
+    assert!(
+        text.contains(&format!(
+            "\n# pre-start at the next start (on the host): {} change(s):\n",
+            before.len()
+        )) && text.contains("\n#   create /dev/infiniband/rdma_cm (character device 10:58)\n"),
+        "{text}"
+    );
     // Listing wrote nothing.
     assert!(!root.join(NSPAWN).exists() && !root.join(TREE).exists());
     let (code, err) = pre_start(root);
@@ -96,6 +104,11 @@ fn privileged_plan_lists_what_pre_start_makes_and_nothing_once_it_has() {
         listed(root).is_empty(),
         "pre-start left changes: {:#?}",
         listed(root)
+    );
+    let text = String::from_utf8(stdout_of_exit(root, &["plan", "kube1"], 0)).unwrap();
+    assert!(
+        text.contains("\n# pre-start at the next start (on the host): nothing to change.\n"),
+        "{text}"
     );
     // A second start: every part read, none written.
     let snap = snapshot(root, &["run/nspawn-lifecycle/locks"]);

@@ -51,13 +51,15 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
 
 /// The text of pre-start's list: what its parts would change on the host at the next start.
 fn pre_start_text(changes: &[Change]) -> String {
+    changes_text("pre-start at the next start (on the host)", changes)
+}
+
+/// `# <head>: nothing to change.`, or the number of changes and one line each.
+fn changes_text(head: &str, changes: &[Change]) -> String {
     if changes.is_empty() {
-        return "# pre-start at the next start: nothing to change on the host.\n".to_owned();
+        return format!("# {head}: nothing to change.\n");
     }
-    let mut out = format!(
-        "# pre-start at the next start: {} change(s) on the host:\n",
-        changes.len()
-    );
+    let mut out = format!("# {head}: {} change(s):\n", changes.len());
     for c in changes {
         out.push_str(&format!("#   {c}\n"));
     }
@@ -88,18 +90,8 @@ fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Opti
 fn post_start_text(machine: &MachineName, now: &Result<Option<Vec<Change>>>) -> String {
     match now {
         Ok(None) => String::new(),
-        Ok(Some(changes)) if changes.is_empty() => {
-            format!("# post-start now ({machine} is running): nothing to change.\n")
-        }
         Ok(Some(changes)) => {
-            let mut out = format!(
-                "# post-start now ({machine} is running): {} change(s):\n",
-                changes.len()
-            );
-            for c in changes {
-                out.push_str(&format!("#   {c}\n"));
-            }
-            out
+            changes_text(&format!("post-start now ({machine} is running)"), changes)
         }
         Err(e) => format!("# post-start now: {machine} could not be read: {e:#}\n"),
     }
