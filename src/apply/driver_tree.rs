@@ -66,6 +66,8 @@ pub struct Built {
 /// bound mount point, in the tree and in [`Built::unlinked`]. A tree whose stamp matches is not
 /// read; one walked and found right is stamped; one rebuilt is stamped once it is in place.
 pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> {
+    // Whether the tree is right is [`observe`]'s to say, for pre-start's diff and here alike.
+    let seen = observe(host, machine, plan)?;
     let top = host_dir::open(host, layout::TREE_HOST_DIR, DIR_MODE)?;
     let shown = host.path(layout::tree_host_path(machine));
     let (new, old) = (format!(".{machine}.new"), format!(".{machine}.old"));
@@ -74,24 +76,18 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
         remove_tree(top.fd(), leftover)
             .with_context(|| format!("removing {}/{leftover}", top.path().display()))?;
     }
-    let current = open_current(&top, machine, &shown)?;
-    if let Some(fd) = &current {
-        // Taken before the walk below, so an edit after it shows in the next start's stamp.
-        let now = stamp_text(top.fd(), machine, plan);
-        if now
-            .as_deref()
-            .is_some_and(|t| stamp_reads(top.fd(), machine, t))
-        {
-            return Ok(Built::default());
-        }
-        if matches(fd, plan).with_context(|| format!("reading {}", shown.display()))? {
-            if let Some(text) = now {
-                write_stamp(top.fd(), machine, &text)
+    match (seen.state, &seen.stamp) {
+        (TreeState::Stamped, _) => return Ok(Built::default()),
+        (TreeState::Unstamped, stamp) => {
+            if let Some(text) = stamp {
+                write_stamp(top.fd(), machine, text)
                     .with_context(|| format!("stamping {}", shown.display()))?;
             }
             return Ok(Built::default());
         }
+        (TreeState::Differs | TreeState::Missing, _) => {}
     }
+    let current = open_current(&top, machine, &shown)?;
     forget_at(top.fd(), machine).with_context(|| format!("forgetting {}", shown.display()))?;
     nix::sys::stat::mkdirat(top.fd(), new.as_str(), Mode::from_bits_truncate(DIR_MODE))
         .with_context(|| format!("creating {}/{new}", top.path().display()))?;
@@ -143,6 +139,9 @@ pub enum TreeState {
 pub struct TreeSeen {
     pub state: TreeState,
     pub leftovers: Vec<String>,
+    /// The stamp the tree has now ([`stamp_text`]), taken before the walk, so an edit after it
+    /// shows in the next start's stamp: what [`ensure`] writes for [`TreeState::Unstamped`].
+    stamp: Option<String>,
 }
 
 /// `machine`'s tree against `plan`, as [`ensure`] judges it (the same stamp, the same walk),
@@ -152,6 +151,7 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
         return Ok(TreeSeen {
             state: TreeState::Missing,
             leftovers: Vec::new(),
+            stamp: None,
         });
     };
     let shown = host.path(layout::tree_host_path(machine));
@@ -162,13 +162,13 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
         })
         .map(|n| format!("{}/{n}", layout::TREE_HOST_DIR))
         .collect();
-    let state = match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
-        Err(Errno::ENOENT) => TreeState::Missing,
-        Err(Errno::ELOOP | Errno::ENOTDIR) => TreeState::Differs,
+    let (state, stamp) = match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
+        Err(Errno::ENOENT) => (TreeState::Missing, None),
+        Err(Errno::ELOOP | Errno::ENOTDIR) => (TreeState::Differs, None),
         Err(e) => return Err(e).with_context(|| format!("opening {}", shown.display())),
         Ok(fd) => {
             let now = stamp_text(top.fd(), machine, plan);
-            if now
+            let state = if now
                 .as_deref()
                 .is_some_and(|t| stamp_reads(top.fd(), machine, t))
             {
@@ -177,10 +177,15 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
                 TreeState::Unstamped
             } else {
                 TreeState::Differs
-            }
+            };
+            (state, now)
         }
     };
-    Ok(TreeSeen { state, leftovers })
+    Ok(TreeSeen {
+        state,
+        leftovers,
+        stamp,
+    })
 }
 
 /// What [`remove`] would remove (host paths). Reads only.

@@ -3,11 +3,15 @@
 
 use crate::failpoint::Point;
 use crate::fs::host::HostRoot;
+use crate::fs::host_dir;
+use crate::fs::machine_root::FileKind;
 use crate::model::gate::{
     CONTENT, HOST_FILE, MARKER_DIR, RELEASED_BY_POST_START, machine_marker_dir,
 };
+use crate::model::{Action, Change, Check};
 use crate::types::paths::UnitName;
 use anyhow::{Context as _, Result, bail};
+use std::ffi::OsString;
 use std::path::Path;
 
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
@@ -95,42 +99,115 @@ impl<'a> Markers<'a> {
     }
 }
 
+/// A machine's marker directory as found before its boot ([`observe_boot`]): its entries
+/// (`None`: no directory), and whether the marker the boot ahead releases holds its text.
+#[derive(Debug)]
+pub struct BootMarkers {
+    dir: String,
+    entries: Option<Vec<(OsString, FileKind)>>,
+    released_holds: bool,
+}
+
+/// Read `machine`'s marker directory for the boot ahead, which releases `containerd` when
+/// given. Reads only: the directory verified as ours ([`host_dir::check`]), not created.
+pub fn observe_boot(
+    host: &HostRoot,
+    machine: &str,
+    containerd: Option<&UnitName>,
+) -> Result<BootMarkers> {
+    let dir = machine_marker_dir(machine);
+    let entries = match host_dir::check(host, &dir, host_dir::PARENT_MODE)? {
+        None => None,
+        Some(_) => Some(
+            host.read_dir(&dir)
+                .with_context(|| format!("listing {}", host.path(&dir).display()))?,
+        ),
+    };
+    let released_holds = match containerd {
+        Some(unit) if entries.is_some() => {
+            host.holds(format!("{dir}/{unit}"), boot_marker(unit).as_bytes(), 0o644)?
+        }
+        _ => false,
+    };
+    Ok(BootMarkers {
+        dir,
+        entries,
+        released_holds,
+    })
+}
+
+impl BootMarkers {
+    /// What the boot ahead changes here, in order: the directory made, each marker of the last
+    /// boot removed (but `containerd`'s, rewritten only if its bytes differ), `containerd`
+    /// released; a directory among them, which nspawn-lifecycle never puts there, a change that
+    /// fails. Pure.
+    pub fn changes(&self, containerd: Option<&UnitName>) -> Vec<Change> {
+        let dir = &self.dir;
+        let change = |action, path: String, why: &str| Change::new(Check::Gate, action, path, why);
+        let mut out = Vec::new();
+        match &self.entries {
+            None => out.push(change(Action::Create, dir.clone(), "the boot's markers")),
+            Some(entries) => {
+                for (name, kind) in entries {
+                    let path = format!("{dir}/{}", name.to_string_lossy());
+                    if *kind == FileKind::Dir {
+                        out.push(change(
+                            Action::Fails,
+                            path,
+                            "a directory, which nspawn-lifecycle never puts there; remove it",
+                        ));
+                    } else if containerd.is_none_or(|u| name.as_os_str() != u.as_str()) {
+                        out.push(change(
+                            Action::Remove,
+                            path,
+                            "a marker of the last boot: the boot ahead is gated afresh",
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(unit) = containerd
+            && !self.released_holds
+        {
+            out.push(change(
+                Action::Release,
+                format!("{dir}/{unit}"),
+                "released for the boot ahead",
+            ));
+        }
+        out
+    }
+}
+
 /// pre-start, before every start of `machine` whose `.nspawn` file binds the gate: empty the
 /// machine's marker directory (a new boot is gated afresh) and, with `containerd`, release that
 /// unit for the boot ahead: pre-start has just built or checked the driver root the file binds,
 /// so containerd may start as early as a bare boot would start it. kubelet's marker
 /// stays post-start's: kubelet waits for the staged images, which need the running machine.
-/// Returns the markers' directory.
+/// Makes exactly [`BootMarkers::changes`] of what it reads; a directory among the markers is
+/// refused before anything is removed. Returns the markers' directory.
 pub fn prepare_boot(
     host: &HostRoot,
     machine: &str,
     containerd: Option<&UnitName>,
 ) -> Result<String> {
+    let changes = observe_boot(host, machine, containerd)?.changes(containerd);
+    if let Some(c) = changes.iter().find(|c| c.action == Action::Fails) {
+        bail!("{} is {}", c.path, c.detail);
+    }
     let markers = Markers::of_machine(host, machine);
-    let dir = &markers.dir;
     // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
-    crate::fs::host_dir::open(host, dir, crate::fs::host_dir::PARENT_MODE)?;
-    let entries = host
-        .read_dir(dir)
-        .with_context(|| format!("listing {dir}"))?;
-    // Checked before anything is removed: a refusal leaves the directory as it was.
-    if let Some((name, _)) = entries
-        .iter()
-        .find(|(_, kind)| *kind == crate::fs::machine_root::FileKind::Dir)
-    {
-        bail!(
-            "{dir}/{} is a directory, which nspawn-lifecycle never puts there; remove it",
-            name.to_string_lossy()
-        );
-    }
-    // containerd's marker, when it stays, is rewritten only if its bytes differ: a second
-    // pre-start writes nothing.
-    let kept = containerd.map(|u| std::ffi::OsString::from(u.as_str()));
-    for (name, _) in entries.iter().filter(|(n, _)| Some(n) != kept.as_ref()) {
-        host.remove_file(format!("{dir}/{}", name.to_string_lossy()))?;
-    }
-    if let Some(unit) = containerd {
-        markers.write(unit, &boot_marker(unit), Point::PreStartMidGateRelease)?;
+    host_dir::open(host, &markers.dir, host_dir::PARENT_MODE)?;
+    for c in &changes {
+        match (c.action, containerd) {
+            (Action::Remove, _) => {
+                host.remove_file(&c.path)?;
+            }
+            (Action::Release, Some(unit)) => {
+                markers.write(unit, &boot_marker(unit), Point::PreStartMidGateRelease)?;
+            }
+            _ => {}
+        }
     }
     Ok(markers.dir)
 }

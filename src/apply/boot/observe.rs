@@ -7,14 +7,12 @@ use crate::apply::driver_tree::{self, TreeSeen, TreeState};
 use crate::apply::executor::BootPart;
 use crate::apply::gate;
 use crate::fs::host_dir;
-use crate::fs::machine_root::FileKind;
 use crate::model::gate as gates;
 use crate::model::layout;
 use crate::model::nspawn::describe_change;
 use crate::model::{Action, Change, device_cgroup, host_devices};
 use crate::types::units::{nspawn_path, unit_name};
 use anyhow::Result;
-use std::ffi::OsString;
 
 /// A part of pre-start as [`Boot::observe`] read it on the host.
 #[derive(Debug)]
@@ -34,17 +32,9 @@ pub enum BootSeen {
     /// No driver: what is left of a tree (host paths).
     NoDriverTree(Vec<String>),
     /// The boot's markers; none read outside the unit's own start.
-    BootGate(Option<MarkersSeen>),
+    BootGate(Option<gate::BootMarkers>),
     /// Whether the `.nspawn` file on disk is exactly the one rendered.
     NspawnFile(bool),
-}
-
-/// The machine's marker directory as found: its entries (`None`: no directory), and whether
-/// the marker the boot ahead releases holds its text.
-#[derive(Debug)]
-pub struct MarkersSeen {
-    entries: Option<Vec<(OsString, FileKind)>>,
-    released_holds: bool,
 }
 
 impl Boot<'_> {
@@ -79,43 +69,18 @@ impl Boot<'_> {
                 }
                 None => BootSeen::NoDriverTree(driver_tree::remains(host, self.machine.as_str())?),
             },
-            BootPart::BootGate => BootSeen::BootGate(self.observe_markers()?),
+            BootPart::BootGate if !self.in_its_start => BootSeen::BootGate(None),
+            BootPart::BootGate => BootSeen::BootGate(Some(gate::observe_boot(
+                host,
+                self.machine.as_str(),
+                self.boot_containerd(),
+            )?)),
             BootPart::NspawnFile => BootSeen::NspawnFile(host.holds(
                 nspawn_path(self.machine),
                 self.rendered.borrow().text().as_bytes(),
                 0o644,
             )?),
         })
-    }
-
-    /// The boot's markers, in the unit's own start.
-    fn observe_markers(&self) -> Result<Option<MarkersSeen>> {
-        if !self.in_its_start {
-            return Ok(None);
-        }
-        let host = &self.ctx.host;
-        let dir = gates::machine_marker_dir(self.machine.as_str());
-        let Some(_) = host_dir::check(host, &dir, host_dir::PARENT_MODE)? else {
-            return Ok(Some(MarkersSeen {
-                entries: None,
-                released_holds: false,
-            }));
-        };
-        let entries = host.read_dir(&dir).map_err(|e| {
-            anyhow::Error::new(e).context(format!("listing {}", host.path(&dir).display()))
-        })?;
-        let released_holds = match self.boot_containerd() {
-            Some(unit) => host.holds(
-                format!("{dir}/{unit}"),
-                gate::boot_marker(unit).as_bytes(),
-                0o644,
-            )?,
-            None => false,
-        };
-        Ok(Some(MarkersSeen {
-            entries: Some(entries),
-            released_holds,
-        }))
     }
 
     /// What making `part`, as `seen` holds it, would change, in order. Pure.
@@ -168,7 +133,7 @@ impl Boot<'_> {
                 })
                 .collect(),
             BootSeen::BootGate(None) => Vec::new(),
-            BootSeen::BootGate(Some(m)) => self.marker_changes(part, m),
+            BootSeen::BootGate(Some(m)) => m.changes(self.boot_containerd()),
             BootSeen::NspawnFile(false) => {
                 let r = self.rendered.borrow();
                 vec![change(
@@ -243,49 +208,6 @@ impl Boot<'_> {
             TreeState::Missing => (Action::Create, format!("built ({entries} entries)")),
         };
         out.push(Change::new(part.check(), action, dir, detail));
-        out
-    }
-
-    fn marker_changes(&self, part: BootPart, m: &MarkersSeen) -> Vec<Change> {
-        let dir = gates::machine_marker_dir(self.machine.as_str());
-        let change =
-            |action, path: String, detail: &str| Change::new(part.check(), action, path, detail);
-        let kept = self.boot_containerd();
-        let mut out = Vec::new();
-        match &m.entries {
-            None => out.push(change(
-                Action::Create,
-                dir.clone(),
-                "the boot's marker directory",
-            )),
-            Some(entries) => {
-                for (name, kind) in entries {
-                    let path = format!("{dir}/{}", name.to_string_lossy());
-                    if *kind == FileKind::Dir {
-                        out.push(change(
-                            Action::Fails,
-                            path,
-                            "a directory, which nspawn-lifecycle never puts there; remove it",
-                        ));
-                    } else if kept.is_none_or(|u| name.as_os_str() != u.as_str()) {
-                        out.push(change(
-                            Action::Remove,
-                            path,
-                            "a marker of the last boot: the boot ahead is gated afresh",
-                        ));
-                    }
-                }
-            }
-        }
-        if let Some(unit) = kept
-            && !m.released_holds
-        {
-            out.push(change(
-                Action::Release,
-                format!("{dir}/{unit}"),
-                "released for the boot ahead",
-            ));
-        }
         out
     }
 
