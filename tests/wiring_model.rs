@@ -621,6 +621,12 @@ fn device_mutations() -> Vec<Mutation> {
             },
         },
         Mutation {
+            name: "a bound disk renumbered on the host",
+            mend: Mend::Restart,
+            fix: None,
+            apply: renumber_bound_disk,
+        },
+        Mutation {
             name: "a bound device node gone from the running machine",
             mend: Mend::Restart,
             fix: None,
@@ -630,6 +636,45 @@ fn device_mutations() -> Vec<Mutation> {
             },
         },
     ]
+}
+
+/// A disk the running machine binds is replaced on the host by a node with other numbers (a
+/// drive swapped, a device re-plugged): sysfs and `/dev` say the new numbers, the machine's bind
+/// still shows the old node.
+fn renumber_bound_disk(n: &mut Node) -> bool {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let (h, m) = (n.h().to_owned(), n.m().to_owned());
+    let Ok(entries) = std::fs::read_dir(h.join("sys/class/block")) else {
+        return false;
+    };
+    for e in entries {
+        let name = e.unwrap().file_name();
+        let (host_node, machine_node) = (h.join("dev").join(&name), m.join("dev").join(&name));
+        let bound = std::fs::symlink_metadata(&machine_node)
+            .is_ok_and(|md| md.file_type().is_block_device());
+        let Ok(md) = std::fs::symlink_metadata(&host_node) else {
+            continue;
+        };
+        if !bound || !md.file_type().is_block_device() {
+            continue;
+        }
+        let (major, minor) = (
+            nix::sys::stat::major(md.rdev()),
+            nix::sys::stat::minor(md.rdev()) + 1000,
+        );
+        let dev = h.join("sys/class/block").join(&name).join("dev");
+        std::fs::write(&dev, format!("{major}:{minor}\n")).unwrap();
+        std::fs::remove_file(&host_node).unwrap();
+        nix::sys::stat::mknod(
+            &host_node,
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o660),
+            nix::sys::stat::makedev(major, minor),
+        )
+        .unwrap();
+        return true;
+    }
+    false
 }
 
 fn no_gpu_mutations() -> Vec<Mutation> {

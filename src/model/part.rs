@@ -127,7 +127,7 @@ impl Part {
             Part::CdiSpec => Seen::CdiSpec(spec::observe(root, &d.spec)?),
             Part::Gate => Seen::Gate(observe_gate(root, d)?),
             Part::HostDevices => match &d.start {
-                Some(start) => Seen::HostDevices(missing_devices(root, &start.file)?),
+                Some(start) => Seen::HostDevices(device_drift(root, start)?),
                 None => Seen::Nothing,
             },
             Part::UnitFiles => Seen::UnitFiles(observe_unit_files(at.host, d)?),
@@ -156,7 +156,7 @@ impl Part {
                 }
                 (Part::CdiSpec, Seen::CdiSpec(s)) => spec::diff(&d.spec, s),
                 (Part::Gate, Seen::Gate(units)) => Ok(gate_changes(units)),
-                (Part::HostDevices, Seen::HostDevices(missing)) => Ok(device_changes(missing)),
+                (Part::HostDevices, Seen::HostDevices(drift)) => Ok(device_changes(drift)),
                 (Part::UnitFiles, Seen::UnitFiles(files)) => Ok(unit_file_changes(d, files)),
                 (part, seen) => Err(anyhow::anyhow!(
                     "{part:?} judged on what another part read ({seen:?}): a bug"
@@ -220,8 +220,9 @@ pub enum Seen {
     LdCache(Result<bool>),
     CdiSpec(spec::Seen),
     Gate(Vec<GateSeen>),
-    /// The device binds of the next start the running machine lacks.
-    HostDevices(Vec<String>),
+    /// The device binds of the next start the running machine does not show as the host has
+    /// them.
+    HostDevices(Vec<(String, DeviceDrift)>),
     /// Each unit file `install` writes, as found.
     UnitFiles(Vec<UnitFileSeen>),
 }
@@ -232,6 +233,19 @@ pub enum Seen {
 pub enum DriverRootSeen {
     Expected(driver_root::Seen),
     Leftovers(Vec<(String, bool)>),
+}
+
+/// How a device bind of the next start differs in the running machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceDrift {
+    /// No node (nor directory) at its path.
+    Missing,
+    /// A node with other numbers than the host's now (a drive swapped, a device re-plugged: the
+    /// machine's bind still holds the node it was started with).
+    Numbers {
+        machine: (u32, u32),
+        host: (u32, u32),
+    },
 }
 
 /// `/dev/char` as found.
@@ -333,35 +347,66 @@ pub fn pending(at: &Roots, d: &Desired) -> Vec<Change> {
 /// The device binds of `file` (`Bind=/dev/…`, the node or directory at the same path) that the
 /// machine at `root` lacks: nothing, or something else than a device node or directory, at that
 /// path. Reads only, through the machine's root.
-fn missing_devices(root: &MachineRoot, file: &super::nspawn::NspawnFile) -> Result<Vec<String>> {
+/// The device binds of the next start (`start`'s file) that the running machine lacks, and the
+/// host devices it binds (`start.devices`) whose node there has other numbers than the host's
+/// now. A node is stat'ed through an `O_PATH` descriptor with no symlink on its way: no device
+/// is opened.
+fn device_drift(root: &MachineRoot, start: &super::Start) -> Result<Vec<(String, DeviceDrift)>> {
     let mut out = Vec::new();
-    for b in &file.binds {
+    for b in &start.file.binds {
         let path = b.target.as_str();
         if !path.starts_with("/dev/") || b.source.as_str() != path {
             continue;
         }
-        let present = matches!(
-            root.kind_of(path)?,
-            Some(FileKind::CharDevice | FileKind::BlockDevice | FileKind::Dir)
-        );
-        if !present {
-            out.push(path.to_owned());
+        match root.kind_of(path)? {
+            Some(FileKind::Dir) => {}
+            Some(FileKind::CharDevice | FileKind::BlockDevice) => {
+                let Some(want) = start.devices.iter().find(|d| d.path.as_str() == path) else {
+                    continue;
+                };
+                let host = (want.major, want.minor);
+                let Some(fd) = root.pin_no_symlinks(path)? else {
+                    out.push((path.to_owned(), DeviceDrift::Missing));
+                    continue;
+                };
+                let st = nix::sys::stat::fstat(&fd)?;
+                if !matches!(
+                    FileKind::from_stat(&st),
+                    FileKind::CharDevice | FileKind::BlockDevice
+                ) {
+                    // Swapped since it was looked at: not the node it binds.
+                    out.push((path.to_owned(), DeviceDrift::Missing));
+                    continue;
+                }
+                let machine = (
+                    u32::try_from(nix::sys::stat::major(st.st_rdev)).unwrap_or(u32::MAX),
+                    u32::try_from(nix::sys::stat::minor(st.st_rdev)).unwrap_or(u32::MAX),
+                );
+                if machine != host {
+                    out.push((path.to_owned(), DeviceDrift::Numbers { machine, host }));
+                }
+            }
+            _ => out.push((path.to_owned(), DeviceDrift::Missing)),
         }
     }
     Ok(out)
 }
 
-fn device_changes(missing: &[String]) -> Vec<Change> {
-    missing
+fn device_changes(drift: &[(String, DeviceDrift)]) -> Vec<Change> {
+    drift
         .iter()
-        .map(|p| {
-            Change::new(
-                Check::HostDevices,
-                Action::Restart,
-                p.clone(),
-                "the host has this device now and the running machine lacks it: the next start \
-                 binds it",
-            )
+        .map(|(p, d)| {
+            let why = match d {
+                DeviceDrift::Missing => "the host has this device now and the running machine \
+                                         lacks it: the next start binds it"
+                    .to_owned(),
+                DeviceDrift::Numbers { machine, host } => format!(
+                    "the host's node is {}:{} now, the running machine's bind still holds {}:{}: \
+                     the next start binds the host's",
+                    host.0, host.1, machine.0, machine.1
+                ),
+            };
+            Change::new(Check::HostDevices, Action::Restart, p.clone(), why)
         })
         .collect()
 }
