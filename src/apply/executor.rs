@@ -11,7 +11,7 @@ use crate::apply::images::FAILED_DIR;
 use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
 use crate::model::part::Written;
-use crate::model::{Action, Change, Check, Part, Target};
+use crate::model::{Change, Check, Part, Target};
 use crate::systemd::services::Services;
 use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
@@ -386,14 +386,8 @@ pub fn pending_boot(plan: &Plan<BootPart>, work: &dyn BootWork) -> Vec<Change> {
     plan.steps
         .iter()
         .flat_map(|part| {
-            work.diff(*part).unwrap_or_else(|e| {
-                vec![Change::new(
-                    part.check(),
-                    Action::Fails,
-                    String::new(),
-                    format!("{e:#}"),
-                )]
-            })
+            work.diff(*part)
+                .unwrap_or_else(|e| vec![Change::unreadable(part.check(), &e)])
         })
         .collect()
 }

@@ -653,9 +653,14 @@ impl MachineRoot {
     /// What is at `path` (never following its last component), resolving its parents inside the
     /// machine only; `None` when it or a parent is missing.
     pub fn kind_of(&self, path: &str) -> Result<Option<FileKind>> {
+        Ok(self.stat(path)?.map(|st| FileKind::from_stat(&st)))
+    }
+
+    /// `lstat` of `path` ([`MachineRoot::kind_of`]'s walk): its kind, and a node's numbers.
+    pub fn stat(&self, path: &str) -> Result<Option<nix::sys::stat::FileStat>> {
         let (parent, name) = split_parent(path)?;
         match self.open_dir(&parent)? {
-            Some(d) => d.kind(name),
+            Some(d) => d.stat(name),
             None => Ok(None),
         }
     }

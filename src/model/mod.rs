@@ -367,6 +367,12 @@ impl Change {
         }
     }
 
+    /// A part that could not be read, or judged: one change that fails, saying why (as the
+    /// hook that writes the part would fail).
+    pub fn unreadable(check: Check, e: &anyhow::Error) -> Self {
+        Change::new(check, Action::Fails, String::new(), format!("{e:#}"))
+    }
+
     /// Whether post-start run now makes it.
     pub fn by_post_start(&self) -> bool {
         !matches!(

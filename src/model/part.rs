@@ -163,14 +163,7 @@ impl Part {
                 )),
             },
         };
-        out.unwrap_or_else(|e| {
-            vec![Change::new(
-                self.check(),
-                Action::Fails,
-                String::new(),
-                format!("{e:#}"),
-            )]
-        })
+        out.unwrap_or_else(|e| vec![Change::unreadable(self.check(), &e)])
     }
 }
 
@@ -344,13 +337,11 @@ pub fn pending(at: &Roots, d: &Desired) -> Vec<Change> {
     observe(at, d).diff(d)
 }
 
-/// The device binds of `file` (`Bind=/dev/…`, the node or directory at the same path) that the
-/// machine at `root` lacks: nothing, or something else than a device node or directory, at that
-/// path. Reads only, through the machine's root.
-/// The device binds of the next start (`start`'s file) that the running machine lacks, and the
-/// host devices it binds (`start.devices`) whose node there has other numbers than the host's
-/// now. A node is stat'ed through an `O_PATH` descriptor with no symlink on its way: no device
-/// is opened.
+/// The device binds of the next start (`start`'s file: `Bind=/dev/…`, the node or directory at
+/// the same path) that the running machine at `root` lacks (nothing, or something else than a
+/// device node or directory, at that path), and the host devices it binds (`start.devices`)
+/// whose node there has other numbers than the host's now. Reads only, through the machine's
+/// root: one `lstat` per bind, no device opened.
 fn device_drift(root: &MachineRoot, start: &super::Start) -> Result<Vec<(String, DeviceDrift)>> {
     let mut out = Vec::new();
     for b in &start.file.binds {
@@ -358,26 +349,17 @@ fn device_drift(root: &MachineRoot, start: &super::Start) -> Result<Vec<(String,
         if !path.starts_with("/dev/") || b.source.as_str() != path {
             continue;
         }
-        match root.kind_of(path)? {
-            Some(FileKind::Dir) => {}
-            Some(FileKind::CharDevice | FileKind::BlockDevice) => {
+        let Some(st) = root.stat(path)? else {
+            out.push((path.to_owned(), DeviceDrift::Missing));
+            continue;
+        };
+        match FileKind::from_stat(&st) {
+            FileKind::Dir => {}
+            FileKind::CharDevice | FileKind::BlockDevice => {
                 let Some(want) = start.devices.iter().find(|d| d.path.as_str() == path) else {
                     continue;
                 };
                 let host = (want.major, want.minor);
-                let Some(fd) = root.pin_no_symlinks(path)? else {
-                    out.push((path.to_owned(), DeviceDrift::Missing));
-                    continue;
-                };
-                let st = nix::sys::stat::fstat(&fd)?;
-                if !matches!(
-                    FileKind::from_stat(&st),
-                    FileKind::CharDevice | FileKind::BlockDevice
-                ) {
-                    // Swapped since it was looked at: not the node it binds.
-                    out.push((path.to_owned(), DeviceDrift::Missing));
-                    continue;
-                }
                 let machine = (
                     u32::try_from(nix::sys::stat::major(st.st_rdev)).unwrap_or(u32::MAX),
                     u32::try_from(nix::sys::stat::minor(st.st_rdev)).unwrap_or(u32::MAX),
