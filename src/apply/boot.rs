@@ -281,7 +281,20 @@ impl Boot<'_> {
             self.machine.as_str(),
             self.boot_containerd(),
         )?;
-        self.unchanged(BootPart::BootGate)
+        Ok(self.boot_gate_line())
+    }
+
+    /// What the boot's markers say once made: containerd released for the boot ahead, or both
+    /// services waiting for post-start.
+    fn boot_gate_line(&self) -> String {
+        let dir = gates::machine_marker_dir(self.machine.as_str());
+        match self.boot_containerd() {
+            Some(unit) => format!(
+                "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree \
+                 it binds is checked complete"
+            ),
+            None => format!("unit gate: {dir} emptied; containerd and kubelet wait for post-start"),
+        }
     }
 
     /// The unit the boot ahead releases at once: containerd, unless the config keeps it for

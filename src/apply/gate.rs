@@ -14,18 +14,29 @@ use anyhow::{Context as _, Result, bail};
 use std::ffi::OsString;
 use std::path::Path;
 
-/// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
-pub fn write_host_file(host: &crate::fs::host::HostRoot) -> Result<bool> {
-    let dir = Path::new(HOST_FILE)
+/// The directory of [`HOST_FILE`]: ours, root-owned and writable by root alone (shared with the
+/// lock directory), verified, so the drop-in nspawn binds into the machine cannot have been
+/// swapped by another user.
+fn host_file_dir() -> Result<String> {
+    Ok(Path::new(HOST_FILE)
         .parent()
-        .context("gate file has a parent")?;
-    // Ours, root-owned and writable by root alone (shared with the lock directory): verified, so
-    // the drop-in nspawn binds into the machine cannot have been swapped by another user.
-    crate::fs::host_dir::open(
-        host,
-        &dir.to_string_lossy(),
-        crate::fs::host_dir::PARENT_MODE,
-    )?;
+        .context("gate file has a parent")?
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// Whether [`HOST_FILE`] under `host` holds [`CONTENT`] in its verified directory: what
+/// [`write_host_file`] leaves alone. Reads only.
+pub fn host_file_current(host: &HostRoot) -> Result<bool> {
+    Ok(
+        host_dir::check(host, &host_file_dir()?, host_dir::PARENT_MODE)?.is_some()
+            && host.holds(HOST_FILE, CONTENT.as_bytes(), 0o644)?,
+    )
+}
+
+/// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
+pub fn write_host_file(host: &HostRoot) -> Result<bool> {
+    host_dir::open(host, &host_file_dir()?, host_dir::PARENT_MODE)?;
     host.write_if_changed(
         HOST_FILE,
         CONTENT.as_bytes(),
@@ -196,10 +207,12 @@ pub fn prepare_boot(
         bail!("{} is {}", c.path, c.detail);
     }
     let markers = Markers::of_machine(host, machine);
-    // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
-    host_dir::open(host, &markers.dir, host_dir::PARENT_MODE)?;
     for c in &changes {
         match (c.action, containerd) {
+            // Ours, root-owned and writable by root alone, like the unit gate's drop-in.
+            (Action::Create, _) => {
+                host_dir::open(host, &markers.dir, host_dir::PARENT_MODE)?;
+            }
             (Action::Remove, _) => {
                 host.remove_file(&c.path)?;
             }

@@ -6,7 +6,6 @@ use super::{Boot, NO_TREE, UNCHANGED, tree_line};
 use crate::apply::driver_tree::{self, TreeSeen, TreeState};
 use crate::apply::executor::BootPart;
 use crate::apply::gate;
-use crate::fs::host_dir;
 use crate::model::gate as gates;
 use crate::model::layout;
 use crate::model::nspawn::describe_change;
@@ -56,13 +55,7 @@ impl Boot<'_> {
                 bpffs_missing: self.bpffs_missing(),
             },
             BootPart::DeviceCgroup => BootSeen::DeviceCgroup(self.device_allow()?),
-            BootPart::GateFile => {
-                let dir = layout_parent(gates::HOST_FILE);
-                BootSeen::GateFile(
-                    host_dir::check(host, dir, host_dir::PARENT_MODE)?.is_some()
-                        && host.holds(gates::HOST_FILE, gates::CONTENT.as_bytes(), 0o644)?,
-                )
-            }
+            BootPart::GateFile => BootSeen::GateFile(gate::host_file_current(host)?),
             BootPart::DriverTree => match &self.rendered.borrow().start().tree {
                 Some(plan) => {
                     BootSeen::DriverTree(driver_tree::observe(host, self.machine.as_str(), plan)?)
@@ -231,18 +224,7 @@ impl Boot<'_> {
                  boot keeps its own)",
                 unit_name(self.machine)
             ),
-            BootPart::BootGate => {
-                let dir = gates::machine_marker_dir(machine);
-                match self.boot_containerd() {
-                    Some(unit) => format!(
-                        "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the \
-                         driver tree it binds is checked complete"
-                    ),
-                    None => format!(
-                        "unit gate: {dir} emptied; containerd and kubelet wait for post-start"
-                    ),
-                }
-            }
+            BootPart::BootGate => self.boot_gate_line(),
             BootPart::NspawnFile => {
                 format!(
                     "{}: {UNCHANGED}",
@@ -251,9 +233,4 @@ impl Boot<'_> {
             }
         })
     }
-}
-
-/// The directory of a host file path.
-fn layout_parent(abs: &str) -> &str {
-    abs.rsplit_once('/').map_or("/", |(dir, _)| dir)
 }
