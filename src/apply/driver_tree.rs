@@ -70,22 +70,22 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
     let seen = observe(host, machine, plan)?;
     let top = host_dir::open(host, layout::TREE_HOST_DIR, DIR_MODE)?;
     let shown = host.path(layout::tree_host_path(machine));
-    let (new, old) = (format!(".{machine}.new"), format!(".{machine}.old"));
+    let [new, old] = leftover_names(machine);
     // What a killed pre-start left.
     for leftover in [&new, &old] {
         remove_tree(top.fd(), leftover)
             .with_context(|| format!("removing {}/{leftover}", top.path().display()))?;
     }
-    match (seen.state, &seen.stamp) {
-        (TreeState::Stamped, _) => return Ok(Built::default()),
-        (TreeState::Unstamped, stamp) => {
-            if let Some(text) = stamp {
+    match seen.state {
+        TreeState::Stamped => return Ok(Built::default()),
+        TreeState::Unstamped => {
+            if let Some(text) = &seen.stamp {
                 write_stamp(top.fd(), machine, text)
                     .with_context(|| format!("stamping {}", shown.display()))?;
             }
             return Ok(Built::default());
         }
-        (TreeState::Differs | TreeState::Missing, _) => {}
+        TreeState::Differs | TreeState::Missing => {}
     }
     let current = open_current(&top, machine, &shown)?;
     forget_at(top.fd(), machine).with_context(|| format!("forgetting {}", shown.display()))?;
@@ -155,7 +155,7 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
         });
     };
     let shown = host.path(layout::tree_host_path(machine));
-    let leftovers = [format!(".{machine}.new"), format!(".{machine}.old")]
+    let leftovers = leftover_names(machine)
         .into_iter()
         .filter(|n| {
             nix::sys::stat::fstatat(top.fd(), n.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
@@ -206,13 +206,20 @@ pub fn remains(host: &HostRoot, machine: &str) -> Result<Vec<String>> {
 
 /// The names [`remove`] removes in each tree directory.
 fn removed_names(machine: &str) -> [String; 5] {
+    let [new, old] = leftover_names(machine);
     [
         machine.to_owned(),
-        format!(".{machine}.new"),
-        format!(".{machine}.old"),
+        new,
+        old,
         stamp_name(machine),
         stamp_tmp_name(machine),
     ]
+}
+
+/// Where [`ensure`] builds the new tree and what a killed one left: `.<machine>.new`,
+/// `.<machine>.old`.
+fn leftover_names(machine: &str) -> [String; 2] {
+    [format!(".{machine}.new"), format!(".{machine}.old")]
 }
 
 /// The machine's current tree, if it is a directory; anything else at its name is removed
