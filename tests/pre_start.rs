@@ -34,6 +34,14 @@ fn gb300() -> tempfile::TempDir {
     dir
 }
 
+/// [`gb300`] after its first pre-start.
+fn started() -> tempfile::TempDir {
+    let dir = gb300();
+    let (code, err) = pre_start(dir.path());
+    assert_eq!(code, 0, "{err}");
+    dir
+}
+
 fn pre_start(root: &Path) -> (i32, String) {
     let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);
     (
@@ -135,10 +143,8 @@ type Case<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
 /// One part changed by hand: the list names it alone, pre-start mends it alone.
 #[test]
 fn privileged_a_part_changed_by_hand_is_listed_and_mended_alone() {
-    let dir = gb300();
+    let dir = started();
     let root = dir.path();
-    let (code, err) = pre_start(root);
-    assert_eq!(code, 0, "{err}");
     let cases: [Case; 4] = [
         (
             "the gate drop-in edited",
@@ -178,10 +184,8 @@ fn privileged_a_part_changed_by_hand_is_listed_and_mended_alone() {
 /// let it pass.
 #[test]
 fn privileged_another_users_directory_is_refused_before_anything_is_written() {
-    let dir = gb300();
+    let dir = started();
     let root = dir.path();
-    let (code, err) = pre_start(root);
-    assert_eq!(code, 0, "{err}");
     for culprit in [MARKERS, "var/lib/nspawn-lifecycle/driver-root"] {
         let at = root.join(culprit);
         nix::unistd::chown(&at, Some(nix::unistd::Uid::from_raw(NOBODY)), None).unwrap();
