@@ -74,7 +74,7 @@ pub const EXIT_CODES: &[(u8, &str)] = &[
     ),
     (
         2,
-        "Bad usage or input: machine name, configuration file, command line, NSPAWN_LIFECYCLE_LOG, no machine image, a rootfs shifted off UID 0, a machine not installed or uninstalled, a command that needs root run by another user. Nothing was written.",
+        "Bad usage or input: machine name, configuration file (a disk named for two machines or one the host uses, a mount over the helper's own), command line, NSPAWN_LIFECYCLE_LOG, no machine image, a rootfs shifted off UID 0, a machine not installed or uninstalled, a command that needs root run by another user. Nothing was written. As a unit's pre-start it also stops that unit: no retry mends it.",
     ),
     (
         3,

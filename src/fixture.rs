@@ -16,9 +16,12 @@
 //! exe  PATH                           executable stand-in (a small shell script, mode 0755)
 //! chr  PATH MAJOR:MINOR [MODE]        character device via mknod (MODE octal, default 0666)
 //! blk  PATH MAJOR:MINOR [MODE]        block device via mknod (MODE octal, default 0660)
-//! blockdev NAME MAJOR:MINOR           a disk or partition as the kernel shows it: its
+//! blockdev NAME MAJOR:MINOR [DISK]    a disk or partition as the kernel shows it: its
 //!                                     /sys/class/block/NAME/dev file and the block device
-//!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs)
+//!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs);
+//!                                     with DISK, a partition of that disk: NAME's sysfs
+//!                                     directory is DISK's child, linked from /sys/class/block,
+//!                                     with a `partition` file, as the kernel makes it
 //! sock PATH                           unix socket file (as a daemon's listening socket leaves it)
 //! link PATH TARGET                    symbolic link; TARGET is verbatim (use relative targets)
 //! elf  PATH ARCH [SONAME]             minimal ELF shared object with DT_SONAME;
@@ -258,7 +261,7 @@ enum Op {
     Exe(String),
     Chr(String, u32, u32, u32),
     Blk(String, u32, u32, u32),
-    BlockDev(String, u32, u32),
+    BlockDev(String, u32, u32, Option<String>),
     Sock(String),
     Link(String, String),
     Elf(String, Arch, Option<String>),
@@ -356,18 +359,27 @@ fn parse_line<'a>(line: &str, more: &mut impl Iterator<Item = (usize, &'a str)>)
             Op::Blk(path(0)?, maj.parse()?, min.parse()?, mode)
         }
         "blockdev" => {
-            argc(2, 2)?;
+            argc(2, 3)?;
             let (maj, min) = words[1].split_once(':').context("expected MAJOR:MINOR")?;
             let (maj, min): (u32, u32) = (maj.parse()?, min.parse()?);
-            let name = words[0];
-            anyhow::ensure!(
-                !name.contains('/')
-                    && name
-                        .split('!')
-                        .all(|c| !c.is_empty() && c != "." && c != ".."),
-                "bad block device name {name}"
-            );
-            Op::BlockDev(name.to_owned(), maj, min)
+            for name in [Some(words[0]), words.get(2).copied()]
+                .into_iter()
+                .flatten()
+            {
+                anyhow::ensure!(
+                    !name.contains('/')
+                        && name
+                            .split('!')
+                            .all(|c| !c.is_empty() && c != "." && c != ".."),
+                    "bad block device name {name}"
+                );
+            }
+            Op::BlockDev(
+                words[0].to_owned(),
+                maj,
+                min,
+                words.get(2).map(|d| (*d).to_owned()),
+            )
         }
         "sock" => {
             argc(1, 1)?;
@@ -543,13 +555,22 @@ impl Builder {
             Op::Blk(p, maj, min, mode) => {
                 self.node(&p, SFlag::S_IFBLK, makedev(maj.into(), min.into()), mode)
             }
-            Op::BlockDev(name, maj, min) => {
+            Op::BlockDev(name, maj, min, disk) => {
                 let dev = format!("{maj}:{min}\n");
-                self.file(
-                    &format!("/sys/class/block/{name}/dev"),
-                    dev.as_bytes(),
-                    0o444,
-                )?;
+                let class = format!("/sys/class/block/{name}");
+                let dir = match &disk {
+                    Some(disk) => {
+                        let dir = format!("/sys/devices/virtual/block/{disk}/{name}");
+                        self.file(&format!("{dir}/partition"), b"1\n", 0o444)?;
+                        self.apply(Op::Link(
+                            class,
+                            format!("../../devices/virtual/block/{disk}/{name}"),
+                        ))?;
+                        dir
+                    }
+                    None => class,
+                };
+                self.file(&format!("{dir}/dev"), dev.as_bytes(), 0o444)?;
                 let node = format!("/dev/{}", name.replace('!', "/"));
                 self.node(
                     &node,

@@ -85,6 +85,20 @@ fn gpus_text(s: &mut String, inv: &Inventory) {
             }
         );
     }
+    let _ = writeln!(s, "disks: {}", inv.disks.len());
+    for d in &inv.disks {
+        let _ = writeln!(
+            s,
+            "  {} {}:{} {}",
+            d.path,
+            d.major,
+            d.minor,
+            match &d.used {
+                Some(why) => format!("the host's: {why}"),
+                None => "free".to_owned(),
+            }
+        );
+    }
 }
 
 /// The userspace driver's files of [`discovery_text`].

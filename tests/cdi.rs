@@ -145,6 +145,7 @@ fn inventory(h: Host) -> Inventory {
         devices,
         kvm: Some(node("/dev/kvm", 10, 232, DeviceRole::Kvm)),
         host_devices: Vec::new(),
+        disks: Vec::new(),
         gpus,
         kernel_module: Some(VER.into()),
         driver: Some(UserspaceDriver {
@@ -875,6 +876,7 @@ fn no_spec_without_gpus_or_complete_driver() {
         devices: vec![],
         kvm: None,
         host_devices: Vec::new(),
+        disks: Vec::new(),
         gpus: vec![],
         kernel_module: None,
         driver: None,

@@ -136,6 +136,7 @@ fn inventory() -> Inventory {
         ],
         kvm: None,
         host_devices: Vec::new(),
+        disks: Vec::new(),
         gpus: vec![Gpu {
             index: 0,
             minor: 0,

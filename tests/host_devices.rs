@@ -54,6 +54,16 @@ fn binds(root: &Path) -> Vec<String> {
         .collect()
 }
 
+fn mknod(root: &Path, path: &str, kind: nix::sys::stat::SFlag, major: u64, minor: u64) {
+    nix::sys::stat::mknod(
+        &root.join(path),
+        kind,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .unwrap();
+}
+
 fn config(root: &Path, json: &str) {
     std::fs::create_dir_all(root.join(CONFIG).parent().unwrap()).unwrap();
     std::fs::write(root.join(CONFIG), json).unwrap();
@@ -70,13 +80,8 @@ fn privileged_gb300_node_gets_every_device_and_rdma_cm_is_made() {
         "Bind=/dev/kvm",
         "Bind=/dev/net/tun",
         "Bind=/dev/vhost-net",
-        "Bind=/dev/infiniband",
-        "Bind=/dev/nvme0n1",
-        "Bind=/dev/nvme0n1p1",
-        "Bind=/dev/nvme0n1p2",
+        "BindReadOnly=/dev/infiniband",
         "Bind=/dev/nvme1n1",
-        "Bind=/dev/dm-0",
-        "Bind=/dev/md0",
         "Bind=/dev/gdrdrv",
         "Bind=/dev/nvidia-fs0",
         "Bind=/dev/nvidia-fs1",
@@ -85,7 +90,22 @@ fn privileged_gb300_node_gets_every_device_and_rdma_cm_is_made() {
     ] {
         assert!(b.iter().any(|l| l == want), "no {want} in {b:#?}");
     }
-    for never in ["loop", "zram", "uverbs0", "nvidia-cap1", "channel0"] {
+    // The host's own disks: the system NVMe (EFI partition mounted, LVM volume under /), the
+    // RAID at /data and its members, the swap disk, the btrfs member.
+    for never in [
+        "loop",
+        "zram",
+        "uverbs0",
+        "nvidia-cap1",
+        "channel0",
+        "nvme0n1",
+        "dm-0",
+        "md0",
+        "nvme2n1",
+        "nvme3n1",
+        "sda",
+        "sdb",
+    ] {
         assert!(
             !b.iter().any(|l| l.contains(never)),
             "{never} bound: {b:#?}"
@@ -142,7 +162,10 @@ fn privileged_a_share_machine_gets_its_own_caps_not_the_directories() {
         assert!(!b.iter().any(|l| l == never), "{never:?} bound: {b:#?}");
     }
     // The host devices are the node's, whatever its share of the GPUs.
-    assert!(b.contains(&"Bind=/dev/infiniband".to_owned()), "{b:#?}");
+    assert!(
+        b.contains(&"BindReadOnly=/dev/infiniband".to_owned()),
+        "{b:#?}"
+    );
 }
 
 #[test]
@@ -166,7 +189,10 @@ fn privileged_devices_switch_categories_off_and_add_extra_nodes() {
     assert_eq!(code, 0, "{err}");
     let b = binds(root);
     // kube1 overrides infiniband and kvm and keeps the defaults' block and extra.
-    assert!(b.contains(&"Bind=/dev/infiniband".to_owned()), "{b:#?}");
+    assert!(
+        b.contains(&"BindReadOnly=/dev/infiniband".to_owned()),
+        "{b:#?}"
+    );
     assert!(b.contains(&"Bind=/dev/fuse".to_owned()), "{b:#?}");
     assert!(b.contains(&"Bind=/dev/vhost-net".to_owned()), "{b:#?}");
     for never in ["nvme", "dm-0", "md0", "/dev/kvm"] {
@@ -184,6 +210,16 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
     let root = dir.path();
     std::fs::write(root.join("dev/not-a-node"), "x").unwrap();
     std::os::unix::fs::symlink("null", root.join("dev/null-link")).unwrap();
+    mknod(
+        root,
+        "dev/gpu-alias",
+        nix::sys::stat::SFlag::S_IFCHR,
+        195,
+        1,
+    );
+    std::fs::create_dir_all(root.join("dev/disk/by-id")).unwrap();
+    std::os::unix::fs::symlink("../../nvme0n1", root.join("dev/disk/by-id/nvme-system")).unwrap();
+    std::os::unix::fs::symlink("../../../etc/passwd", root.join("dev/disk/by-id/nowhere")).unwrap();
     for (devices, says) in [
         (
             r#"{"extra": ["/etc/passwd"]}"#,
@@ -192,6 +228,51 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
         (
             r#"{"extra": ["/dev/null", "/dev/nvidia0"]}"#,
             "machines.kube1.devices.extra[1]: \"/dev/nvidia0\" is an NVIDIA or DRM node",
+        ),
+        // Another name for GPU 1's node: refused by its number, not its name.
+        (
+            r#"{"extra": ["/dev/gpu-alias"]}"#,
+            "machines.kube1.devices.extra[0]: \"/dev/gpu-alias\" is an NVIDIA or DRM node (195:1)",
+        ),
+        (
+            r#"{"disks": ["/dev/nvme0n1p1"]}"#,
+            "machines.kube1.devices.disks[0]: \"/dev/nvme0n1p1\" is the host's: mounted at /boot/efi",
+        ),
+        (
+            r#"{"disks": ["/dev/disk/by-id/nvme-system"]}"#,
+            "machines.kube1.devices.disks[0]: \"/dev/disk/by-id/nvme-system\" (/dev/nvme0n1) is the host's: /dev/nvme0n1p1 on the same disk is mounted at /boot/efi",
+        ),
+        (
+            r#"{"disks": ["/dev/md0"]}"#,
+            "machines.kube1.devices.disks[0]: \"/dev/md0\" is the host's: mounted at /data",
+        ),
+        (
+            r#"{"disks": ["/dev/nvme2n1"]}"#,
+            "\"/dev/nvme2n1\" is the host's: held by md0",
+        ),
+        (
+            r#"{"disks": ["/dev/sda"]}"#,
+            "\"/dev/sda\" is the host's: /dev/sda1 on the same disk is in use as swap",
+        ),
+        (
+            r#"{"disks": ["/dev/sdb"]}"#,
+            "\"/dev/sdb\" is the host's: a member of the btrfs filesystem",
+        ),
+        (
+            r#"{"extra": ["/dev/dm-0"]}"#,
+            "machines.kube1.devices.extra[0]: \"/dev/dm-0\" is the host's: mounted at /",
+        ),
+        (
+            r#"{"disks": ["/dev/loop0"]}"#,
+            "machines.kube1.devices.disks[0]: \"/dev/loop0\" is not a disk or partition of the host",
+        ),
+        (
+            r#"{"disks": ["/dev/null"]}"#,
+            "machines.kube1.devices.disks[0]: \"/dev/null\" is not a block device",
+        ),
+        (
+            r#"{"disks": ["/dev/disk/by-id/nowhere"]}"#,
+            "\"/dev/disk/by-id/nowhere\" points at \"/etc/passwd\", which is not a block device under /dev",
         ),
         (
             r#"{"extra": ["/dev/not-a-node"]}"#,
@@ -275,4 +356,115 @@ fn privileged_hostile_block_names_and_a_linked_infiniband_dir_are_skipped() {
             .count(),
         10_001
     );
+}
+
+/// With a second machine on the host a machine gets only the disks its config names (by a
+/// stable name too); a disk named for two machines is refused naming both; `extra` naming a
+/// node a category binds already is one bind.
+#[test]
+fn privileged_two_machines_get_only_the_disks_named_for_them() {
+    let dir = gb300();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("dev/disk/by-id")).unwrap();
+    std::os::unix::fs::symlink("../../nvme1n1", root.join("dev/disk/by-id/nvme-data")).unwrap();
+    // Alone on the host, kube1 gets the free disk.
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert!(binds(root).contains(&"Bind=/dev/nvme1n1".to_owned()));
+    // A second machine installed: no disk without a list, and pre-start says why.
+    let kube2 = root.join("etc/systemd/system/systemd-nspawn@kube2.service.d");
+    std::fs::create_dir_all(&kube2).unwrap();
+    std::fs::write(kube2.join("50-nspawn-lifecycle.conf"), "x").unwrap();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !binds(root).iter().any(|l| l.contains("nvme")),
+        "{:#?}",
+        binds(root)
+    );
+    assert!(
+        err.contains("1 free disks not bound: several machines share this host"),
+        "{err}"
+    );
+    // Named by its stable name: bound at its own path.
+    config(
+        root,
+        r#"{"machines": {"kube1": {"devices": {"disks": ["/dev/disk/by-id/nvme-data"]}}}}"#,
+    );
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        binds(root).contains(&"Bind=/dev/nvme1n1".to_owned()),
+        "{err}"
+    );
+    // Named for both: refused, naming both machines and how each named it.
+    config(
+        root,
+        r#"{"machines": {"kube1": {"devices": {"disks": ["/dev/disk/by-id/nvme-data"]}},
+                         "kube2": {"devices": {"disks": ["/dev/nvme1n1"]}}}}"#,
+    );
+    let before = snapshot(root, &[]);
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "disk /dev/nvme1n1 is given to both machines kube1 (machines.kube1.devices.disks[0]: \"/dev/disk/by-id/nvme-data\") and kube2 (machines.kube2.devices.disks[0]: \"/dev/nvme1n1\")"
+        ),
+        "{err}"
+    );
+    assert_eq!(before, snapshot(root, &[]));
+    // kvm named again in extra: one bind.
+    config(
+        root,
+        r#"{"machines": {"kube1": {"devices": {"block": false, "extra": ["/dev/kvm"]}}}}"#,
+    );
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let b = binds(root);
+    assert_eq!(
+        b.iter().filter(|l| l.contains("/dev/kvm")).count(),
+        1,
+        "{b:#?}"
+    );
+}
+
+/// What root in one machine leaves in a host directory bound into every machine never stops
+/// another machine's start: a flood of files named like InfiniBand ports, a file, a link, an
+/// odd name and another driver's node among the MIG capabilities and IMEX channels.
+#[test]
+fn privileged_junk_in_bound_directories_never_refuses_the_host() {
+    let dir = gb300();
+    let root = dir.path();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    let clean = binds(root);
+    for i in 0..16_385 {
+        std::fs::write(root.join(format!("dev/infiniband/uverbs{}", 100 + i)), "").unwrap();
+    }
+    std::fs::write(root.join("dev/nvidia-caps/stray"), "x").unwrap();
+    std::fs::write(root.join("dev/nvidia-caps/nvidia-cap\nBind=x"), "").unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", root.join("dev/nvidia-caps/nvidia-cap99")).unwrap();
+    mknod(
+        root,
+        "dev/nvidia-caps-imex-channels/channel77",
+        nix::sys::stat::SFlag::S_IFCHR,
+        1,
+        3,
+    );
+    std::fs::write(root.join("dev/nvidia-caps-imex-channels/channel\nx"), "").unwrap();
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(binds(root), clean, "the junk changed what is bound");
+    for says in [
+        "/dev/infiniband: skipping 16385 entries that are not character devices",
+        "/dev/nvidia-caps: skipping 3 entries",
+        "/dev/nvidia-caps-imex-channels: skipping 1 entries",
+        "skipping 1 nodes in the NVIDIA capability and IMEX channel directories whose major is no NVIDIA driver's",
+    ] {
+        assert!(err.contains(says), "no {says:?} in {err}");
+    }
+    // A share machine, whose caps are bound one by one, starts too.
+    config(root, r#"{"machines": {"kube1": {"gpus": [0]}}}"#);
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
 }

@@ -13,11 +13,54 @@ use anyhow::{Context as _, Result};
 
 /// ExecStartPre=: refuse what must not start before the lock, then under the machine's lock
 /// render the file and what it binds ([`crate::model::render::Rendered`]) and make them.
+///
+/// A refusal no retry can mend (bad input, exit 2: the configuration, a named disk the host
+/// uses) ends the unit's retries when pre-start runs as its hook: systemd ignores
+/// `RestartPreventExitStatus=` for `ExecStartPre=`, so `Restart=on-failure` would start it again
+/// every few seconds forever. pre-start queues a stop of its own unit instead, and the unit
+/// stays `failed` with the message in its journal until someone starts it again.
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+    let result = run(ctx, machine);
+    if let Err(err) = &result
+        && crate::error::kind(err) == Some(crate::error::Kind::BadInput)
+        && ctx.host.is_real_root()
+        && crate::types::units::runs_in_its_start(machine)
+    {
+        stop_retries(machine, err);
+    }
+    result
+}
+
+/// Log `err` (the stop may end this process before `main` prints it), then queue the stop.
+fn stop_retries(machine: &MachineName, err: &anyhow::Error) {
+    let unit = crate::types::units::unit_name(machine);
+    tracing::error!(
+        %machine,
+        "{}; no retry can mend this: stopping {unit}, which stays failed until it is started again",
+        crate::output::printable_lines(&format!("{err:#}"))
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let stop =
+        crate::systemd::Systemd::host(deadline).and_then(|sd| sd.queue_stop(&unit, deadline));
+    if let Err(e) = stop {
+        tracing::warn!(%machine, "stopping {unit}: {e:#}; systemd will retry the start");
+    }
+}
+
+fn run(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = check_startable(ctx, machine, None)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let rendered = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
     check_rendered(ctx, machine, &rendered).with_context(|| format!("pre-start of {machine}"))?;
+    let left_out =
+        crate::model::host_devices::disks_left_out(&rendered.start().assignment.view, &mc);
+    if left_out > 0 {
+        tracing::warn!(
+            %machine,
+            "{left_out} free disks not bound: several machines share this host, so a machine \
+             gets only the disks its devices.disks names (`discover` lists them)"
+        );
+    }
     let boot = Boot::new(
         ctx,
         machine,

@@ -399,27 +399,7 @@ fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
 
 /// Every installed machine (those with our drop-in), sorted by name.
 pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
-    let mut out = Vec::new();
-    let entries = match ctx.host.read_dir(units::UNIT_DIR) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("listing {}", ctx.host.path(units::UNIT_DIR).display()));
-        }
-    };
-    for (name, _) in entries {
-        let Some(m) = name.to_str().and_then(units::dropin_dir_machine) else {
-            continue;
-        };
-        if let Ok(m) = m.parse::<MachineName>()
-            && installed(ctx, &m)
-        {
-            out.push(m);
-        }
-    }
-    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    Ok(out)
+    units::installed_machines(&ctx.host)
 }
 
 /// The status of one machine.

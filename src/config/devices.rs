@@ -21,6 +21,7 @@ pub(super) struct DevicesSetting {
     infiniband: Option<bool>,
     block: Option<bool>,
     gpudirect: Option<bool>,
+    disks: Option<Vec<String>>,
     extra: Option<Vec<String>>,
 }
 
@@ -33,6 +34,7 @@ impl DevicesSetting {
             infiniband: other.infiniband.or(self.infiniband),
             block: other.block.or(self.block),
             gpudirect: other.gpudirect.or(self.gpudirect),
+            disks: other.disks.or(self.disks),
             extra: other.extra.or(self.extra),
         }
     }
@@ -47,80 +49,243 @@ pub struct Devices {
     pub network: bool,
     /// `/dev/infiniband` (verbs, MAD, `rdma_cm`): multi-node NCCL, RDMA device plugins.
     pub infiniband: bool,
-    /// Disks and partitions (local PVs, TopoLVM, Rook).
+    /// Disks and partitions the host does not use (local PVs, TopoLVM, Rook): with `disks`,
+    /// those; without, every free one when this is the host's only machine, else none.
     pub block: bool,
+    /// `disks` as written, each resolved on the host by [`check_on_host`]: the machine's own.
+    pub disks: Option<Vec<ExtraNode>>,
+    /// No other machine is on the host (installed, or named in the config), filled in by
+    /// [`check_on_host`].
+    pub sole_machine: bool,
     /// `/dev/gdrdrv` and `/dev/nvidia-fs*` (GDRCopy, GPUDirect Storage).
     pub gpudirect: bool,
     /// More nodes by path, each a character or block device under `/dev`.
     pub extra: Vec<ExtraNode>,
 }
 
-/// A node of `devices.extra`, with what the host has at that path (filled in by
-/// [`check_on_host`]; zeros before).
+impl Devices {
+    /// The block devices the config names for this machine: its `disks` and the block nodes
+    /// of its `extra` (when disks are on at all for `disks`).
+    pub fn named_disks(&self) -> impl Iterator<Item = &ExtraNode> {
+        let disks = self.disks.iter().flatten().filter(|_| self.block);
+        disks.chain(self.extra.iter().filter(|e| e.block))
+    }
+}
+
+/// A node of `devices.extra` or `devices.disks`, with what the host has at that path (filled
+/// in by [`check_on_host`]; zeros before).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtraNode {
+    /// The config key that names it (`machines.kube1.devices.disks[0]`).
+    pub at: String,
+    /// As written: a stable `/dev/disk/by-*` name is resolved into `path`.
+    pub written: HostPath,
+    /// The node itself, bound at this path.
     pub path: HostPath,
     pub block: bool,
     pub major: u32,
     pub minor: u32,
 }
 
-/// `devices` at `key` checked: `extra` paths under `/dev`, none an NVIDIA or DRM node (those
-/// follow the machine's `gpus`), none twice.
+/// `devices` at `key` checked: `extra` and `disks` paths under `/dev`, none twice; which nodes
+/// they are is checked on the host ([`check_on_host`]).
 pub(super) fn check(key: &str, s: Option<&DevicesSetting>) -> Result<Devices> {
     let d = s.cloned().unwrap_or_default();
-    let mut extra: Vec<ExtraNode> = Vec::new();
-    for (i, p) in d.extra.unwrap_or_default().iter().enumerate() {
-        let at = format!("{key}.devices.extra[{i}]");
-        let path: HostPath = super::checked_path(&at, p)?;
-        let Some(name) = path.strip_prefix("/dev/").filter(|n| !n.is_empty()) else {
-            return Err(bad_input(format!(
-                "{at}: \"{path}\" is not under /dev; host directories go in mounts"
-            )));
-        };
-        if name.starts_with("nvidia") || name == "dri" || name.starts_with("dri/") {
-            return Err(bad_input(format!(
-                "{at}: \"{path}\" is an NVIDIA or DRM node, which the machine gets by its gpus"
-            )));
-        }
-        if extra.iter().any(|e| e.path == path) {
-            return Err(bad_input(format!("{at}: \"{path}\" is listed twice")));
-        }
-        extra.push(ExtraNode {
-            path,
-            block: false,
-            major: 0,
-            minor: 0,
-        });
-    }
+    let extra = nodes(
+        &format!("{key}.devices.extra"),
+        d.extra.as_deref().unwrap_or_default(),
+    )?;
+    let disks = match &d.disks {
+        Some(list) => Some(nodes(&format!("{key}.devices.disks"), list)?),
+        None => None,
+    };
     Ok(Devices {
         kvm: d.kvm.unwrap_or(true),
         network: d.network.unwrap_or(true),
         infiniband: d.infiniband.unwrap_or(true),
         block: d.block.unwrap_or(true),
         gpudirect: d.gpudirect.unwrap_or(true),
+        disks,
+        sole_machine: false,
         extra,
     })
 }
 
-/// Each `extra` node must be a character or block device on the host now, not a link (a link
-/// would be bound as what it points at, which the config does not name).
-pub(super) fn check_on_host(key: &str, d: &mut Devices, host: &HostRoot) -> Result<()> {
-    for (i, node) in d.extra.iter_mut().enumerate() {
-        let at = format!("{key}.devices.extra[{i}]");
-        let path = &node.path;
-        let what = match host.symlink_metadata(path.as_str()) {
-            Err(_) => "does not exist on the host",
-            Ok(m) if m.file_type().is_symlink() => "is a symlink; name the node it points at",
-            Ok(m) if m.file_type().is_char_device() || m.file_type().is_block_device() => {
-                node.block = m.file_type().is_block_device();
-                node.major = nix::sys::stat::major(m.rdev()) as u32;
-                node.minor = nix::sys::stat::minor(m.rdev()) as u32;
-                continue;
-            }
-            Ok(_) => "is not a device node",
-        };
-        return Err(bad_input(format!("{at}: \"{path}\" {what}")));
+fn nodes(key: &str, list: &[String]) -> Result<Vec<ExtraNode>> {
+    let mut out: Vec<ExtraNode> = Vec::new();
+    for (i, p) in list.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        let path: HostPath = super::checked_path(&at, p)?;
+        if path.strip_prefix("/dev/").is_none_or(|n| n.is_empty()) {
+            return Err(bad_input(format!(
+                "{at}: \"{path}\" is not under /dev; host directories go in mounts"
+            )));
+        }
+        if out.iter().any(|e| e.written == path) {
+            return Err(bad_input(format!("{at}: \"{path}\" is listed twice")));
+        }
+        out.push(ExtraNode {
+            at,
+            written: path.clone(),
+            path,
+            block: false,
+            major: 0,
+            minor: 0,
+        });
+    }
+    Ok(out)
+}
+
+/// Where udev keeps the stable names of disks and partitions: a link there is resolved on the
+/// host at every start (the kernel's name of a disk can change between boots; these do not).
+const STABLE_DIRS: &[&str] = &[
+    "/dev/disk/by-id/",
+    "/dev/disk/by-path/",
+    "/dev/disk/by-uuid/",
+    "/dev/disk/by-partuuid/",
+    "/dev/disk/by-label/",
+    "/dev/disk/by-partlabel/",
+];
+
+/// NVIDIA's character majors and DRM's, from the host's `/proc/devices`: nodes the machine gets
+/// by its `gpus` only, whatever their name.
+fn gpu_majors(host: &HostRoot) -> Vec<u32> {
+    let Ok(bytes) = host.read("/proc/devices") else {
+        return Vec::new();
+    };
+    crate::discovery::parse::proc_devices(&bytes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, n)| n.starts_with("nvidia") || n == "drm")
+        .map(|(m, _)| m)
+        .collect()
+}
+
+/// Each `extra` and `disks` node must be a character or block device on the host now (a
+/// `disks` entry a block device), never an NVIDIA or DRM node (those follow the machine's
+/// `gpus`), reached without a link but for udev's stable disk names, which are resolved.
+pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
+    let majors = gpu_majors(host);
+    for (node, disk) in nodes_mut(d) {
+        check_node(node, disk, host, &majors)?;
     }
     Ok(())
+}
+
+/// Another machine's named disks as far as they resolve on the host now: one that does not is
+/// that machine's error, reported by its own start, not this one's.
+pub(super) fn resolved_disks(d: &mut Devices, host: &HostRoot) -> Vec<ExtraNode> {
+    let majors = gpu_majors(host);
+    let block = d.block;
+    nodes_mut(d)
+        .filter(|(_, disk)| block || !disk)
+        .filter_map(|(node, disk)| {
+            check_node(node, disk, host, &majors)
+                .ok()
+                .map(|()| node.clone())
+        })
+        .filter(|n| n.block)
+        .collect()
+}
+
+fn nodes_mut(d: &mut Devices) -> impl Iterator<Item = (&mut ExtraNode, bool)> {
+    d.extra
+        .iter_mut()
+        .map(|n| (n, false))
+        .chain(d.disks.iter_mut().flatten().map(|n| (n, true)))
+}
+
+fn check_node(node: &mut ExtraNode, disk: bool, host: &HostRoot, majors: &[u32]) -> Result<()> {
+    let (at, written) = (node.at.clone(), node.written.clone());
+    let what = match host.symlink_metadata(written.as_str()) {
+        Err(_) => "does not exist on the host".to_owned(),
+        Ok(m) if m.file_type().is_symlink() => {
+            if !STABLE_DIRS.iter().any(|d| written.starts_with(d)) {
+                "is a symlink; name the node it points at (or a /dev/disk/by-* name)".to_owned()
+            } else {
+                match resolve_stable(host, &written) {
+                    Ok(p) => {
+                        node.path = p;
+                        String::new()
+                    }
+                    Err(e) => e,
+                }
+            }
+        }
+        Ok(_) => String::new(),
+    };
+    if !what.is_empty() {
+        return Err(bad_input(format!("{at}: \"{written}\" {what}")));
+    }
+    let path = node.path.clone();
+    let shown = if path == written {
+        format!("\"{written}\"")
+    } else {
+        format!("\"{written}\" ({path})")
+    };
+    let m = host
+        .symlink_metadata(path.as_str())
+        .map_err(|_| bad_input(format!("{at}: {shown} does not exist on the host")))?;
+    let ft = m.file_type();
+    if !(ft.is_block_device() || ft.is_char_device() && !disk) {
+        let want = if disk {
+            "a block device"
+        } else {
+            "a device node"
+        };
+        return Err(bad_input(format!("{at}: {shown} is not {want}")));
+    }
+    node.block = ft.is_block_device();
+    node.major = nix::sys::stat::major(m.rdev()) as u32;
+    node.minor = nix::sys::stat::minor(m.rdev()) as u32;
+    let gpu_name = path
+        .strip_prefix("/dev/")
+        .is_some_and(|n| n.starts_with("nvidia") || n == "dri" || n.starts_with("dri/"));
+    if gpu_name || !node.block && majors.contains(&node.major) {
+        return Err(bad_input(format!(
+            "{at}: {shown} is an NVIDIA or DRM node ({}:{}), which the machine gets by its gpus",
+            node.major, node.minor
+        )));
+    }
+    Ok(())
+}
+
+/// The node a stable name under `/dev/disk` points at: one link, to a block device under
+/// `/dev` (never out of it, never another link).
+fn resolve_stable(host: &HostRoot, link: &HostPath) -> std::result::Result<HostPath, String> {
+    let target = host
+        .read_link(link.as_str())
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    let target = target
+        .to_str()
+        .ok_or_else(|| "points at a name that is not UTF-8".to_owned())?;
+    let mut comps: Vec<&str> = if target.starts_with('/') {
+        Vec::new()
+    } else {
+        link.split('/').filter(|c| !c.is_empty()).collect()
+    };
+    if !target.starts_with('/') {
+        comps.pop();
+    }
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                comps.pop();
+            }
+            c => comps.push(c),
+        }
+    }
+    let path = format!("/{}", comps.join("/"));
+    let ok = path.starts_with("/dev/")
+        && host
+            .symlink_metadata(&path)
+            .is_ok_and(|m| m.file_type().is_block_device());
+    if !ok {
+        return Err(format!(
+            "points at {path:?}, which is not a block device under /dev"
+        ));
+    }
+    path.parse()
+        .map_err(|e| format!("points at {path:?}, which a .nspawn line cannot carry: {e}"))
 }

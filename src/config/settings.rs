@@ -131,8 +131,8 @@ pub const SETTINGS: &[SettingDoc] = &[
     },
     SettingDoc {
         key: "devices",
-        kind: "object {kvm, network, infiniband, block, gpudirect: boolean; extra: array of paths}",
+        kind: "object {kvm, network, infiniband, block, gpudirect: boolean; disks, extra: array of paths}",
         default: "{\"kvm\": true, \"network\": true, \"infiniband\": true, \"block\": true, \"gpudirect\": true, \"extra\": []}",
-        meaning: "Host devices the machine gets beside its GPUs, found at every start: kvm (/dev/kvm), network (tun, vhost-net, vhost-vsock, macvtap/ipvtap taps), infiniband (/dev/infiniband whole, rdma_cm made when missing), block (disks and partitions; not loop, ram, zram, fd, sr), gpudirect (gdrdrv, nvidia-fs*); false switches one off. extra: more character or block nodes under /dev, each bound and allowed. A machine's devices override the defaults' key by key.",
+        meaning: "Host devices the machine gets beside its GPUs, found at every start: kvm (/dev/kvm), network (tun, vhost-net, vhost-vsock, macvtap/ipvtap taps), infiniband (/dev/infiniband whole and read-only, rdma_cm made when missing), block (disks and partitions the host does not use: never one mounted, swap, held by LVM/dm/md/bcache, a btrfs or ZFS member, or on such a disk; not loop, ram, zram, fd, sr), gpudirect (gdrdrv, nvidia-fs*); false switches one off. disks: this machine's disks by /dev name or stable /dev/disk/by-* name, resolved at every start; without it the host's only machine gets every free disk and a machine beside others none; a disk named for two machines, or one the host uses, is exit 2. extra: more character or block nodes under /dev, each bound and allowed; NVIDIA and DRM nodes are refused by device number. A machine's devices override the defaults' key by key.",
     },
 ];

@@ -514,6 +514,42 @@ fn settings_errors_are_pinned_byte_for_byte() {
             "defaults.mounts[1].target: \"/d\" is bound twice",
         ),
         (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/run/nvidia/driver"}]}}"#,
+            "defaults.mounts[0].target: \"/run/nvidia/driver\" would cover the helper's own /run/nvidia/driver in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/run"}]}}"#,
+            "defaults.mounts[0].target: \"/run\" would cover the helper's own /run/nvidia/driver in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/run/nspawn-lifecycle/released"}]}}"#,
+            "defaults.mounts[0].target: \"/run/nspawn-lifecycle/released\" would cover the helper's own /run/nspawn-lifecycle in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"machines": {"k": {"mounts": [{"source": "/d", "target": "/sys/fs/bpf"}]}}}"#,
+            "machines.k.mounts[0].target: \"/sys/fs/bpf\" would cover the helper's own /sys/fs/bpf in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/dev/nvidia-caps/x"}]}}"#,
+            "defaults.mounts[0].target: \"/dev/nvidia-caps/x\" would cover the helper's own /dev/nvidia-caps in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/dev/nvidia0"}]}}"#,
+            "defaults.mounts[0].target: \"/dev/nvidia0\" would cover the helper's own /dev/nvidia0 in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/var"}]}}"#,
+            "defaults.mounts[0].target: \"/var\" would cover the helper's own /var/run/cdi in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"cdiDir": "/etc/cdi", "mounts": [{"source": "/d", "target": "/etc/cdi"}]}}"#,
+            "defaults.mounts[0].target: \"/etc/cdi\" would cover the helper's own /etc/cdi in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
+            r#"{"defaults": {"mounts": [{"source": "/d", "target": "/run/systemd/system/kubelet.service.d"}]}}"#,
+            "defaults.mounts[0].target: \"/run/systemd/system/kubelet.service.d\" would cover the helper's own /run/systemd/system in the machine (the driver root, the unit gate, the CDI spec, device nodes); mount it elsewhere",
+        ),
+        (
             r#"{"defaults": {"kubeletUnit": "kubelet"}}"#,
             "defaults.kubeletUnit: \"kubelet\" is not a unit name: it has no type suffix such as \".service\"",
         ),

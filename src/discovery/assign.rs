@@ -146,6 +146,7 @@ fn without_gpus(inv: &Inventory) -> Inventory {
         devices: Vec::new(),
         kvm: inv.kvm.clone(),
         host_devices: inv.host_devices.clone(),
+        disks: inv.disks.clone(),
         gpus: Vec::new(),
         kernel_module: None,
         driver: None,
@@ -322,6 +323,7 @@ mod tests {
             ],
             kvm: None,
             host_devices: Vec::new(),
+            disks: Vec::new(),
             gpus: vec![
                 gpu(0, 1, "0000:06:00.0", vec![21]),
                 gpu(1, 0, "0000:07:00.0", vec![]),

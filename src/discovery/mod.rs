@@ -36,6 +36,9 @@ pub struct Inventory {
     /// The other host devices a Kubernetes node uses (networking, InfiniBand, disks,
     /// GPUDirect), sorted by category then path (`scan/host_devices.rs`).
     pub host_devices: Vec<HostDevice>,
+    /// Every disk and partition, each with why the host uses it (`scan/disks.rs`): only the
+    /// free ones are among `host_devices`, and a machine never gets another.
+    pub disks: Vec<Disk>,
     /// GPUs from `/proc/driver/nvidia/gpus/*/information`, indexed in PCI bus order.
     pub gpus: Vec<Gpu>,
     /// Version from `/proc/driver/nvidia/version`, when the kernel module is loaded.
@@ -95,6 +98,23 @@ pub struct HostDevice {
     /// rule); pre-start makes it before it binds it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub create: bool,
+}
+
+/// A disk or partition of the host, and why no machine may get it when the host uses it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Disk {
+    /// The block node, `/dev/<name>`.
+    pub path: HostPath,
+    pub major: u32,
+    pub minor: u32,
+    /// The whole disk a partition is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<HostPath>,
+    /// Why the host's own: mounted, swap, held by a dm/md/bcache device, a btrfs or ZFS member,
+    /// or on the same disk as one of those. Absent for a free disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used: Option<String>,
 }
 
 /// The kinds of host devices a machine gets, each switched by the config's `devices` key; named

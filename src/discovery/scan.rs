@@ -150,14 +150,14 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
     }
     devices.sort();
     let kvm = s.kvm()?;
-    let host_devices = s.host_devices()?;
+    let (host_devices, disks) = s.host_devices()?;
 
     let present = !devices.is_empty() || odd_nodes || !gpus.is_empty();
     match &module {
         Module::Absent if present => s.reason(format!(
             "device nodes present but the nvidia kernel module is not loaded ({VERSION_FILE} missing)"
         )),
-        Module::Loaded(_) if present => s.check_nodes(&devices, &gpus)?,
+        Module::Loaded(_) if present => s.check_nodes(&mut devices, &gpus)?,
         _ => {}
     }
     let kernel_version = match &module {
@@ -186,6 +186,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
         devices,
         kvm,
         host_devices,
+        disks,
         gpus,
         kernel_module: kernel_version.map(str::to_owned),
         driver,
@@ -377,12 +378,7 @@ impl Scan<'_> {
         ] {
             match self.lstat(dir)? {
                 None => {}
-                Some(m) if m.is_dir() => {
-                    for name in self.list(dir)?.unwrap_or_default() {
-                        candidates.push((format!("{dir}/{name}"), role));
-                        too_many_nodes(candidates.len(), dir)?;
-                    }
-                }
+                Some(m) if m.is_dir() => nodes.extend(self.bound_dir_nodes(dir, role)?),
                 Some(_) => {
                     odd = true;
                     self.reason(format!("{dir} exists but is not a directory"));
@@ -402,6 +398,46 @@ impl Scan<'_> {
             }
         }
         Ok((nodes, odd))
+    }
+
+    /// The character devices of a directory every machine with all GPUs has bound whole and
+    /// writable (the host and the machines' MIG managers and DRA driver make nodes there while
+    /// they run): whatever else a machine leaves there (files, links, names a `.nspawn` line
+    /// cannot carry, more nodes than any driver makes) is skipped with one warning, never a
+    /// refusal that would stop every machine's start.
+    fn bound_dir_nodes(&mut self, dir: &str, role: DeviceRole) -> Result<Vec<DeviceNode>> {
+        let mut out = Vec::new();
+        let mut junk = 0usize;
+        for name in self.list(dir)?.unwrap_or_default() {
+            let Ok(path) = HostPath::try_from(format!("{dir}/{name}")) else {
+                junk += 1;
+                continue;
+            };
+            match self.lstat(&path)? {
+                Some(m) if m.file_type().is_char_device() => {
+                    if out.len() == MAX_DEVICE_NODES {
+                        tracing::warn!(
+                            "{dir} holds more than {MAX_DEVICE_NODES} device nodes, which no driver makes; taking the first {MAX_DEVICE_NODES}"
+                        );
+                        break;
+                    }
+                    out.push(DeviceNode {
+                        path,
+                        major: nix::sys::stat::major(m.rdev()) as u32,
+                        minor: nix::sys::stat::minor(m.rdev()) as u32,
+                        role,
+                    });
+                }
+                Some(_) => junk += 1,
+                None => {}
+            }
+        }
+        if junk > 0 {
+            tracing::warn!(
+                "{dir}: skipping {junk} entries that are not character devices a .nspawn file can bind (left by a machine?)"
+            );
+        }
+        Ok(out)
     }
 
     /// `path`'s major:minor when it is a character device (lstat: a symlink is not one);
@@ -480,7 +516,7 @@ impl Scan<'_> {
     /// With the module loaded: every GPU has its node, the control node exists, and every node's
     /// major belongs to the running driver (`DeviceAllow=char-nvidia*`/`char-drm` resolve majors
     /// through /proc/devices, so a stale node from an earlier load would be unusable anyway).
-    fn check_nodes(&mut self, devices: &[DeviceNode], gpus: &[Gpu]) -> Result<()> {
+    fn check_nodes(&mut self, devices: &mut Vec<DeviceNode>, gpus: &[Gpu]) -> Result<()> {
         for g in gpus {
             if g.device.is_none() {
                 self.reason(format!(
@@ -511,17 +547,34 @@ impl Scan<'_> {
                 }
             },
         };
-        for d in devices {
+        let mut foreign = 0usize;
+        let mut reasons = Vec::new();
+        devices.retain(|d| {
             let (group, matches): (&str, fn(&str) -> bool) = match d.role {
                 DeviceRole::Dri => ("drm", |n| n == "drm"),
                 _ => ("nvidia*", |n| n.starts_with("nvidia")),
             };
-            if !table.iter().any(|(m, n)| *m == d.major && matches(n)) {
-                self.reason(format!(
-                    "{} is {}:{} but {PROC_DEVICES} has no {group} driver with major {} (a node left from an earlier driver?)",
-                    d.path, d.major, d.minor, d.major
-                ));
+            if table.iter().any(|(m, n)| *m == d.major && matches(n)) {
+                return true;
             }
+            // A directory machines write into: another driver's node there is a machine's junk.
+            if matches!(d.role, DeviceRole::Cap | DeviceRole::ImexChannel) {
+                foreign += 1;
+                return false;
+            }
+            reasons.push(format!(
+                "{} is {}:{} but {PROC_DEVICES} has no {group} driver with major {} (a node left from an earlier driver?)",
+                d.path, d.major, d.minor, d.major
+            ));
+            true
+        });
+        if foreign > 0 {
+            tracing::warn!(
+                "skipping {foreign} nodes in the NVIDIA capability and IMEX channel directories whose major is no NVIDIA driver's (left by a machine?)"
+            );
+        }
+        for r in reasons {
+            self.reason(r);
         }
         Ok(())
     }
@@ -705,6 +758,7 @@ impl Scan<'_> {
     }
 }
 
+mod disks;
 mod driver;
 mod host_devices;
 

@@ -53,17 +53,50 @@ pub fn enabled(d: &Devices, category: DeviceCategory) -> bool {
     }
 }
 
-/// The host devices `cfg` gives the machine from `inv`, then its `extra` nodes, in that order.
+/// The host devices `cfg` gives the machine from `inv`, then its `extra` nodes, in that order,
+/// each node once. Disks only where the host does not use them: those the config names for
+/// the machine (and the partitions of a named disk), or, when it names none, every free one
+/// if this is the host's only machine.
 pub fn of_machine(inv: &Inventory, cfg: &MachineConfig) -> Vec<HostDevice> {
     let d = &cfg.devices;
+    let named = |h: &HostDevice| {
+        let disk_of = inv
+            .disks
+            .iter()
+            .find(|k| k.path == h.path)
+            .and_then(|k| k.disk.as_ref());
+        d.disks.iter().flatten().any(|n| {
+            (n.major, n.minor) == (h.major, h.minor) || disk_of.is_some_and(|p| *p == n.path)
+        })
+    };
     let mut out: Vec<HostDevice> = inv
         .host_devices
         .iter()
         .filter(|h| enabled(d, h.category))
+        .filter(|h| {
+            h.category != DeviceCategory::Block
+                || if d.disks.is_some() {
+                    named(h)
+                } else {
+                    d.sole_machine
+                }
+        })
         .cloned()
         .collect();
+    let kvm = inv.kvm.as_ref().filter(|_| d.kvm);
     for e in &d.extra {
-        if out.iter().any(|h| h.path == e.path) {
+        let same = |kind: NodeKind, major: u32, minor: u32| {
+            kind == if e.block {
+                NodeKind::Block
+            } else {
+                NodeKind::Char
+            } && (major, minor) == (e.major, e.minor)
+        };
+        if out
+            .iter()
+            .any(|h| h.path == e.path || same(h.kind, h.major, h.minor))
+            || kvm.is_some_and(|k| same(NodeKind::Char, k.major, k.minor))
+        {
             continue;
         }
         out.push(HostDevice {
@@ -82,15 +115,73 @@ pub fn of_machine(inv: &Inventory, cfg: &MachineConfig) -> Vec<HostDevice> {
     out
 }
 
-/// What the `.nspawn` file binds for `devices`: InfiniBand as its directory (once), every other
-/// node at its path.
-pub fn bind_paths(devices: &[HostDevice]) -> Vec<HostPath> {
-    let mut out: Vec<HostPath> = Vec::new();
+/// Every disk the config names for the machine (`disks`, and block nodes of `extra`) is one the
+/// host does not use (exit 2 naming the key, the disk and the use); a `disks` entry is a disk or
+/// partition at all (not a loop, RAM or optical device).
+pub fn check_named_disks(inv: &Inventory, cfg: &MachineConfig) -> anyhow::Result<()> {
+    let d = &cfg.devices;
+    let disks = d
+        .disks
+        .iter()
+        .flatten()
+        .filter(|_| d.block)
+        .map(|n| (n, true));
+    let extra = d.extra.iter().filter(|e| e.block).map(|n| (n, false));
+    for (n, listed) in disks.chain(extra) {
+        let shown = if n.path == n.written {
+            format!("\"{}\"", n.written)
+        } else {
+            format!("\"{}\" ({})", n.written, n.path)
+        };
+        match inv
+            .disks
+            .iter()
+            .find(|k| (k.major, k.minor) == (n.major, n.minor))
+        {
+            Some(k) => {
+                if let Some(why) = &k.used {
+                    return Err(crate::error::bad_input(format!(
+                        "{}: {shown} is the host's: {why}; a machine never gets a disk the host uses",
+                        n.at
+                    )));
+                }
+            }
+            None if listed => {
+                return Err(crate::error::bad_input(format!(
+                    "{}: {shown} is not a disk or partition of the host (loop, RAM, compressed \
+                     swap, floppy and optical devices never are); `discover` lists them",
+                    n.at
+                )));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The free disks the machine does not get because several machines share the host and the
+/// config names none for it: pre-start says so, as `discover` lists them.
+pub fn disks_left_out(inv: &Inventory, cfg: &MachineConfig) -> usize {
+    let d = &cfg.devices;
+    if !d.block || d.disks.is_some() || d.sole_machine {
+        return 0;
+    }
+    inv.host_devices
+        .iter()
+        .filter(|h| h.category == DeviceCategory::Block)
+        .count()
+}
+
+/// What the `.nspawn` file binds for `devices`, each with whether read-only: InfiniBand as its
+/// directory (once, read-only: the host makes its nodes, and a machine must not leave files
+/// there that every other machine's start would read), every other node at its path.
+pub fn bind_paths(devices: &[HostDevice]) -> Vec<(HostPath, bool)> {
+    let mut out: Vec<(HostPath, bool)> = Vec::new();
     for h in devices {
         let p = if h.category == DeviceCategory::Infiniband {
-            INFINIBAND_DIR.parse().expect("a valid host path")
+            (INFINIBAND_DIR.parse().expect("a valid host path"), true)
         } else {
-            h.path.clone()
+            (h.path.clone(), false)
         };
         if !out.contains(&p) {
             out.push(p);

@@ -253,8 +253,8 @@ fn device_binds(inv: &Inventory, cfg: &MachineConfig) -> Vec<BindLine> {
     if let Some(kvm) = inv.kvm.as_ref().filter(|_| cfg.devices.kvm) {
         binds.push(same(&kvm.path, false));
     }
-    for p in host_devices::bind_paths(&host_devices::of_machine(inv, cfg)) {
-        binds.push(same(&p, false));
+    for (p, read_only) in host_devices::bind_paths(&host_devices::of_machine(inv, cfg)) {
+        binds.push(same(&p, read_only));
     }
     if inv.complete_driver().is_none() {
         return binds;

@@ -208,8 +208,8 @@ pub fn as_pre_start(
 }
 
 /// The machine's configuration, once nothing refuses the start: checked before the lock, so a
-/// mistyped name, a shifted rootfs, two machines given one GPU or a drop-in for other `gpus`
-/// write nothing, not even the lock file. Two machines' GPU lists are checked against `inv`, or
+/// mistyped name, a shifted rootfs, two machines given one GPU or one disk, a named disk the
+/// host uses or a drop-in for other `gpus` write nothing, not even the lock file. Two machines' GPU lists are checked against `inv`, or
 /// a discovery made here when there is none.
 pub fn check_startable(
     ctx: &Ctx,
@@ -221,11 +221,21 @@ pub fn check_startable(
     // Render checks the GPU lists again under the lock, against the host as it is then.
     // Only lists can overlap: with fewer than two, the host is not scanned a second time.
     let lists = ctx.config.gpu_assignments(machine)?;
-    if assign::lists_can_overlap(&lists) {
-        match inv {
-            Some(inv) => assign::check_overlap(inv, &lists)?,
-            None => assign::check_overlap(&discovery::discover(&ctx.host)?, &lists)?,
+    let overlap = assign::lists_can_overlap(&lists);
+    let disks = mc.devices.named_disks().next().is_some();
+    if overlap || disks {
+        let found;
+        let inv = match inv {
+            Some(inv) => inv,
+            None => {
+                found = discovery::discover(&ctx.host)?;
+                &found
+            }
+        };
+        if overlap {
+            assign::check_overlap(inv, &lists)?;
         }
+        crate::model::host_devices::check_named_disks(inv, &mc)?;
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     Ok(mc)

@@ -224,6 +224,21 @@ impl Systemd {
         zbus::block_on(self.unit_job(JobKind::Stop, unit, deadline, None))
     }
 
+    /// Queue a stop of `unit` (mode `replace`) and return once systemd has taken the job, not
+    /// when it is done: the caller may be one of the unit's own processes, which the stop ends.
+    pub fn queue_stop(&self, unit: &str, deadline: Instant) -> Result<()> {
+        zbus::block_on(async {
+            let mgr = self.manager().await?;
+            self.call(
+                &format!("StopUnit({unit})"),
+                deadline,
+                mgr.stop_unit(unit, "replace"),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
     /// Restart `unit` (mode `replace`) and wait until its job is done; `progress`, if given, is
     /// called about every 250 ms with the unit's state and the time waited so far.
     pub fn restart_unit(

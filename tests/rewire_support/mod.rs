@@ -41,6 +41,7 @@ pub fn inventory(version: &str) -> Inventory {
         ],
         kvm: None,
         host_devices: Vec::new(),
+        disks: Vec::new(),
         gpus: vec![Gpu {
             index: 0,
             minor: 0,

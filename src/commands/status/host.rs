@@ -144,6 +144,7 @@ mod tests {
             devices: Vec::new(),
             kvm: None,
             host_devices: Vec::new(),
+            disks: Vec::new(),
             gpus: Vec::new(),
             kernel_module: None,
             driver: None,

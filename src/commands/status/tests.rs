@@ -610,6 +610,7 @@ fn empty_inventory() -> Inventory {
         devices: Vec::new(),
         kvm: None,
         host_devices: Vec::new(),
+        disks: Vec::new(),
         gpus: Vec::new(),
         kernel_module: None,
         driver: None,

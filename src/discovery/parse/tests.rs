@@ -477,3 +477,28 @@ fn a_needed_name_with_a_slash_is_refused() {
     let e = elf_deps(bytes.as_slice()).unwrap_err();
     assert!(e.to_string().contains("DT_NEEDED"), "{e}");
 }
+
+#[test]
+fn mountinfo_lines_with_optional_fields_escapes_and_junk() {
+    let text = b"22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+        23 22 0:21 / /proc rw,nosuid - proc proc rw\n\
+        24 22 0:35 / /mnt/my\\040disk rw master:2 propagate_from:1 - btrfs /dev/nvme0n1p2 rw\n\
+        garbage line\n\
+        25 22 x:y / /broken rw - ext4 /dev/sdz rw\n\
+        26 22 8:17 / /short rw -\n";
+    let m = mountinfo(text);
+    assert_eq!(m.len(), 3, "{m:#?}");
+    assert_eq!((m[0].major, m[0].minor), (8, 1));
+    assert_eq!(m[0].mount_point, "/");
+    assert_eq!(m[0].source, "/dev/sda1");
+    assert_eq!(m[2].mount_point, "/mnt/my disk");
+    assert_eq!(m[2].source, "/dev/nvme0n1p2");
+}
+
+#[test]
+fn swaps_lists_file_names_after_the_header() {
+    let text = b"Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+        /dev/sda2                               partition\t8388604\t\t0\t\t-2\n\
+        /swap\\040file                            file\t\t1048572\t\t0\t\t-3\n";
+    assert_eq!(swaps(text), ["/dev/sda2", "/swap file"]);
+}

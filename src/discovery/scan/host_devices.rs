@@ -8,8 +8,8 @@
 
 use super::Scan;
 use crate::discovery::parse;
-use crate::discovery::{DeviceCategory, HostDevice, INFINIBAND_DIR, NodeKind};
-use anyhow::{Result, bail};
+use crate::discovery::{DeviceCategory, Disk, HostDevice, INFINIBAND_DIR, NodeKind};
+use anyhow::Result;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
 /// Most host devices of one category discovery takes: far beyond any real host (every
@@ -20,20 +20,30 @@ pub const MAX_HOST_DEVICES: usize = 16384;
 /// udev's rule only, so a host without that rule has none.
 const RDMA_CM: &str = "/dev/infiniband/rdma_cm";
 const RDMA_CM_SYSFS: &str = "/sys/class/misc/rdma_cm/dev";
-const BLOCK_CLASS: &str = "/sys/class/block";
-/// Block devices that are not storage a node consumes: loop files (the host's own images),
-/// RAM disks, compressed swap, floppies and optical drives.
-const NOT_STORAGE: &[&str] = &["loop", "ram", "zram", "fd", "sr"];
 
 impl Scan<'_> {
-    /// Every host device of every category, sorted by category then path.
-    pub(super) fn host_devices(&mut self) -> Result<Vec<HostDevice>> {
+    /// Every host device of every category, sorted by category then path (the disks only
+    /// where the host does not use them), and every disk with why the host uses it.
+    pub(super) fn host_devices(&mut self) -> Result<(Vec<HostDevice>, Vec<Disk>)> {
         let mut out = Vec::new();
         for path in ["/dev/net/tun", "/dev/vhost-net", "/dev/vhost-vsock"] {
             out.extend(self.host_node(DeviceCategory::Network, path, NodeKind::Char)?);
         }
         self.infiniband(&mut out)?;
-        self.block(&mut out)?;
+        let disks = self.disks()?;
+        out.extend(
+            disks
+                .iter()
+                .filter(|d| d.used.is_none())
+                .map(|d| HostDevice {
+                    category: DeviceCategory::Block,
+                    path: d.path.clone(),
+                    kind: NodeKind::Block,
+                    major: d.major,
+                    minor: d.minor,
+                    create: false,
+                }),
+        );
         out.extend(self.host_node(DeviceCategory::Gpudirect, "/dev/gdrdrv", NodeKind::Char)?);
         for name in self.list("/dev")?.unwrap_or_default() {
             if name
@@ -45,12 +55,12 @@ impl Scan<'_> {
             }
         }
         out.sort();
-        Ok(out)
+        Ok((out, disks))
     }
 
     /// `path` when it is a node of `kind` (never through a link), else `None` (a warning when
     /// something else is there).
-    fn host_node(
+    pub(super) fn host_node(
         &mut self,
         category: DeviceCategory,
         path: &str,
@@ -98,7 +108,10 @@ impl Scan<'_> {
                 return Ok(());
             }
         };
-        let mut found = 0;
+        // Every machine with InfiniBand has this directory bound: what one of them leaves there
+        // (files, odd names, a flood of nodes) is skipped with one warning, never a refusal
+        // that would stop every machine's start.
+        let (mut found, mut junk) = (0, 0);
         for name in &names {
             let numbered = ["uverbs", "umad", "issm"].iter().any(|p| {
                 name.strip_prefix(p)
@@ -107,14 +120,37 @@ impl Scan<'_> {
             if !numbered && name != "rdma_cm" {
                 continue;
             }
+            let path = format!("{INFINIBAND_DIR}/{name}");
+            let node = match self.lstat(&path)? {
+                Some(m) if m.file_type().is_char_device() => HostDevice {
+                    category: c,
+                    path: super::checked("device node", path)?,
+                    kind: NodeKind::Char,
+                    major: nix::sys::stat::major(m.rdev()) as u32,
+                    minor: nix::sys::stat::minor(m.rdev()) as u32,
+                    create: false,
+                },
+                Some(_) => {
+                    junk += 1;
+                    continue;
+                }
+                None => continue,
+            };
             found += 1;
             if found > MAX_HOST_DEVICES {
-                bail!(
-                    "{INFINIBAND_DIR} holds more than {MAX_HOST_DEVICES} nodes; refusing to bind them"
-                );
+                continue;
             }
-            let path = format!("{INFINIBAND_DIR}/{name}");
-            out.extend(self.host_node(c, &path, NodeKind::Char)?);
+            out.push(node);
+        }
+        if junk > 0 {
+            tracing::warn!(
+                "{INFINIBAND_DIR}: skipping {junk} entries that are not character devices (left by a machine?)"
+            );
+        }
+        if found > MAX_HOST_DEVICES {
+            tracing::warn!(
+                "{INFINIBAND_DIR} holds {found} device nodes, more than {MAX_HOST_DEVICES}; the directory is bound whole, so listing the first {MAX_HOST_DEVICES}"
+            );
         }
         if names.iter().any(|n| n == "rdma_cm") {
             return Ok(());
@@ -132,60 +168,6 @@ impl Scan<'_> {
                 create: true,
             }),
             Err(e) => tracing::warn!("{RDMA_CM_SYSFS}: {e}; not making {RDMA_CM}"),
-        }
-        Ok(())
-    }
-
-    /// Disks and partitions: every `/sys/class/block` entry that is storage, at `/dev/<name>`
-    /// (sysfs writes a `/` of the device name as `!`) when a block node with the numbers of
-    /// its `dev` file is there.
-    fn block(&mut self, out: &mut Vec<HostDevice>) -> Result<()> {
-        let names = self.list(BLOCK_CLASS)?.unwrap_or_default();
-        if names.len() > MAX_HOST_DEVICES {
-            bail!(
-                "{BLOCK_CLASS} holds {} block devices, more than {MAX_HOST_DEVICES}; refusing to bind them",
-                names.len()
-            );
-        }
-        for name in names {
-            if NOT_STORAGE.iter().any(|p| {
-                name.strip_prefix(p)
-                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            }) {
-                continue;
-            }
-            let dev = name.replace('!', "/");
-            if dev
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == ".." || c.contains(['\n', '\r']))
-            {
-                tracing::warn!("{BLOCK_CLASS}/{name:?} names no path under /dev; skipping it");
-                continue;
-            }
-            let numbers = match self.read(&format!("{BLOCK_CLASS}/{name}/dev"), 64) {
-                Ok(Some(b)) => parse::dev_numbers(&b),
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!("{BLOCK_CLASS}/{name:?}: {e:#}; skipping it");
-                    continue;
-                }
-            };
-            let Ok((major, minor)) = numbers else {
-                tracing::warn!(
-                    "{BLOCK_CLASS}/{name:?}/dev is not \"<major>:<minor>\"; skipping it"
-                );
-                continue;
-            };
-            let path = format!("/dev/{dev}");
-            match self.host_node(DeviceCategory::Block, &path, NodeKind::Block)? {
-                Some(d) if (d.major, d.minor) == (major, minor) => out.push(d),
-                Some(d) => tracing::warn!(
-                    "{path} is {}:{}, not {major}:{minor} as {BLOCK_CLASS}/{name} says; not binding it",
-                    d.major,
-                    d.minor
-                ),
-                None => {}
-            }
         }
         Ok(())
     }

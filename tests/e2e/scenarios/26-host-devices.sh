@@ -11,19 +11,21 @@
 # node made on the host is drift that status names and reconcile binds. The machine's own bpf
 # filesystem: a map pinned in its /sys/fs/bpf is in its host directory only and survives the
 # restart. Last, kube1 with a share of the GPUs: a MIG cap made later is neither in it nor allowed. This kernel's disks are
-# what /sys/class/block lists (one, here): the second is a stand-in entry, e2edisk0, on a tmpfs
-# over /sys/class/block holding the real entries as links (as lib/fakehw.sh fakes PCI devices),
-# numbered after the real disk's major so that only our DeviceAllow= lets it open (ENXIO).
+# what /sys/class/block lists: the one holding the filesystem the helper is bound from is the
+# host's (mounted in the host container), so it is listed as used and never bound. The disks a
+# machine gets are stand-in entries, e2edisk1 and e2edisk0, on a tmpfs over /sys/class/block
+# holding the real entries as links (as lib/fakehw.sh fakes PCI devices), numbered after the real
+# disk's major so that only our DeviceAllow= lets them open (ENXIO).
 scenario "host devices and nodes made while the machine runs" --needs-helper
 baseline
 
-NOT_STORAGE='^(loop|ram|zram|fd|sr)[0-9]*$'
-# A disk or partition of this kernel whose node the host container lacks, and the stand-in.
-mapfile -t DISKS < <(H sh -c 'for d in /sys/class/block/*; do n=${d##*/}; [ -e "/dev/$n" ] || echo "$n $(cat "$d/dev")"; done' \
-    | awk -v re="$NOT_STORAGE" '$1 !~ re && $1 !~ /!/' | head -1)
-if [ "${#DISKS[@]}" = 1 ]; then
-    read -r _ dev <<<"${DISKS[0]}"
-    DISKS+=("e2edisk0 ${dev%%:*}:$(( ${dev##*:} + 240 ))")
+# The disk (or partition) the helper's bind in the host container comes from: mounted there.
+USED_DEV=$(H findmnt -n -o MAJ:MIN -T "$HP" | tr -d ' ')
+USED=$(H sh -c "basename \"\$(readlink -f /sys/dev/block/$USED_DEV)\"" 2>/dev/null)
+DISKS=()
+if [ -n "$USED" ] && [ "${USED_DEV%%:*}" != 0 ]; then
+    DISKS+=("e2edisk1 ${USED_DEV%%:*}:$(( ${USED_DEV##*:} + 241 ))")
+    DISKS+=("e2edisk0 ${USED_DEV%%:*}:$(( ${USED_DEV##*:} + 240 ))")
 fi
 # Free majors in the /proc/devices stand-in for the fake nvidia-caps and IMEX channel drivers.
 mapfile -t FREE < <(H awk '/^Character/{c=1;next} /^$/{c=0} c{print $1}' /proc/devices \
@@ -33,17 +35,18 @@ cleanup() {
     H rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels
     H sh -c 'umount /sys/class/block 2>/dev/null; rm -rf /run/e2e-class-block'
     [ "${MADE_VHOST:-0}" = 1 ] && H rm -f /dev/vhost-net
+    [ "${MADE_USED:-0}" = 1 ] && H rm -f "/dev/$USED"
     for d in "${DISKS[@]}"; do H rm -f "/dev/${d%% *}"; done
     H rm -f "$NL_CFG"; helper install kube1 >/dev/null 2>&1
     fake_gpus "$E2E_GPUS"   # rewrites the /proc/devices stand-in without our majors
     reconcile kube1 >/dev/null 2>&1
 }
 if [ "${#DISKS[@]}" -lt 2 ] || [ -z "$IMEX" ]; then
-    fail "$(c setup)" "need a disk in /sys/class/block without a node in the host (${DISKS[*]}) and two free majors (${FREE[*]})"
+    fail "$(c setup)" "need the block device the helper is bound from (${USED_DEV:-none}: ${USED:-not in sysfs}) and two free majors (${FREE[*]})"
     scenario_end
     exit 0
 fi
-info "disks ${DISKS[*]}; fake nvidia-caps $CAPS, nvidia-caps-imex-channels $IMEX"
+info "host's disk $USED ($USED_DEV); stand-ins ${DISKS[*]}; fake nvidia-caps $CAPS, nvidia-caps-imex-channels $IMEX"
 read -r DISK1 DEV1 <<<"${DISKS[0]}"
 read -r DISK2 DEV2 <<<"${DISKS[1]}"
 
@@ -61,23 +64,33 @@ H sh -c 'rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels 
 H mknod -m 0660 "/dev/$DISK1" b "${DEV1%%:*}" "${DEV1##*:}"
 H sh -c "rm -rf /run/e2e-class-block && mkdir /run/e2e-class-block &&
     for d in /sys/class/block/*; do ln -s \"\$(readlink -f \"\$d\")\" /run/e2e-class-block/\"\${d##*/}\"; done &&
+    mkdir /run/e2e-class-block/$DISK1 && echo $DEV1 > /run/e2e-class-block/$DISK1/dev &&
     mkdir /run/e2e-class-block/$DISK2 && echo $DEV2 > /run/e2e-class-block/$DISK2/dev &&
     mount --bind /run/e2e-class-block /sys/class/block"
 assert_match "$(c stand-in-disk-in-sysfs)" "^$DEV2\$" "$(H cat "/sys/class/block/$DISK2/dev")"
+# The host's own disk with a node in the host, as on a real host.
+MADE_USED=0
+if ! H test -b "/dev/$USED"; then
+    H mknod -m 0660 "/dev/$USED" b "${USED_DEV%%:*}" "${USED_DEV##*:}"; MADE_USED=1
+fi
 
 out=$(H "$HP" discover 2>&1)
 assert_match "$(c discover-lists-network)" 'network /dev/vhost-net char 10:238' "$out"
 assert_match "$(c discover-lists-infiniband)" 'infiniband /dev/infiniband/uverbs0 char 231:192' "$out"
 assert_match "$(c discover-lists-the-disk)" "block /dev/$DISK1 block $DEV1" "$out"
 assert_no_match "$(c discover-skips-disks-without-nodes)" "block /dev/$DISK2 " "$out"
+assert_match "$(c discover-says-the-hosts-disk-is-used)" "/dev/$USED $USED_DEV the host's: (mounted at |/dev/[^ ]* on the same disk is mounted at )" "$out"
+assert_no_match "$(c hosts-disk-not-a-host-device)" "block /dev/$USED block" "$out"
 
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-exit-0)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out"
 wait_machine_up kube1 60 || fail "$(c kube1-up)" "$(uprop ActiveState kube1)"
 f=$(nspawn_file kube1)
-for b in /dev/net/tun /dev/vhost-net /dev/infiniband "/dev/$DISK1" /dev/nvidia-caps /dev/nvidia-caps-imex-channels; do
+for b in /dev/net/tun /dev/vhost-net "/dev/$DISK1" /dev/nvidia-caps /dev/nvidia-caps-imex-channels; do
     assert_match "$(c "binds-${b//\//-}")" "^Bind=$b\$" "$f"
 done
+assert_match "$(c binds-infiniband-read-only)" '^BindReadOnly=/dev/infiniband$' "$f"
+assert_no_match "$(c never-binds-the-hosts-disk)" "^Bind=/dev/$USED\$" "$f"
 assert_cmd "$(c pre-start-made-the-caps-dirs)" H test -d /dev/nvidia-caps-imex-channels
 allow=$(uprop DeviceAllow kube1)
 info "kube1 DeviceAllow: $allow"
