@@ -91,6 +91,9 @@ for b in /dev/net/tun /dev/vhost-net "/dev/$DISK1" /dev/nvidia-caps /dev/nvidia-
 done
 assert_match "$(c binds-infiniband-read-only)" '^BindReadOnly=/dev/infiniband$' "$f"
 assert_no_match "$(c never-binds-the-hosts-disk)" "^Bind=/dev/$USED\$" "$f"
+# Read-only: the machine can leave nothing there for every other machine's start to read, and
+# its ports still open (uverbs0-enxio below: the device, not the mount, answers).
+assert_match "$(c infiniband-read-only-in-machine)" 'Read-only file system' "$(M -m kube1 touch /dev/infiniband/e2e-junk 2>&1)"
 assert_cmd "$(c pre-start-made-the-caps-dirs)" H test -d /dev/nvidia-caps-imex-channels
 allow=$(uprop DeviceAllow kube1)
 info "kube1 DeviceAllow: $allow"
@@ -221,7 +224,7 @@ assert_eq "$(c share-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "reconcile: $out
 wait_machine_up kube1 60 || fail "$(c share-up)" "$(uprop ActiveState kube1)"
 f=$(nspawn_file kube1)
 assert_no_match "$(c share-binds-no-nvidia-dirs)" '^Bind=/dev/nvidia-caps(-imex-channels)?$' "$f"
-assert_match "$(c share-keeps-host-devices)" '^Bind=/dev/infiniband$' "$f"
+assert_match "$(c share-keeps-host-devices)" '^BindReadOnly=/dev/infiniband$' "$f"
 H mknod -m 0444 /dev/nvidia-caps/nvidia-cap7 c "$CAPS" 7
 assert_not_cmd "$(c share-new-cap-not-in-machine)" M -m kube1 test -e /dev/nvidia-caps/nvidia-cap7
 assert_eq "$(c share-new-cap-mknod-eperm)" EPERM "$(mknod_open kube1 "$CAPS" 7)"
