@@ -1452,7 +1452,7 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
     // The parts of host mode post-start writes without a driver: /dev/char and the spec.
     let report = format!(
         "{}; {}",
-        rewire::dev_char(&root, &Default::default(), false).unwrap(),
+        rewire::dev_char(&root, &Default::default(), false, None).unwrap(),
         rewire::remove_spec(&root, &hc.cdi_dir, &spec_file).unwrap()
     );
     assert!(!written.exists(), "{report}");

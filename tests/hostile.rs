@@ -669,6 +669,63 @@ fn privileged_bind_mounts_in_our_trees_are_not_descended() {
     }
 }
 
+/// The host directories bound whole and writable into a machine (`/dev/nvidia-caps`) sit in
+/// its `/dev`, beside `/dev/char`. Root in the machine points `/dev/char` at one (a link), or
+/// binds one there: post-start's and refresh-devices' `/dev/char` links must never land in the
+/// host's directory. The machine's `/dev` is a tmpfs of its own, as nspawn mounts it.
+#[test]
+fn privileged_dev_char_links_never_land_in_a_host_directory_bound_into_the_machine() {
+    if !privileged() {
+        return;
+    }
+    let wanted: std::collections::BTreeMap<String, String> =
+        [("195:0".to_owned(), "/dev/nvidia0".to_owned())].into();
+    for attack in ["link", "bind"] {
+        let w = world();
+        let dev = w.in_machine("/dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &dev,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let _dev = Mount(dev.clone());
+        let caps = w.in_host("/dev/nvidia-caps");
+        std::fs::create_dir_all(&caps).unwrap();
+        std::fs::create_dir_all(dev.join("nvidia-caps")).unwrap();
+        let _caps = Mount::bind(&caps, &dev.join("nvidia-caps"), false);
+        let host_dev =
+            std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(w.in_host("/dev")).unwrap());
+        let root = MachineRoot::open(&w.machine).unwrap();
+        // Unattacked, the links are made in the machine's own /dev.
+        let made = nspawn_lifecycle::apply::rewire::dev_char(&root, &wanted, true, Some(host_dev));
+        assert!(made.is_ok(), "{made:?}");
+        assert!(dev.join("char/195:0").symlink_metadata().is_ok());
+        std::fs::remove_dir_all(dev.join("char")).unwrap();
+        let _char = match attack {
+            "link" => {
+                symlink("nvidia-caps", dev.join("char")).unwrap();
+                None
+            }
+            _ => {
+                std::fs::create_dir_all(dev.join("char")).unwrap();
+                Some(Mount::bind(&caps, &dev.join("char"), false))
+            }
+        };
+        let err = nspawn_lifecycle::apply::rewire::dev_char(&root, &wanted, true, Some(host_dev))
+            .expect_err(attack);
+        println!("{attack}: {err:#}");
+        let left: Vec<_> = std::fs::read_dir(&caps).unwrap().collect();
+        assert!(
+            left.is_empty(),
+            "{attack}: links written into the host's directory: {left:?}"
+        );
+    }
+}
+
 /// Paths a racing attacker swaps: the directories post-start's file steps and the import step
 /// create, write into, list or resolve through, and the files they replace or read.
 const RACED: &[&str] = &[

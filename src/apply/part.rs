@@ -44,7 +44,7 @@ impl Work for Wiring<'_> {
                     library_links_changed: report.changed(),
                 });
             }
-            Written::DevChar => dev_char(self.root, d)?,
+            Written::DevChar => dev_char(self.root, d, self.host)?,
             Written::LdCache => self.ldconfig(library_links_changed)?,
             Written::CdiSpec => match &d.spec.bytes {
                 Some(_) => rewire::write_cdi(self.root, &d.spec, |n, b| d.spec.conflicts(n, b)),
@@ -73,8 +73,16 @@ impl Work for Wiring<'_> {
 
 /// The `/dev/char` part: with a driver the directory is made and holds a link for each NVIDIA
 /// node; without one, ours are removed where it is. (`refresh-devices` makes this part alone.)
-pub fn dev_char(root: &MachineRoot, d: &Desired) -> Result<String> {
-    Ok(rewire::dev_char(root, &d.dev_char, d.driver.is_some())?.to_string())
+/// A machine's links are never written into the host's `/dev` filesystem (`host`'s `/dev`).
+pub fn dev_char(root: &MachineRoot, d: &Desired, host: &HostRoot) -> Result<String> {
+    let host_dev = match d.target {
+        Target::Machine => host
+            .metadata("/dev")
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::dev(&m)),
+        Target::Host => None,
+    };
+    Ok(rewire::dev_char(root, &d.dev_char, d.driver.is_some(), host_dev)?.to_string())
 }
 
 impl Wiring<'_> {

@@ -134,17 +134,61 @@ pub fn lib_links(root: &MachineRoot, lib: &BTreeMap<String, links::DirLinks>) ->
 /// `/dev/char/<major>:<minor>` for every NVIDIA node in `wanted`, stale NVIDIA ones removed.
 /// `make`: the directory is made when missing (a wired target); otherwise a `/dev/char` that is
 /// not a directory holds nothing of ours and is left alone.
-pub fn dev_char(root: &MachineRoot, wanted: &links::DirLinks, make: bool) -> Result<Report> {
+pub fn dev_char(
+    root: &MachineRoot,
+    wanted: &links::DirLinks,
+    make: bool,
+    host_dev: Option<u64>,
+) -> Result<Report> {
     let mut report = Report::new("/dev/char links");
-    let dir = if make {
-        Some(root.create_dir_all(DEV_CHAR, DIR_MODE)?)
-    } else {
-        open_dir_if_dir(root, DEV_CHAR)?
-    };
-    if let Some(dir) = dir {
+    if let Some(dir) = dev_char_dir(root, make, host_dev)? {
         sync_dev_char(&dir, wanted, &mut report)?;
     }
     Ok(report)
+}
+
+/// The machine's `/dev/char`, opened so that no link is ever written into a directory of the
+/// host's bound into the machine (`/dev/nvidia-caps` is one, writable): the machine's `/dev` is
+/// not on the host's `/dev` filesystem (`host_dev`, its device number; `None` in host mode,
+/// whose `/dev` is the host's), and `char` is a directory on that same filesystem, reached
+/// without a link. Root in the machine can plant a link or bind a host directory there; either
+/// is refused, naming it.
+fn dev_char_dir(
+    root: &MachineRoot,
+    make: bool,
+    host_dev: Option<u64>,
+) -> Result<Option<MachineDir>> {
+    let dev = if make {
+        root.create_dir_all("/dev", 0o755)?
+    } else {
+        match open_dir_if_dir(root, "/dev")? {
+            Some(d) => d,
+            None => return Ok(None),
+        }
+    };
+    let (fs, _) = dev.identity()?;
+    if host_dev == Some(fs) {
+        anyhow::bail!(
+            "/dev in the machine is on the host's /dev filesystem (a host directory bound \
+             there?); refusing to write {DEV_CHAR} links into it"
+        );
+    }
+    let name = DEV_CHAR.trim_start_matches("/dev/");
+    let dir = if make {
+        dev.create_subdir(name, DIR_MODE)?
+    } else {
+        match dev.open_subdir(name)? {
+            Subdir::Dir(d) => d,
+            Subdir::Missing | Subdir::Other(_) => return Ok(None),
+        }
+    };
+    if dir.identity()?.0 != fs {
+        anyhow::bail!(
+            "{DEV_CHAR} in the machine is another filesystem than its /dev (a host directory \
+             bound there?); refusing to write links into it"
+        );
+    }
+    Ok(Some(dir))
 }
 
 /// Write the CDI spec `dir/file_name` atomically (only when its bytes change), then remove every

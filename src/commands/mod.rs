@@ -205,6 +205,11 @@ pub fn run(cli: Cli) -> Result<()> {
             .collect();
         return crate::output::print_all(&names);
     }
+    if let Command::NspawnLifecycle(Phase::PreStart { machine }) = &cli.command {
+        let result = load(&cli).and_then(|ctx| pre_start::pre_start(&ctx, machine));
+        let real_root = cli.host_root == std::path::Path::new("/");
+        return pre_start::ending_retries_it_cannot_mend(real_root, machine, result);
+    }
     let ctx = load(&cli)?;
     match cli.command {
         Command::NspawnLifecycle(Phase::PreStart { machine }) => {

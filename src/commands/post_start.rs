@@ -121,7 +121,7 @@ pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let r = Running::open(ctx, machine, "refresh-devices")?;
     let who = machine.as_str();
     let line = timed(who, "dev-char", || {
-        part::dev_char(r.handle.root(), &r.prepared.desired)
+        part::dev_char(r.handle.root(), &r.prepared.desired, &ctx.host)
     })?;
     tracing::info!(machine = %who, step = "dev-char", "{line}");
     Ok(())

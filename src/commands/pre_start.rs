@@ -13,41 +13,7 @@ use anyhow::{Context as _, Result};
 
 /// ExecStartPre=: refuse what must not start before the lock, then under the machine's lock
 /// render the file and what it binds ([`crate::model::render::Rendered`]) and make them.
-///
-/// A refusal no retry can mend (bad input, exit 2: the configuration, a named disk the host
-/// uses) ends the unit's retries when pre-start runs as its hook: systemd ignores
-/// `RestartPreventExitStatus=` for `ExecStartPre=`, so `Restart=on-failure` would start it again
-/// every few seconds forever. pre-start queues a stop of its own unit instead, and the unit
-/// stays `failed` with the message in its journal until someone starts it again.
 pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
-    let result = run(ctx, machine);
-    if let Err(err) = &result
-        && crate::error::kind(err) == Some(crate::error::Kind::BadInput)
-        && ctx.host.is_real_root()
-        && crate::types::units::runs_in_its_start(machine)
-    {
-        stop_retries(machine, err);
-    }
-    result
-}
-
-/// Log `err` (the stop may end this process before `main` prints it), then queue the stop.
-fn stop_retries(machine: &MachineName, err: &anyhow::Error) {
-    let unit = crate::types::units::unit_name(machine);
-    tracing::error!(
-        %machine,
-        "{}; no retry can mend this: stopping {unit}, which stays failed until it is started again",
-        crate::output::printable_lines(&format!("{err:#}"))
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let stop =
-        crate::systemd::Systemd::host(deadline).and_then(|sd| sd.queue_stop(&unit, deadline));
-    if let Err(e) = stop {
-        tracing::warn!(%machine, "stopping {unit}: {e:#}; systemd will retry the start");
-    }
-}
-
-fn run(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let mc = check_startable(ctx, machine, None)?;
     let _lock = lock::lock(&ctx.host, machine, mc.lock_timeout)?;
     let rendered = render(ctx, machine, &mc).with_context(|| format!("pre-start of {machine}"))?;
@@ -69,4 +35,42 @@ fn run(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         Boot::in_its_start(ctx, machine),
     );
     execute_boot(&boot.plan(), machine.as_str(), &boot)
+}
+
+/// pre-start's `result` (the configuration's load included), after ending the unit's retries
+/// when no retry can mend it. A refusal for bad input (exit 2: the configuration, a named disk
+/// the host uses) stays until a person changes something, but systemd ignores
+/// `RestartPreventExitStatus=` for `ExecStartPre=`, so `Restart=on-failure` would start the
+/// unit again every few seconds forever. Run as its unit's hook on the real host, pre-start
+/// queues a stop of its own unit instead: it stays `failed`, with the message in its journal,
+/// until someone starts it again.
+pub fn ending_retries_it_cannot_mend(
+    real_root: bool,
+    machine: &MachineName,
+    result: Result<()>,
+) -> Result<()> {
+    if let Err(err) = &result
+        && crate::error::kind(err) == Some(crate::error::Kind::BadInput)
+        && real_root
+        && crate::types::units::runs_in_its_start(machine)
+    {
+        stop_retries(machine, err);
+    }
+    result
+}
+
+/// Log `err` (the stop may end this process before `main` prints it), then queue the stop.
+fn stop_retries(machine: &MachineName, err: &anyhow::Error) {
+    let unit = crate::types::units::unit_name(machine);
+    tracing::error!(
+        %machine,
+        "{}; no retry can mend this: stopping {unit}, which stays failed until it is started again",
+        crate::output::printable_lines(&format!("{err:#}"))
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let stop =
+        crate::systemd::Systemd::host(deadline).and_then(|sd| sd.queue_stop(&unit, deadline));
+    if let Err(e) = stop {
+        tracing::warn!(%machine, "stopping {unit}: {e:#}; systemd will retry the start");
+    }
 }

@@ -185,7 +185,7 @@ pub fn rebuild_links(root: &MachineRoot, inv: &Inventory) -> anyhow::Result<Repo
         "links",
         vec![
             rewire::lib_links(root, &links::lib_links(inv.driver.as_ref()))?,
-            rewire::dev_char(root, &links::dev_char_links(inv), true)?,
+            rewire::dev_char(root, &links::dev_char_links(inv), true, None)?,
         ],
     ))
 }
@@ -199,7 +199,7 @@ pub fn cleanup(root: &MachineRoot, cdi_dir: &str, cdi_file: &str) -> anyhow::Res
         vec![
             rewire::remove_driver_root(root)?,
             rewire::lib_links(root, &Default::default())?,
-            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::dev_char(root, &Default::default(), false, None)?,
             rewire::remove_spec(root, cdi_dir, cdi_file)?,
         ],
     ))
@@ -210,7 +210,7 @@ pub fn cleanup_host(root: &MachineRoot, cdi_dir: &str, cdi_file: &str) -> anyhow
     Ok(merged(
         "cleanup",
         vec![
-            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::dev_char(root, &Default::default(), false, None)?,
             rewire::remove_spec(root, cdi_dir, cdi_file)?,
         ],
     ))

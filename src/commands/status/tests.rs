@@ -135,7 +135,7 @@ fn wire(m: &Path, host: &HostRoot, inv: &Inventory) {
     );
     let d = post_start_desired(host, inv, &mc);
     crate::apply::rewire::lib_links(&root, d.lib_links.as_ref().unwrap()).unwrap();
-    crate::apply::rewire::dev_char(&root, &d.dev_char, true).unwrap();
+    crate::apply::rewire::dev_char(&root, &d.dev_char, true, None).unwrap();
     crate::apply::rewire::write_cdi(&root, &d.spec, |_, _| false).unwrap();
     // What the machine shows at MARKER_DIR (the host's directory, bound there).
     let dir = m.join(crate::model::gate::MARKER_DIR.trim_start_matches('/'));

@@ -59,13 +59,13 @@ pub fn rewire_pass(root: &MachineRoot, inv: &Inventory, mc: &MachineConfig) -> R
         return Ok(vec![
             rewire::remove_driver_root(root)?,
             rewire::lib_links(root, &Default::default())?,
-            rewire::dev_char(root, &Default::default(), false)?,
+            rewire::dev_char(root, &Default::default(), false, None)?,
             rewire::remove_spec(root, &mc.cdi_dir, &file_name)?,
         ]);
     }
     let mut reports = vec![
         rewire::lib_links(root, &links::lib_links(inv.driver.as_ref()))?,
-        rewire::dev_char(root, &links::dev_char_links(inv), true)?,
+        rewire::dev_char(root, &links::dev_char_links(inv), true, None)?,
     ];
     let spec = cdi::spec(inv, &mc.cdi_kind).context("a complete host has a CDI spec")?;
     let want = spec::Want {
