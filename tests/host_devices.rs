@@ -219,7 +219,11 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
     );
     std::fs::create_dir_all(root.join("dev/disk/by-id")).unwrap();
     std::os::unix::fs::symlink("../../nvme0n1", root.join("dev/disk/by-id/nvme-system")).unwrap();
-    std::os::unix::fs::symlink("../../../etc/passwd", root.join("dev/disk/by-id/nowhere")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../etc/ld.so.cache",
+        root.join("dev/disk/by-id/nowhere"),
+    )
+    .unwrap();
     for (devices, says) in [
         (
             r#"{"extra": ["/etc/passwd"]}"#,
@@ -272,7 +276,7 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
         ),
         (
             r#"{"disks": ["/dev/disk/by-id/nowhere"]}"#,
-            "\"/dev/disk/by-id/nowhere\" points at \"/etc/passwd\", which is not a block device under /dev",
+            "\"/dev/disk/by-id/nowhere\" points at \"/etc/ld.so.cache\", which is not a block device under /dev",
         ),
         (
             r#"{"extra": ["/dev/not-a-node"]}"#,
@@ -397,6 +401,23 @@ fn privileged_two_machines_get_only_the_disks_named_for_them() {
         binds(root).contains(&"Bind=/dev/nvme1n1".to_owned()),
         "{err}"
     );
+    // A named disk the host does not have now (a pulled drive): the machine starts without it.
+    config(
+        root,
+        r#"{"machines": {"kube1": {"devices": {"disks": ["/dev/nvme1n1", "/dev/disk/by-id/gone"]}}}}"#,
+    );
+    let (code, err) = pre_start(root);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "machines.kube1.devices.disks[1]: \"/dev/disk/by-id/gone\" is not on the host now"
+        ),
+        "{err}"
+    );
+    assert!(
+        binds(root).contains(&"Bind=/dev/nvme1n1".to_owned()),
+        "{err}"
+    );
     // Named for both: refused, naming both machines and how each named it.
     config(
         root,
@@ -467,4 +488,44 @@ fn privileged_junk_in_bound_directories_never_refuses_the_host() {
     config(root, r#"{"machines": {"kube1": {"gpus": [0]}}}"#);
     let (code, err) = pre_start(root);
     assert_eq!(code, 0, "{err}");
+}
+
+/// The machine's bpf filesystem is mounted where pre-start makes its directory: a link planted
+/// there, or a directory another user made, would decide where a mount goes. Each is refused,
+/// naming it, and nothing is made through it.
+#[test]
+fn privileged_a_planted_bpffs_directory_is_refused() {
+    for plant in ["link", "other-user", "group-writable"] {
+        let dir = gb300();
+        let root = dir.path();
+        let ours = root.join("run/nspawn-lifecycle");
+        std::fs::create_dir_all(&ours).unwrap();
+        std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+        let at = ours.join("bpffs");
+        let says = match plant {
+            "link" => {
+                std::os::unix::fs::symlink("../../elsewhere", &at).unwrap();
+                "is a symbolic link, not a directory of ours"
+            }
+            "other-user" => {
+                std::fs::create_dir(&at).unwrap();
+                nix::unistd::chown(&at, Some(1000.into()), None).unwrap();
+                "is owned by uid 1000"
+            }
+            _ => {
+                std::fs::create_dir(&at).unwrap();
+                std::fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(0o775))
+                    .unwrap();
+                "others than its owner can write to it"
+            }
+        };
+        let (code, err) = pre_start(root);
+        assert_eq!(code, 1, "{plant}: {err}");
+        assert!(err.contains(says), "{plant}: {err} should say {says}");
+        assert_eq!(
+            std::fs::read_dir(root.join("elsewhere")).unwrap().count(),
+            0,
+            "{plant}: something was made through it"
+        );
+    }
 }

@@ -111,24 +111,28 @@ impl Boot<'_> {
     /// directory, or (on the real host, where pre-start mounts) not a bpf filesystem.
     fn bpffs_missing(&self) -> bool {
         let dir = host_devices::bpffs_dir(self.machine.as_str());
-        match self.ctx.host.open_dir_no_symlinks(&dir) {
-            Err(_) => true,
-            Ok(fd) => {
-                self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(&fd).unwrap_or(false)
+        match crate::fs::host_dir::check(&self.ctx.host, &dir, 0o700) {
+            Err(_) | Ok(None) => true,
+            Ok(Some(d)) => {
+                self.ctx.host.is_real_root()
+                    && !crate::fs::fd_mount::is_bpffs(d.fd()).unwrap_or(false)
             }
         }
     }
 
     /// The machine's bpf filesystem made: its directory (`0700`), and on the real host a bpf
-    /// filesystem mounted there unless one is.
+    /// filesystem mounted there unless one is. Every component is checked as the lock
+    /// directory's are (`host_dir`: no link, ours, nobody else may write), so no one but root
+    /// decides where the mount goes.
     fn make_bpffs(&self) -> Result<Option<String>> {
         if !self.bpffs_missing() {
             return Ok(None);
         }
         let dir = host_devices::bpffs_dir(self.machine.as_str());
-        let fd = self.ctx.host.create_dir_all(&dir, 0o700)?;
-        if self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(&fd)? {
-            crate::fs::fd_mount::mount_bpffs_onto(&fd)?;
+        let d = crate::fs::host_dir::open(&self.ctx.host, &dir, 0o700)?;
+        let fd = d.fd();
+        if self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(fd)? {
+            crate::fs::fd_mount::mount_bpffs_onto(fd)?;
             return Ok(Some(format!("bpf filesystem mounted at {dir}")));
         }
         Ok(Some(format!("{dir} made")))

@@ -67,10 +67,22 @@ fn stop_retries(machine: &MachineName, err: &anyhow::Error) {
         "{}; no retry can mend this: stopping {unit}, which stays failed until it is started again",
         crate::output::printable_lines(&format!("{err:#}"))
     );
+    ignore_sigterm();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let stop =
         crate::systemd::Systemd::host(deadline).and_then(|sd| sd.queue_stop(&unit, deadline));
     if let Err(e) = stop {
         tracing::warn!(%machine, "stopping {unit}: {e:#}; systemd will retry the start");
+    }
+}
+
+/// The stop job signals this process (the unit's control process) with SIGTERM; it exits with
+/// its own code right after, so the unit's result is that exit status, not a signal.
+#[allow(unsafe_code)]
+fn ignore_sigterm() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: SIG_IGN installs no handler code; the process exits right after.
+    if let Err(e) = unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) } {
+        tracing::debug!("ignoring SIGTERM: {e}");
     }
 }

@@ -164,8 +164,25 @@ fn gpu_majors(host: &HostRoot) -> Vec<u32> {
 /// Each `extra` and `disks` node must be a character or block device on the host now (a
 /// `disks` entry a block device), never an NVIDIA or DRM node (those follow the machine's
 /// `gpus`), reached without a link but for udev's stable disk names, which are resolved.
+///
+/// A `disks` entry the host does not have now (a drive pulled, a stable name whose disk is
+/// gone) is left out with a warning and the machine starts without it, as a node does without
+/// a failed drive: `status` names it once it is back.
 pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
     let majors = gpu_majors(host);
+    if let Some(disks) = &mut d.disks {
+        disks.retain(|n| {
+            let here = host.metadata(n.written.as_str()).is_ok();
+            if !here {
+                tracing::warn!(
+                    "{}: \"{}\" is not on the host now; the machine starts without it",
+                    n.at,
+                    n.written
+                );
+            }
+            here
+        });
+    }
     for (node, disk) in nodes_mut(d) {
         check_node(node, disk, host, &majors)?;
     }

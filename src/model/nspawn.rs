@@ -216,13 +216,10 @@ impl fmt::Display for NspawnFile {
         // up, overlapping the boot; the unit gate holds containerd and kubelet. With
         // no hooks left (uninstalled), the start waits for the boot as it always did.
         let notify_ready = if self.uninstalled { "yes" } else { "no" };
-        // Beyond nspawn's default allow-list: runc's session keyrings (@keyring), eBPF device
-        // programs and datapaths (bpf), and the perf ring buffers eBPF agents read their events
-        // from and profilers sample with (perf_event_open: Cilium, Hubble, DCGM's profiling).
         write!(
             f,
-            "PrivateUsers=no\nSystemCallFilter=@keyring bpf perf_event_open\n\
-             NotifyReady={notify_ready}\n"
+            "PrivateUsers=no\nSystemCallFilter={}\nNotifyReady={notify_ready}\n",
+            syscall_filter(&self.drop_capabilities)
         )?;
         f.write_str("\n[Network]\nVirtualEthernet=no\n")?;
         f.write_str("\n[Files]\n")?;
@@ -231,6 +228,24 @@ impl fmt::Display for NspawnFile {
         }
         Ok(())
     }
+}
+
+/// The system calls allowed beyond nspawn's default allow-list: runc's session keyrings
+/// (`@keyring`), eBPF device programs and datapaths (`bpf`), and the perf ring buffers eBPF
+/// agents read their events from and profilers sample with (`perf_event_open`: Cilium, Hubble,
+/// DCGM's profiling). A call goes when `dropCapabilities` removes every capability the kernel
+/// lets use it (`bpf`: `CAP_BPF` and `CAP_SYS_ADMIN`; `perf_event_open`: `CAP_PERFMON` and
+/// `CAP_SYS_ADMIN`), so the filter never allows what the drop meant to take away.
+fn syscall_filter(dropped: &[String]) -> String {
+    let gone = |caps: &[&str]| caps.iter().all(|c| dropped.iter().any(|d| d == c));
+    let mut calls = vec!["@keyring"];
+    if !gone(&["CAP_BPF", "CAP_SYS_ADMIN"]) {
+        calls.push("bpf");
+    }
+    if !gone(&["CAP_PERFMON", "CAP_SYS_ADMIN"]) {
+        calls.push("perf_event_open");
+    }
+    calls.join(" ")
 }
 
 /// A host path bound at the same path in the machine.
@@ -348,6 +363,18 @@ fn header(text: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_syscall_filter_follows_the_dropped_capabilities() {
+        let f = |caps: &[&str]| {
+            super::syscall_filter(&caps.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>())
+        };
+        assert_eq!(f(&[]), "@keyring bpf perf_event_open");
+        assert_eq!(f(&["CAP_BPF"]), "@keyring bpf perf_event_open");
+        assert_eq!(f(&["CAP_BPF", "CAP_SYS_ADMIN"]), "@keyring perf_event_open");
+        assert_eq!(f(&["CAP_PERFMON", "CAP_SYS_ADMIN"]), "@keyring bpf");
+        assert_eq!(f(&["CAP_SYS_ADMIN", "CAP_BPF", "CAP_PERFMON"]), "@keyring");
+    }
+
     use super::*;
 
     #[test]

@@ -229,7 +229,7 @@ pub enum DriverRootSeen {
 }
 
 /// How a device bind of the next start differs in the running machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceDrift {
     /// No node (nor directory) at its path.
     Missing,
@@ -239,6 +239,9 @@ pub enum DeviceDrift {
         machine: (u32, u32),
         host: (u32, u32),
     },
+    /// A disk the running machine holds that the host uses now (mounted, swap, …: why):
+    /// both may write to it, which no restart undoes.
+    HostUses(String),
 }
 
 /// `/dev/char` as found.
@@ -371,6 +374,19 @@ fn device_drift(root: &MachineRoot, start: &super::Start) -> Result<Vec<(String,
             _ => out.push((path.to_owned(), DeviceDrift::Missing)),
         }
     }
+    for d in &start.assignment.view.disks {
+        let Some(why) = &d.used else { continue };
+        let Some(st) = root.stat(d.path.as_str())? else {
+            continue;
+        };
+        let numbers = (
+            u32::try_from(nix::sys::stat::major(st.st_rdev)).unwrap_or(u32::MAX),
+            u32::try_from(nix::sys::stat::minor(st.st_rdev)).unwrap_or(u32::MAX),
+        );
+        if FileKind::from_stat(&st) == FileKind::BlockDevice && numbers == (d.major, d.minor) {
+            out.push((d.path.to_string(), DeviceDrift::HostUses(why.clone())));
+        }
+    }
     Ok(out)
 }
 
@@ -387,8 +403,17 @@ fn device_changes(drift: &[(String, DeviceDrift)]) -> Vec<Change> {
                      the next start binds the host's",
                     host.0, host.1, machine.0, machine.1
                 ),
+                DeviceDrift::HostUses(why) => format!(
+                    "the running machine has this disk and the host uses it now ({why}): both \
+                     may write to it; stop what uses it on one side, then restart the machine, \
+                     whose next start does not bind it"
+                ),
             };
-            Change::new(Check::HostDevices, Action::Restart, p.clone(), why)
+            let action = match d {
+                DeviceDrift::HostUses(_) => Action::Fails,
+                _ => Action::Restart,
+            };
+            Change::new(Check::HostDevices, action, p.clone(), why)
         })
         .collect()
 }

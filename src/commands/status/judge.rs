@@ -389,6 +389,10 @@ pub(super) fn judge_pending(
                     c.detail
                 ),
             ),
+            Some(c) if c.check == Check::HostDevices => (
+                State::Broken,
+                format!("{} {}: {}", c.path, subject.inside(), c.detail),
+            ),
             Some(c) => (
                 State::Broken,
                 format!("{post_start} would fail {}: {}", subject.inside(), c.detail),
