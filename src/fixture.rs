@@ -16,12 +16,12 @@
 //! exe  PATH                           executable stand-in (a small shell script, mode 0755)
 //! chr  PATH MAJOR:MINOR [MODE]        character device via mknod (MODE octal, default 0666)
 //! blk  PATH MAJOR:MINOR [MODE]        block device via mknod (MODE octal, default 0660)
-//! blockdev NAME MAJOR:MINOR [DISK]    a disk or partition as the kernel shows it: its
-//!                                     /sys/class/block/NAME/dev file and the block device
-//!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs);
-//!                                     with DISK, a partition of that disk: NAME's sysfs
-//!                                     directory is DISK's child, linked from /sys/class/block,
-//!                                     with a `partition` file, as the kernel makes it
+//! blockdev NAME MAJOR:MINOR [DISK]    a disk or partition as the kernel shows it: its sysfs
+//!                                     directory under /sys/devices (with DISK, a partition in
+//!                                     that disk's), linked from /sys/class/block/NAME,
+//!                                     /sys/dev/block/MAJOR:MINOR and (a disk) /sys/block/NAME,
+//!                                     its /proc/partitions line, and the block device
+//!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs)
 //! sock PATH                           unix socket file (as a daemon's listening socket leaves it)
 //! link PATH TARGET                    symbolic link; TARGET is verbatim (use relative targets)
 //! elf  PATH ARCH [SONAME]             minimal ELF shared object with DT_SONAME;
@@ -527,10 +527,15 @@ pub fn materialize(text: &str, root: &Path) -> Result<()> {
     let mut b = Builder {
         root: root.to_path_buf(),
         elves: Vec::new(),
+        partitions: String::new(),
     };
     for (n, op) in ops {
         b.apply(op)
             .with_context(|| format!("host description line {n}"))?;
+    }
+    if !b.partitions.is_empty() {
+        let text = format!("major minor  #blocks  name\n\n{}", b.partitions);
+        b.file("/proc/partitions", text.as_bytes(), 0o444)?;
     }
     Ok(())
 }
@@ -539,6 +544,8 @@ struct Builder {
     root: PathBuf,
     /// ELF objects made so far: (absolute host path, SONAME, arch), for `ldcache`.
     elves: Vec<(String, Option<String>, Arch)>,
+    /// `/proc/partitions` lines of the `blockdev`s so far, written last.
+    partitions: String,
 }
 
 impl Builder {
@@ -556,21 +563,41 @@ impl Builder {
                 self.node(&p, SFlag::S_IFBLK, makedev(maj.into(), min.into()), mode)
             }
             Op::BlockDev(name, maj, min, disk) => {
-                let dev = format!("{maj}:{min}\n");
-                let class = format!("/sys/class/block/{name}");
-                let dir = match &disk {
-                    Some(disk) => {
-                        let dir = format!("/sys/devices/virtual/block/{disk}/{name}");
-                        self.file(&format!("{dir}/partition"), b"1\n", 0o444)?;
-                        self.apply(Op::Link(
-                            class,
-                            format!("../../devices/virtual/block/{disk}/{name}"),
-                        ))?;
-                        dir
+                // Where the kernel puts it: device mapper, md, loop and RAM disks under
+                // virtual/, the rest under their controller; a partition in its disk's directory.
+                let base = |n: &str| {
+                    let virt = ["dm-", "md", "bcache", "loop", "ram", "zram"];
+                    if virt.iter().any(|p| n.starts_with(p)) {
+                        "devices/virtual/block"
+                    } else {
+                        "devices/platform/host0/block"
                     }
-                    None => class,
                 };
-                self.file(&format!("{dir}/dev"), dev.as_bytes(), 0o444)?;
+                let dir = match &disk {
+                    Some(d) => format!("{}/{d}/{name}", base(d)),
+                    None => format!("{}/{name}", base(&name)),
+                };
+                let dev = format!("{maj}:{min}\n");
+                self.file(&format!("/sys/{dir}/dev"), dev.as_bytes(), 0o444)?;
+                if disk.is_some() {
+                    self.file(&format!("/sys/{dir}/partition"), b"1\n", 0o444)?;
+                }
+                self.apply(Op::Link(
+                    format!("/sys/class/block/{name}"),
+                    format!("../../{dir}"),
+                ))?;
+                self.apply(Op::Link(
+                    format!("/sys/dev/block/{maj}:{min}"),
+                    format!("../../{dir}"),
+                ))?;
+                if disk.is_none() {
+                    self.apply(Op::Link(format!("/sys/block/{name}"), format!("../{dir}")))?;
+                }
+                self.partitions.push_str(&format!(
+                    "{maj:4} {min:7} {:10} {}\n",
+                    1 << 20,
+                    name.replace('!', "/")
+                ));
                 let node = format!("/dev/{}", name.replace('!', "/"));
                 self.node(
                     &node,

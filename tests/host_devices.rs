@@ -314,19 +314,30 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
 }
 
 /// What a hostile or broken host shows never becomes a bind outside `/dev` or a line of its
-/// own, and a host with ten thousand partitions still starts.
+/// own (a name leaving `/dev`, a character device, a link, loop devices and their partitions),
+/// and a host with ten thousand partitions still starts.
 #[test]
 fn privileged_hostile_block_names_and_a_linked_infiniband_dir_are_skipped() {
     let mut text = String::from(fixture::example("cpu-only").unwrap());
     text.push_str(
-        "blockdev cciss!c0d0 104:0\n\
-         blockdev sda 8:0\n\
-         file /sys/class/block/..!..!etc!passwd/dev 8:1\\n\n\
-         file /sys/class/block/evil\\nBind=!etc/dev 8:2\\n\n\
-         file /sys/class/block/sdb/dev 8:16\\n\n\
+        "file /proc/partitions <<END\n\
+         major minor  #blocks  name\n\
+         \n\
+         \x20104        0       1000 cciss/c0d0\n\
+         \x20  8        0       1000 sda\n\
+         \x20  8        1       1000 ../../etc/passwd\n\
+         \x20  8       16       1000 sdb\n\
+         \x20  8       32       1000 sdc\n\
+         garbage line\n\
+         \x20  7        0       1000 loop0\n\
+         \x20  7        1       1000 loop0p1\n\
+         END\n\
+         blk /dev/cciss/c0d0 104:0\n\
+         blk /dev/sda 8:0\n\
          chr /dev/sdb 8:16\n\
-         file /sys/class/block/sdc/dev garbage\\n\n\
-         blk /dev/sdc 8:32\n\
+         link /dev/sdc sda\n\
+         blk /dev/loop0 7:0\n\
+         blk /dev/loop0p1 7:1\n\
          dir /elsewhere/ib\n\
          chr /elsewhere/ib/uverbs0 231:192\n\
          link /dev/infiniband ../elsewhere/ib\n",

@@ -149,10 +149,22 @@ const STABLE_DIRS: &[&str] = &[
 
 /// NVIDIA's character majors and DRM's, from the host's `/proc/devices`: nodes the machine gets
 /// by its `gpus` only, whatever their name.
+/// Read only when the config names a node, and like discovery's reads: a regular file of at
+/// most 1 MiB (a FIFO, a device or a huge file there is no driver table and is ignored here:
+/// discovery names it).
 fn gpu_majors(host: &HostRoot) -> Vec<u32> {
-    let Ok(bytes) = host.read("/proc/devices") else {
+    use std::io::Read as _;
+    const LIMIT: u64 = 1 << 20;
+    let Ok(f) = host.open_read("/proc/devices") else {
         return Vec::new();
     };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return Vec::new();
+    }
+    let mut bytes = Vec::new();
+    if f.take(LIMIT + 1).read_to_end(&mut bytes).is_err() || bytes.len() as u64 > LIMIT {
+        return Vec::new();
+    }
     crate::discovery::parse::proc_devices(&bytes)
         .unwrap_or_default()
         .into_iter()
@@ -169,6 +181,9 @@ fn gpu_majors(host: &HostRoot) -> Vec<u32> {
 /// gone) is left out with a warning and the machine starts without it, as a node does without
 /// a failed drive: `status` names it once it is back.
 pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
+    if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
+        return Ok(());
+    }
     let majors = gpu_majors(host);
     if let Some(disks) = &mut d.disks {
         disks.retain(|n| {
@@ -192,6 +207,9 @@ pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
 /// Another machine's named disks as far as they resolve on the host now: one that does not is
 /// that machine's error, reported by its own start, not this one's.
 pub(super) fn resolved_disks(d: &mut Devices, host: &HostRoot) -> Vec<ExtraNode> {
+    if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
+        return Vec::new();
+    }
     let majors = gpu_majors(host);
     let block = d.block;
     nodes_mut(d)

@@ -125,7 +125,7 @@ pub enum DeviceCategory {
     Network,
     /// `/dev/infiniband/{uverbs,umad,issm}*` and `rdma_cm`, bound as the directory.
     Infiniband,
-    /// Disks and partitions from `/sys/class/block` (not loop, ram, zram, floppy or optical).
+    /// Disks and partitions from `/proc/partitions` (not loop, ram, zram, floppy or optical).
     Block,
     /// `/dev/gdrdrv` (GDRCopy) and `/dev/nvidia-fs*` (GPUDirect Storage).
     Gpudirect,

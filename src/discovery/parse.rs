@@ -200,7 +200,7 @@ pub fn device_file_minor(bytes: &[u8]) -> Result<u32> {
 
 pub use crate::types::gpus::PciAddress;
 
-/// A sysfs `dev` file (`/sys/class/block/sda/dev`, `/sys/class/misc/rdma_cm/dev`): the kernel's
+/// A sysfs `dev` file (`/sys/class/misc/rdma_cm/dev`): the kernel's
 /// `%u:%u\n`, major and minor.
 pub fn dev_numbers(bytes: &[u8]) -> Result<(u32, u32)> {
     let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
@@ -315,6 +315,25 @@ pub fn swaps(bytes: &[u8]) -> Vec<String> {
         .skip(1)
         .filter_map(|l| l.split_whitespace().next())
         .map(unescape_octal)
+        .collect()
+}
+
+/// Parse `/proc/partitions`: every block device with a size (disks, partitions, device mapper
+/// and md devices), as (major, minor, kernel name), in file order. The kernel writes a `/` of a
+/// name as is (`cciss/c0d0`). The header and any line not of the kernel's shape are skipped.
+pub fn proc_partitions(bytes: &[u8]) -> Vec<(u32, u32, String)> {
+    let text = String::from_utf8_lossy(bytes);
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (Some(major), Some(minor), Some(blocks), Some(name), None) =
+                (w.next(), w.next(), w.next(), w.next(), w.next())
+            else {
+                return None;
+            };
+            blocks.parse::<u64>().ok()?;
+            Some((major.parse().ok()?, minor.parse().ok()?, name.to_owned()))
+        })
         .collect()
 }
 

@@ -131,6 +131,7 @@ pub fn discover(host: &HostRoot) -> Result<Inventory> {
         host,
         reasons: Vec::new(),
         listings: BTreeMap::new(),
+        dev: None,
     };
     let module = s.kernel_module()?;
     let mut gpus = s.gpus()?;
@@ -226,6 +227,9 @@ pub(super) struct Scan<'a> {
     /// Library dirs listed while looking for libcuda, kept for the driver-file pass: listing a
     /// big directory is the costliest step of discovery, and once is enough.
     listings: BTreeMap<String, Vec<(String, FileKind)>>,
+    /// The host's `/dev`, listed once: the NVIDIA nodes and the host devices are both found
+    /// there, and a host with hundreds of disks has hundreds of entries.
+    dev: Option<std::rc::Rc<Vec<(String, FileKind)>>>,
 }
 
 impl Scan<'_> {
@@ -354,7 +358,7 @@ impl Scan<'_> {
         let mut nodes = Vec::new();
         let mut odd = false;
         let mut candidates = Vec::new();
-        for name in self.list("/dev")?.unwrap_or_default() {
+        for (name, _) in self.dev_entries()?.iter() {
             let role = match name.as_str() {
                 "nvidiactl" => DeviceRole::Control,
                 "nvidia-uvm" => DeviceRole::Uvm,
@@ -631,6 +635,19 @@ impl Scan<'_> {
             );
         }
         Ok(Some(buf))
+    }
+
+    /// The host's `/dev`, sorted by name, each entry with its type (none when it does not
+    /// exist), listed once.
+    pub(super) fn dev_entries(&mut self) -> Result<std::rc::Rc<Vec<(String, FileKind)>>> {
+        if let Some(d) = &self.dev {
+            return Ok(d.clone());
+        }
+        let mut entries = self.list_typed("/dev")?.unwrap_or_default();
+        entries.sort();
+        let d = std::rc::Rc::new(entries);
+        self.dev = Some(d.clone());
+        Ok(d)
     }
 
     /// Sorted UTF-8 entry names of a directory, `None` when it does not exist.

@@ -177,13 +177,14 @@ pub fn disks_left_out(inv: &Inventory, cfg: &MachineConfig) -> usize {
 /// there that every other machine's start would read), every other node at its path.
 pub fn bind_paths(devices: &[HostDevice]) -> Vec<(HostPath, bool)> {
     let mut out: Vec<(HostPath, bool)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for h in devices {
         let p = if h.category == DeviceCategory::Infiniband {
             (INFINIBAND_DIR.parse().expect("a valid host path"), true)
         } else {
             (h.path.clone(), false)
         };
-        if !out.contains(&p) {
+        if seen.insert(p.0.to_string()) {
             out.push(p);
         }
     }

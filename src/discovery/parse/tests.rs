@@ -502,3 +502,16 @@ fn swaps_lists_file_names_after_the_header() {
         /swap\\040file                            file\t\t1048572\t\t0\t\t-3\n";
     assert_eq!(swaps(text), ["/dev/sda2", "/swap file"]);
 }
+
+#[test]
+fn proc_partitions_lines_and_junk() {
+    let text = b"major minor  #blocks  name\n\n 259        0  937692504 nvme0n1\n 259        1     524288 nvme0n1p1\n 104        0    1000 cciss/c0d0\n   8   16 x sdb\n garbage\n";
+    assert_eq!(
+        proc_partitions(text),
+        [
+            (259, 0, "nvme0n1".to_owned()),
+            (259, 1, "nvme0n1p1".to_owned()),
+            (104, 0, "cciss/c0d0".to_owned())
+        ]
+    );
+}

@@ -45,7 +45,7 @@ impl Scan<'_> {
                 }),
         );
         out.extend(self.host_node(DeviceCategory::Gpudirect, "/dev/gdrdrv", NodeKind::Char)?);
-        for name in self.list("/dev")?.unwrap_or_default() {
+        for (name, _) in self.dev_entries()?.iter() {
             if name
                 .strip_prefix("nvidia-fs")
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))

@@ -236,14 +236,17 @@ pub fn with_more_gpus_and_mig(base: &str, total: u32) -> Result<String> {
 }
 
 /// `text` plus `drives` NVMe drives of `parts` partitions each (`drives * (parts + 1)` block
-/// devices, in /sys/class/block and /dev).
+/// devices, in sysfs and /dev, each partition in its drive's sysfs directory).
 fn with_block_devices(text: &str, drives: u32, parts: u32) -> String {
     let mut out = text.to_owned();
     for d in 0..drives {
         let base = d * (parts + 1);
         out.push_str(&format!("blockdev nvme{d}n1 259:{base}\n"));
         for p in 1..=parts {
-            out.push_str(&format!("blockdev nvme{d}n1p{p} 259:{}\n", base + p));
+            out.push_str(&format!(
+                "blockdev nvme{d}n1p{p} 259:{} nvme{d}n1\n",
+                base + p
+            ));
         }
     }
     out

@@ -2,7 +2,7 @@
 # Scenario 26: the host devices a node needs beside its GPUs, and NVIDIA nodes the host makes
 # while the machine runs. In the host: vhost-net, two fake InfiniBand nodes (major 231, named
 # infiniband_verbs/infiniband_mad in the /proc/devices stand-in), a block node for a disk the
-# kernel's /sys/class/block lists, and the fake nvidia-caps and IMEX majors. After a reconcile
+# kernel's /proc/partitions lists, and the fake nvidia-caps and IMEX majors. After a reconcile
 # the .nspawn file binds them (InfiniBand and the two NVIDIA directories whole), the unit's
 # runtime DeviceAllow= allows them, and they open in the machine (never EPERM). After the start
 # the host makes an IMEX channel, a MIG cap and an InfiniBand port: each appears in the running
@@ -11,11 +11,12 @@
 # node made on the host is drift that status names and reconcile binds. The machine's own bpf
 # filesystem: a map pinned in its /sys/fs/bpf is in its host directory only and survives the
 # restart. Last, kube1 with a share of the GPUs: a MIG cap made later is neither in it nor allowed. This kernel's disks are
-# what /sys/class/block lists: the one holding the filesystem the helper is bound from is the
+# what /proc/partitions lists: the one holding the filesystem the helper is bound from is the
 # host's (mounted in the host container), so it is listed as used and never bound. The disks a
-# machine gets are stand-in entries, e2edisk1 and e2edisk0, on a tmpfs over /sys/class/block
-# holding the real entries as links (as lib/fakehw.sh fakes PCI devices), numbered after the real
-# disk's major so that only our DeviceAllow= lets them open (ENXIO).
+# machine gets are stand-in entries, e2edisk1 and e2edisk0, in a copy of /proc/partitions bound
+# over it, numbered after the real disk's major so that only our DeviceAllow= lets them open
+# (ENXIO); a stand-in device-mapper target over one (dm-9, its slaves/ in a tmpfs over
+# /sys/block holding the real entries as links) makes it the host's.
 scenario "host devices and nodes made while the machine runs" --needs-helper
 baseline
 
@@ -33,7 +34,7 @@ mapfile -t FREE < <(H awk '/^Character/{c=1;next} /^$/{c=0} c{print $1}' /proc/d
 CAPS=${FREE[0]:-} IMEX=${FREE[1]:-}
 cleanup() {
     H rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels
-    H sh -c 'umount /sys/class/block 2>/dev/null; rm -rf /run/e2e-class-block'
+    H sh -c 'umount /proc/partitions /sys/block 2>/dev/null; rm -rf /run/e2e-partitions /run/e2e-sys-block'
     [ "${MADE_VHOST:-0}" = 1 ] && H rm -f /dev/vhost-net
     [ "${MADE_USED:-0}" = 1 ] && H rm -f "/dev/$USED"
     for d in "${DISKS[@]}"; do H rm -f "/dev/${d%% *}"; done
@@ -62,12 +63,12 @@ H sh -c 'rm -rf /dev/infiniband /dev/nvidia-caps /dev/nvidia-caps-imex-channels 
     mkdir /dev/infiniband && mknod -m 0666 /dev/infiniband/uverbs0 c 231 192 &&
     mknod -m 0600 /dev/infiniband/umad0 c 231 0'
 H mknod -m 0660 "/dev/$DISK1" b "${DEV1%%:*}" "${DEV1##*:}"
-H sh -c "rm -rf /run/e2e-class-block && mkdir /run/e2e-class-block &&
-    for d in /sys/class/block/*; do ln -s \"\$(readlink -f \"\$d\")\" /run/e2e-class-block/\"\${d##*/}\"; done &&
-    mkdir /run/e2e-class-block/$DISK1 && echo $DEV1 > /run/e2e-class-block/$DISK1/dev &&
-    mkdir /run/e2e-class-block/$DISK2 && echo $DEV2 > /run/e2e-class-block/$DISK2/dev &&
-    mount --bind /run/e2e-class-block /sys/class/block"
-assert_match "$(c stand-in-disk-in-sysfs)" "^$DEV2\$" "$(H cat "/sys/class/block/$DISK2/dev")"
+# The stand-ins in the kernel's list of block devices: a copy of /proc/partitions with their
+# lines, bound over it (as lxcfs binds its files over /proc's).
+H sh -c "cat /proc/partitions > /run/e2e-partitions &&
+    printf '%4d %7d %10d %s\n' ${DEV1%%:*} ${DEV1##*:} 1048576 $DISK1 ${DEV2%%:*} ${DEV2##*:} 1048576 $DISK2 >> /run/e2e-partitions &&
+    mount --bind /run/e2e-partitions /proc/partitions"
+assert_match "$(c stand-in-disk-in-proc-partitions)" " $DISK2\$" "$(H cat /proc/partitions)"
 # Other machines may be installed by earlier scenarios: a machine beside others gets only the
 # disks its devices.disks names (e2edisk0 is not on the host yet: left out until it is).
 DISKS_CFG="{\"machines\": {\"kube1\": {\"devices\": {\"disks\": [\"/dev/$DISK1\", \"/dev/$DISK2\"]}}}}"
@@ -219,12 +220,17 @@ rm -f "$R/usr/local/bin/e2e-bpfpin"
 out=$(H "$HP" status kube1 2>&1); rc=$?
 assert_eq "$(c status-in-sync-after-reconcile)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
 
-# ---- a bound disk the host starts to use (a device-mapper target over it): broken, named --------
-H mkdir -p "/run/e2e-class-block/$DISK2/holders/dm-9"
+# ---- a bound disk the host starts to use (a stand-in device-mapper target, dm-9, made of it) ----
+H sh -c "printf '%4d %7d %10d %s\n' 253 199 1048576 dm-9 >> /run/e2e-partitions &&
+    rm -rf /run/e2e-sys-block && mkdir /run/e2e-sys-block &&
+    for d in /sys/block/*; do ln -s \"\$(readlink -f \"\$d\")\" /run/e2e-sys-block/\"\${d##*/}\"; done &&
+    mkdir -p /run/e2e-sys-block/dm-9/slaves/$DISK2 && mount --bind /run/e2e-sys-block /sys/block"
 out=$(H "$HP" status kube1 2>&1); rc=$?
 assert_eq "$(c status-disk-the-host-uses-broken)" 6 "$rc"
 assert_match "$(c status-names-the-disk-the-host-uses)" "/dev/$DISK2 in the machine: the running machine has this disk and the host uses it now \\(held by dm-9" "$out"
-H rm -rf "/run/e2e-class-block/$DISK2/holders"
+# Keep the bound file's inode: write the lines back into it.
+H sh -c "umount /sys/block && grep -v ' dm-9\$' /run/e2e-partitions > /run/e2e-partitions.new &&
+    cat /run/e2e-partitions.new > /run/e2e-partitions && rm -f /run/e2e-partitions.new"
 out=$(H "$HP" status kube1 2>&1); rc=$?
 assert_eq "$(c status-in-sync-once-the-host-lets-go)" 0 "$rc"; [ "$rc" = 0 ] || info "status: $out"
 
