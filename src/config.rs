@@ -63,7 +63,8 @@ struct Settings {
 }
 
 pub use crate::types::gpus::{GpuSelector, Gpus};
-pub use devices::{Devices, ExtraNode};
+pub use devices::{Devices, ExtraNode, installed_machines};
+pub use mounts::DRIVER_ROOT;
 
 /// `GPU-` and a UUID `8-4-4-4-12` hex digits, as `/proc/driver/nvidia/gpus/*/information` and
 /// `nvidia-smi -L` print it; returned in lower case.
@@ -469,7 +470,7 @@ impl Config {
         }
         devices::check_on_host(&mut mc.devices, host)?;
         self.check_disks_disjoint(host, machine, &mc)?;
-        let others = crate::types::units::installed_machines(host)?
+        let others = installed_machines(host)?
             .into_iter()
             .map(|m| m.to_string())
             .chain(self.machines.keys().cloned())
@@ -486,50 +487,13 @@ impl Config {
         Ok(mc)
     }
 
-    /// No disk is named for two machines (exit 2, naming both): each would format it as its own.
-    /// A disk is one block device whatever name (`/dev/sdb`, a `/dev/disk/by-id` link) says it.
-    fn check_disks_disjoint(
-        &self,
-        host: &HostRoot,
-        machine: &MachineName,
-        mc: &MachineConfig,
-    ) -> Result<()> {
-        let ours: Vec<&devices::ExtraNode> = mc.devices.named_disks().collect();
-        if ours.is_empty() {
-            return Ok(());
-        }
-        for (name, s) in &self.machines {
-            if name == machine.as_str() {
-                continue;
-            }
-            let key = format!("machines.{name}");
-            let merged = self.defaults.clone().overlay(s.clone());
-            let Ok(theirs) = self.settings_checked(&key, &merged) else {
-                continue;
-            };
-            for t in &devices::resolved_disks(&mut theirs.devices.clone(), host) {
-                if let Some(o) = ours
-                    .iter()
-                    .find(|o| (o.major, o.minor) == (t.major, t.minor))
-                {
-                    return Err(bad_input(format!(
-                        "disk {} is given to both machines {machine} ({}: \"{}\") and {name} \
-                         ({}: \"{}\"): each would take it for its own; name it for one of them",
-                        o.path, o.at, o.written, t.at, t.written
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn settings_checked(&self, key: &str, s: &Settings) -> Result<MachineConfig> {
         let field = |name: &str| format!("{key}.{name}");
         let mc = MachineConfig {
             config_file: self.source.clone(),
             // Without a directory key, `machine` fills in /var/lib/machines/<machine>.
             directory: checked_or(&field("directory"), &s.directory, "/var/lib/machines")?,
-            mounts: checked_mounts(key, s.mounts.as_deref().unwrap_or_default())?,
+            mounts: mounts::checked_mounts(key, s.mounts.as_deref().unwrap_or_default())?,
             kubelet_unit: checked_or(&field("kubeletUnit"), &s.kubelet_unit, "kubelet.service")?,
             containerd_unit: checked_or(
                 &field("containerdUnit"),
@@ -564,7 +528,7 @@ impl Config {
             devices: devices::check(key, s.devices.as_ref())?,
         };
         check_start_fits(key, &mc)?;
-        check_mount_targets(key, &mc)?;
+        mounts::check_mount_targets(key, &mc)?;
         Ok(mc)
     }
 }
@@ -585,89 +549,6 @@ fn seconds(key: &str, value: Option<u64>, default: u64) -> Result<Duration> {
         0 => Err(bad_input(format!("{key}: must be at least 1"))),
         n => Ok(Duration::from_secs(n)),
     }
-}
-
-/// `mounts` checked: absolute paths, `target` filled in from `source`, no target `/` and none
-/// twice.
-fn checked_mounts(key: &str, mounts: &[Mount]) -> Result<Vec<ExtraMount>> {
-    let mut out = Vec::new();
-    let mut targets = std::collections::BTreeSet::new();
-    for (i, m) in mounts.iter().enumerate() {
-        let source: HostPath = checked_path(&format!("{key}.mounts[{i}].source"), &m.source)?;
-        let target: MachinePath = checked_path(
-            &format!("{key}.mounts[{i}].target"),
-            m.target.as_deref().unwrap_or(&m.source),
-        )?;
-        if target == "/" {
-            return Err(bad_input(format!(
-                "{key}.mounts[{i}].target: \"/\" would cover the whole machine"
-            )));
-        }
-        if !targets.insert(target.clone()) {
-            return Err(bad_input(format!(
-                "{key}.mounts[{i}].target: \"{target}\" is bound twice"
-            )));
-        }
-        out.push(ExtraMount {
-            source,
-            target,
-            read_only: m.read_only,
-        });
-    }
-    Ok(out)
-}
-
-/// Where the helper itself binds or writes in every machine: the driver root, its own directory
-/// (the CDI hooks' binary, the gate's marker), the gate's drop-ins, the machine's bpffs, the
-/// kernel modules, the NVIDIA, DRM, InfiniBand and other device nodes, and the CDI spec's
-/// directory. A configured mount on one of them, above one or inside one would be rendered
-/// after the helper's own bind and win.
-fn own_targets(mc: &MachineConfig) -> Vec<String> {
-    let mut out: Vec<String> = [
-        crate::model::layout::DRIVER_ROOT,
-        "/run/nspawn-lifecycle",
-        "/run/systemd/system",
-        "/sys/fs/bpf",
-        "/lib/modules",
-        "/dev/nvidia-caps",
-        "/dev/nvidia-caps-imex-channels",
-        "/dev/dri",
-        "/dev/infiniband",
-        "/dev/kvm",
-        "/dev/net",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    out.push(mc.cdi_dir.to_string());
-    out
-}
-
-/// No `mounts` target covers, equals or sits inside one of the helper's own targets (exit 2
-/// naming the key and the target); nor is it a node of NVIDIA's under `/dev`.
-fn check_mount_targets(key: &str, mc: &MachineConfig) -> Result<()> {
-    let own = own_targets(mc);
-    for (i, m) in mc.mounts.iter().enumerate() {
-        let t = m.target.as_str();
-        let hit = own.iter().find(|o| {
-            t == o.as_str()
-                || o.strip_prefix(t).is_some_and(|r| r.starts_with('/'))
-                || t.strip_prefix(o.as_str())
-                    .is_some_and(|r| r.starts_with('/'))
-        });
-        let hit = hit.cloned().or_else(|| {
-            t.strip_prefix("/dev/")
-                .filter(|n| n.starts_with("nvidia"))
-                .map(|_| t.to_owned())
-        });
-        if let Some(o) = hit {
-            return Err(bad_input(format!(
-                "{key}.mounts[{i}].target: \"{t}\" would cover the helper's own {o} in the \
-                 machine (the driver root, the unit gate, the CDI spec, device nodes); mount it \
-                 elsewhere"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// A checked string setting: the type, its `as_str`, and what lets it stand where a `&str` did.
@@ -875,6 +756,7 @@ fn check_capabilities(key: &str, caps: Option<&[String]>) -> Result<Vec<String>>
 }
 
 mod devices;
+mod mounts;
 mod settings;
 mod start;
 mod strict_json;

@@ -236,7 +236,7 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
         // Another name for GPU 1's node: refused by its number, not its name.
         (
             r#"{"extra": ["/dev/gpu-alias"]}"#,
-            "machines.kube1.devices.extra[0]: \"/dev/gpu-alias\" is an NVIDIA or DRM node (195:1)",
+            "machines.kube1.devices.extra[0]: \"/dev/gpu-alias\" is an NVIDIA or DRM node (195:1, the major of /dev/nvidia",
         ),
         (
             r#"{"disks": ["/dev/nvme0n1p1"]}"#,

@@ -93,13 +93,32 @@ fn installed(text: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     fixture::materialize(text, dir.path()).unwrap();
     std::fs::create_dir_all(dir.path().join("var/lib/machines").join(MACHINE)).unwrap();
-    let out = common::run_helper(dir.path(), &["install", MACHINE]);
+    let out = install(dir.path());
     assert!(
         out.status.success(),
         "install: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     dir
+}
+
+/// `install` on the host tree `h`. An aarch64 host (its driver is) runs an aarch64 helper: the
+/// test's own x86_64 binary, which `install` copies, would rightly be one that cannot run
+/// there, so a minimal aarch64 ELF program stands in for it (the model reads its header and
+/// identity, never runs it).
+fn install(h: &Path) -> std::process::Output {
+    let out = common::run_helper(h, &["install", MACHINE]);
+    if out.status.success() && h.join("usr/lib/aarch64-linux-gnu").is_dir() {
+        let stand_in = tempfile::tempdir().unwrap();
+        fixture::materialize("elf /helper aarch64\n", stand_in.path()).unwrap();
+        let bytes = std::fs::read(stand_in.path().join("helper")).unwrap();
+        std::fs::write(
+            h.join(&nspawn_lifecycle::config::DEFAULT_HELPER_PATH[1..]),
+            bytes,
+        )
+        .unwrap();
+    }
+    out
 }
 
 /// A Debian-like machine tree: merged /usr, `/var/run -> ../run`, the loader's config.
@@ -210,8 +229,27 @@ impl Node {
                 .join(format!("etc/systemd/nspawn/{MACHINE}.nspawn")),
         )
         .unwrap();
-        // The machine's /dev is new at every boot (post-start's /dev/char kept: it remakes it).
+        // The machine's /dev is a tmpfs of its own, as nspawn mounts it (post-start refuses to
+        // write /dev/char links on the host's /dev filesystem), made at the first boot, and new
+        // at every boot (post-start's /dev/char kept: it remakes it).
         let dev = self.m().join("dev");
+        {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::create_dir_all(&dev).unwrap();
+            let fs = |p: &Path| std::fs::metadata(p).unwrap().dev();
+            if fs(&dev) == fs(self.m()) {
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &dev,
+                    Some("tmpfs"),
+                    MsFlags::empty(),
+                    Some("mode=0755"),
+                )
+                .unwrap();
+                // nspawn makes /dev/char (its links of the basic nodes) in it.
+                std::fs::create_dir(dev.join("char")).unwrap();
+            }
+        }
         for e in std::fs::read_dir(&dev).unwrap() {
             let p = e.unwrap().path();
             if p.file_name().is_some_and(|n| n == "char") {
@@ -608,8 +646,7 @@ fn device_mutations() -> Vec<Mutation> {
             fix: None,
             apply: |n| {
                 let h = n.h();
-                std::fs::create_dir_all(h.join("sys/class/block/vdz")).unwrap();
-                std::fs::write(h.join("sys/class/block/vdz/dev"), "254:400\n").unwrap();
+                add_partitions_line(h, "254 400 1048576 vdz");
                 nix::sys::stat::mknod(
                     &h.join("dev/vdz"),
                     nix::sys::stat::SFlag::S_IFBLK,
@@ -638,18 +675,34 @@ fn device_mutations() -> Vec<Mutation> {
     ]
 }
 
+/// A line of the host's `/proc/partitions` (made, with the kernel's header, when missing).
+fn add_partitions_line(h: &Path, line: &str) {
+    let p = h.join("proc/partitions");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let mut text =
+        std::fs::read_to_string(&p).unwrap_or_else(|_| "major minor  #blocks  name\n\n".to_owned());
+    text.push_str(line);
+    text.push('\n');
+    std::fs::write(p, text).unwrap();
+}
+
 /// A disk the running machine binds is replaced on the host by a node with other numbers (a
-/// drive swapped, a device re-plugged): sysfs and `/dev` say the new numbers, the machine's bind
-/// still shows the old node.
+/// drive swapped, a device re-plugged): `/proc/partitions` and `/dev` say the new numbers, the
+/// machine's bind still shows the old node.
 fn renumber_bound_disk(n: &mut Node) -> bool {
     use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
     let (h, m) = (n.h().to_owned(), n.m().to_owned());
-    let Ok(entries) = std::fs::read_dir(h.join("sys/class/block")) else {
+    let Ok(table) = std::fs::read_to_string(h.join("proc/partitions")) else {
         return false;
     };
-    for e in entries {
-        let name = e.unwrap().file_name();
-        let (host_node, machine_node) = (h.join("dev").join(&name), m.join("dev").join(&name));
+    for line in table.lines() {
+        let Some(name) = line.split_whitespace().nth(3) else {
+            continue;
+        };
+        if name == "name" {
+            continue;
+        }
+        let (host_node, machine_node) = (h.join("dev").join(name), m.join("dev").join(name));
         let bound = std::fs::symlink_metadata(&machine_node)
             .is_ok_and(|md| md.file_type().is_block_device());
         let Ok(md) = std::fs::symlink_metadata(&host_node) else {
@@ -662,8 +715,17 @@ fn renumber_bound_disk(n: &mut Node) -> bool {
             nix::sys::stat::major(md.rdev()),
             nix::sys::stat::minor(md.rdev()) + 1000,
         );
-        let dev = h.join("sys/class/block").join(&name).join("dev");
-        std::fs::write(&dev, format!("{major}:{minor}\n")).unwrap();
+        let renumbered: String = table
+            .lines()
+            .map(|l| {
+                if l.split_whitespace().nth(3) == Some(name) {
+                    format!("{major:4} {minor:7} 1048576 {name}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(h.join("proc/partitions"), renumbered).unwrap();
         std::fs::remove_file(&host_node).unwrap();
         nix::sys::stat::mknod(
             &host_node,
@@ -836,7 +898,7 @@ fn mend(t: &mut Tally, n: &mut Node, how: Mend, fix: Option<fn(&mut Node)>, what
         (fix.expect("a mend by a person names the fix"))(n);
     }
     if how == Mend::InstallAndRestart {
-        let out = common::run_helper(n.h(), &["install", MACHINE]);
+        let out = install(n.h());
         t.check(out.status.success(), what, || {
             format!("install: {}", String::from_utf8_lossy(&out.stderr))
         });

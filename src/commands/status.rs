@@ -399,7 +399,7 @@ fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
 
 /// Every installed machine (those with our drop-in), sorted by name.
 pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
-    units::installed_machines(&ctx.host)
+    crate::config::installed_machines(&ctx.host)
 }
 
 /// The status of one machine.

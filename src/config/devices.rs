@@ -7,8 +7,9 @@
 
 use crate::error::bad_input;
 use crate::fs::host::HostRoot;
+use crate::types::machine_name::MachineName;
 use crate::types::paths::HostPath;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use serde::Deserialize;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 
@@ -147,32 +148,6 @@ const STABLE_DIRS: &[&str] = &[
     "/dev/disk/by-partlabel/",
 ];
 
-/// NVIDIA's character majors and DRM's, from the host's `/proc/devices`: nodes the machine gets
-/// by its `gpus` only, whatever their name.
-/// Read only when the config names a node, and like discovery's reads: a regular file of at
-/// most 1 MiB (a FIFO, a device or a huge file there is no driver table and is ignored here:
-/// discovery names it).
-fn gpu_majors(host: &HostRoot) -> Vec<u32> {
-    use std::io::Read as _;
-    const LIMIT: u64 = 1 << 20;
-    let Ok(f) = host.open_read("/proc/devices") else {
-        return Vec::new();
-    };
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return Vec::new();
-    }
-    let mut bytes = Vec::new();
-    if f.take(LIMIT + 1).read_to_end(&mut bytes).is_err() || bytes.len() as u64 > LIMIT {
-        return Vec::new();
-    }
-    crate::discovery::parse::proc_devices(&bytes)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(_, n)| n.starts_with("nvidia") || n == "drm")
-        .map(|(m, _)| m)
-        .collect()
-}
-
 /// Each `extra` and `disks` node must be a character or block device on the host now (a
 /// `disks` entry a block device), never an NVIDIA or DRM node (those follow the machine's
 /// `gpus`), reached without a link but for udev's stable disk names, which are resolved.
@@ -184,7 +159,6 @@ pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
     if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
         return Ok(());
     }
-    let majors = gpu_majors(host);
     if let Some(disks) = &mut d.disks {
         disks.retain(|n| {
             let here = host.metadata(n.written.as_str()).is_ok();
@@ -199,7 +173,7 @@ pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
         });
     }
     for (node, disk) in nodes_mut(d) {
-        check_node(node, disk, host, &majors)?;
+        check_node(node, disk, host)?;
     }
     Ok(())
 }
@@ -210,15 +184,10 @@ pub(super) fn resolved_disks(d: &mut Devices, host: &HostRoot) -> Vec<ExtraNode>
     if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
         return Vec::new();
     }
-    let majors = gpu_majors(host);
     let block = d.block;
     nodes_mut(d)
         .filter(|(_, disk)| block || !disk)
-        .filter_map(|(node, disk)| {
-            check_node(node, disk, host, &majors)
-                .ok()
-                .map(|()| node.clone())
-        })
+        .filter_map(|(node, disk)| check_node(node, disk, host).ok().map(|()| node.clone()))
         .filter(|n| n.block)
         .collect()
 }
@@ -230,7 +199,7 @@ fn nodes_mut(d: &mut Devices) -> impl Iterator<Item = (&mut ExtraNode, bool)> {
         .chain(d.disks.iter_mut().flatten().map(|n| (n, true)))
 }
 
-fn check_node(node: &mut ExtraNode, disk: bool, host: &HostRoot, majors: &[u32]) -> Result<()> {
+fn check_node(node: &mut ExtraNode, disk: bool, host: &HostRoot) -> Result<()> {
     let (at, written) = (node.at.clone(), node.written.clone());
     let what = match host.symlink_metadata(written.as_str()) {
         Err(_) => "does not exist on the host".to_owned(),
@@ -273,10 +242,12 @@ fn check_node(node: &mut ExtraNode, disk: bool, host: &HostRoot, majors: &[u32])
     node.block = ft.is_block_device();
     node.major = nix::sys::stat::major(m.rdev()) as u32;
     node.minor = nix::sys::stat::minor(m.rdev()) as u32;
+    // By name here; by number against the host's NVIDIA and DRM nodes once discovery ran
+    // (`model::host_devices::check_named_nodes`).
     let gpu_name = path
         .strip_prefix("/dev/")
         .is_some_and(|n| n.starts_with("nvidia") || n == "dri" || n.starts_with("dri/"));
-    if gpu_name || !node.block && majors.contains(&node.major) {
+    if gpu_name {
         return Err(bad_input(format!(
             "{at}: {shown} is an NVIDIA or DRM node ({}:{}), which the machine gets by its gpus",
             node.major, node.minor
@@ -323,4 +294,68 @@ fn resolve_stable(host: &HostRoot, link: &HostPath) -> std::result::Result<HostP
     }
     path.parse()
         .map_err(|e| format!("points at {path:?}, which a .nspawn line cannot carry: {e}"))
+}
+
+/// Every machine installed on the host (our drop-in in its unit's drop-in directory), sorted.
+pub fn installed_machines(host: &HostRoot) -> Result<Vec<MachineName>> {
+    use crate::types::units;
+    let entries = match host.read_dir(units::UNIT_DIR) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("listing {}", host.path(units::UNIT_DIR).display()));
+        }
+    };
+    let mut out: Vec<MachineName> = entries
+        .into_iter()
+        .filter_map(|(name, _)| {
+            name.to_str()
+                .and_then(units::dropin_dir_machine)?
+                .parse()
+                .ok()
+        })
+        .filter(|m| host.is_file(units::dropin_path(m)))
+        .collect();
+    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    Ok(out)
+}
+
+impl super::Config {
+    /// No disk is named for two machines (exit 2, naming both): each would format it as its own.
+    /// A disk is one block device whatever name (`/dev/sdb`, a `/dev/disk/by-id` link) says it.
+    pub(super) fn check_disks_disjoint(
+        &self,
+        host: &HostRoot,
+        machine: &MachineName,
+        mc: &super::MachineConfig,
+    ) -> Result<()> {
+        let ours: Vec<&ExtraNode> = mc.devices.named_disks().collect();
+        if ours.is_empty() {
+            return Ok(());
+        }
+        for (name, s) in &self.machines {
+            if name == machine.as_str() {
+                continue;
+            }
+            let key = format!("machines.{name}");
+            let merged = self.defaults.clone().overlay(s.clone());
+            let Ok(theirs) = self.settings_checked(&key, &merged) else {
+                continue;
+            };
+            for t in &resolved_disks(&mut theirs.devices.clone(), host) {
+                if let Some(o) = ours
+                    .iter()
+                    .find(|o| (o.major, o.minor) == (t.major, t.minor))
+                {
+                    return Err(bad_input(format!(
+                        "disk {} is given to both machines {machine} ({}: \"{}\") and {name} \
+                         ({}: \"{}\"): each would take it for its own; name it for one of them",
+                        o.path, o.at, o.written, t.at, t.written
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -12,8 +12,13 @@ pub struct HelperFacts {
     pub problem: Option<String>,
 }
 
-/// Look at the helper installed at `path` (inside the host root): reads its ELF header only.
-pub fn helper_facts(host: &crate::fs::host::HostRoot, path: &str) -> HelperFacts {
+/// Look at the helper installed at `path` (inside the host root): reads its ELF header only. It
+/// must be an ELF program for `machine` (the host's: [`host_machine`]), any when `None`.
+pub fn helper_facts(
+    host: &crate::fs::host::HostRoot,
+    path: &str,
+    machine: Option<u16>,
+) -> HelperFacts {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let mut facts = HelperFacts {
         path: path.to_owned(),
@@ -37,9 +42,10 @@ pub fn helper_facts(host: &crate::fs::host::HostRoot, path: &str) -> HelperFacts
     } else {
         match elf {
             Err(e) => Some(format!("{path} is not a working binary: {e}")),
-            Ok(info) if info.machine != THIS_MACHINE => Some(format!(
-                "{path} is not a working binary: an ELF program for machine {}, not this one's {THIS_MACHINE}",
-                info.machine
+            Ok(info) if machine.is_some_and(|m| m != info.machine) => Some(format!(
+                "{path} is not a working binary: an ELF program for machine {}, not the host's {}",
+                info.machine,
+                machine.unwrap_or_default()
             )),
             Ok(_) => None,
         }
@@ -48,8 +54,31 @@ pub fn helper_facts(host: &crate::fs::host::HostRoot, path: &str) -> HelperFacts
 }
 
 /// This build's ELF `e_machine`.
-const THIS_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
+pub const THIS_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
     crate::discovery::parse::EM_AARCH64
 } else {
     crate::discovery::parse::EM_X86_64
 };
+
+/// The ELF machine the host's programs are for: on the real root, this build's (it runs there,
+/// natively or through the host's own emulator); in a host tree (`--host-root`), what the
+/// tree's NVIDIA libraries are built for, so an x86_64 helper judging an aarch64 host's tree
+/// says what the aarch64 helper says; `None` when the tree has no driver to tell.
+pub fn host_machine(
+    host: &crate::fs::host::HostRoot,
+    inv: &crate::discovery::Inventory,
+) -> Option<u16> {
+    use crate::discovery::parse::{EM_AARCH64, EM_X86_64};
+    if host.is_real_root() {
+        return Some(THIS_MACHINE);
+    }
+    inv.driver
+        .as_ref()?
+        .lib_dirs
+        .iter()
+        .find_map(|d| match d.triplet.as_str() {
+            "x86_64-linux-gnu" => Some(EM_X86_64),
+            "aarch64-linux-gnu" => Some(EM_AARCH64),
+            _ => None,
+        })
+}

@@ -115,11 +115,23 @@ pub fn of_machine(inv: &Inventory, cfg: &MachineConfig) -> Vec<HostDevice> {
     out
 }
 
-/// Every disk the config names for the machine (`disks`, and block nodes of `extra`) is one the
-/// host does not use (exit 2 naming the key, the disk and the use); a `disks` entry is a disk or
-/// partition at all (not a loop, RAM or optical device).
-pub fn check_named_disks(inv: &Inventory, cfg: &MachineConfig) -> anyhow::Result<()> {
+/// The nodes the config names for the machine, checked against the host: no `extra` character
+/// node is an NVIDIA or DRM node by its number; every disk (`disks`, and block nodes of `extra`)
+/// is one the host does not use (exit 2 naming the key, the disk and the use); a `disks` entry
+/// is a disk or partition at all (not a loop, RAM or optical device).
+pub fn check_named_nodes(inv: &Inventory, cfg: &MachineConfig) -> anyhow::Result<()> {
     let d = &cfg.devices;
+    // Another name for an NVIDIA or DRM node (an alias `mknod` made) is one by its number: the
+    // machine gets those by its `gpus` alone.
+    for e in d.extra.iter().filter(|e| !e.block) {
+        if let Some(n) = inv.devices.iter().find(|n| n.major == e.major) {
+            return Err(crate::error::bad_input(format!(
+                "{}: \"{}\" is an NVIDIA or DRM node ({}:{}, the major of {}), which the machine \
+                 gets by its gpus",
+                e.at, e.written, e.major, e.minor, n.path
+            )));
+        }
+    }
     let disks = d
         .disks
         .iter()

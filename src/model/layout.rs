@@ -430,6 +430,12 @@ fn split_dir(name: &str) -> (&str, &str) {
 
 #[cfg(test)]
 mod tests {
+    /// The configuration refuses mounts over the driver root by this path.
+    #[test]
+    fn the_configuration_knows_the_driver_root() {
+        assert_eq!(super::DRIVER_ROOT, crate::config::DRIVER_ROOT);
+    }
+
     use super::*;
     use crate::discovery::{DriverFile, LibDir};
 

@@ -197,7 +197,7 @@ impl Facts {
             tree,
             driver_ids,
             has_lib_modules: target == Target::Machine && host.is_dir("/lib/modules"),
-            helper: helper::helper_facts(host, helper),
+            helper: helper::helper_facts(host, helper, helper::host_machine(host, inv)),
         })
     }
 }

@@ -222,8 +222,8 @@ pub fn check_startable(
     // Only lists can overlap: with fewer than two, the host is not scanned a second time.
     let lists = ctx.config.gpu_assignments(machine)?;
     let overlap = assign::lists_can_overlap(&lists);
-    let disks = mc.devices.named_disks().next().is_some();
-    if overlap || disks {
+    let named = !mc.devices.extra.is_empty() || mc.devices.named_disks().next().is_some();
+    if overlap || named {
         let found;
         let inv = match inv {
             Some(inv) => inv,
@@ -235,7 +235,7 @@ pub fn check_startable(
         if overlap {
             assign::check_overlap(inv, &lists)?;
         }
-        crate::model::host_devices::check_named_disks(inv, &mc)?;
+        crate::model::host_devices::check_named_nodes(inv, &mc)?;
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     Ok(mc)

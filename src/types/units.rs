@@ -32,25 +32,6 @@ pub fn dropin_dir_machine(name: &str) -> Option<&str> {
         .strip_suffix(".service.d")
 }
 
-/// Every machine installed on the host (our drop-in in its unit's drop-in directory), sorted.
-pub fn installed_machines(host: &crate::fs::host::HostRoot) -> anyhow::Result<Vec<MachineName>> {
-    use anyhow::Context as _;
-    let entries = match host.read_dir(UNIT_DIR) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(e).with_context(|| format!("listing {}", host.path(UNIT_DIR).display()));
-        }
-    };
-    let mut out: Vec<MachineName> = entries
-        .into_iter()
-        .filter_map(|(name, _)| name.to_str().and_then(dropin_dir_machine)?.parse().ok())
-        .filter(|m| host.is_file(dropin_path(m)))
-        .collect();
-    out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    Ok(out)
-}
-
 /// Host path of the template unit's drop-in directory, which systemd merges with every
 /// machine's by file name.
 pub fn template_dropin_dir() -> String {

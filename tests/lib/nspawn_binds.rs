@@ -57,7 +57,11 @@ pub fn bind_read_only(
 pub fn device_binds(nspawn: &str, host: &Path, machine: &Path) -> Result<Vec<PathBuf>> {
     use std::os::unix::fs::MetadataExt as _;
     let mut mounted = Vec::new();
-    for node in nspawn.lines().filter_map(|l| l.strip_prefix("Bind=/dev/")) {
+    let nodes = nspawn.lines().filter_map(|l| {
+        l.strip_prefix("Bind=/dev/")
+            .or_else(|| l.strip_prefix("BindReadOnly=/dev/"))
+    });
+    for node in nodes {
         let (from, at) = (host.join("dev").join(node), machine.join("dev").join(node));
         std::fs::create_dir_all(at.parent().unwrap_or(machine))?;
         let meta = std::fs::symlink_metadata(&from)

@@ -247,7 +247,7 @@ fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
     };
     let problem_of = |bytes: &[u8], mode: u32| {
         set(bytes, mode);
-        helper_facts(&host, "/helper")
+        helper_facts(&host, "/helper", Some(crate::model::helper::THIS_MACHINE))
     };
     let elf = std::fs::read("/usr/bin/true").unwrap();
     let good = problem_of(&elf, 0o755);
@@ -256,7 +256,10 @@ fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
     for (facts, says) in [
         (&garbage, "is not a working binary"),
         (&problem_of(&elf, 0o644), "not an executable file"),
-        (&helper_facts(&host, "/nope"), "cannot be read"),
+        (
+            &helper_facts(&host, "/nope", Some(crate::model::helper::THIS_MACHINE)),
+            "cannot be read",
+        ),
     ] {
         let p = facts.problem.as_deref().unwrap_or_default();
         assert!(p.contains(says), "{facts:?}");

@@ -169,45 +169,7 @@ impl Scan<'_> {
                 tracing::warn!("{PARTITIONS} names {name:?}, no path under /dev; skipping it");
                 continue;
             }
-            // The node's type from the listing of /dev (its numbers need no stat: the device
-            // cgroup allows this device's numbers alone, so another node at the path opens not).
-            let kind = if name.contains('!') {
-                self.lstat(&path)?.map(|m| {
-                    use std::os::unix::fs::FileTypeExt as _;
-                    if m.file_type().is_block_device() {
-                        FileKind::BlockDevice
-                    } else {
-                        FileKind::File
-                    }
-                })
-            } else {
-                dev.binary_search_by(|(n, _)| n.as_str().cmp(name))
-                    .ok()
-                    .map(|i| dev[i].1)
-            };
-            let device = match kind {
-                None => None,
-                Some(FileKind::BlockDevice) => match HostPath::try_from(path.clone()) {
-                    Ok(path) => Some(HostDevice {
-                        category: DeviceCategory::Block,
-                        path,
-                        kind: NodeKind::Block,
-                        major,
-                        minor,
-                        create: false,
-                    }),
-                    Err(_) => {
-                        tracing::warn!(
-                            "{path:?} cannot be bound by a .nspawn line; not binding it"
-                        );
-                        None
-                    }
-                },
-                Some(_) => {
-                    tracing::warn!("{path} is not a block device; not binding it");
-                    None
-                }
-            };
+            let device = self.block_node(&dev, name, path, major, minor)?;
             out.push(Candidate {
                 name: name.clone(),
                 major,
@@ -217,6 +179,55 @@ impl Scan<'_> {
             });
         }
         Ok(out)
+    }
+
+    /// The device `name` (at `path`) as a host device when `/dev` has a block node there: its
+    /// type from the listing of /dev (`dev`), a lookup only for a name with a directory
+    /// (`cciss/c0d0`). Its numbers need no stat: the device cgroup allows this device's numbers
+    /// alone, so another node at the path would not open.
+    fn block_node(
+        &mut self,
+        dev: &[(String, FileKind)],
+        name: &str,
+        path: String,
+        major: u32,
+        minor: u32,
+    ) -> Result<Option<HostDevice>> {
+        let kind = if name.contains('!') {
+            self.lstat(&path)?.map(|m| {
+                use std::os::unix::fs::FileTypeExt as _;
+                if m.file_type().is_block_device() {
+                    FileKind::BlockDevice
+                } else {
+                    FileKind::File
+                }
+            })
+        } else {
+            dev.binary_search_by(|(n, _)| n.as_str().cmp(name))
+                .ok()
+                .map(|i| dev[i].1)
+        };
+        Ok(match kind {
+            None => None,
+            Some(FileKind::BlockDevice) => match HostPath::try_from(path.clone()) {
+                Ok(path) => Some(HostDevice {
+                    category: DeviceCategory::Block,
+                    path,
+                    kind: NodeKind::Block,
+                    major,
+                    minor,
+                    create: false,
+                }),
+                Err(_) => {
+                    tracing::warn!("{path:?} cannot be bound by a .nspawn line; not binding it");
+                    None
+                }
+            },
+            Some(_) => {
+                tracing::warn!("{path} is not a block device; not binding it");
+                None
+            }
+        })
     }
 
     /// The members of every device mapper, md and bcache device: member name → holders.
