@@ -10,7 +10,31 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nspawn-lifecycle-helper");
+/// The helper whose hooks run: this build's, or another architecture's under a user-mode
+/// emulator (`tests/aarch64/run.sh` sets `CDI_HOOK_HELPER` and `CDI_HOOK_RUNNER`: the aarch64
+/// binary under qemu-user), so the same cases prove the hooks a Grace host runs.
+fn helper() -> Vec<String> {
+    match std::env::var("CDI_HOOK_HELPER") {
+        Ok(h) => std::env::var("CDI_HOOK_RUNNER")
+            .into_iter()
+            .chain(std::iter::once(h))
+            .collect(),
+        Err(_) => vec![env!("CARGO_BIN_EXE_nspawn-lifecycle-helper").to_owned()],
+    }
+}
+
+/// [`helper`] as a command, its arguments to follow.
+fn hook_command() -> Command {
+    let h = helper();
+    let mut c = Command::new(&h[0]);
+    c.args(&h[1..]);
+    c
+}
+
+/// [`helper`] as words of a shell script.
+fn bin() -> String {
+    helper().join(" ")
+}
 const ML: &str = "/usr/lib/x86_64-linux-gnu";
 
 /// A bundle with `config.json` naming `rootfs` (relative, as runtimes write it) and the root.
@@ -52,7 +76,7 @@ impl Bundle {
 }
 
 fn run_hook(state: &str, args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = hook_command()
         .arg("cdi-hook")
         .args(args)
         .stdin(Stdio::piped())
@@ -430,8 +454,9 @@ fn privileged_bad_arguments_and_states_write_nothing() {
 
 /// Run the hook in a private mount namespace and print the container's params after it.
 fn params_in_namespace(b: &Bundle, host_params: &Path) -> Output {
+    let bin = bin();
     let script = format!(
-        "{BIN} cdi-hook disable-device-node-modification --host-params {} <<'EOF' || exit 9\n{}\nEOF\n\
+        "{bin} cdi-hook disable-device-node-modification --host-params {} <<'EOF' || exit 9\n{}\nEOF\n\
          cat {p}; echo; if echo x > {p} 2>/dev/null; then echo WRITABLE; fi; \
          grep -c nspawn-lifecycle-params /proc/self/mountinfo || true; ls /tmp | grep -c nspawn-lifecycle-params || true",
         host_params.display(),
@@ -536,11 +561,12 @@ fn image_bundle() -> Bundle {
 fn run_all_hooks(b: &Bundle, host_params: &Path, env: &[(&str, String)], cwd: &Path) -> String {
     let state = b.state();
     let params = b.at("/proc/driver/nvidia/params");
+    let bin = bin();
     let script = format!(
         "for h in 'create-symlinks --link libcuda.so.1::{ML}/libcuda.so' \
                   'update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1' \
                   'disable-device-node-modification --host-params {hp}'; do \
-             echo '{state}' | {BIN} cdi-hook $h 2>&1; echo \"rc=$?\"; done; cat {p}",
+             echo '{state}' | {bin} cdi-hook $h 2>&1; echo \"rc=$?\"; done; cat {p}",
         hp = host_params.display(),
         p = params.display(),
     );
@@ -630,9 +656,10 @@ type Plant = Box<dyn Fn(&Bundle)>;
 /// Run `update-ldcache` in a mount namespace where the container's `/proc` is a fresh procfs
 /// and its `/dev` a tmpfs with a real `zero` node, as a runtime has them before `pivot_root`.
 fn ldcache_with_api_mounts(b: &Bundle) -> Output {
+    let bin = bin();
     let script = format!(
         "set -e; mount -t proc proc {r}/proc; mount -t tmpfs dev {r}/dev; mknod {r}/dev/zero c 1 5; \
-         echo '{s}' | timeout -s KILL 20 {BIN} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1",
+         echo '{s}' | timeout -s KILL 20 {bin} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1",
         r = b.root().display(),
         s = b.state(),
     );
@@ -729,7 +756,7 @@ fn privileged_update_ldcache_reads_no_hostile_cache() {
 #[test]
 fn a_hook_past_its_deadline_fails_naming_the_step() {
     let b = Bundle::new();
-    let mut child = Command::new(BIN)
+    let mut child = hook_command()
         .args(["cdi-hook", "create-symlinks", "--link", "a::/b"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -779,10 +806,11 @@ fn privileged_update_ldcache_keeps_the_images_cache_on_an_overlay_rootfs() {
         .status()
         .unwrap();
     assert!(st.success());
+    let bin = bin();
     let script = format!(
         "set -e; mount -t tmpfs rw {rw}; mkdir {u} {w}; \
          mount -t overlay overlay -o lowerdir={l},upperdir={u},workdir={w} {r}; \
-         echo '{s}' | {BIN} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1; \
+         echo '{s}' | {bin} cdi-hook update-ldcache --lib libcuda.so.1::{ML}/libcuda.so.1; \
          ldconfig -p -C {r}/etc/ld.so.cache",
         l = lower.display(),
         rw = layers.path().join("rw").display(),

@@ -2,19 +2,21 @@
 # The Debian package (issue 16 item 2), checked without booting anything; scenario 15 of the e2e
 # harness then installs it in a real systemd host and runs the lifecycle with it.
 #
-#   tests/deb.sh STATIC-BINARY      prints the .deb's path on stdout (target/debian/...)
+#   tests/deb.sh STATIC-BINARY [RUNNER]   prints the .deb's path on stdout (target/debian/...);
+#                                         RUNNER runs a binary of another architecture (qemu)
 #
 # Builds the package from the binary twice and requires identical bytes (deterministic build),
 # checks its file list and that it has no maintainer scripts, then runs lintian (which must be
 # installed: tests/run-all.sh installs it) and fails on any error or warning it reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# = 1 ] || { echo "usage: tests/deb.sh STATIC-BINARY" >&2; exit 2; }
-bin=$1
+[ $# = 1 ] || [ $# = 2 ] || { echo "usage: tests/deb.sh STATIC-BINARY [RUNNER]" >&2; exit 2; }
+bin=$1 runner=${2:-}
 fail() { echo "FAIL: $*" >&2; exit 1; }
+run() { ${runner:+"$runner"} "$bin" "$@"; }
 
-deb=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian)
-again=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian/again)
+deb=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian ${runner:+--runner "$runner"})
+again=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian/again ${runner:+--runner "$runner"})
 cmp "$deb" "$again" || fail "two builds of the package from $bin differ (not deterministic)"
 echo "deterministic: $(sha256sum < "$deb" | cut -c1-16) twice" >&2
 
@@ -43,7 +45,7 @@ want+=$'\n'$(for d in docs/*.md; do echo "/usr/share/doc/nspawn-lifecycle/$d.gz"
 # One man page per visible command, exactly the ones the binary generates.
 pages=$(mktemp -d)
 trap 'rm -rf "$pages"' EXIT
-"$bin" manpages "$pages" >/dev/null
+run manpages "$pages" >/dev/null
 want+=$'\n'$(cd "$pages/man1" && for p in *.1; do echo "/usr/share/man/man1/$p.gz"; done)
 want+=$'\n'$(cd "$pages/man5" && for p in *.5; do echo "/usr/share/man/man5/$p.gz"; done)
 want=$(printf '%s\n' "$want" | LC_ALL=C sort)

@@ -13,9 +13,12 @@
 #      suite with that binary (tests/attack/run.sh: real runc and crun of Debian bookworm and
 #      trixie, hostile images, racing sidecars, ~5 min); the Debian package built from it and
 #      checked (tests/deb.sh: deterministic, contents, lintian)
-#   4. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
-#      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package
-# Knobs: SKIP_E2E=1 skips step 4 for a quick local loop (CI never sets it; the summary says so).
+#   4. the aarch64 binary (tests/aarch64/run.sh): cross-compiled static, the same answers as the
+#      x86_64 one on every example host under qemu-user, its CDI hooks, its arm64 package
+#   5. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
+#      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package; then
+#      scenarios 01, 14 and 26 with the aarch64 binary as the hooks (tests/aarch64/e2e.sh)
+# Knobs: SKIP_E2E=1 skips step 5 for a quick local loop (CI never sets it; the summary says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +26,7 @@ cd "$(dirname "$0")/.."
 # suite reads to select, shorten, resize or rewrite checks (UPDATE_GOLDEN rewrites goldens,
 # SKIP_E2E, E2E_*, ATTACK_*, ...) is cleared first. Elsewhere they are a developer's to use, and
 # a run they narrowed says so in its last line.
-knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|GPU_KIT_CACHE|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*)$' || true)
+knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|GPU_KIT_CACHE|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*|CROSS_[A-Z0-9_]*|CDI_HOOK_[A-Z_]*|AARCH64_CACHE)$' || true)
 narrowed=""
 for v in $knobs; do
     if [ "${CI:-}" = true ]; then
@@ -153,6 +156,9 @@ for pair in lintian:lintian man:man-db; do
 done
 deb=$(tests/deb.sh "$bin")
 
+step "aarch64 (Grace hosts): the static binary cross-compiled, its answers against this one's under qemu-user, its CDI hooks, its arm64 package (tests/aarch64/run.sh)"
+a64=$(tests/aarch64/run.sh "$bin")
+
 if [ "${SKIP_E2E:-0}" = 1 ]; then
     step "end-to-end harness SKIPPED (SKIP_E2E=1): this run is NOT a full test run"
     exit 0
@@ -161,3 +167,5 @@ step "end-to-end harness under a real systemd"
 # The lock only matters on a shared development machine (the harness uses fixed paths).
 HELPER=$PWD/$bin HELPER_FAILPOINTS=$PWD/$fp_bin E2E_DEB=$PWD/$deb E2E_REQUIRE_HELPER=1 E2E_REQUIRE_FAILPOINTS=1 \
     flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run
+step "end-to-end harness with the aarch64 helper as the hooks (qemu-user through binfmt_misc): scenarios 01, 14, 26"
+tests/aarch64/e2e.sh "$a64" "01 14 26"
