@@ -73,14 +73,16 @@ impl Work for Wiring<'_> {
 
 /// The `/dev/char` part: with a driver the directory is made and holds a link for each NVIDIA
 /// node; without one, ours are removed where it is. (`refresh-devices` makes this part alone.)
-/// A machine's links are never written into the host's `/dev` filesystem (`host`'s `/dev`).
+/// A machine's links are never written into the host's `/dev` filesystem (the real host's
+/// devtmpfs, where the directories bound into machines live; a host tree under `--host-root`
+/// and a rootfs on disk share one filesystem by construction and have no such directories).
 pub fn dev_char(root: &MachineRoot, d: &Desired, host: &HostRoot) -> Result<String> {
     let host_dev = match d.target {
-        Target::Machine => host
+        Target::Machine if host.is_real_root() => host
             .metadata("/dev")
             .ok()
             .map(|m| std::os::unix::fs::MetadataExt::dev(&m)),
-        Target::Host => None,
+        Target::Machine | Target::Host => None,
     };
     Ok(rewire::dev_char(root, &d.dev_char, d.driver.is_some(), host_dev)?.to_string())
 }
