@@ -11,8 +11,8 @@
 # node made on the host is drift that status names and reconcile binds. The machine's own bpf
 # filesystem: a map pinned in its /sys/fs/bpf is in its host directory only and survives the
 # restart. Last, kube1 with a share of the GPUs: a MIG cap made later is neither in it nor allowed. This kernel's disks are
-# what /proc/partitions lists: the one holding the filesystem the helper is bound from is the
-# host's (mounted in the host container), so it is listed as used and never bound. The disks a
+# what /proc/partitions lists: one mounted in the host container (the outer machine's, which the
+# rig binds from) is the host's, so it is listed as used and never bound. The disks a
 # machine gets are stand-in entries, e2edisk1 and e2edisk0, in a copy of /proc/partitions bound
 # over it, numbered after the real disk's major so that only our DeviceAllow= lets them open
 # (ENXIO); a stand-in device-mapper target over one (dm-9, its slaves/ in a tmpfs over
@@ -20,8 +20,11 @@
 scenario "host devices and nodes made while the machine runs" --needs-helper
 baseline
 
-# The disk (or partition) the helper's bind in the host container comes from: mounted there.
-USED_DEV=$(H findmnt -n -o MAJ:MIN -T "$HP" | tr -d ' ')
+# A disk (or partition) mounted in the host container: the first mount of its PID 1's with a
+# block device the kernel lists (the rig binds the helper and its caches from the outer
+# machine's disk; the helper itself may by now be the Debian package's copy on the overlay).
+USED_DEV=$(H sh -c 'awk "\$3 !~ /^0:/ {print \$3}" /proc/1/mountinfo | while IFS=: read -r ma mi; do
+        awk -v ma="$ma" -v mi="$mi" "\$1 == ma && \$2 == mi {print ma\":\"mi; exit}" /proc/partitions; done | head -1')
 USED=$(H sh -c "basename \"\$(readlink -f /sys/dev/block/$USED_DEV)\"" 2>/dev/null)
 DISKS=()
 if [ -n "$USED" ] && [ "${USED_DEV%%:*}" != 0 ]; then
@@ -43,7 +46,7 @@ cleanup() {
     reconcile kube1 >/dev/null 2>&1
 }
 if [ "${#DISKS[@]}" -lt 2 ] || [ -z "$IMEX" ]; then
-    fail "$(c setup)" "need the block device the helper is bound from (${USED_DEV:-none}: ${USED:-not in sysfs}) and two free majors (${FREE[*]})"
+    fail "$(c setup)" "need a block device mounted in the host container (${USED_DEV:-none}: ${USED:-not in sysfs}) and two free majors (${FREE[*]})"
     scenario_end
     exit 0
 fi
