@@ -18,8 +18,8 @@
 //! blk  PATH MAJOR:MINOR [MODE]        block device via mknod (MODE octal, default 0660)
 //! blockdev NAME MAJOR:MINOR [DISK]    a disk or partition as the kernel shows it: its sysfs
 //!                                     directory under /sys/devices (with DISK, a partition in
-//!                                     that disk's), linked from /sys/class/block/NAME,
-//!                                     /sys/dev/block/MAJOR:MINOR and (a disk) /sys/block/NAME,
+//!                                     that disk's), linked from /sys/class/block/NAME and
+//!                                     (a disk) /sys/block/NAME,
 //!                                     its /proc/partitions line, and the block device
 //!                                     /dev/NAME (a `!` of NAME is a `/` there, as in sysfs)
 //! sock PATH                           unix socket file (as a daemon's listening socket leaves it)
@@ -584,10 +584,6 @@ impl Builder {
                 }
                 self.apply(Op::Link(
                     format!("/sys/class/block/{name}"),
-                    format!("../../{dir}"),
-                ))?;
-                self.apply(Op::Link(
-                    format!("/sys/dev/block/{maj}:{min}"),
                     format!("../../{dir}"),
                 ))?;
                 if disk.is_none() {

@@ -156,9 +156,6 @@ const STABLE_DIRS: &[&str] = &[
 /// gone) is left out with a warning and the machine starts without it, as a node does without
 /// a failed drive: `status` names it once it is back.
 pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
-    if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
-        return Ok(());
-    }
     if let Some(disks) = &mut d.disks {
         disks.retain(|n| {
             let here = host.metadata(n.written.as_str()).is_ok();
@@ -181,9 +178,6 @@ pub(super) fn check_on_host(d: &mut Devices, host: &HostRoot) -> Result<()> {
 /// Another machine's named disks as far as they resolve on the host now: one that does not is
 /// that machine's error, reported by its own start, not this one's.
 pub(super) fn resolved_disks(d: &mut Devices, host: &HostRoot) -> Vec<ExtraNode> {
-    if d.extra.is_empty() && d.disks.as_ref().is_none_or(Vec::is_empty) {
-        return Vec::new();
-    }
     let block = d.block;
     nodes_mut(d)
         .filter(|(_, disk)| block || !disk)
@@ -265,24 +259,8 @@ fn resolve_stable(host: &HostRoot, link: &HostPath) -> std::result::Result<HostP
     let target = target
         .to_str()
         .ok_or_else(|| "points at a name that is not UTF-8".to_owned())?;
-    let mut comps: Vec<&str> = if target.starts_with('/') {
-        Vec::new()
-    } else {
-        link.split('/').filter(|c| !c.is_empty()).collect()
-    };
-    if !target.starts_with('/') {
-        comps.pop();
-    }
-    for c in target.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                comps.pop();
-            }
-            c => comps.push(c),
-        }
-    }
-    let path = format!("/{}", comps.join("/"));
+    let dir = link.rsplit_once('/').map_or("/", |(d, _)| d);
+    let path = crate::types::paths::normalize(dir, target);
     let ok = path.starts_with("/dev/")
         && host
             .symlink_metadata(&path)
@@ -340,10 +318,10 @@ impl super::Config {
             }
             let key = format!("machines.{name}");
             let merged = self.defaults.clone().overlay(s.clone());
-            let Ok(theirs) = self.settings_checked(&key, &merged) else {
+            let Ok(mut theirs) = self.settings_checked(&key, &merged) else {
                 continue;
             };
-            for t in &resolved_disks(&mut theirs.devices.clone(), host) {
+            for t in &resolved_disks(&mut theirs.devices, host) {
                 if let Some(o) = ours
                     .iter()
                     .find(|o| (o.major, o.minor) == (t.major, t.minor))

@@ -187,7 +187,28 @@ impl HostRoot {
     /// kind (from `d_type`, or an `lstat` of the entry where the filesystem does not say; an
     /// entry is never followed).
     pub fn read_dir(&self, abs: impl AsRef<Path>) -> io::Result<Vec<(OsString, FileKind)>> {
-        entries(self.open_dir(abs)?)
+        let fd = self.open_dir(abs)?;
+        let mut dir = nix::dir::Dir::from_fd(fd).map_err(io)?;
+        let mut out = Vec::new();
+        let mut unknown = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name().to_bytes();
+            if matches!(name, b"." | b"..") {
+                continue;
+            }
+            let name = std::ffi::OsStr::from_bytes(name).to_owned();
+            match entry.file_type() {
+                Some(t) => out.push((name, FileKind::from_dirent(t))),
+                None => unknown.push(name),
+            }
+        }
+        for name in unknown {
+            let st = nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(io)?;
+            out.push((name, FileKind::from_stat(&st)));
+        }
+        Ok(out)
     }
 
     /// The parent directory of `abs` (resolved inside the root) and its last component.
@@ -308,31 +329,6 @@ fn split(abs: &Path) -> Result<(&Path, &str)> {
         bail!("{} is not a plain absolute host path", abs.display());
     }
     Ok((parent, name))
-}
-
-/// The entries of the open directory `fd`, as [`HostRoot::read_dir`] lists them.
-fn entries(fd: OwnedFd) -> io::Result<Vec<(OsString, FileKind)>> {
-    let mut dir = nix::dir::Dir::from_fd(fd).map_err(io)?;
-    let mut out = Vec::new();
-    let mut unknown = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry.map_err(io)?;
-        let name = entry.file_name().to_bytes();
-        if matches!(name, b"." | b"..") {
-            continue;
-        }
-        let name = std::ffi::OsStr::from_bytes(name).to_owned();
-        match entry.file_type() {
-            Some(t) => out.push((name, FileKind::from_dirent(t))),
-            None => unknown.push(name),
-        }
-    }
-    for name in unknown {
-        let st = nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(io)?;
-        out.push((name, FileKind::from_stat(&st)));
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 use crate::discovery::{Inventory, UserspaceDriver};
 use crate::fs::machine_root::{FileKind, Lookup, MachineDir, MachineRoot};
 use crate::model::layout::{DRIVER_ROOT, EntryKind, LEGACY_HOST_NVIDIA, driver_entries};
+use crate::types::paths::normalize;
 use anyhow::{Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -342,25 +343,6 @@ pub fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineD
         Lookup::Dir(d) => Some(d),
         Lookup::Missing | Lookup::NotDir => None,
     })
-}
-
-/// Lexically resolve a symlink `target` found in directory `dir` (both machine paths).
-pub fn normalize(dir: &str, target: &str) -> String {
-    let mut parts: Vec<&str> = if target.starts_with('/') {
-        Vec::new()
-    } else {
-        dir.split('/').filter(|c| !c.is_empty()).collect()
-    };
-    for c in target.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    format!("/{}", parts.join("/"))
 }
 
 /// Whether `path` is `dir` or below it.

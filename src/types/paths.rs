@@ -340,6 +340,25 @@ pub fn parse_bind_line(line: &str) -> Option<(String, String)> {
     Some((source, target))
 }
 
+/// Lexically resolve a symlink `target` found in directory `dir` (both absolute paths: a machine's, or the host's).
+pub fn normalize(dir: &str, target: &str) -> String {
+    let mut parts: Vec<&str> = if target.starts_with('/') {
+        Vec::new()
+    } else {
+        dir.split('/').filter(|c| !c.is_empty()).collect()
+    };
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
