@@ -412,10 +412,17 @@ impl Scan<'_> {
     fn bound_dir_nodes(&mut self, dir: &str, role: DeviceRole) -> Result<Vec<DeviceNode>> {
         let mut out = Vec::new();
         let mut junk = 0usize;
-        for name in self.list(dir)?.unwrap_or_default() {
-            let Ok(path) = HostPath::try_from(format!("{dir}/{name}")) else {
-                junk += 1;
-                continue;
+        // The listing's types (d_type) leave out a machine's files and links without a stat
+        // each; a character device is stat'ed for its numbers.
+        let mut entries = self.list_typed(dir)?.unwrap_or_default();
+        entries.sort();
+        for (name, kind) in entries {
+            let path = match HostPath::try_from(format!("{dir}/{name}")) {
+                Ok(p) if kind == FileKind::CharDevice => p,
+                _ => {
+                    junk += 1;
+                    continue;
+                }
             };
             match self.lstat(&path)? {
                 Some(m) if m.file_type().is_char_device() => {
