@@ -105,7 +105,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    fn parse(s: &str) -> Result<Arch> {
+    pub(crate) fn parse(s: &str) -> Result<Arch> {
         Ok(match s {
             "x86_64" => Arch::X86_64,
             "aarch64" => Arch::Aarch64,

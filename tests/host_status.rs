@@ -87,7 +87,7 @@ fn privileged_host_status_judges_host_mode_like_a_machine() {
 
     // Installed, never run: the host has a driver and GPUs, host mode has no NVIDIA state, and
     // its gate holds containerd and kubelet: broken, until host post-start runs.
-    let out = run_helper(root, &["install", "--host"]);
+    let out = common::install(root, &["--host"]);
     assert!(out.status.success(), "{out:?}");
     let (code, v) = status(root);
     assert_eq!((code, v["kind"].as_str()), (6, Some("HostStatus")), "{v:#}");

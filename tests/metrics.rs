@@ -169,7 +169,7 @@ fn privileged_host_mode_has_metrics_of_its_own() {
         !text.contains("nspawn_lifecycle_host_mode_state{"),
         "{text}"
     );
-    let out = run_helper(gpus.path(), &["install", "--host"]);
+    let out = common::install(gpus.path(), &["--host"]);
     assert!(out.status.success(), "{out:?}");
     let (text, code) = prometheus(gpus.path(), Some(m.path()));
     assert_eq!(

@@ -531,7 +531,8 @@ fn privileged_the_most_nodes_a_driver_makes_are_all_bound() {
 
 /// A chain of `depth` directories named `d` under `root/rel`, made one level at a time relative
 /// to the previous (the whole path is far beyond PATH_MAX).
-fn deep(root: &Path, rel: &str, depth: usize) {
+#[must_use = "the chain is removed when its guard drops"]
+fn deep(root: &Path, rel: &str, depth: usize) -> Chain {
     use nix::fcntl::{OFlag, openat};
     use nix::sys::stat::{Mode, mkdirat};
     let base = root.join(rel);
@@ -547,6 +548,27 @@ fn deep(root: &Path, rel: &str, depth: usize) {
         )
         .unwrap();
     }
+    Chain(base)
+}
+
+/// A chain [`deep`] made, removed one level at a time from the top (its second level renamed
+/// over the first) when dropped: the temporary directory's own removal recurses once per level,
+/// which overflows a test thread's stack on 10 000 levels where frames are large (aarch64).
+struct Chain(std::path::PathBuf);
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let (top, spare) = (self.0.join("d"), self.0.join(".d"));
+        while top.is_dir() {
+            if top.join("d").is_dir() {
+                std::fs::rename(top.join("d"), &spare).unwrap();
+                std::fs::remove_dir(&top).unwrap();
+                std::fs::rename(&spare, &top).unwrap();
+            } else {
+                std::fs::remove_dir_all(&top).unwrap();
+            }
+        }
+    }
 }
 
 #[test]
@@ -554,8 +576,8 @@ fn privileged_10k_deep_directories_where_discovery_looks() {
     let dir = host();
     let expected = baseline(dir.path());
     // In the library directory and in /run/nvidia-persistenced: not driver files, ignored.
-    deep(dir.path(), "usr/lib/x86_64-linux-gnu", 10_000);
-    deep(dir.path(), "run/nvidia-persistenced", 10_000);
+    let _lib = deep(dir.path(), "usr/lib/x86_64-linux-gnu", 10_000);
+    let _run = deep(dir.path(), "run/nvidia-persistenced", 10_000);
     let r = run(dir.path(), &["discover", "--json"]);
     assert_eq!(r.code(), 0, "{}", r.stderr);
     assert_eq!(r.stdout, expected);
@@ -563,14 +585,14 @@ fn privileged_10k_deep_directories_where_discovery_looks() {
     // joined to the host root, so not a directory anyone can bind; the driver is still found.
     let target = "d/".repeat(2_047);
     std::fs::remove_dir(dir.path().join("usr/lib64")).unwrap();
-    deep(dir.path(), "usr", 2_100);
+    let _usr = deep(dir.path(), "usr", 2_100);
     std::os::unix::fs::symlink(target.trim_end_matches('/'), dir.path().join("usr/lib64")).unwrap();
     let r = run(dir.path(), &["discover", "--json"]);
     assert_eq!(r.code(), 0, "{}", r.stderr);
     assert_eq!(r.stdout, expected);
     // In /dev/nvidia-caps, bound writable into every machine with all GPUs: what a machine
     // left there is skipped with one short warning, never a refusal of the host, never walked.
-    deep(dir.path(), "dev/nvidia-caps", 10_000);
+    let _caps = deep(dir.path(), "dev/nvidia-caps", 10_000);
     let r = run(dir.path(), &["nspawn-lifecycle", "pre-start", "kube1"]);
     assert_eq!(r.code(), 0, "{}", r.stderr);
     assert!(

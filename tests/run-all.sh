@@ -14,7 +14,8 @@
 #      trixie, hostile images, racing sidecars, ~5 min); the Debian package built from it and
 #      checked (tests/deb.sh: deterministic, contents, lintian)
 #   4. the aarch64 binary (tests/aarch64/run.sh): cross-compiled static, the same answers as the
-#      x86_64 one on every example host under qemu-user, its CDI hooks, its arm64 package
+#      x86_64 one on every example host under qemu-user, the cargo suite built for aarch64 and run
+#      under qemu-user, its CDI hooks (the adversarial suite's static cases), its arm64 package
 #   5. the end-to-end harness under a real systemd (tests/e2e/harness.sh run) with that binary;
 #      its crash scenario (8) runs the failpoints build, scenario 15 the Debian package; then
 #      scenarios 01, 14 and 26 with the aarch64 binary as the hooks (tests/aarch64/e2e.sh)
@@ -156,7 +157,7 @@ for pair in lintian:lintian man:man-db; do
 done
 deb=$(tests/deb.sh "$bin")
 
-step "aarch64 (Grace hosts): the static binary cross-compiled, its answers against this one's under qemu-user, its CDI hooks, its arm64 package (tests/aarch64/run.sh)"
+step "aarch64 (Grace hosts): the static binary cross-compiled, its answers against this one's under qemu-user, the cargo suite built for aarch64, its CDI hooks, its arm64 package (tests/aarch64/run.sh)"
 a64=$(tests/aarch64/run.sh "$bin")
 
 if [ "${SKIP_E2E:-0}" = 1 ]; then

@@ -225,7 +225,7 @@ fn privileged_plan_and_status_say_what_pre_start_will_do() {
     assert!(!summary.contains("reconcile"), "{summary}");
 
     // The fix status names: afterwards plan and status agree with pre-start.
-    let out = run_helper(root, &["install", "kube1"]);
+    let out = common::install(root, &["kube1"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(run_helper(root, &["plan", "kube1"]).status.code(), Some(0));
     let out = status(root, m.path(), &["kube1", "--json"]);

@@ -93,32 +93,13 @@ fn installed(text: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     fixture::materialize(text, dir.path()).unwrap();
     std::fs::create_dir_all(dir.path().join("var/lib/machines").join(MACHINE)).unwrap();
-    let out = install(dir.path());
+    let out = common::install(dir.path(), &[MACHINE]);
     assert!(
         out.status.success(),
         "install: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     dir
-}
-
-/// `install` on the host tree `h`. An aarch64 host (its driver is) runs an aarch64 helper: the
-/// test's own x86_64 binary, which `install` copies, would rightly be one that cannot run
-/// there, so a minimal aarch64 ELF program stands in for it (the model reads its header and
-/// identity, never runs it).
-fn install(h: &Path) -> std::process::Output {
-    let out = common::run_helper(h, &["install", MACHINE]);
-    if out.status.success() && h.join("usr/lib/aarch64-linux-gnu").is_dir() {
-        let stand_in = tempfile::tempdir().unwrap();
-        fixture::materialize("elf /helper aarch64\n", stand_in.path()).unwrap();
-        let bytes = std::fs::read(stand_in.path().join("helper")).unwrap();
-        std::fs::write(
-            h.join(&nspawn_lifecycle::config::DEFAULT_HELPER_PATH[1..]),
-            bytes,
-        )
-        .unwrap();
-    }
-    out
 }
 
 /// A Debian-like machine tree: merged /usr, `/var/run -> ../run`, the loader's config.
@@ -898,7 +879,7 @@ fn mend(t: &mut Tally, n: &mut Node, how: Mend, fix: Option<fn(&mut Node)>, what
         (fix.expect("a mend by a person names the fix"))(n);
     }
     if how == Mend::InstallAndRestart {
-        let out = install(n.h());
+        let out = common::install(n.h(), &[MACHINE]);
         t.check(out.status.success(), what, || {
             format!("install: {}", String::from_utf8_lossy(&out.stderr))
         });

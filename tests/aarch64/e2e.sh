@@ -4,10 +4,9 @@
 #   tests/aarch64/e2e.sh AARCH64-BINARY [SCENARIOS]     (default scenarios: 01 14 26)
 #
 # Registers trixie's qemu-aarch64 (tests/aarch64/build.sh qemu) in binfmt_misc with the F flag
-# (the kernel opens the emulator now, so it runs aarch64 binaries inside the rig's containers,
-# whose trees do not have it), runs the e2e harness with HELPER=AARCH64-BINARY, and removes the
-# registration on exit, whatever happened. binfmt_misc is mounted first when it is not (these
-# machines do not mount it; root may). Every hook the rig's systemd runs, post-start's D-Bus
+# (tests/aarch64/binfmt.sh: it then runs aarch64 binaries inside the rig's containers, whose trees
+# do not have it), runs the e2e harness with HELPER=AARCH64-BINARY, and removes the registration
+# on exit, whatever happened. Every hook the rig's systemd runs, post-start's D-Bus
 # calls, the gate, the driver tree and the CDI spec, is then the aarch64 binary's work.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,18 +14,9 @@ cd "$(dirname "$0")/../.."
 a64=$(realpath "$1")
 scenarios=${2:-"01 14 26"}
 qemu=$(tests/aarch64/build.sh qemu)
-reg=/proc/sys/fs/binfmt_misc
-name=nspawn-lifecycle-aarch64
-if [ ! -e "$reg/register" ]; then
-    mount -t binfmt_misc binfmt_misc "$reg"
-fi
-unregister() { [ -e "$reg/$name" ] && echo -1 > "$reg/$name"; true; }
-trap unregister EXIT
-unregister
-# The aarch64 ELF header (any ELF type but the low bit: executables and static-pie alike), as
-# qemu's own binfmt configuration matches it.
-printf '%s' ":$name:M::\\x7fELF\\x02\\x01\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02\\x00\\xb7\\x00:\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\x00\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xfe\\xff\\xff\\xff:$qemu:F" > "$reg/register"
-echo "binfmt_misc: $(head -3 "$reg/$name" | tr '\n' ' ')" >&2
+# shellcheck source=binfmt.sh
+. tests/aarch64/binfmt.sh
+binfmt_register "$qemu"
 "$a64" --version >&2 || { echo "FAIL: $a64 does not run through binfmt_misc" >&2; exit 1; }
 HELPER=$a64 E2E_REQUIRE_HELPER=1 E2E_SCENARIOS=$scenarios \
     flock /var/tmp/nspawn-lifecycle-e2e.lock tests/e2e/harness.sh run

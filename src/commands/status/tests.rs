@@ -249,7 +249,9 @@ fn the_installed_helper_must_run_and_be_what_the_machine_runs() {
         set(bytes, mode);
         helper_facts(&host, "/helper", Some(crate::model::helper::THIS_MACHINE))
     };
-    let elf = std::fs::read("/usr/bin/true").unwrap();
+    // An ELF program for the machine the tests run on (x86_64, or aarch64 under qemu-user).
+    let arch = crate::fixture::Arch::parse(std::env::consts::ARCH).unwrap();
+    let elf = crate::fixture::elf_shared_object(arch, None);
     let good = problem_of(&elf, 0o755);
     assert_eq!(good.problem, None);
     let garbage = problem_of(b"garbage written over the helper", 0o755);
