@@ -39,6 +39,60 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// What a command line clap refused asked for with `--json` (before any `--`), so that it still
+/// prints one error object: the kind its command's failures carry (`discover` `DiscoverError`,
+/// `plan` and `host plan` `PlanError`, `install` `InstallError`, `uninstall` `UninstallError`,
+/// `status` and `host status` `StatusError` with the state `unknown`), or `UsageError` where the
+/// line names no command that has `--json`; the subject is `host` in host mode, else none (a line
+/// that did not parse names no machine for sure). `None` without `--json`.
+pub fn json_usage(args: &[std::ffi::OsString]) -> Option<JsonUsage> {
+    let words: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str().unwrap_or(""))
+        .take_while(|a| *a != "--")
+        .collect();
+    if !words
+        .iter()
+        .any(|a| *a == "--json" || a.starts_with("--json="))
+    {
+        return None;
+    }
+    // The words that are not options, nor the values of the global options that take one.
+    let mut commands = Vec::new();
+    let mut it = words.iter();
+    while let Some(w) = it.next() {
+        if matches!(*w, "--host-root" | "--config") {
+            it.next();
+        } else if !w.starts_with('-') {
+            commands.push(*w);
+        }
+    }
+    let (kind, machine, state) = match commands.as_slice() {
+        ["discover", ..] => ("DiscoverError", None, None),
+        ["plan", ..] => ("PlanError", None, None),
+        ["install", ..] => ("InstallError", None, None),
+        ["uninstall", ..] => ("UninstallError", None, None),
+        ["status", ..] => ("StatusError", None, Some("unknown")),
+        ["host", "plan", ..] => ("PlanError", Some("host"), None),
+        ["host", "status", ..] => ("StatusError", Some("host"), Some("unknown")),
+        _ => ("UsageError", None, None),
+    };
+    Some(JsonUsage {
+        kind,
+        machine,
+        state,
+    })
+}
+
+/// See [`json_usage`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct JsonUsage {
+    pub kind: &'static str,
+    pub machine: Option<&'static str>,
+    pub state: Option<&'static str>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The hooks systemd runs for systemd-nspawn@<MACHINE>.service, and a manual restart.
@@ -341,6 +395,41 @@ pub enum Phase {
 mod tests {
     use super::*;
     use clap::CommandFactory as _;
+
+    /// Which refused command lines still print an error object, and of which kind: `--json`
+    /// counts before a `--` only, and a global option's value is not a command.
+    #[test]
+    fn json_usage_names_the_command_of_a_refused_line() {
+        let of = |line: &str| {
+            let args: Vec<std::ffi::OsString> = std::iter::once("nspawn-lifecycle-helper")
+                .chain(line.split(' '))
+                .map(Into::into)
+                .collect();
+            json_usage(&args).map(|u| (u.kind, u.machine, u.state))
+        };
+        assert_eq!(of("plan --json a..b"), Some(("PlanError", None, None)));
+        assert_eq!(
+            of("--host-root /status --config plan -v discover --json=x"),
+            Some(("DiscoverError", None, None))
+        );
+        assert_eq!(
+            of("host status --json x"),
+            Some(("StatusError", Some("host"), Some("unknown")))
+        );
+        assert_eq!(
+            of("status --json --bogus"),
+            Some(("StatusError", None, Some("unknown")))
+        );
+        assert_eq!(
+            of("host plan --json -q"),
+            Some(("PlanError", Some("host"), None))
+        );
+        assert_eq!(of("pre-start --json"), Some(("UsageError", None, None)));
+        assert_eq!(of("--json"), Some(("UsageError", None, None)));
+        assert_eq!(of("install --dry-run -- --json"), None);
+        assert_eq!(of("plan a..b"), None);
+        assert_eq!(of("plan --jsonx"), None);
+    }
 
     #[test]
     fn cli_is_consistent() {

@@ -663,6 +663,46 @@ fn a_log_filter_typo_and_quiet_with_verbose_are_usage_errors() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
+/// With `--json`, a command line clap refuses prints one error object on stdout (the schema
+/// test checks its fields) and clap's own message on stderr, exit 2; without `--json`, or with
+/// it after `--`, stdout stays empty. Help is help, not an error.
+#[test]
+fn usage_errors_of_json_lines_are_json() {
+    let out = helper(&["discover", "--json", "--bogus"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "DiscoverError");
+    assert_eq!(v["exitCode"], 2);
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("unexpected argument '--bogus' found"),
+        "{error}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: unexpected argument '--bogus' found"),
+        "{err}"
+    );
+    for args in [
+        &["discover", "--bogus"][..],
+        &["install", "--dry-run", "--", "--json"],
+        &["plan", "--json", "--help"],
+    ] {
+        let out = helper(args);
+        let code = if args.contains(&"--help") { 0 } else { 2 };
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {out:?}");
+        assert!(
+            code == 0 || out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("apiVersion"),
+            "{args:?}"
+        );
+    }
+}
+
 /// `--version` says what was built: the version, the git commit (and whether the tree had
 /// uncommitted changes), the profile and the target; `-V` stays the one short line scripts parse.
 #[test]

@@ -235,6 +235,54 @@ fn privileged_every_json_output_matches_its_schema() {
         "install-no-image",
         &stdout_of(h.path(), &["install", "kube9", "--json"], 2),
     );
+    // A command line that does not parse, with --json: one object all the same (exit 2), of the
+    // kind its command's failures carry, UsageError where it names none with --json; a bad
+    // NSPAWN_LIFECYCLE_LOG likewise.
+    for (schema, args) in [
+        ("command-error.schema.json", &["plan", "--json", "a..b"][..]),
+        ("command-error.schema.json", &["install", "--json"]),
+        (
+            "command-error.schema.json",
+            &["discover", "--json", "--bogus"],
+        ),
+        (
+            "command-error.schema.json",
+            &["uninstall", "--json", "--bogus"],
+        ),
+        (
+            "command-error.schema.json",
+            &["host", "plan", "--json", "--x"],
+        ),
+        (
+            "command-error.schema.json",
+            &["nspawn-lifecycle", "pre-start", "--json", "kube1"],
+        ),
+        ("status-error.schema.json", &["status", "--json", "--bogus"]),
+        (
+            "status-error.schema.json",
+            &["host", "status", "--json", "x"],
+        ),
+    ] {
+        docs.add(
+            schema,
+            &format!("usage {args:?}"),
+            &stdout_of(h.path(), args, 2),
+        );
+    }
+    for (schema, args) in [
+        ("command-error.schema.json", &["discover", "--json"][..]),
+        ("status-error.schema.json", &["status", "kube1", "--json"]),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"))
+            .arg("--host-root")
+            .arg(h.path())
+            .args(args)
+            .env("NSPAWN_LIFECYCLE_LOG", "not=a=filter[")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        docs.add(schema, &format!("log filter {args:?}"), &out.stdout);
+    }
     stdout_of(h.path(), &["install", "--host"], 0);
     docs.add(
         "host-status.schema.json",

@@ -19,14 +19,39 @@ use anyhow::Result;
 /// would change the file.
 pub fn run_with_code(cli: Cli) -> Result<u8> {
     let json_error = json_error_kind(&cli.command);
-    run_with_code_inner(cli).map_err(|e| match json_error {
+    run_with_code_inner(cli).map_err(|e| print_json_error(json_error, e))
+}
+
+/// `e`, a failure of `command` before it ran (a bad `NSPAWN_LIFECYCLE_LOG`), printed as the one
+/// JSON object a `--json` command prints when it fails; returned as it was.
+pub fn json_failure(command: &Command, e: anyhow::Error) -> anyhow::Error {
+    let json_error = json_error_kind(command).or_else(|| match command {
+        Command::Status {
+            machine,
+            json: true,
+            ..
+        } => Some(("StatusError", machine.as_ref().map(ToString::to_string))),
+        Command::Host(HostCommand::Status { json: true }) => {
+            Some(("StatusError", Some("host".to_owned())))
+        }
+        _ => None,
+    });
+    print_json_error(json_error, e)
+}
+
+fn print_json_error(
+    json_error: Option<(&'static str, Option<String>)>,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    match json_error {
         // A report printed before the error (host plan's, install's before a failed reload) is
         // the one JSON document.
         Some((kind, subject)) if !crate::output::printed() => {
-            crate::output::print_error_object(kind, subject.as_deref(), None, e)
+            let state = (kind == "StatusError").then_some("unknown");
+            crate::output::print_error_object(kind, subject.as_deref(), state, e)
         }
         _ => e,
-    })
+    }
 }
 
 /// With `--json`, a command that fails still prints one JSON object for a script to parse
