@@ -9,7 +9,8 @@ use std::path::PathBuf;
 ///
 /// systemd runs `nspawn-lifecycle pre-start` and `post-start` around every start of
 /// systemd-nspawn@<MACHINE>.service: the first renders the machine's .nspawn file from the host as
-/// it is now (GPU device nodes, driver files, KVM, extra mounts), the second rewires the NVIDIA
+/// it is now (GPU device nodes, driver files, KVM, InfiniBand and the other host devices, the
+/// disks the host does not use, extra mounts), the second rewires the NVIDIA
 /// driver root, library links and CDI spec inside the machine with kubelet and containerd stopped.
 #[derive(Debug, Parser)]
 #[command(
@@ -105,7 +106,10 @@ pub enum Command {
     Host(HostCommand),
 
     /// Show what this host has right now: NVIDIA device nodes, GPUs, driver versions and files,
-    /// /dev/kvm, and the verdict (none, complete, incomplete) that decides what the hooks do.
+    /// /dev/kvm, the host devices a machine gets (InfiniBand, TUN and vhost, GPUDirect, the
+    /// config's extras), every disk (free, or the host's and why: mounted, swap, an LVM, RAID or
+    /// btrfs member, ...), and the verdict (none, complete, incomplete) that decides what the
+    /// hooks do.
     /// Exit 0 whatever the verdict (it is in the output); 3 only with `--exit-code` and an
     /// incomplete verdict, as pre-start would exit.
     Discover {

@@ -58,7 +58,14 @@ fn gpus_text(s: &mut String, inv: &Inventory) {
     }
     let _ = writeln!(s, "device nodes: {}", inv.devices.len());
     for d in &inv.devices {
-        let _ = writeln!(s, "  {} {}:{} {:?}", d.path, d.major, d.minor, d.role);
+        let _ = writeln!(
+            s,
+            "  {} {}:{} {}",
+            d.path,
+            d.major,
+            d.minor,
+            d.role.as_str()
+        );
     }
     let _ = writeln!(
         s,

@@ -462,8 +462,16 @@ fn man_pages_into_a_missing_directory_is_bad_input() {
     let out = helper(&["manpages", "/nonexistent/man1"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("/nonexistent/man1"), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/man1: No such file or directory"),
+        "{stderr}"
+    );
     assert!(!Path::new("/nonexistent").exists());
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = helper(&["manpages", file.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(": not a directory"), "{stderr}");
 }
 
 /// The first `: `-separated segment of `line` that appears twice, if any.

@@ -156,6 +156,21 @@ fn check_example(name: &str) {
     let out = run(root, &["discover"]);
     assert_eq!(code(&out), 0, "discover: {}", text(&out.stderr));
     assert!(text(&out.stdout).starts_with("verdict: "));
+    // The text names each node's role as the JSON does.
+    for d in json["devices"].as_array().unwrap() {
+        let line = format!(
+            "  {} {}:{} {}\n",
+            d["path"].as_str().unwrap(),
+            d["major"],
+            d["minor"],
+            d["role"].as_str().unwrap()
+        );
+        assert!(
+            text(&out.stdout).contains(&line),
+            "{name}: no {line:?} in\n{}",
+            text(&out.stdout)
+        );
+    }
     assert_same_tree(&before, &snapshot(root, &[]), "discover");
 
     let out = run(root, &["nspawn-lifecycle", "pre-start", "kube1"]);

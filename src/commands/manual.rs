@@ -429,11 +429,20 @@ fn breakable_paths(page: &str) -> String {
 /// Write every man page into the man tree `dir` (which must exist): `dir/man1/*.1`,
 /// `dir/man5/*.5`, each replaced atomically. Returns the paths written.
 pub fn write_pages(dir: &Path) -> Result<Vec<PathBuf>> {
-    if !dir.is_dir() {
-        return Err(crate::error::bad_input(format!(
-            "manpages {}: not a directory",
-            dir.display()
-        )));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(crate::error::bad_input(format!(
+                "manpages {}: not a directory",
+                dir.display()
+            )));
+        }
+        Err(e) => {
+            return Err(crate::error::bad_input(format!(
+                "manpages {}: {e} (it must be an existing directory)",
+                dir.display()
+            )));
+        }
     }
     let mut written = Vec::new();
     for (name, roff) in pages()? {

@@ -83,6 +83,23 @@ pub enum DeviceRole {
     Kvm,
 }
 
+impl DeviceRole {
+    /// The name `discover` prints, in its text as in its JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceRole::Gpu => "gpu",
+            DeviceRole::Control => "control",
+            DeviceRole::Uvm => "uvm",
+            DeviceRole::UvmTools => "uvm-tools",
+            DeviceRole::Modeset => "modeset",
+            DeviceRole::Cap => "cap",
+            DeviceRole::ImexChannel => "imex-channel",
+            DeviceRole::Dri => "dri",
+            DeviceRole::Kvm => "kvm",
+        }
+    }
+}
+
 /// A host device node beyond the NVIDIA ones and `/dev/kvm`, bound into a machine by category.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -291,6 +308,34 @@ impl<'a> Report<'a> {
             host_root: host.root().display().to_string(),
             inventory,
             assignments: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::DeviceRole::{self, *};
+
+    /// `discover`'s text names a node's role as its JSON does.
+    #[test]
+    fn the_text_name_is_the_json_name() {
+        let all: [DeviceRole; 9] = [
+            Gpu,
+            Control,
+            Uvm,
+            UvmTools,
+            Modeset,
+            Cap,
+            ImexChannel,
+            Dri,
+            Kvm,
+        ];
+        for role in all {
+            assert_eq!(
+                serde_json::to_value(role).unwrap(),
+                role.as_str(),
+                "{role:?}"
+            );
         }
     }
 }
