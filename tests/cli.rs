@@ -93,7 +93,8 @@ fn bash_completion_loads_and_completes_the_hooks() {
 }
 
 /// Completions offer no hidden command (the hooks' plumbing, packaging), and where a command
-/// takes MACHINE, the installed machines (drop-ins under `--host-root` when the line gives one).
+/// takes MACHINE, the installed machines (drop-ins under `--host-root` when the line gives one);
+/// `install`, the machine images.
 #[test]
 fn completions_hide_plumbing_and_offer_installed_machines() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,6 +143,13 @@ fn completions_hide_plumbing_and_offer_installed_machines() {
     );
     assert_eq!(machines(&["plan", "kube1", ""]), Vec::<String>::new());
     assert_eq!(machines(&["discover", ""]), Vec::<String>::new());
+    // install: the images, installed or not, as machinectl lists them; uninstall: the installed.
+    for image in ["kube1", "img3", "disk4.raw", ".hidden"] {
+        std::fs::create_dir_all(host.path().join("var/lib/machines").join(image)).unwrap();
+    }
+    assert_eq!(machines(&["install", ""]), ["disk4", "img3", "kube1"]);
+    assert_eq!(machines(&["install", "--dry-run", "i"]), ["img3"]);
+    assert_eq!(machines(&["uninstall", ""]), ["gpu2", "kube1"]);
     let zsh = stdout_of(&["completions", "zsh"]);
     let fish = stdout_of(&["completions", "fish"]);
     for (shell, text) in [("zsh", &zsh), ("fish", &fish)] {
@@ -226,6 +234,17 @@ fn fish_completes_machines_and_zsh_loads_the_script() {
         fish(&format!(
             "{NAME} --host-root {root} nspawn-lifecycle post-start "
         )),
+        ["gpu2", "kube1"]
+    );
+    for image in ["kube1", "img3", "disk4.raw", ".hidden"] {
+        std::fs::create_dir_all(host.join("var/lib/machines").join(image)).unwrap();
+    }
+    assert_eq!(
+        fish(&format!("{NAME} --host-root {root} install ")),
+        ["disk4", "img3", "kube1"]
+    );
+    assert_eq!(
+        fish(&format!("{NAME} --host-root {root} uninstall ")),
         ["gpu2", "kube1"]
     );
     for no_machine in ["plan kube1 ", "discover ", "host status "] {

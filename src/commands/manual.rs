@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 /// these names (`systemd-nspawn@<machine>.service.d/50-nspawn-lifecycle.conf`).
 const DROPIN_GLOB: &str = "/etc/systemd/system/systemd-nspawn@*.service.d/50-nspawn-lifecycle.conf";
 
+/// Where `install` finds a machine's image: its MACHINE completes from the images there, installed
+/// or not, as `machinectl list-images` lists them (a directory, or `NAME.raw`; no hidden ones).
+const IMAGES: &str = "/var/lib/machines";
+
 /// Write the completion script for `shell` to `out`: the visible commands only, and the
 /// installed machines where a command takes MACHINE.
 pub fn completions(shell: Shell, out: &mut dyn Write) -> Result<()> {
@@ -81,6 +85,15 @@ _nspawn_lifecycle_helper_with_machines() {
         @MACHINE_COMMANDS@) ;;
         *) return 0 ;;
     esac
+    if [[ ${words[*]} == install ]]; then
+        for f in "${root%/}"@IMAGES@/*; do
+            [[ -e $f ]] || continue
+            m=${f##*/}
+            m=${m%.raw}
+            [[ $m == "$cur"* ]] && COMPREPLY+=("$m")
+        done
+        return 0
+    fi
     for f in "${root%/}"@GLOB@; do
         [[ -e $f ]] || continue
         m=${f#"${root%/}/etc/systemd/system/systemd-nspawn@"}
@@ -91,11 +104,14 @@ _nspawn_lifecycle_helper_with_machines() {
 }
 "#;
 
-/// zsh: MACHINE completes from the installed machines.
+/// zsh: MACHINE completes from the installed machines; `install`'s, from the images.
 fn zsh_machines(script: &str) -> String {
     let func = format!(
-        "_nspawn_lifecycle_machines() {{\n    local -a m\n    m=({DROPIN_GLOB}(N))\n    \
-         m=(${{${{m#/etc/systemd/system/systemd-nspawn@}}%%.service.d/*}})\n    \
+        "_nspawn_lifecycle_machines() {{\n    local -a m\n    \
+         if (( ${{words[(I)install]}} )); then\n        \
+         m=({IMAGES}/*(N:t))\n        m=(${{m%.raw}})\n    else\n        \
+         m=({DROPIN_GLOB}(N))\n        \
+         m=(${{${{m#/etc/systemd/system/systemd-nspawn@}}%%.service.d/*}})\n    fi\n    \
          compadd -a m\n}}\n\n"
     );
     let mut out = String::new();
@@ -123,6 +139,7 @@ fn fish_machines(cmd: &clap::Command, name: &str) -> String {
     FISH_MACHINES
         .replace("@NAME@", name)
         .replace("@GLOB@", DROPIN_GLOB.trim_start_matches('/'))
+        .replace("@IMAGES@", IMAGES)
         .replace("@VALUE_OPTIONS@", &g.value_options.join(" "))
         .replace("@MACHINE_COMMANDS@", &g.quoted_commands(" "))
 }
@@ -188,8 +205,7 @@ impl Grammar {
 }
 
 const FISH_MACHINES: &str = r#"
-function __@NAME@_machine_wanted
-    set -l words
+function __@NAME@_words
     set -l skip 0
     for w in (commandline -opc)[2..-1]
         if test $skip = 1
@@ -201,12 +217,16 @@ function __@NAME@_machine_wanted
                 set skip 1
             case '-*'
             case '*'
-                set -a words $w
+                echo $w
         end
     end
+end
+function __@NAME@_machine_wanted
+    set -l words (__@NAME@_words)
     contains -- "$words" @MACHINE_COMMANDS@
 end
 function __@NAME@_machines
+    set -l words (__@NAME@_words)
     set -l root ""
     set -l args (commandline -opc)
     for i in (seq (count $args))
@@ -218,6 +238,12 @@ function __@NAME@_machines
         end
     end
     set root (string replace -r -- '/+$' '' $root)
+    if test "$words" = install
+        for f in $root@IMAGES@/*
+            string replace -r -- '^.*/([^/]*?)(\.raw)?$' '$1' $f
+        end
+        return
+    end
     for f in $root/@GLOB@
         string replace -r -- '^.*/systemd-nspawn@(.*)\.service\.d/[^/]*$' '$1' $f
     end
@@ -244,6 +270,7 @@ fn register_for(script: &str, alias: &str, name: &str, g: &Grammar) -> String {
     out.push_str(
         &BASH_MACHINES
             .replace("@GLOB@", DROPIN_GLOB)
+            .replace("@IMAGES@", IMAGES)
             .replace("@VALUE_OPTIONS@", &g.value_options.join(" | "))
             .replace("@MACHINE_COMMANDS@", &g.quoted_commands(" | ")),
     );
