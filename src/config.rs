@@ -289,6 +289,38 @@ pub struct MachineConfig {
     pub devices: Devices,
 }
 
+/// serde's message about a value in JSON's terms, not Rust's: `expected u64` is a whole number
+/// of 0 or more, `expected struct DevicesSetting` and `map` a JSON object, `sequence` a list.
+fn in_json_terms(serde: &str) -> String {
+    let mut out = serde.to_owned();
+    while let Some(at) = out.find("expected struct ") {
+        let name = &out[at + "expected struct ".len()..];
+        let end = name
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(name.len());
+        out.replace_range(
+            at..at + "expected struct ".len() + end,
+            "expected a JSON object",
+        );
+    }
+    for (rust, json) in [
+        ("expected u64", "expected a whole number of 0 or more"),
+        ("expected u32", "expected a whole number of 0 or more"),
+        ("expected u16", "expected a whole number of 0 or more"),
+        ("expected u8", "expected a whole number of 0 or more"),
+        ("expected usize", "expected a whole number of 0 or more"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected a sequence", "expected a list"),
+        ("expected a map", "expected a JSON object"),
+        ("invalid type: map", "invalid type: a JSON object"),
+        ("invalid type: sequence", "invalid type: a list"),
+    ] {
+        out = out.replace(rust, json);
+    }
+    out
+}
+
 /// The whole loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -358,9 +390,9 @@ impl Config {
         check_objects(&value)?;
         let file: File = serde_path_to_error::deserialize(value).map_err(|e| {
             let at = e.path().to_string();
-            let why = e.into_inner();
+            let why = in_json_terms(&e.into_inner().to_string());
             bad_input(if at == "." {
-                why.to_string()
+                why
             } else {
                 format!("{at}: {why}")
             })
@@ -462,14 +494,16 @@ impl Config {
             ),
             None => ("defaults".to_owned(), self.defaults.clone()),
         };
-        let mut mc = self.settings_checked(&key, &settings)?;
+        let in_file = |e: anyhow::Error| e.context(format!("config file {}", self.source));
+        let mut mc = self.settings_checked(&key, &settings).map_err(in_file)?;
         if settings.directory.is_none() {
             mc.directory = format!("/var/lib/machines/{machine}")
                 .try_into()
-                .map_err(|e| bad_input(format!("{key}.directory: {e}")))?;
+                .map_err(|e| in_file(bad_input(format!("{key}.directory: {e}"))))?;
         }
-        devices::check_on_host(&mut mc.devices, host)?;
-        self.check_disks_disjoint(host, machine, &mc)?;
+        devices::check_on_host(&mut mc.devices, host).map_err(in_file)?;
+        self.check_disks_disjoint(host, machine, &mc)
+            .map_err(in_file)?;
         let others = installed_machines(host)?
             .into_iter()
             .map(|m| m.to_string())
@@ -478,10 +512,10 @@ impl Config {
         mc.devices.sole_machine = !others;
         for (i, m) in mc.mounts.iter().enumerate() {
             if host.symlink_metadata(&m.source).is_err() {
-                return Err(bad_input(format!(
+                return Err(in_file(bad_input(format!(
                     "{key}.mounts[{i}].source: \"{}\" does not exist on the host",
                     m.source
-                )));
+                ))));
             }
         }
         Ok(mc)

@@ -309,6 +309,12 @@ fn privileged_bad_devices_are_named_and_change_nothing() {
         let (code, err) = pre_start(root);
         assert_eq!(code, 2, "{devices}: {err}");
         assert!(err.contains(says), "{devices}: {err} should say {says}");
+        // Found against the host or not, the error names the file to change (at parse, as
+        // found under the host root; against the host, as the host names it).
+        assert!(
+            err.contains("config file ") && err.contains("etc/nspawn-lifecycle/config.json: "),
+            "{devices}: {err} names no config file"
+        );
         assert_eq!(before, snapshot(root, &[]), "{devices} changed the tree");
     }
 }

@@ -684,3 +684,30 @@ fn a_start_that_cannot_fit_the_units_timeout_is_refused_naming_both() {
     Config::parse(br#"{"defaults": {"importBudgetSeconds": 1080}}"#).unwrap();
     assert!(Config::parse(br#"{"defaults": {"importBudgetSeconds": 1081}}"#).is_err());
 }
+
+/// A value of the wrong type is named in JSON's terms (a whole number, a list, a JSON object),
+/// never Rust's (`u64`, `sequence`, `struct DevicesSetting`).
+#[test]
+fn wrong_types_are_named_in_json_terms() {
+    for (json, says) in [
+        (
+            r#"{"machines": {"kube1": {"bootTimeoutSeconds": -1}}}"#,
+            "machines.kube1.bootTimeoutSeconds: invalid value: integer `-1`, expected a whole number of 0 or more",
+        ),
+        (
+            r#"{"machines": {"kube1": {"mounts": {}}}}"#,
+            "machines.kube1.mounts: invalid type: a JSON object, expected a list",
+        ),
+        (
+            r#"{"machines": {"kube1": {"devices": "x"}}}"#,
+            "machines.kube1.devices: invalid type: string \"x\", expected a JSON object",
+        ),
+        (
+            r#"{"defaults": {"dropCapabilities": 1}}"#,
+            "defaults.dropCapabilities: invalid type: integer `1`, expected a list",
+        ),
+    ] {
+        let err = format!("{:#}", Config::parse(json.as_bytes()).unwrap_err());
+        assert_eq!(err, says, "{json}");
+    }
+}

@@ -232,10 +232,11 @@ pub fn check_startable(
                 &found
             }
         };
+        let in_file = || format!("config file {}", mc.config_file);
         if overlap {
-            assign::check_overlap(inv, &lists)?;
+            assign::check_overlap(inv, &lists).with_context(in_file)?;
         }
-        crate::model::host_devices::check_named_nodes(inv, &mc)?;
+        crate::model::host_devices::check_named_nodes(inv, &mc).with_context(in_file)?;
     }
     check_installed_dropin(ctx, machine, &mc.gpus)?;
     Ok(mc)
