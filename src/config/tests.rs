@@ -711,3 +711,57 @@ fn wrong_types_are_named_in_json_terms() {
         assert_eq!(err, says, "{json}");
     }
 }
+
+/// docs/configuration.md is the configuration file in full: every key of the settings table the
+/// man page is rendered from, the top-level keys and each `devices` key are on it, and its
+/// example is a configuration this build accepts.
+#[test]
+fn the_configuration_page_has_every_key_and_a_valid_example() {
+    let page = include_str!("../../docs/configuration.md");
+    let devices = SETTINGS
+        .iter()
+        .find(|s| s.key == "devices")
+        .expect("the devices setting");
+    let inner = devices
+        .kind
+        .split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .expect("devices' kind lists its keys in braces")
+        .0;
+    let device_keys: Vec<&str> = inner
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty() && !["boolean", "array", "of", "paths"].contains(w))
+        .collect();
+    assert!(device_keys.contains(&"disks"), "{device_keys:?}");
+    let keys = SETTINGS
+        .iter()
+        .map(|s| s.key)
+        .chain(["helperPath", "defaults", "machines", "host"])
+        .chain(device_keys);
+    // Its table of every machine key is the settings table itself, row for row.
+    let mut table = String::from("| key | type | default | meaning |\n|---|---|---|---|\n");
+    for s in SETTINGS {
+        table.push_str(&format!(
+            "| `{}` | {} | `{}` | {} |\n",
+            s.key,
+            s.kind.replace('|', "\\|"),
+            s.default,
+            s.meaning.replace('|', "\\|")
+        ));
+    }
+    assert!(
+        page.contains(&table),
+        "docs/configuration.md's table of keys is not the settings table; it should read:\n{table}"
+    );
+    let missing: Vec<&str> = keys.filter(|k| !page.contains(&format!("`{k}`"))).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md lacks {missing:?}"
+    );
+    let example = page
+        .split("```json\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the page's JSON example");
+    Config::parse(example.as_bytes()).unwrap();
+}
