@@ -1517,3 +1517,53 @@ fn privileged_plan_foresees_a_driver_file_the_kernel_refuses_to_link() {
         text(&started.stderr)
     );
 }
+
+/// The README's "Try it on your host" commands, verbatim: on every example host (with kube1's
+/// image there, nothing installed) each one exits 0, or 3 where the host's driver is incomplete,
+/// prints something, and writes nothing at all.
+#[test]
+fn privileged_the_readme_tour_writes_nothing_on_any_example_host() {
+    let readme = include_str!("../README.md");
+    let block = readme
+        .split("<!-- tour:begin")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- tour:end").next())
+        .expect("the README's tour block");
+    let lines: Vec<Vec<&str>> = block
+        .lines()
+        .filter_map(|l| l.strip_prefix("nspawn-lifecycle-helper "))
+        .map(|l| {
+            l.split('#')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(lines.len(), 4, "{block}");
+    for (name, _) in fixture::EXAMPLES {
+        let dir = host(name);
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("var/lib/machines/kube1")).unwrap();
+        let before = snapshot(root, &[]);
+        let incomplete = {
+            let out = run(root, &["discover", "--exit-code"]);
+            code(&out) == 3
+        };
+        for args in &lines {
+            let out = run(root, args);
+            let ok = code(&out) == 0 || (incomplete && code(&out) == 3);
+            assert!(
+                ok,
+                "{name}: {args:?} exited {}: {}",
+                code(&out),
+                text(&out.stderr)
+            );
+            assert!(
+                !out.stdout.is_empty() || args[0] == "cdi-spec" || code(&out) == 3,
+                "{name}: {args:?} printed nothing"
+            );
+        }
+        assert_same_tree(&before, &snapshot(root, &[]), &format!("{name}: the tour"));
+    }
+}
