@@ -289,38 +289,6 @@ pub struct MachineConfig {
     pub devices: Devices,
 }
 
-/// serde's message about a value in JSON's terms, not Rust's: `expected u64` is a whole number
-/// of 0 or more, `expected struct DevicesSetting` and `map` a JSON object, `sequence` a list.
-fn in_json_terms(serde: &str) -> String {
-    let mut out = serde.to_owned();
-    while let Some(at) = out.find("expected struct ") {
-        let name = &out[at + "expected struct ".len()..];
-        let end = name
-            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-            .unwrap_or(name.len());
-        out.replace_range(
-            at..at + "expected struct ".len() + end,
-            "expected a JSON object",
-        );
-    }
-    for (rust, json) in [
-        ("expected u64", "expected a whole number of 0 or more"),
-        ("expected u32", "expected a whole number of 0 or more"),
-        ("expected u16", "expected a whole number of 0 or more"),
-        ("expected u8", "expected a whole number of 0 or more"),
-        ("expected usize", "expected a whole number of 0 or more"),
-        ("expected i64", "expected a whole number"),
-        ("expected i32", "expected a whole number"),
-        ("expected a sequence", "expected a list"),
-        ("expected a map", "expected a JSON object"),
-        ("invalid type: map", "invalid type: a JSON object"),
-        ("invalid type: sequence", "invalid type: a list"),
-    ] {
-        out = out.replace(rust, json);
-    }
-    out
-}
-
 /// The whole loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -390,7 +358,7 @@ impl Config {
         check_objects(&value)?;
         let file: File = serde_path_to_error::deserialize(value).map_err(|e| {
             let at = e.path().to_string();
-            let why = in_json_terms(&e.into_inner().to_string());
+            let why = strict_json::in_json_terms(&e.into_inner().to_string());
             bad_input(if at == "." {
                 why
             } else {

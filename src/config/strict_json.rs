@@ -1,6 +1,7 @@
 //! The configuration's JSON, read strictly: a key given twice in one object is an error naming
 //! it by its path (`machines.kube1.gpus`), where serde_json keeps the last silently (a machine
-//! meant to get no GPU would get every one).
+//! meant to get no GPU would get every one); and serde's complaints about a value said in JSON's
+//! terms.
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -103,6 +104,38 @@ impl<'de> Visitor<'de> for Strict {
         }
         Ok(Value::Object(out))
     }
+}
+
+/// serde's message about a value in JSON's terms, not Rust's: `expected u64` is a whole number
+/// of 0 or more, `expected struct DevicesSetting` and `map` a JSON object, `sequence` a list.
+pub(super) fn in_json_terms(serde: &str) -> String {
+    let mut out = serde.to_owned();
+    while let Some(at) = out.find("expected struct ") {
+        let name = &out[at + "expected struct ".len()..];
+        let end = name
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(name.len());
+        out.replace_range(
+            at..at + "expected struct ".len() + end,
+            "expected a JSON object",
+        );
+    }
+    for (rust, json) in [
+        ("expected u64", "expected a whole number of 0 or more"),
+        ("expected u32", "expected a whole number of 0 or more"),
+        ("expected u16", "expected a whole number of 0 or more"),
+        ("expected u8", "expected a whole number of 0 or more"),
+        ("expected usize", "expected a whole number of 0 or more"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+        ("expected a sequence", "expected a list"),
+        ("expected a map", "expected a JSON object"),
+        ("invalid type: map", "invalid type: a JSON object"),
+        ("invalid type: sequence", "invalid type: a list"),
+    ] {
+        out = out.replace(rust, json);
+    }
+    out
 }
 
 #[cfg(test)]
