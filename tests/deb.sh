@@ -55,7 +55,19 @@ dpkg-deb --fsys-tarfile "$deb" | tar -tv | awk '$2 != "root/root" {bad = 1; prin
     || fail "files not owned by root/root in $deb"
 [ "$(dpkg-deb --fsys-tarfile "$deb" | tar -xO "./usr/bin/$exe" | sha256sum)" = "$(sha256sum < "$bin")" ] \
     || fail "/usr/bin/$exe in the package is not $bin"
-echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts" >&2
+# docs/packaging.md names every file of the package (a path, a directory ending in /, or a *
+# pattern, each in backquotes in its table's first column).
+named=$(sed -n '/^| path in the package |/,/^$/p' docs/packaging.md | awk -F' [|] ' 'NR > 2 {print $1}' \
+    | grep -o '`/[^`]*`' | tr -d '`')
+while read -r f; do
+    hit=""
+    while read -r n; do
+        # shellcheck disable=SC2053 # $n is a pattern
+        case $n in */) [[ $f == "$n"* ]] && hit=1 ;; *) [[ $f == $n ]] && hit=1 ;; esac
+    done <<<"$named"
+    [ -n "$hit" ] || fail "docs/packaging.md's table does not name $f, which the package holds"
+done <<<"$files"
+echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts, each named in docs/packaging.md" >&2
 # What it asks of the system: nspawn's package, and the node exporter for the metrics timer.
 [ "$(dpkg-deb -f "$deb" Recommends)" = systemd-container ] || fail "Recommends: $(dpkg-deb -f "$deb" Recommends)"
 [ "$(dpkg-deb -f "$deb" Suggests)" = prometheus-node-exporter ] || fail "Suggests: $(dpkg-deb -f "$deb" Suggests)"
