@@ -59,9 +59,9 @@ pub struct DeviceNode {
     pub role: DeviceRole,
 }
 
-/// What a device node is for; decides where it goes in the CDI spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// What a device node is for; decides where it goes in the CDI spec. Named in `discover`'s text
+/// and JSON alike as [`DeviceRole::as_str`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeviceRole {
     /// `/dev/nvidia<N>`, one per GPU.
     Gpu,
@@ -97,6 +97,12 @@ impl DeviceRole {
             DeviceRole::Dri => "dri",
             DeviceRole::Kvm => "kvm",
         }
+    }
+}
+
+impl Serialize for DeviceRole {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -308,34 +314,6 @@ impl<'a> Report<'a> {
             host_root: host.root().display().to_string(),
             inventory,
             assignments: Vec::new(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod role_tests {
-    use super::DeviceRole::{self, *};
-
-    /// `discover`'s text names a node's role as its JSON does.
-    #[test]
-    fn the_text_name_is_the_json_name() {
-        let all: [DeviceRole; 9] = [
-            Gpu,
-            Control,
-            Uvm,
-            UvmTools,
-            Modeset,
-            Cap,
-            ImexChannel,
-            Dri,
-            Kvm,
-        ];
-        for role in all {
-            assert_eq!(
-                serde_json::to_value(role).unwrap(),
-                role.as_str(),
-                "{role:?}"
-            );
         }
     }
 }
