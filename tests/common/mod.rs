@@ -6,31 +6,35 @@ use std::path::Path;
 
 /// `install ARGS` on the host tree `root`, as an operator runs it. The helper it copies is this
 /// test build's own binary, built for the architecture the tests run on; on a host tree of
-/// another architecture (its driver's says which: an aarch64 host under the x86_64 build, the
-/// x86_64 hosts under the aarch64 build in qemu-user) `status` rightly judges that copy unable
-/// to run, so a minimal ELF program of the host's architecture stands in for it (the helper's
-/// header and identity are read, never run).
+/// another architecture (as `status` tells it: `model::helper::host_machine`, from the driver's
+/// libraries; an aarch64 host under the x86_64 build, the x86_64 hosts under the aarch64 build
+/// in qemu-user) `status` rightly judges that copy unable to run, so a minimal ELF program of
+/// the host's architecture stands in for it (the helper's header and identity are read, never
+/// run).
 pub fn install(root: &Path, args: &[&str]) -> std::process::Output {
+    use nspawn_lifecycle::discovery::parse::{EM_AARCH64, EM_X86_64};
+    use nspawn_lifecycle::model::helper::{THIS_MACHINE, host_machine};
     let out = run_helper(root, &[&["install"], args].concat());
-    let host_arch = if root.join("usr/lib/aarch64-linux-gnu").is_dir() {
-        "aarch64"
-    } else {
-        "x86_64"
-    };
-    if out.status.success() && host_arch != std::env::consts::ARCH && !args.contains(&"--dry-run") {
-        let stand_in = tempfile::tempdir().unwrap();
-        nspawn_lifecycle::fixture::materialize(
-            &format!("elf /helper {host_arch}\n"),
-            stand_in.path(),
-        )
-        .unwrap();
-        let installed = root.join(&nspawn_lifecycle::config::DEFAULT_HELPER_PATH[1..]);
-        std::fs::write(
-            installed,
-            std::fs::read(stand_in.path().join("helper")).unwrap(),
-        )
-        .unwrap();
+    if !out.status.success() || args.contains(&"--dry-run") {
+        return out;
     }
+    let host = nspawn_lifecycle::fs::host::HostRoot::open(root).unwrap();
+    let inv = nspawn_lifecycle::discovery::discover(&host).unwrap();
+    let arch = match host_machine(&host, &inv) {
+        Some(m) if m == THIS_MACHINE => return out,
+        Some(EM_AARCH64) => "aarch64",
+        Some(EM_X86_64) => "x86_64",
+        _ => return out,
+    };
+    let stand_in = tempfile::tempdir().unwrap();
+    nspawn_lifecycle::fixture::materialize(&format!("elf /helper {arch}\n"), stand_in.path())
+        .unwrap();
+    let installed = root.join(&nspawn_lifecycle::config::DEFAULT_HELPER_PATH[1..]);
+    std::fs::write(
+        installed,
+        std::fs::read(stand_in.path().join("helper")).unwrap(),
+    )
+    .unwrap();
     out
 }
 
