@@ -846,7 +846,7 @@ fn privileged_unusable_ld_so_cache_falls_back_to_the_standard_dirs() {
 #[test]
 fn privileged_demo_shows_discovery_and_the_nspawn_file() {
     require_root();
-    let demo = common::example_bin("demo");
+    let demo = env!("CARGO_BIN_EXE_nspawn-lifecycle-demo");
     let out = Command::new(&demo).output().unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let shown = text(&out.stdout);
@@ -884,7 +884,7 @@ fn privileged_demo_interrupted_leaves_no_example_host() {
     // signal stays ignored across exec).
     let mut child = Command::new("env")
         .arg("--default-signal=INT")
-        .arg(common::example_bin("demo"))
+        .arg(env!("CARGO_BIN_EXE_nspawn-lifecycle-demo"))
         .args(["--host", "eight-gpus"])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::from(w))

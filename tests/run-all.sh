@@ -68,6 +68,13 @@ cargo clippy --all-targets --locked -- -D warnings
 step "cargo test"
 nodes_before=$(ls -d /dev/nvidia* 2>/dev/null || true)
 cargo test --locked
+# The README's Quick start, its first command as written there (the demo: its own profile, the
+# product's dependencies only), and its default example host shown complete.
+quick=$(sed -n '/^## Quick start/,/^## /p' README.md | sed -n '/^```sh/{n;s/ *#.*//;p;q}')
+step "the Quick start's first command: $quick"
+[ "${quick%% *}" = cargo ] || { echo "FAIL: the README's Quick start does not start with a cargo command: '$quick'" >&2; exit 1; }
+demo_out=$($quick)
+grep -q '^verdict: complete' <<< "$demo_out" || { echo "FAIL: '$quick' showed no complete verdict:" >&2; echo "$demo_out" >&2; exit 1; }
 step "cargo clippy --all-targets --features failpoints -- -D warnings"
 cargo clippy --all-targets --locked --features failpoints -- -D warnings
 step "cargo test --features failpoints (crash points and concurrent callers: tests/crash.rs, tests/concurrency.rs)"
@@ -89,6 +96,8 @@ built=$(cargo build --locked --release --message-format=json-render-diagnostics 
 # cargo install --path reuses this workspace's target/, so this costs no second build.
 installed=$(mktemp -d /tmp/nspawn-lifecycle-cargo-install.XXXXXX)
 cargo install --locked --path . --root "$installed"
+# The demo (a binary of the test kit) is no part of what is installed.
+[ "$(ls "$installed/bin")" = nspawn-lifecycle-helper ] || { echo "FAIL: cargo install put more than the helper in bin/: $(ls "$installed/bin")" >&2; exit 1; }
 for b in "$bin" "$installed/bin/nspawn-lifecycle-helper"; do
     file "$b"
     file "$b" | grep -Eq 'static-pie linked|statically linked' || { echo "FAIL: $b is not statically linked" >&2; exit 1; }

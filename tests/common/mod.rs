@@ -288,20 +288,3 @@ pub fn with_host_wiring<T>(
     };
     f(&wiring, &hc, &inv, &json)
 }
-
-/// The binary of example `name` (`examples/<name>.rs`), which `cargo test` builds beside the
-/// helper; a clear failure when it was not built (a `cargo test --test …` alone builds none).
-pub fn example_bin(name: &str) -> std::path::PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_nspawn-lifecycle-helper"))
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        bin.is_file(),
-        "{} was not built: run plain `cargo test` (it builds the examples), or `cargo build \
-         --examples` first",
-        bin.display()
-    );
-    bin
-}

@@ -1,11 +1,12 @@
-//! `cargo run --release --example demo [-- --host NAME | --list]`: build one of the example hosts
+//! `cargo demo [--host NAME | --list]`: build one of the example hosts
 //! (`assets/hosts/`) in a temporary directory and show what discovery sees there, the `.nspawn`
 //! file pre-start would write and the CDI spec post-start would write, through the product's own
 //! functions, writing nothing outside that directory. Root: the example host has real character
 //! devices (mknod).
 //!
 //! The example-host builder ([`nspawn_lifecycle::fixture`]) is the test kit's (feature
-//! `testkit`, on for examples and tests): the product binary does not carry it.
+//! `testkit`, which this binary requires and `cargo demo` turns on): the product binary does not
+//! carry it.
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
