@@ -847,20 +847,20 @@ fn privileged_unusable_ld_so_cache_falls_back_to_the_standard_dirs() {
 fn privileged_demo_shows_discovery_and_the_nspawn_file() {
     require_root();
     let demo = env!("CARGO_BIN_EXE_nspawn-lifecycle-demo");
-    let out = Command::new(&demo).output().unwrap();
+    let out = Command::new(demo).output().unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let shown = text(&out.stdout);
     assert!(shown.contains("verdict: complete"), "{shown}");
     assert!(shown.contains("Bind=/dev/nvidia1\n"), "{shown}");
-    let out = Command::new(&demo)
+    let out = Command::new(demo)
         .args(["--host", "version-mismatch"])
         .output()
         .unwrap();
     assert_eq!(code(&out), 0);
     assert!(text(&out.stdout).contains("refuses to start"));
-    let out = Command::new(&demo).args(["--list"]).output().unwrap();
+    let out = Command::new(demo).args(["--list"]).output().unwrap();
     assert_eq!(text(&out.stdout).lines().count(), fixture::EXAMPLES.len());
-    let out = Command::new(&demo)
+    let out = Command::new(demo)
         .args(["--host", "nope"])
         .output()
         .unwrap();
