@@ -1,12 +1,12 @@
 #!/bin/bash
-# The Debian package (issue 16 item 2), checked without booting anything; scenario 15 of the e2e
+# The Debian package, checked without booting anything; scenario 15 of the e2e
 # harness then installs it in a real systemd host and runs the lifecycle with it.
 #
 #   tests/deb.sh STATIC-BINARY [RUNNER]   prints the .deb's path on stdout (target/debian/...);
 #                                         RUNNER runs a binary of another architecture (qemu)
 #
 # Builds the package from the binary twice and requires identical bytes (deterministic build),
-# checks its file list and that it has no maintainer scripts, then runs lintian (which must be
+# checks its file list and its maintainer scripts, then runs lintian (which must be
 # installed: tests/run-all.sh installs it) and fails on any error or warning it reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +20,14 @@ again=$(assets/debian/build-deb.sh --binary "$bin" --out target/debian/again ${r
 cmp "$deb" "$again" || fail "two builds of the package from $bin differ (not deterministic)"
 echo "deterministic: $(sha256sum < "$deb" | cut -c1-16) twice" >&2
 
-# Maintainer scripts are how a package would touch machines or reload units: there must be none.
+# The maintainer scripts are the repository's, byte for byte, and executable; nothing else.
 ctrl=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | sed 's|^\./||; /^$/d' | LC_ALL=C sort | tr '\n' ' ')
-[ "$ctrl" = "control md5sums " ] || fail "control members are '$ctrl', want only control and md5sums"
+[ "$ctrl" = "control md5sums postinst postrm prerm " ] || fail "control members are '$ctrl', want control, md5sums, postinst, postrm, prerm"
+for s in postinst prerm postrm; do
+    dpkg-deb --ctrl-tarfile "$deb" | tar -xO "./$s" | cmp -s - "assets/debian/$s" || fail "$s in $deb is not assets/debian/$s"
+    dpkg-deb --ctrl-tarfile "$deb" | tar -tv "./$s" | grep -q '^-rwxr-xr-x root/root ' || fail "$s in $deb is not 0755 root:root"
+    sh -n "assets/debian/$s" || fail "assets/debian/$s is not valid sh"
+done
 
 exe=nspawn-lifecycle-helper
 files=$(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|' | grep -v '/$' | LC_ALL=C sort)
@@ -67,7 +72,7 @@ while read -r f; do
     done <<<"$named"
     [ -n "$hit" ] || fail "docs/packaging.md's table does not name $f, which the package holds"
 done <<<"$files"
-echo "contents: $(printf '%s\n' "$files" | wc -l) files, no maintainer scripts, each named in docs/packaging.md" >&2
+echo "contents: $(printf '%s\n' "$files" | wc -l) files, each named in docs/packaging.md; maintainer scripts postinst, prerm, postrm" >&2
 # What it asks of the system: nspawn's package, and the node exporter for the metrics timer.
 [ "$(dpkg-deb -f "$deb" Recommends)" = systemd-container ] || fail "Recommends: $(dpkg-deb -f "$deb" Recommends)"
 [ "$(dpkg-deb -f "$deb" Suggests)" = prometheus-node-exporter ] || fail "Suggests: $(dpkg-deb -f "$deb" Suggests)"

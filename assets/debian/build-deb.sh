@@ -30,7 +30,10 @@
 #                                                         choice: docs/monitoring.md)
 #   /usr/share/nspawn-lifecycle/prometheus/               alert rules and their promtool tests
 #   /usr/share/nspawn-lifecycle/json-schema/              the JSON Schemas of every --json output
-# No maintainer scripts: installing changes no machine and reloads nothing. The hooks' stable path
+# Maintainer scripts (assets/debian/{postinst,prerm,postrm}): exactly what dh_installsystemd
+# --no-enable nspawn-lifecycle-metrics.timer writes: daemon-reload on install, upgrade and removal;
+# the timer left disabled on a first install, kept as the operator set it across upgrades,
+# stopped on removal, its enablement links removed on purge. They touch no machine. The hooks' stable path
 # /usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper belongs to `install`, which copies the
 # binary there per machine; Debian packages never ship files under /usr/local, and a path owned by
 # both dpkg and `install` would be overwritten behind dpkg's back and deleted by a purge while
@@ -139,6 +142,7 @@ size=$(du -sk --apparent-size --exclude=DEBIAN "$root" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@INSTALLED_SIZE@/$size/" \
     -e "s/@BUILT_USING@/$built_using/" assets/debian/control.in > "$root/DEBIAN/control"
 chmod 0644 "$root/DEBIAN/control" "$root/DEBIAN/md5sums"
+install -m 0755 assets/debian/postinst assets/debian/prerm assets/debian/postrm "$root/DEBIAN/"
 find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 
 deb=$out/${name}_${version}_$arch.deb

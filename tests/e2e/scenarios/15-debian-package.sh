@@ -1,10 +1,14 @@
 # shellcheck shell=bash
-# Scenario 15 (issue 16 item 2): the Debian package (E2E_DEB, built by assets/debian/build-deb.sh).
-# `dpkg -i` in the host changes nothing but its own files (no drop-in, no .nspawn file, no copy at
-# the stable path, no reload); the packaged binary, found on PATH, installs kube1 (copying itself
-# to the stable path) and the machine starts with its hooks; bash completion loads and completes;
-# the man pages are where man finds them; `dpkg --purge` takes away exactly the package's files
-# and nothing `install` wrote, and the machine still restarts after it.
+# Scenario 15: the Debian package (E2E_DEB, built by assets/debian/build-deb.sh) as a Debian
+# package behaves, in the rig's real systemd host. `dpkg -i` of an earlier build (the same package
+# repacked as version <v>~previous) adds nothing but its own files (no drop-in, no .nspawn file, no
+# copy at the stable path), reloads systemd and leaves the metrics timer disabled; the packaged
+# binary, found on PATH, installs kube1 (copying itself to the stable path) and the machine starts
+# with its hooks; an operator enables the timer; the upgrade to E2E_DEB reloads systemd, keeps the
+# timer enabled and running and does not restart the running machine; bash completion loads and
+# completes; the man pages are where man finds them; `dpkg -r` stops the timer and reloads;
+# `dpkg --purge` takes away exactly the package's files and the timer's enablement link, nothing
+# `install` wrote, and the machine still restarts after it.
 #
 # The harness bind-mounts HELPER read-only at the stable path $HP. For this scenario a tmpfs
 # covers $HP's directory, so `install` has somewhere to copy the packaged binary and the hooks
@@ -22,6 +26,11 @@ exe=nspawn-lifecycle-helper
 hp_dir=${HP%/*}
 dropin_dir=/etc/systemd/system/$u.d
 deb_in_host=/var/tmp/e2e-$pkg.deb
+prev_in_host=/var/tmp/e2e-$pkg-previous.deb
+timer=nspawn-lifecycle-metrics.timer
+timer_link=/etc/systemd/system/timers.target.wants/$timer
+# systemd 252 sets this manager timestamp on every daemon-reload, and on nothing else.
+loaded_at() { H systemctl show -p UnitsLoadTimestampMonotonic --value; }
 
 # Every path of the host's root filesystem except the ones dpkg, the journal and systemd keep
 # changing on their own. -xdev: /var/lib/machines and the tmpfs at $hp_dir are other mounts.
@@ -31,7 +40,7 @@ host_paths() {
 }
 cleanup() {
     H dpkg --purge "$pkg" >/dev/null 2>&1
-    H rm -f "$deb_in_host"
+    H rm -f "$deb_in_host" "$prev_in_host"
     stop_unit kube1 >/dev/null 2>&1
     H umount "$hp_dir" 2>/dev/null
     # the drop-in now names the same stable path, which is HELPER again: baseline state
@@ -44,17 +53,29 @@ stop_unit kube1 >/dev/null 2>&1
 H rm -rf "$dropin_dir" /etc/systemd/nspawn/kube1.nspawn
 H systemctl daemon-reload
 H dpkg --purge "$pkg" >/dev/null 2>&1     # a leftover of an interrupted run
+H systemctl reset-failed "$timer" >/dev/null 2>&1
 if ! H mount -t tmpfs -o mode=0755 e2e-s15 "$hp_dir"; then
     fail "$(c stable-dir-tmpfs)" "cannot mount a tmpfs over $hp_dir"; exit 0
 fi
 H sh -c "cat > $deb_in_host" < "$E2E_DEB"
+# The build to upgrade from: this package, its version lowered (0.1.0~previous sorts before 0.1.0).
+version=$(dpkg-deb -f "$E2E_DEB" Version)
+prev_dir=$(mktemp -d)
+dpkg-deb -R "$E2E_DEB" "$prev_dir/root"
+sed -i "s/^Version: .*/Version: $version~previous/" "$prev_dir/root/DEBIAN/control"
+dpkg-deb --root-owner-group -b "$prev_dir/root" "$prev_dir/previous.deb" >/dev/null
+H sh -c "cat > $prev_in_host" < "$prev_dir/previous.deb"
+rm -rf "$prev_dir"
 before=$(host_paths)
 
-# ---- dpkg -i: the package's own files and nothing else ------------------------------------------
-out=$(H dpkg -i "$deb_in_host" 2>&1); rc=$?
-info "dpkg -i: $(printf '%s' "$out" | tr '\n' ' ')"
+# ---- dpkg -i of the earlier build: the package's own files and nothing else ----------------------
+reload0=$(loaded_at)
+out=$(H dpkg -i "$prev_in_host" 2>&1); rc=$?
+info "dpkg -i (previous): $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c dpkg-install-exit-0)" 0 "$rc"
-assert_eq "$(c dpkg-status-installed)" "install ok installed" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>&1)"
+assert_eq "$(c dpkg-status-installed)" "install ok installed $version~previous" \
+    "$(H dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>&1)"
+assert_cmd "$(c dpkg-install-daemon-reload)" test "$(loaded_at)" != "$reload0"
 listed=$(H dpkg -L "$pkg" | LC_ALL=C sort)
 # The same paths as find sees them: the host is merged-/usr (/lib -> usr/lib); dpkg lists what
 # the package ships where it ships it (its units under /usr/lib/systemd/system).
@@ -77,9 +98,10 @@ done
 out=$(H systemd-analyze verify --man=no /usr/lib/systemd/system/nspawn-lifecycle-metrics.service \
     /usr/lib/systemd/system/nspawn-lifecycle-metrics.timer 2>&1); rc=$?
 assert_eq "$(c metrics-units-verify)" "0 " "$rc $out"
-assert_eq "$(c metrics-timer-not-enabled)" disabled "$(H systemctl is-enabled nspawn-lifecycle-metrics.timer 2>&1)"
-assert_eq "$(c no-maintainer-scripts)" "" \
-    "$(H sh -c "ls /var/lib/dpkg/info/$pkg.* | grep -Ev '\\.(list|md5sums)\$'")"
+assert_eq "$(c metrics-timer-not-enabled)" disabled "$(H systemctl is-enabled $timer 2>&1)"
+assert_eq "$(c metrics-timer-not-started)" inactive "$(H systemctl is-active $timer 2>&1)"
+assert_eq "$(c maintainer-scripts)" "postinst postrm prerm" \
+    "$(H sh -c "ls /var/lib/dpkg/info/$pkg.* | sed -n 's|.*/$pkg\\.||p' | grep -Ev '^(list|md5sums)\$' | sort | tr '\\n' ' '" | sed 's/ $//')"
 assert_eq "$(c dpkg-install-no-dropin)" absent "$(H test -e "$dropin_dir" && echo present || echo absent)"
 assert_eq "$(c dpkg-install-no-nspawn-file)" absent \
     "$(H test -e /etc/systemd/nspawn/kube1.nspawn && echo present || echo absent)"
@@ -105,6 +127,29 @@ assert_cmd "$(c machine-up)" wait_machine_up kube1 60
 assert_cmd "$(c cdi-spec-written)" M test -s "$CDI_SPEC"
 assert_match "$(c nspawn-file-binds-gpu)" '^Bind=/dev/nvidia0' "$(nspawn_file kube1)"
 
+# ---- the operator enables the timer; the upgrade keeps it and leaves the machine running -------
+H systemctl enable --now $timer >/dev/null 2>&1
+assert_eq "$(c timer-enabled-by-operator)" "enabled active" \
+    "$(H systemctl is-enabled $timer 2>&1) $(H systemctl is-active $timer 2>&1)"
+machine_run="$(uprop InvocationID kube1) $(uprop MainPID kube1)"
+stable_copy=$(H sha256sum "$HP")
+dropin_before=$(H sha256sum "$dropin_dir/50-nspawn-lifecycle.conf")
+reload1=$(loaded_at)
+out=$(H dpkg -i "$deb_in_host" 2>&1); rc=$?
+info "dpkg -i (upgrade to $version): $(printf '%s' "$out" | tr '\n' ' ')"
+assert_eq "$(c upgrade-exit-0)" 0 "$rc"
+assert_eq "$(c upgrade-status-installed)" "install ok installed $version" \
+    "$(H dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>&1)"
+assert_cmd "$(c upgrade-daemon-reload)" test "$(loaded_at)" != "$reload1"
+assert_eq "$(c upgrade-keeps-timer)" "enabled active" \
+    "$(H systemctl is-enabled $timer 2>&1) $(H systemctl is-active $timer 2>&1)"
+# the same run of the machine's unit: same invocation, same nspawn process, still active
+assert_eq "$(c upgrade-does-not-restart-machine)" "$machine_run active" \
+    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
+assert_eq "$(c upgrade-keeps-stable-copy)" "$stable_copy" "$(H sha256sum "$HP")"
+assert_eq "$(c upgrade-keeps-dropin)" "$dropin_before" "$(H sha256sum "$dropin_dir/50-nspawn-lifecycle.conf")"
+assert_cmd "$(c upgrade-machine-up)" wait_machine_up kube1 10
+
 # ---- bash completion and man pages --------------------------------------------------------------
 comp=/usr/share/bash-completion/completions/$exe
 out=$(H bash --norc --noprofile -c "source $comp; complete -p $exe" 2>&1)
@@ -126,16 +171,31 @@ else
     fail "$(c man-finds-page)" "needs man (man-db) on the outer machine (tests/run-all.sh installs it)"
 fi
 
-# ---- purge: exactly the package's files go ------------------------------------------------------
+# ---- remove: the timer stops, systemd forgets the units; purge: exactly the package's files go ---
 after_lifecycle=$(host_paths)
+reload2=$(loaded_at)
+out=$(H dpkg -r "$pkg" 2>&1); rc=$?
+info "dpkg -r: $(printf '%s' "$out" | tr '\n' ' ')"
+assert_eq "$(c remove-exit-0)" 0 "$rc"
+assert_eq "$(c remove-status-config-files)" "deinstall ok config-files" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>&1)"
+assert_eq "$(c remove-stops-timer)" inactive "$(H systemctl is-active $timer 2>&1)"
+assert_cmd "$(c remove-daemon-reload)" test "$(loaded_at)" != "$reload2"
+assert_eq "$(c remove-leaves-machine-running)" "$machine_run active" \
+    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
 out=$(H dpkg --purge "$pkg" 2>&1); rc=$?
 info "dpkg --purge: $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c purge-exit-0)" 0 "$rc"
 assert_eq "$(c purge-status-gone)" "" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)"
 after_purge=$(host_paths)
 gone=$(LC_ALL=C comm -23 <(printf '%s\n' "$after_lifecycle") <(printf '%s\n' "$after_purge"))
+# the package's paths, and the enablement link the operator made (deb-systemd-helper purge)
 assert_eq "$(c purge-removes-only-package-paths)" "" \
-    "$(LC_ALL=C comm -23 <(printf '%s\n' "$gone") <(printf '%s\n' "$listed_real"))"
+    "$(LC_ALL=C comm -23 <(printf '%s\n' "$gone") <(printf '%s\n%s\n' "$listed_real" "$timer_link" | LC_ALL=C sort -u))"
+assert_eq "$(c purge-removes-timer-link)" absent "$(H test -L "$timer_link" && echo present || echo absent)"
+assert_eq "$(c purge-leaves-no-dangling-link)" "" \
+    "$(H find /etc/systemd/system -xtype l -name "$timer" 2>&1)"
+assert_eq "$(c purge-removes-helper-state)" "" \
+    "$(H find /var/lib/systemd/deb-systemd-helper-enabled /var/lib/systemd/deb-systemd-helper-masked -name "$timer*" 2>/dev/null)"
 assert_eq "$(c purge-removes-every-path-dpkg-added)" "" \
     "$(LC_ALL=C comm -12 <(printf '%s\n' "$added") <(printf '%s\n' "$after_purge"))"
 assert_eq "$(c purge-adds-nothing)" "" \
@@ -144,7 +204,8 @@ assert_eq "$(c purge-adds-nothing)" "" \
 for f in "$dropin_dir/50-nspawn-lifecycle.conf" /etc/systemd/nspawn/kube1.nspawn "$HP"; do
     assert_cmd "$(c "purge-keeps-${f##*/}")" H test -s "$f"
 done
-assert_eq "$(c purge-leaves-machine-running)" active "$(uprop ActiveState kube1)"
+assert_eq "$(c purge-leaves-machine-running)" "$machine_run active" \
+    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-after-purge-exit-0)" 0 "$rc"
 assert_eq "$(c post-start-after-purge-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
