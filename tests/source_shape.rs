@@ -296,9 +296,13 @@ fn layers() -> Vec<String> {
 }
 
 /// The module a source file is (`src/model/links.rs` → `model::links`, `src/model/mod.rs` →
-/// `model`); `None` for the crate root and the binary.
+/// `model`); `None` for the crate root and the binaries (`src/main.rs`, `src/bin/`), which use
+/// the library as its other users do.
 fn module_of(rel: &str) -> Option<Vec<String>> {
     let path = rel.strip_prefix("src/")?.strip_suffix(".rs")?;
+    if path.starts_with("bin/") {
+        return None;
+    }
     let mut parts: Vec<String> = path.split('/').map(str::to_owned).collect();
     if parts.last().is_some_and(|p| p == "mod") {
         parts.pop();
