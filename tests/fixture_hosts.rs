@@ -1412,16 +1412,16 @@ fn host_plan_reports_the_host_steps_and_writes_nothing() {
 #[test]
 fn host_file_steps_wire_and_clean_a_host_tree() {
     use nspawn_lifecycle::apply::executor::Work as _;
+    use nspawn_lifecycle::apply::parts;
     use nspawn_lifecycle::apply::rewire;
     use nspawn_lifecycle::failpoint;
     use nspawn_lifecycle::fs::machine_root;
     use nspawn_lifecycle::model::cdi;
-    use nspawn_lifecycle::model::part::Written;
     let dir = host("two-gpus");
     let libs = dir.path().join("usr/lib/x86_64-linux-gnu");
     let libs_before = snapshot(&libs, &[]);
     let (hc, written) = common::with_host_wiring(dir.path(), |wiring, hc, inv, json| {
-        let links = wiring.apply(Written::DevChar, false).unwrap();
+        let links = wiring.apply(&parts::DevChar, false).unwrap();
         assert!(!links.library_links_changed, "{}", links.line);
         for d in inv
             .devices
@@ -1436,11 +1436,11 @@ fn host_file_steps_wire_and_clean_a_host_tree() {
         }
         // The host's ld.so.cache lists the driver already: no ldconfig (NoSystemd would panic).
         let ld = wiring
-            .apply(Written::LdCache, links.library_links_changed)
+            .apply(&parts::LdCache, links.library_links_changed)
             .unwrap()
             .line;
         assert!(ld.starts_with("ldconfig: not needed"), "{ld}");
-        wiring.apply(Written::CdiSpec, false).unwrap();
+        wiring.apply(&parts::CdiSpec, false).unwrap();
         let written = dir
             .path()
             .join("var/run/cdi")

@@ -12,8 +12,8 @@
 mod common;
 use common::{run_helper, snapshot, with_host_wiring};
 use nspawn_lifecycle::apply::executor::Work as _;
+use nspawn_lifecycle::apply::parts;
 use nspawn_lifecycle::failpoint;
-use nspawn_lifecycle::model::part::Written;
 use std::path::Path;
 
 fn two_gpus() -> tempfile::TempDir {
@@ -58,8 +58,8 @@ fn checks(v: &serde_json::Value) -> Vec<(String, String)> {
 /// What `host post-start` does to the files, by its own file steps (no systemd here).
 fn wire(root: &Path) {
     with_host_wiring(root, |wiring, hc, _, _| {
-        wiring.apply(Written::DevChar, false).unwrap();
-        wiring.apply(Written::CdiSpec, false).unwrap();
+        wiring.apply(&parts::DevChar, false).unwrap();
+        wiring.apply(&parts::CdiSpec, false).unwrap();
         for unit in [&hc.containerd_unit, &hc.kubelet_unit] {
             wiring
                 .release(unit, failpoint::Point::PostStartMidGateRelease)

@@ -30,6 +30,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nspawn_lifecycle::Ctx;
 use nspawn_lifecycle::apply::boot::Boot;
 use nspawn_lifecycle::apply::executor::pending_boot;
+use nspawn_lifecycle::apply::parts;
 use nspawn_lifecycle::commands::post_start;
 use nspawn_lifecycle::commands::pre_start;
 use nspawn_lifecycle::commands::status::{self, State, Status};
@@ -37,7 +38,7 @@ use nspawn_lifecycle::config::Config;
 use nspawn_lifecycle::discovery::{self, Verdict};
 use nspawn_lifecycle::fs::host::HostRoot;
 use nspawn_lifecycle::fs::machine_root::MachineRoot;
-use nspawn_lifecycle::model::{Action, Change, Check, Part, Target};
+use nspawn_lifecycle::model::{Action, Change, Check, Target};
 use nspawn_lifecycle::model::{gate, render};
 use nspawn_lifecycle::systemd::services::OnDisk;
 use nspawn_lifecycle::types::machine_name::MachineName;
@@ -1039,7 +1040,7 @@ fn main() {
     // And without any one part of a machine's list: each part's changes carry a check (a
     // status that judged a part outside the list would pass that check without it).
     let mut parts_failed = Vec::new();
-    for part in Part::list(Target::Machine) {
+    for part in parts::list(Target::Machine) {
         let mut control = Tally::default();
         run_host(
             &mut control,

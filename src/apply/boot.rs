@@ -1,6 +1,6 @@
 //! pre-start's parts ([`BootPart`], listed by [`crate::apply::executor::pre_start`]): what the
 //! machine's next boot binds, made on the host from the rendered `.nspawn` file ([`Rendered`]).
-//! Each is one unit, as the wiring's parts are (src/model/part.rs): [`Boot::observe`] reads what
+//! Each is one unit, as the wiring's parts are (src/apply/parts/): [`Boot::observe`] reads what
 //! the host holds of it (reads only), [`Boot::diff_of`] says what would change (pure), and the
 //! apply makes it, re-reading what it is about to write. pre-start applies a part only when its
 //! diff is not empty ([`crate::apply::executor::execute_boot`]); `plan` lists the diffs

@@ -2,16 +2,16 @@
 //! [`execute_boot`]) makes what the machine's next boot binds on the host, part by part, each
 //! applied only where its diff says (src/apply/boot.rs);
 //! post-start's ([`plan`], [`plan_without_gpus`], run by [`execute`]), in the order of a start
-//! (docs/wiring.md), applies the parts of the wiring it writes (src/model/part.rs, written by
-//! src/apply/part.rs) and drives the target's services: one log line and timing per step, the
+//! (docs/wiring.md), applies the parts of the wiring it owns (src/apply/parts/) and drives the
+//! target's services: one log line and timing per step, the
 //! crash points on its steps, and the restore-on-failure rule.
 
 use crate::apply::gate;
 use crate::apply::images::FAILED_DIR;
+use crate::apply::parts::{self, AnyPart, Applied, Owner};
 use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
-use crate::model::part::Written;
-use crate::model::{Change, Check, Part, Target};
+use crate::model::{Change, Check, Target};
 use crate::systemd::services::Services;
 use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
@@ -109,36 +109,14 @@ impl std::fmt::Display for BootPart {
     }
 }
 
-/// The name of a part post-start writes, in its plan and its errors.
-fn written_name(part: Written) -> &'static str {
-    match part {
-        Written::DriverRoot => "driver root",
-        Written::Links => "library links",
-        Written::DevChar => "/dev/char links",
-        Written::LdCache => "ldconfig",
-        Written::CdiSpec => "CDI spec",
-    }
-}
-
-/// The `step` field of a written part's log line (`journalctl STEP=cdi`).
-fn written_key(part: Written) -> &'static str {
-    match part {
-        Written::DriverRoot => "driver-root",
-        Written::Links => "links",
-        Written::DevChar => "dev-char",
-        Written::LdCache => "ldconfig",
-        Written::CdiSpec => "cdi",
-    }
-}
-
 /// One step of post-start's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Stop the unit (noting first whether it ran: a failure puts back only that), then reach
     /// the failpoint.
     Stop(UnitName, Point),
-    /// Apply one part of the wiring (src/apply/part.rs): re-read it, write what differs.
-    Apply(Written),
+    /// Apply one part of the wiring (src/apply/parts/): re-read it, write what differs.
+    Apply(&'static dyn AnyPart),
     /// Create the unit's gate marker (src/apply/gate.rs): from now on the unit may start. The
     /// point is the failpoint between the marker's temp file and its rename; `key` the log
     /// line's `step`.
@@ -162,7 +140,7 @@ impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Step::Stop(unit, _) => write!(f, "stop {unit}"),
-            Step::Apply(part) => f.write_str(written_name(*part)),
+            Step::Apply(part) => f.write_str(part.name()),
             Step::Release { unit, .. } => write!(f, "release {unit}"),
             Step::Start { unit, .. } => write!(f, "start {unit}"),
             Step::Import(dir) => write!(f, "import staged images from {dir}"),
@@ -221,12 +199,11 @@ impl Order {
     }
 }
 
-/// The parts post-start writes in `target`, in [`Part::list`]'s order: the file steps of
-/// [`plan`] and [`plan_without_gpus`].
+/// The parts post-start writes in `target` ([`Owner::PostStart`]), in [`parts::ALL`]'s order:
+/// the file steps of [`plan`] and [`plan_without_gpus`].
 fn written(target: Target) -> impl Iterator<Item = Step> {
-    Part::list(target)
-        .iter()
-        .filter_map(|p| p.written())
+    parts::list(target)
+        .filter(|p| p.owner() == Owner::PostStart)
         .map(Step::Apply)
 }
 
@@ -330,20 +307,13 @@ pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan<BootPart> {
     }
 }
 
-/// What applying a part did.
-pub struct Applied {
-    /// The step's log line.
-    pub line: String,
-    /// Whether a library link changed (the links part; `ldconfig` hears it).
-    pub library_links_changed: bool,
-}
-
 /// What [`execute`] does apart from the services: a trait so the ordering and the
 /// restore-on-failure rules are unit-tested with a recording fake (the product's is
 /// src/apply/part.rs's).
 pub trait Work {
-    /// Apply `part`; `library_links_changed`: what the links part said (true until it ran).
-    fn apply(&self, part: Written, library_links_changed: bool) -> Result<Applied>;
+    /// Apply `part`; `library_links_changed`: whether the links part changed a link in this
+    /// run (false before it ran).
+    fn apply(&self, part: &'static dyn AnyPart, library_links_changed: bool) -> Result<Applied>;
     /// Create `unit`'s gate marker. Returns the log line.
     fn release(&self, unit: &UnitName, point: Point) -> Result<String>;
     /// Import the staged images: (imported, set aside).
@@ -468,14 +438,10 @@ impl Run<'_> {
             }
             Step::Apply(part) => {
                 let changed = self.library_links_changed;
-                let done = timed(machine, written_name(*part), || {
-                    self.work.apply(*part, changed)
-                })
-                .with_context(what)?;
-                if *part == Written::Links {
-                    self.library_links_changed = done.library_links_changed;
-                }
-                (written_key(*part), done.line)
+                let done = timed(machine, part.name(), || self.work.apply(*part, changed))
+                    .with_context(what)?;
+                self.library_links_changed |= done.library_links_changed;
+                (part.key(), done.line)
             }
             Step::Release { unit, point, key } => {
                 let line = timed(machine, &step.to_string(), || {

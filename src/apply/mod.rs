@@ -1,6 +1,6 @@
 //! What changes the world: the hooks' plans and their one executor, pre-start's work on the host
-//! (the driver tree, the gate, the device cgroup, the `.nspawn` file), post-start's rewiring of a
-//! target from the model's differences, the unit gate's markers, and the CDI hooks that wire a
+//! (the driver tree, the gate, the device cgroup, the `.nspawn` file), the wiring's parts
+//! (`parts/`, one file each, on one list) that post-start writes and every command walks, the unit gate's markers, and the CDI hooks that wire a
 //! container.
 
 pub mod boot;
@@ -10,4 +10,5 @@ pub mod executor;
 pub mod gate;
 pub mod images;
 pub mod part;
+pub mod parts;
 pub mod rewire;

@@ -1,4 +1,4 @@
-//! The writes of post-start's parts in a target (src/apply/part.rs says which part makes which):
+//! The writes of post-start's parts in a target (src/apply/parts/ says which part makes which):
 //! links, `/dev/char`, the CDI spec, and what is left of ours where a target has no driver.
 //!
 //! Every directory is read, compared with what it must be by the model's own function

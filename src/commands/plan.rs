@@ -6,8 +6,9 @@
 use crate::Ctx;
 use crate::apply::boot::Boot;
 use crate::apply::executor::pending_boot;
+use crate::apply::parts;
+use crate::model::Change;
 use crate::model::render::{Rendered, as_pre_start};
-use crate::model::{self, Change};
 use crate::output::print_all;
 use crate::systemd::{MachineHandle, Systemd};
 use crate::types::machine_name::MachineName;
@@ -66,7 +67,7 @@ fn changes_text(head: &str, changes: &[Change]) -> String {
     out
 }
 
-/// What would change in `machine` when it runs ([`model::pending`]: every part, through its
+/// What would change in `machine` when it runs ([`parts::pending`]: every part, through its
 /// leader's root): `None` when it is not running, or under `--host-root` (no machine is
 /// reachable there). Reads only.
 fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Option<Vec<Change>>> {
@@ -79,11 +80,11 @@ fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Opti
         return Ok(None);
     }
     let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
-    let at = model::Roots {
+    let at = parts::Roots {
         target: handle.root(),
         host: &ctx.host,
     };
-    Ok(Some(model::pending(&at, &r.desired)))
+    Ok(Some(parts::pending(&at, &r.desired)))
 }
 
 /// The text of [`post_start_now`].

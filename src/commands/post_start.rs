@@ -26,7 +26,8 @@
 use crate::Ctx;
 use crate::apply::executor::{Order, execute, micros, plan, plan_without_gpus, timed};
 use crate::apply::gate;
-use crate::apply::part::{self, Wiring};
+use crate::apply::parts::Wiring;
+use crate::apply::parts::{self, Part as _, Roots};
 use crate::config::MachineConfig;
 use crate::discovery;
 use crate::discovery::check_complete;
@@ -34,8 +35,7 @@ use crate::failpoint::{self, Point};
 use crate::fs::host::HostRoot;
 use crate::fs::lock;
 use crate::fs::machine_root::MachineRoot;
-use crate::model::part::{Roots, Seen};
-use crate::model::{Desired, Part};
+use crate::model::Desired;
 use crate::systemd::services::{Deferred, MachineServices, Services};
 use crate::systemd::{self, MachineHandle, Systemd};
 use crate::types::machine_name::MachineName;
@@ -115,13 +115,13 @@ impl Running {
 /// `refresh-devices`: the running machine's `/dev/char` links made for the host's nodes now
 /// (those its bound NVIDIA node directories show: a MIG capability or IMEX channel the host made
 /// while it runs), under the machine's lock: post-start's `/dev/char` part
-/// ([`part::dev_char`]) alone; nothing else is touched and no service stopped. A machine not
+/// ([`parts::dev_char::write`]) alone; nothing else is touched and no service stopped. A machine not
 /// running is an error (its path unit is bound to its unit, so only a hand-run meets it).
 pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let r = Running::open(ctx, machine, "refresh-devices")?;
     let who = machine.as_str();
     let line = timed(who, "dev-char", || {
-        part::dev_char(r.handle.root(), &r.prepared.desired, &ctx.host)
+        parts::dev_char::write(r.handle.root(), &r.prepared.desired, &ctx.host)
     })?;
     tracing::info!(machine = %who, step = "dev-char", "{line}");
     Ok(())
@@ -302,9 +302,8 @@ impl TargetRun<'_> {
             target: self.root,
             host: self.host,
         };
-        let gated = match Part::Gate.observe(&at, self.desired) {
-            Ok(Seen::Gate(units)) => units.iter().any(|u| u.gated),
-            Ok(_) => false,
+        let gated = match parts::Gate.observe(&at, self.desired) {
+            Ok(units) => parts::gate::summary(&units).0,
             Err(e) => return Err(e.context(format!("post-start of {who}: reading the gate"))),
         };
         let markers = self.target.markers(self.host, who);

@@ -7,7 +7,7 @@ use serde::{Serialize, Serializer};
 /// One thing `status` compares. Its name ([`Check::as_str`]) appears only at the edges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Check {
-    // The wiring's parts (src/model/part.rs): each change of the model names one.
+    // The wiring's parts (src/apply/parts/): each change of the model names one.
     DriverRoot,
     StaleNvidiaState,
     Helper,

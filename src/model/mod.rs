@@ -1,18 +1,19 @@
 //! The wiring as a value: what the hooks must leave for a target (a machine, or the host itself
 //! in host mode) for the host as discovered now ([`Desired`]), and what would change there to
-//! make it so ([`pending`], part by part: [`Part`]).
+//! make it so (part by part: the parts in src/apply/parts/ observe a target and diff it against
+//! [`Desired`] with the pure functions here).
 //!
 //! [`Desired`] is computed once, purely ([`Desired::from_facts`], [`Start::from_facts`]), from
 //! discovery (the machine's share of it), the host facts it names ([`Facts`]: the identity of
 //! every driver file and whether the tree can link it, the installed helper), gathered by reads
 //! alone, and the configuration. A machine's holds its next start ([`Start`]: the `.nspawn` file
 //! and the driver tree it binds), which pre-start makes and `plan` prints
-//! (src/model/render.rs), and what post-start makes in the running machine, one [`Part`] at a
-//! time: each part reads what the target holds of it ([`Part::observe`]) and compares it with
-//! [`Desired`] by one pure function ([`Part::diff`]: [`links::diff_lib_dir`],
+//! (src/model/render.rs), and what post-start makes in the running machine, one part at a
+//! time: each part reads what the target holds of it (its `observe`) and compares it with
+//! [`Desired`] by one pure function (its `diff`: [`links::diff_lib_dir`],
 //! [`links::diff_dev_char`], [`driver_root::diff`], [`spec::diff`], …) into [`Change`]s.
-//! `status` and `plan` list the changes of every part ([`pending`]); post-start applies the
-//! parts it writes in the same order (src/apply/part.rs), each re-read just before it is
+//! `status` and `plan` list the changes of every part (`parts::pending`); post-start applies the
+//! parts it writes in the same order, each re-read just before it is
 //! changed. `status` is out of sync exactly when that list is not empty (tests/wiring_model.rs
 //! holds it to that over every example host and a list of mutations).
 //!
@@ -35,7 +36,6 @@ pub mod ld_cache;
 pub mod legacy;
 pub mod links;
 pub mod nspawn;
-pub mod part;
 pub mod render;
 pub mod spec;
 pub mod tree;
@@ -51,7 +51,6 @@ use crate::types::paths::{HostPath, UnitName};
 use anyhow::Result;
 pub use check::Check;
 use links::DirLinks;
-pub use part::{Observation, Part, Roots, observe, pending};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -101,7 +100,7 @@ pub struct Desired {
     pub helper: helper::HelperFacts,
     /// How many GPUs the target is wired for.
     pub gpus: usize,
-    /// The unit files `install` writes for the target ([`Part::UnitFiles`]).
+    /// The unit files `install` writes for the target (the unit files part).
     pub unit_files: Vec<UnitFile>,
 }
 
@@ -348,7 +347,7 @@ impl Action {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
-    /// The part it belongs to ([`Part::check`]), named as `status` names its checks.
+    /// The part it belongs to (its `CHECK`), named as `status` names its checks.
     pub check: Check,
     pub action: Action,
     /// What it changes (a path in the target, a unit).

@@ -256,7 +256,7 @@ impl nspawn_lifecycle::systemd::services::Services for NoSystemd {
 pub fn with_host_wiring<T>(
     root: &Path,
     f: impl FnOnce(
-        &nspawn_lifecycle::apply::part::Wiring<'_>,
+        &nspawn_lifecycle::apply::parts::Wiring<'_>,
         &nspawn_lifecycle::config::MachineConfig,
         &nspawn_lifecycle::discovery::Inventory,
         &str,
@@ -277,7 +277,7 @@ pub fn with_host_wiring<T>(
     let markers = gate::Markers::of_host(&hroot);
     let helper = config::DEFAULT_HELPER_PATH.parse().unwrap();
     let desired = model::Desired::host(&hroot, &inv, &hc, &helper).unwrap();
-    let wiring = nspawn_lifecycle::apply::part::Wiring {
+    let wiring = nspawn_lifecycle::apply::parts::Wiring {
         machine: "the host",
         mc: &hc,
         host: &hroot,

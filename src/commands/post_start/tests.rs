@@ -1,9 +1,9 @@
 use super::*;
 use crate::apply::executor::*;
 use crate::apply::images::*;
+use crate::apply::parts::{self, AnyPart, Applied};
 use crate::config::Config;
 use crate::fs::host::HostRoot;
-use crate::model::part::Written;
 use crate::systemd::ExitStatus;
 use crate::systemd::TransientOutcome;
 use crate::systemd::services::Services;
@@ -188,20 +188,20 @@ fn cfg() -> MachineConfig {
 /// imports as `import`.
 struct FakeWork<'a> {
     fake: &'a Fake,
-    fail: Option<Written>,
+    fail: Option<&'static dyn AnyPart>,
     import_fails: bool,
 }
 
 impl Work for FakeWork<'_> {
-    fn apply(&self, part: Written, links_changed: bool) -> Result<Applied> {
-        if part == Written::LdCache {
+    fn apply(&self, part: &'static dyn AnyPart, links_changed: bool) -> Result<Applied> {
+        if part.is::<parts::LdCache>() {
             self.fake.ldconfig_told.borrow_mut().push(links_changed);
         }
         self.fake
             .log
             .borrow_mut()
             .push(format!("file {}", Step::Apply(part)));
-        if Some(part) == self.fail {
+        if self.fail.is_some_and(|f| *f == *part) {
             anyhow::bail!("planted failure");
         }
         Ok(Applied {
@@ -265,7 +265,7 @@ impl BootWork for FakeBoot<'_> {
     }
 }
 
-fn sequence(fake: &Fake, fail: Option<Written>) -> (Result<()>, Vec<String>) {
+fn sequence(fake: &Fake, fail: Option<&'static dyn AnyPart>) -> (Result<()>, Vec<String>) {
     let m = "kube1";
     let work = FakeWork {
         fake,
@@ -294,7 +294,9 @@ fn the_host_plan_differs_only_in_its_file_steps() {
     let others = |p: &Plan<Step>| -> Vec<Step> {
         p.steps
             .iter()
-            .filter(|s| !matches!(s, Step::Apply(Written::DriverRoot | Written::Links)))
+            .filter(|s| {
+                !matches!(s, Step::Apply(p) if p.is::<parts::DriverRoot>() || p.is::<parts::Links>())
+            })
             .cloned()
             .collect()
     };
@@ -436,7 +438,7 @@ fn the_host_plan_runs_through_the_same_executor() {
     let fake = Fake::default();
     let work = FakeWork {
         fake: &fake,
-        fail: Some(Written::DevChar),
+        fail: Some(&parts::DevChar),
         import_fails: false,
     };
     let err = execute(
@@ -507,7 +509,7 @@ fn with_containerd_released_before_post_start_only_kubelet_waits() {
     let fake = Fake::containerd_released_boot();
     let work = FakeWork {
         fake: &fake,
-        fail: Some(Written::DriverRoot),
+        fail: Some(&parts::DriverRoot),
         import_fails: false,
     };
     assert!(execute(&p, "kube1", &work, &fake).is_err());
@@ -572,7 +574,7 @@ fn services_stop_and_start_in_dependency_order() {
 #[test]
 fn a_failed_step_starts_both_services_again_and_names_the_step() {
     let fake = Fake::default();
-    let (r, log) = sequence(&fake, Some(Written::Links));
+    let (r, log) = sequence(&fake, Some(&parts::Links));
     let msg = format!("{:#}", r.unwrap_err());
     assert!(msg.contains("step 'library links'"), "{msg}");
     assert!(msg.contains("planted failure"), "{msg}");
@@ -921,7 +923,7 @@ fn non_utf8_tarball_names_are_skipped_and_reported() {
 #[test]
 fn on_a_gated_boot_a_failed_step_starts_nothing() {
     let fake = Fake::gated_boot();
-    let (r, logs) = logged(|| sequence(&fake, Some(Written::Links)));
+    let (r, logs) = logged(|| sequence(&fake, Some(&parts::Links)));
     let (r, log) = r;
     assert!(format!("{:#}", r.unwrap_err()).contains("planted failure"));
     assert_eq!(
@@ -949,7 +951,7 @@ fn a_failure_on_a_running_machine_restores_only_what_was_running() {
     fake.running
         .borrow_mut()
         .retain(|u| u == "containerd.service");
-    let (r, log) = sequence(&fake, Some(Written::CdiSpec));
+    let (r, log) = sequence(&fake, Some(&parts::CdiSpec));
     assert!(r.is_err());
     assert_eq!(log.last().unwrap(), "start containerd.service");
     assert!(

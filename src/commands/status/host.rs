@@ -14,6 +14,7 @@ use super::{
     inspect_spec, judged_changes, last_post_start, print_status, print_unjudged,
 };
 use crate::Ctx;
+use crate::apply::parts;
 use crate::config::MachineConfig;
 use crate::discovery::{self, Inventory};
 use crate::fs::machine_root::MachineRoot;
@@ -81,12 +82,12 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     // Read once: the changes are judged from it, the gate quoted from it.
-    let at = crate::model::Roots {
+    let at = parts::Roots {
         target: &root,
         host: &ctx.host,
     };
-    let seen = crate::model::observe(&at, &desired);
-    let (gated, gate_released) = seen.gate()?;
+    let seen = parts::observe(&at, &desired);
+    let (gated, gate_released) = parts::gate::summary_of(&seen)?;
     let mut facts = super::MachineFacts {
         cdi_spec: inspect_spec(&root, hc, desired.spec.bytes.as_deref())?,
         driver_root_versions: Vec::new(),

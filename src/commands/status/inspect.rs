@@ -3,13 +3,14 @@
 //! its unit's properties. Reads only.
 
 use super::{MachineFacts, PostStartRun, SpecFacts};
+use crate::apply::parts::{self, Roots};
 use crate::config::MachineConfig;
 use crate::discovery::parse::is_version;
 use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{FileKind, Lookup, MachineRoot};
 use crate::model::cdi;
 use crate::model::layout::DRIVER_ROOT;
-use crate::model::{self, Check, Desired, Roots, links};
+use crate::model::{self, Check, Desired, links};
 use crate::systemd::ExecRun;
 use anyhow::{Context as _, Result};
 
@@ -31,8 +32,8 @@ pub(super) fn push_unique(v: &mut Vec<String>, s: &str) {
 }
 
 /// Read the machine's NVIDIA state through its root (the CDI spec, the driver root, our links)
-/// and what would change there to make it `desired` (every [`model::Part`]'s diff, as
-/// [`model::pending`]). `judged` false (the host's driver is incomplete: post-start refuses,
+/// and what would change there to make it `desired` (every part's diff, as
+/// [`parts::pending`]). `judged` false (the host's driver is incomplete: post-start refuses,
 /// changing nothing) lists only the unit files' changes (`install`'s). Reads only.
 pub fn inspect_machine(
     root: &MachineRoot,
@@ -47,9 +48,9 @@ pub fn inspect_machine(
     let link_versions = inspect_lib_links(root, &mut dangling)?;
     inspect_dev_char(root, &mut dangling)?;
     // Read once: the changes are judged from it, the gate and the bound helper quoted from it.
-    let seen = model::observe(&Roots { target: root, host }, desired);
-    let (gated, gate_released) = seen.gate()?;
-    let hook_binary = seen.hook_binary()?;
+    let seen = parts::observe(&Roots { target: root, host }, desired);
+    let (gated, gate_released) = parts::gate::summary_of(&seen)?;
+    let hook_binary = parts::helper::bound(&seen)?;
     let pending_changes = judged_changes(&seen, desired, judged);
     Ok(MachineFacts {
         cdi_spec,
@@ -67,17 +68,17 @@ pub fn inspect_machine(
     })
 }
 
-/// The changes of `seen` ([`model::Observation::diff`]); only the unit files' when the host's
+/// The changes of `seen` ([`parts::Observation::diff`]); only the unit files' when the host's
 /// driver is incomplete (`judged` false: post-start would refuse, changing nothing).
 pub(super) fn judged_changes(
-    seen: &model::Observation,
+    seen: &parts::Observation,
     desired: &Desired,
     judged: bool,
 ) -> Vec<model::Change> {
     if judged {
         seen.diff(desired)
     } else {
-        seen.diff_of(desired, model::Part::UnitFiles)
+        seen.diff_of::<parts::UnitFiles>(desired)
     }
 }
 

@@ -341,14 +341,13 @@ fn privileged_the_diff_is_pure_over_an_observation() {
             .map(|c| c.to_string())
             .collect()
     };
-    let at = crate::model::Roots {
+    let at = crate::apply::parts::Roots {
         target: &root,
         host: &host,
     };
-    let mut seen = crate::model::observe(&at, &d);
+    let mut seen = crate::apply::parts::observe(&at, &d);
     assert_eq!(links(seen.diff(&d)), Vec::<String>::new());
-    let Some(Ok(crate::model::part::Seen::Links(dirs))) = seen.get_mut(crate::model::Part::Links)
-    else {
+    let Some(Some(dirs)) = seen.get_mut::<crate::apply::parts::Links>() else {
         panic!("a machine's links part reads its directories")
     };
     let (dir, _) = dirs
@@ -361,7 +360,10 @@ fn privileged_the_diff_is_pure_over_an_observation() {
         links(seen.diff(&d)),
         [format!("create {path} (-> libcuda.so.{NEW})")]
     );
-    assert_eq!(links(crate::model::pending(&at, &d)), Vec::<String>::new());
+    assert_eq!(
+        links(crate::apply::parts::pending(&at, &d)),
+        Vec::<String>::new()
+    );
 }
 
 #[test]
