@@ -16,11 +16,18 @@ use anyhow::{Context as _, Result, bail};
 use nspawn_lifecycle::systemd::{
     ExitStatus, JobResult, MachineHandle, Systemd, SystemdError, wait_running,
 };
+use nspawn_lifecycle::types::machine_name::MachineName;
 use std::time::{Duration, Instant};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let machine = args.next().unwrap_or_else(|| "sdtest".into());
+    let machine: MachineName = match args.next().unwrap_or_else(|| "sdtest".into()).parse() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("sd_probe: {e}");
+            std::process::exit(2);
+        }
+    };
     let mode = args.next().unwrap_or_default();
     let userns = mode == "--userns";
     nspawn_lifecycle::logging::init(1, false).expect("a valid log filter");
@@ -69,7 +76,7 @@ fn by(s: u64) -> Instant {
     Instant::now() + Duration::from_secs(s)
 }
 
-fn run(p: &mut Probe, machine: &str) -> Result<()> {
+fn run(p: &mut Probe, machine: &MachineName) -> Result<()> {
     let t = Instant::now();
     let host = Systemd::host(by(5))?;
     p.pass("host bus", &format!("connected in {}", secs(t.elapsed())));
@@ -343,7 +350,7 @@ fn gone(p: &mut Probe, sd: &Systemd, unit: &str) -> Result<()> {
 }
 
 /// Stock -U: the refusal, and what the raw socket does.
-fn run_userns(p: &mut Probe, machine: &str) -> Result<()> {
+fn run_userns(p: &mut Probe, machine: &MachineName) -> Result<()> {
     let host = Systemd::host(by(5))?;
     let handle = MachineHandle::find(&host, machine, by(5))?;
     p.check(
@@ -382,7 +389,7 @@ fn run_userns(p: &mut Probe, machine: &str) -> Result<()> {
 }
 
 /// Only connect and read SystemState (for the planted-symlink check).
-fn connect_only(p: &mut Probe, machine: &str) -> Result<()> {
+fn connect_only(p: &mut Probe, machine: &MachineName) -> Result<()> {
     let host = Systemd::host(by(5))?;
     let handle = MachineHandle::find(&host, machine, by(5))?;
     match wait_running(&handle, by(30)).and_then(|sd| sd.system_state(by(5))) {

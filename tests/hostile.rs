@@ -330,7 +330,9 @@ fn machine_config() -> MachineConfig {
 /// the machine's own (its bytes start with "machine"), never a host decoy.
 fn import_step(root: &MachineRoot, mc: &MachineConfig) -> anyhow::Result<(usize, usize)> {
     let ctr = Ctr::default();
-    let r = nspawn_lifecycle::apply::images::import_images("kube1", root, mc, &ctr);
+    let kube1 = "kube1".parse().unwrap();
+    let who = nspawn_lifecycle::types::machine_name::Subject::Machine(&kube1);
+    let r = nspawn_lifecycle::apply::images::import_images(who, root, mc, &ctr);
     for bytes in ctr.read.borrow().iter() {
         assert!(bytes.starts_with("machine"), "ctr read {bytes:?}");
     }

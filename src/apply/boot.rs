@@ -110,7 +110,7 @@ impl Boot<'_> {
     /// Whether the machine's bpf filesystem ([`host_devices::bpffs_dir`]) is missing: no
     /// directory, or (on the real host, where pre-start mounts) not a bpf filesystem.
     fn bpffs_missing(&self) -> bool {
-        let dir = host_devices::bpffs_dir(self.machine.as_str());
+        let dir = host_devices::bpffs_dir(self.machine);
         match crate::fs::host_dir::check(&self.ctx.host, &dir, 0o700) {
             Err(_) | Ok(None) => true,
             Ok(Some(d)) => {
@@ -128,7 +128,7 @@ impl Boot<'_> {
         if !self.bpffs_missing() {
             return Ok(None);
         }
-        let dir = host_devices::bpffs_dir(self.machine.as_str());
+        let dir = host_devices::bpffs_dir(self.machine);
         let d = crate::fs::host_dir::open(&self.ctx.host, &dir, 0o700)?;
         let fd = d.fd();
         if self.ctx.host.is_real_root() && !crate::fs::fd_mount::is_bpffs(fd)? {
@@ -232,7 +232,7 @@ impl Boot<'_> {
     /// foresee, the file is bound instead and its bind added to the `.nspawn` file: the one way
     /// the file written differs from what `plan` showed, said in a warning.
     fn driver_tree(&self) -> Result<String> {
-        let machine = self.machine.as_str();
+        let machine = self.machine;
         let dir = layout::tree_host_path(machine);
         let mut r = self.rendered.borrow_mut();
         let start = r.start_mut();
@@ -280,18 +280,14 @@ impl Boot<'_> {
         if !self.in_its_start {
             return self.unchanged(BootPart::BootGate);
         }
-        gate::prepare_boot(
-            &self.ctx.host,
-            self.machine.as_str(),
-            self.boot_containerd(),
-        )?;
+        gate::prepare_boot(&self.ctx.host, self.machine, self.boot_containerd())?;
         Ok(self.boot_gate_line())
     }
 
     /// What the boot's markers say once made: containerd released for the boot ahead, or both
     /// services waiting for post-start.
     fn boot_gate_line(&self) -> String {
-        let dir = gates::machine_marker_dir(self.machine.as_str());
+        let dir = gates::machine_marker_dir(self.machine);
         match self.boot_containerd() {
             Some(unit) => format!(
                 "unit gate: released {unit} for the boot ahead ({dir}/{unit}): the driver tree \

@@ -29,6 +29,7 @@ use crate::fs::host::HostRoot;
 use crate::fs::host_dir;
 use crate::model::layout::{self, TreeNode};
 use crate::model::tree::{FileId, Plan, resolve};
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, RenameFlags};
@@ -65,7 +66,7 @@ pub struct Built {
 /// Make `machine`'s host tree exactly `plan.tree`; a file the kernel refuses to link becomes a
 /// bound mount point, in the tree and in [`Built::unlinked`]. A tree whose stamp matches is not
 /// read; one walked and found right is stamped; one rebuilt is stamped once it is in place.
-pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> {
+pub fn ensure(host: &HostRoot, machine: &MachineName, plan: &mut Plan) -> Result<Built> {
     // Whether the tree is right is [`observe`]'s to say, for pre-start's diff and here alike.
     let seen = observe(host, machine, plan)?;
     let top = host_dir::open(host, layout::TREE_HOST_DIR, DIR_MODE)?;
@@ -88,7 +89,8 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
         TreeState::Differs | TreeState::Missing => {}
     }
     let current = open_current(&top, machine, &shown)?;
-    forget_at(top.fd(), machine).with_context(|| format!("forgetting {}", shown.display()))?;
+    forget_at(top.fd(), machine.as_str())
+        .with_context(|| format!("forgetting {}", shown.display()))?;
     nix::sys::stat::mkdirat(top.fd(), new.as_str(), Mode::from_bits_truncate(DIR_MODE))
         .with_context(|| format!("creating {}/{new}", top.path().display()))?;
     let fd = nix::fcntl::openat(top.fd(), new.as_str(), dir_flags(), Mode::empty())
@@ -101,7 +103,7 @@ pub fn ensure(host: &HostRoot, machine: &str, plan: &mut Plan) -> Result<Built> 
     } else {
         RenameFlags::RENAME_NOREPLACE
     };
-    nix::fcntl::renameat2(top.fd(), new.as_str(), top.fd(), machine, flags)
+    nix::fcntl::renameat2(top.fd(), new.as_str(), top.fd(), machine.as_str(), flags)
         .with_context(|| format!("swapping in {}", shown.display()))?;
     // After an exchange `new` holds the old tree.
     remove_tree(top.fd(), &new).with_context(|| format!("removing the old {}", shown.display()))?;
@@ -146,7 +148,7 @@ pub struct TreeSeen {
 
 /// `machine`'s tree against `plan`, as [`ensure`] judges it (the same stamp, the same walk),
 /// and the leftovers [`ensure`] removes first. Reads only, below the verified tree directory.
-pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> {
+pub fn observe(host: &HostRoot, machine: &MachineName, plan: &Plan) -> Result<TreeSeen> {
     let Some(top) = host_dir::check(host, layout::TREE_HOST_DIR, DIR_MODE)? else {
         return Ok(TreeSeen {
             state: TreeState::Missing,
@@ -162,25 +164,28 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
         })
         .map(|n| format!("{}/{n}", layout::TREE_HOST_DIR))
         .collect();
-    let (state, stamp) = match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
-        Err(Errno::ENOENT) => (TreeState::Missing, None),
-        Err(Errno::ELOOP | Errno::ENOTDIR) => (TreeState::Differs, None),
-        Err(e) => return Err(e).with_context(|| format!("opening {}", shown.display())),
-        Ok(fd) => {
-            let now = stamp_text(top.fd(), machine, plan);
-            let state = if now
-                .as_deref()
-                .is_some_and(|t| stamp_reads(top.fd(), machine, t))
-            {
-                TreeState::Stamped
-            } else if matches(&fd, plan).with_context(|| format!("reading {}", shown.display()))? {
-                TreeState::Unstamped
-            } else {
-                TreeState::Differs
-            };
-            (state, now)
-        }
-    };
+    let (state, stamp) =
+        match nix::fcntl::openat(top.fd(), machine.as_str(), dir_flags(), Mode::empty()) {
+            Err(Errno::ENOENT) => (TreeState::Missing, None),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => (TreeState::Differs, None),
+            Err(e) => return Err(e).with_context(|| format!("opening {}", shown.display())),
+            Ok(fd) => {
+                let now = stamp_text(top.fd(), machine, plan);
+                let state = if now
+                    .as_deref()
+                    .is_some_and(|t| stamp_reads(top.fd(), machine, t))
+                {
+                    TreeState::Stamped
+                } else if matches(&fd, plan)
+                    .with_context(|| format!("reading {}", shown.display()))?
+                {
+                    TreeState::Unstamped
+                } else {
+                    TreeState::Differs
+                };
+                (state, now)
+            }
+        };
     Ok(TreeSeen {
         state,
         leftovers,
@@ -189,7 +194,7 @@ pub fn observe(host: &HostRoot, machine: &str, plan: &Plan) -> Result<TreeSeen> 
 }
 
 /// What [`remove`] would remove (host paths). Reads only.
-pub fn remains(host: &HostRoot, machine: &str) -> Result<Vec<String>> {
+pub fn remains(host: &HostRoot, machine: &MachineName) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for dir in [layout::TREE_HOST_DIR, layout::LEGACY_TREE_HOST_DIR] {
         let Some(top) = open_existing(host, dir)? else {
@@ -205,20 +210,20 @@ pub fn remains(host: &HostRoot, machine: &str) -> Result<Vec<String>> {
 }
 
 /// The names [`remove`] removes in each tree directory.
-fn removed_names(machine: &str) -> [String; 5] {
+fn removed_names(machine: &MachineName) -> [String; 5] {
     let [new, old] = leftover_names(machine);
     [
-        machine.to_owned(),
+        machine.to_string(),
         new,
         old,
-        stamp_name(machine),
-        stamp_tmp_name(machine),
+        stamp_name(machine.as_str()),
+        stamp_tmp_name(machine.as_str()),
     ]
 }
 
 /// Where [`ensure`] builds the new tree and what a killed one left: `.<machine>.new`,
 /// `.<machine>.old`.
-fn leftover_names(machine: &str) -> [String; 2] {
+fn leftover_names(machine: &MachineName) -> [String; 2] {
     [format!(".{machine}.new"), format!(".{machine}.old")]
 }
 
@@ -226,14 +231,14 @@ fn leftover_names(machine: &str) -> [String; 2] {
 /// (replaced below, never followed).
 fn open_current(
     top: &host_dir::HostDir,
-    machine: &str,
+    machine: &MachineName,
     shown: &std::path::Path,
 ) -> Result<Option<OwnedFd>> {
-    match nix::fcntl::openat(top.fd(), machine, dir_flags(), Mode::empty()) {
+    match nix::fcntl::openat(top.fd(), machine.as_str(), dir_flags(), Mode::empty()) {
         Ok(fd) => Ok(Some(fd)),
         Err(Errno::ENOENT) => Ok(None),
         Err(Errno::ELOOP | Errno::ENOTDIR) => {
-            remove_tree(top.fd(), machine)
+            remove_tree(top.fd(), machine.as_str())
                 .with_context(|| format!("removing {}", shown.display()))?;
             Ok(None)
         }
@@ -243,7 +248,7 @@ fn open_current(
 
 /// Remove `machine`'s tree, and what versions before the hard links left on `/run`. Returns
 /// whether there was anything. Creates nothing: a host without a tree stays without one.
-pub fn remove(host: &HostRoot, machine: &str) -> Result<bool> {
+pub fn remove(host: &HostRoot, machine: &MachineName) -> Result<bool> {
     let mut any = false;
     for dir in [layout::TREE_HOST_DIR, layout::LEGACY_TREE_HOST_DIR] {
         let Some(top) = open_existing(host, dir)? else {
@@ -531,7 +536,7 @@ const STAMP_HEADER: &str = "nspawn-lifecycle driver tree stamp v1\n";
 /// written when the tree was right stops matching at the first edit of the tree since (Linux ≥
 /// 6.13 gives a ctime read since its last change a fine-grained timestamp at the next one).
 /// `None` when one of them cannot be stat'ed or is not of its kind: no stamp matches then.
-fn stamp_text(top: &OwnedFd, machine: &str, plan: &Plan) -> Option<String> {
+fn stamp_text(top: &OwnedFd, machine: &MachineName, plan: &Plan) -> Option<String> {
     use std::fmt::Write as _;
     let mut out = String::from(STAMP_HEADER);
     stamp_stat(&mut out, top, machine, "", SFlag::S_IFDIR)?;
@@ -563,13 +568,13 @@ fn stamp_text(top: &OwnedFd, machine: &str, plan: &Plan) -> Option<String> {
 fn stamp_stat(
     out: &mut String,
     top: &OwnedFd,
-    machine: &str,
+    machine: &MachineName,
     rel: &str,
     kind: SFlag,
 ) -> Option<()> {
     use std::fmt::Write as _;
     let path = if rel.is_empty() {
-        machine.to_owned()
+        machine.to_string()
     } else {
         format!("{machine}/{rel}")
     };
@@ -587,10 +592,15 @@ fn stamp_stat(
 
 /// Whether the stamp beside `machine`'s tree says exactly `want`. One that is missing,
 /// unreadable, cut short, longer, garbage or not a file does not: the tree is then walked.
-fn stamp_reads(top: &OwnedFd, machine: &str, want: &str) -> bool {
+fn stamp_reads(top: &OwnedFd, machine: &MachineName, want: &str) -> bool {
     use std::io::Read as _;
     let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    let Ok(fd) = nix::fcntl::openat(top, stamp_name(machine).as_str(), flags, Mode::empty()) else {
+    let Ok(fd) = nix::fcntl::openat(
+        top,
+        stamp_name(machine.as_str()).as_str(),
+        flags,
+        Mode::empty(),
+    ) else {
         return false;
     };
     let mut buf = Vec::with_capacity(want.len() + 1);
@@ -603,9 +613,9 @@ fn stamp_reads(top: &OwnedFd, machine: &str, want: &str) -> bool {
 /// Write the stamp of `machine`'s tree (in `top`) atomically: whatever was at its name goes
 /// first, then temp file, fsync, rename ([`atomic::replace_at`]). Killed before the rename,
 /// there is no stamp and the next start walks the tree.
-fn write_stamp(top: &OwnedFd, machine: &str, text: &str) -> Result<()> {
-    forget_at(top, machine)?;
-    let tmp = stamp_tmp_name(machine);
+fn write_stamp(top: &OwnedFd, machine: &MachineName, text: &str) -> Result<()> {
+    forget_at(top, machine.as_str())?;
+    let tmp = stamp_tmp_name(machine.as_str());
     let fd = nix::fcntl::openat(
         top,
         tmp.as_str(),
@@ -617,7 +627,7 @@ fn write_stamp(top: &OwnedFd, machine: &str, text: &str) -> Result<()> {
         top,
         std::fs::File::from(fd),
         &tmp,
-        &stamp_name(machine),
+        &stamp_name(machine.as_str()),
         text.as_bytes(),
         FILE_MODE,
         None,
@@ -635,9 +645,9 @@ fn forget_at(top: &impl AsFd, machine: &str) -> Result<bool> {
 /// remove the stamp of its host tree, so the next pre-start walks the tree entry by entry
 /// instead of trusting it (and rebuilds what differs). Returns `err`, with a failure to remove
 /// the stamp added to it.
-pub fn distrust(host: &HostRoot, machine: &str, err: anyhow::Error) -> anyhow::Error {
+pub fn distrust(host: &HostRoot, machine: &MachineName, err: anyhow::Error) -> anyhow::Error {
     let forgot = open_existing(host, layout::TREE_HOST_DIR)
-        .and_then(|top| top.map_or(Ok(false), |top| forget_at(&top, machine)));
+        .and_then(|top| top.map_or(Ok(false), |top| forget_at(&top, machine.as_str())));
     match forgot {
         Ok(_) => err,
         Err(e) => err.context(format!(

@@ -13,16 +13,17 @@ use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
 use crate::model::{Change, Check, Target};
 use crate::systemd::services::Services;
+use crate::types::machine_name::{MachineName, Subject};
 use crate::types::paths::{MachinePath, UnitName};
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 
 /// Run `f` and log how long it took: one debug line per step (`step timing`, fields `step` and
 /// `us`), which `tests/bench/e2e-bench.sh` reads to time the rewiring apart from the services.
-pub(crate) fn timed<T>(machine: &str, step: &str, f: impl FnOnce() -> T) -> T {
+pub(crate) fn timed<T>(who: impl std::fmt::Display, step: &str, f: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = f();
-    tracing::debug!(%machine, step, us = micros(started.elapsed()), "step timing");
+    tracing::debug!(machine = %who, step, us = micros(started.elapsed()), "step timing");
     out
 }
 
@@ -334,7 +335,11 @@ pub trait BootWork {
 /// Run pre-start's `plan` in order: each part observed and diffed, and applied only when its
 /// diff is not empty; one log line and timing per part; the first failure ends it (nothing to
 /// put back: the machine has not started).
-pub fn execute_boot(plan: &Plan<BootPart>, machine: &str, work: &dyn BootWork) -> Result<()> {
+pub fn execute_boot(
+    plan: &Plan<BootPart>,
+    machine: &MachineName,
+    work: &dyn BootWork,
+) -> Result<()> {
     for part in &plan.steps {
         let started = Instant::now();
         let line = timed(machine, part.name(), || {
@@ -367,13 +372,13 @@ pub fn pending_boot(plan: &Plan<BootPart>, work: &dyn BootWork) -> Vec<Change> {
 /// documentation) and return the error.
 pub fn execute(
     plan: &Plan<Step>,
-    machine: &str,
+    who: Subject,
     work: &dyn Work,
     services: &dyn Services,
 ) -> Result<()> {
     let mut run = Run {
         hook: plan.hook,
-        machine,
+        who,
         work,
         services,
         was_running: Vec::new(),
@@ -389,7 +394,7 @@ pub fn execute(
                     _ => None,
                 })
                 .collect();
-            start_again(machine, plan, services, &restore);
+            start_again(who, plan, services, &restore);
             return Err(e);
         }
     }
@@ -399,7 +404,7 @@ pub fn execute(
 /// The state of one run of a plan.
 struct Run<'a> {
     hook: Hook,
-    machine: &'a str,
+    who: Subject<'a>,
     work: &'a dyn Work,
     services: &'a dyn Services,
     /// What ran before post-start stopped it: the only services a failure puts back.
@@ -411,7 +416,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn step(&mut self, step: &Step) -> Result<()> {
-        let (hook, machine) = (self.hook, self.machine);
+        let (hook, machine) = (self.hook, self.who);
         let what = || format!("{hook} of {machine}: step '{step}'");
         let started = Instant::now();
         let line = match step {
@@ -457,7 +462,7 @@ impl Run<'_> {
     }
 
     fn stop(&mut self, unit: &UnitName) -> Result<()> {
-        let (hook, machine) = (self.hook, self.machine);
+        let (hook, machine) = (self.hook, self.who);
         let running = self.services.is_active(unit).unwrap_or_else(|e| {
             // Unknown: count it as running, so a failure tries to put it back rather than
             // leave a node down that was serving.
@@ -477,7 +482,7 @@ impl Run<'_> {
 
     /// Image imports never fail the start: a problem there is logged and kubelet starts anyway.
     fn import(&self, dir: &MachinePath) {
-        let machine = self.machine;
+        let machine = self.who;
         match timed(machine, "import", || self.work.import()) {
             Ok((0, 0)) => {}
             Ok((ok, 0)) => tracing::info!(%machine, "imported {ok} staged image(s)"),
@@ -494,7 +499,7 @@ impl Run<'_> {
 /// stopped them; each result is logged, none changes the outcome. With none (a gated boot, or
 /// an operator had stopped them), say why nothing is started; a plan that starts no service
 /// (pre-start's) has nothing to say.
-fn start_again(machine: &str, plan: &Plan<Step>, services: &dyn Services, units: &[&UnitName]) {
+fn start_again(machine: Subject, plan: &Plan<Step>, services: &dyn Services, units: &[&UnitName]) {
     let names: Vec<String> = plan
         .steps
         .iter()

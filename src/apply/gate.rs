@@ -9,6 +9,7 @@ use crate::model::gate::{
     CONTENT, HOST_FILE, MARKER_DIR, RELEASED_BY_POST_START, machine_marker_dir,
 };
 use crate::model::{Action, Change, Check};
+use crate::types::machine_name::MachineName;
 use crate::types::paths::UnitName;
 use anyhow::{Context as _, Result, bail};
 use std::ffi::OsString;
@@ -54,7 +55,7 @@ pub struct Markers<'a> {
 
 impl<'a> Markers<'a> {
     /// The markers of `machine`, kept on the host.
-    pub fn of_machine(host: &'a HostRoot, machine: &str) -> Self {
+    pub fn of_machine(host: &'a HostRoot, machine: &MachineName) -> Self {
         Markers {
             host,
             dir: machine_marker_dir(machine),
@@ -123,7 +124,7 @@ pub struct BootMarkers {
 /// given. Reads only: the directory verified as ours ([`host_dir::check`]), not created.
 pub fn observe_boot(
     host: &HostRoot,
-    machine: &str,
+    machine: &MachineName,
     containerd: Option<&UnitName>,
 ) -> Result<BootMarkers> {
     let dir = machine_marker_dir(machine);
@@ -199,7 +200,7 @@ impl BootMarkers {
 /// refused before anything is removed. Returns the markers' directory.
 pub fn prepare_boot(
     host: &HostRoot,
-    machine: &str,
+    machine: &MachineName,
     containerd: Option<&UnitName>,
 ) -> Result<String> {
     let changes = observe_boot(host, machine, containerd)?.changes(containerd);
@@ -289,7 +290,7 @@ mod tests {
         let p = Point::PostStartMidGateRelease;
         for (markers, dir_there) in [
             (
-                Markers::of_machine(&host, "kube1"),
+                Markers::of_machine(&host, &"kube1".parse().unwrap()),
                 "run/nspawn-lifecycle/machines/kube1/released",
             ),
             (Markers::of_host(&host), "run/nspawn-lifecycle/released"),
@@ -329,7 +330,7 @@ mod tests {
         let host = HostRoot::new(dir.path());
         let kubelet: UnitName = "kubelet.service".parse().unwrap();
         let containerd: UnitName = "containerd.service".parse().unwrap();
-        let markers = Markers::of_machine(&host, "kube1");
+        let markers = Markers::of_machine(&host, &"kube1".parse().unwrap());
         let p = Point::PostStartMidGateRelease;
         markers.release(&containerd, p).unwrap();
         markers.release(&kubelet, p).unwrap();
@@ -338,7 +339,7 @@ mod tests {
             .join("run/nspawn-lifecycle/machines/kube1/released");
         std::os::unix::fs::symlink("/etc/passwd", there.join("planted")).unwrap();
         assert_eq!(
-            prepare_boot(&host, "kube1", Some(&containerd)).unwrap(),
+            prepare_boot(&host, &"kube1".parse().unwrap(), Some(&containerd)).unwrap(),
             "/run/nspawn-lifecycle/machines/kube1/released"
         );
         assert!(markers.is_released(&containerd).unwrap());
@@ -349,11 +350,14 @@ mod tests {
                 .unwrap()
                 .starts_with("nspawn-lifecycle pre-start released containerd.service")
         );
-        prepare_boot(&host, "kube1", None).unwrap();
+        prepare_boot(&host, &"kube1".parse().unwrap(), None).unwrap();
         assert_eq!(std::fs::read_dir(&there).unwrap().count(), 0);
         // A directory there is nobody's doing of ours: named, never removed.
         std::fs::create_dir(there.join("odd")).unwrap();
-        let err = format!("{:#}", prepare_boot(&host, "kube1", None).unwrap_err());
+        let err = format!(
+            "{:#}",
+            prepare_boot(&host, &"kube1".parse().unwrap(), None).unwrap_err()
+        );
         assert!(err.contains("kube1/released/odd is a directory"), "{err}");
         assert!(there.join("odd").is_dir());
     }

@@ -7,6 +7,7 @@ use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
 use crate::fs::machine_root::{FileKind, MachineDir, MachineRoot};
 use crate::systemd::services::Services;
+use crate::types::machine_name::Subject;
 use anyhow::Result;
 use std::os::fd::AsFd as _;
 use std::time::{Duration, Instant};
@@ -37,7 +38,7 @@ pub(crate) const NAME_MAX: usize = 255;
 /// every time, and a tarball staged since the last start waits at most a few starts.
 /// Returns (imported, set aside).
 pub fn import_images(
-    machine: &str,
+    machine: Subject,
     root: &MachineRoot,
     mc: &MachineConfig,
     services: &dyn Services,
@@ -67,7 +68,7 @@ pub fn import_images(
 }
 
 /// The staged `*.tar` regular files of `dir`, least recently imported (oldest mtime) first.
-fn staged_queue(machine: &str, dir: &MachineDir) -> Result<Vec<String>> {
+fn staged_queue(machine: Subject, dir: &MachineDir) -> Result<Vec<String>> {
     let mut queue = Vec::new();
     for (name, _) in dir.entries()? {
         let name = match name.into_string() {
@@ -106,7 +107,7 @@ fn staged_queue(machine: &str, dir: &MachineDir) -> Result<Vec<String>> {
 
 /// One start's imports, within its bounds (see [`import_images`]).
 struct Imports<'a> {
-    machine: &'a str,
+    machine: Subject<'a>,
     mc: &'a MachineConfig,
     services: &'a dyn Services,
     dir: &'a MachineDir,

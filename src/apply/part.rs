@@ -22,6 +22,6 @@ impl Work for Wiring<'_> {
     }
 
     fn import(&self) -> Result<(usize, usize)> {
-        import_images(self.machine, self.root, self.mc, self.services)
+        import_images(self.who, self.root, self.mc, self.services)
     }
 }

@@ -76,10 +76,10 @@ fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Opti
     }
     let deadline = Instant::now() + BUS_TIMEOUT;
     let host = Systemd::host(deadline)?;
-    if host.machine_leader(machine.as_str(), deadline)?.is_none() {
+    if host.machine_leader(machine, deadline)?.is_none() {
         return Ok(None);
     }
-    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let handle = MachineHandle::find(&host, machine, deadline)?;
     let at = parts::Roots {
         target: handle.root(),
         host: &ctx.host,

@@ -38,7 +38,7 @@ use crate::fs::machine_root::MachineRoot;
 use crate::model::Desired;
 use crate::systemd::services::{Deferred, MachineServices, Services};
 use crate::systemd::{self, MachineHandle, Systemd};
-use crate::types::machine_name::MachineName;
+use crate::types::machine_name::{MachineName, Subject};
 use anyhow::{Context as _, Result};
 use std::time::Instant;
 
@@ -48,16 +48,19 @@ use std::time::Instant;
 /// resolve in the target's root.
 pub use crate::model::Target;
 
-/// How host mode names itself in messages and log lines (the `machine` field).
-pub const HOST_LABEL: &str = "the host";
+/// Where `who`'s gate markers live (host paths, see [`gate::Markers`]).
+fn markers<'a>(host: &'a HostRoot, who: Subject) -> gate::Markers<'a> {
+    match who {
+        Subject::Machine(m) => gate::Markers::of_machine(host, m),
+        Subject::Host => gate::Markers::of_host(host),
+    }
+}
 
-impl Target {
-    /// Where the target's gate markers live (host paths, see [`gate::Markers`]).
-    fn markers<'a>(self, host: &'a HostRoot, who: &str) -> gate::Markers<'a> {
-        match self {
-            Target::Machine => gate::Markers::of_machine(host, who),
-            Target::Host => gate::Markers::of_host(host),
-        }
+/// The kind of target `who` is.
+fn target_of(who: Subject) -> Target {
+    match who {
+        Subject::Machine(_) => Target::Machine,
+        Subject::Host => Target::Host,
     }
 }
 
@@ -106,7 +109,7 @@ impl Running {
         let prepared = Prepared::open(ctx, machine, what)?;
         let deadline = Instant::now() + prepared.mc.job_timeout;
         let handle = timed(machine.as_str(), "find machine", || {
-            MachineHandle::find(&Systemd::host(deadline)?, machine.as_str(), deadline)
+            MachineHandle::find(&Systemd::host(deadline)?, machine, deadline)
         })?;
         Ok(Running { prepared, handle })
     }
@@ -133,9 +136,8 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let r = Running::open(ctx, machine, "post-start")?;
     let (mc, handle) = (&r.prepared.mc, &r.handle);
     let run = TargetRun {
-        who: machine.as_str(),
+        who: Subject::Machine(machine),
         in_its_start: crate::types::units::runs_in_its_start(machine),
-        target: Target::Machine,
         mc,
         host: &ctx.host,
         root: handle.root(),
@@ -177,7 +179,7 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
         )));
     }
     let total = Instant::now();
-    let who = HOST_LABEL;
+    let who = Subject::Host;
     let _lock = timed(who, "lock", || lock::lock_host(&ctx.host, hc.lock_timeout))?;
     let inv = timed(who, "discover", || discovery::discover(&ctx.host))?;
     check_complete(&inv).context("host post-start")?;
@@ -186,7 +188,6 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
     let run = TargetRun {
         who,
         in_its_start: false,
-        target: Target::Host,
         mc: &hc,
         host: &ctx.host,
         root: &root,
@@ -204,10 +205,9 @@ pub fn host_post_start(ctx: &Ctx) -> Result<()> {
 
 /// One post-start run: whom it is for and what it works on, a machine or the host.
 struct TargetRun<'a> {
-    who: &'a str,
+    who: Subject<'a>,
     /// Whether this is the `ExecStartPost=` of the machine unit's start ([`Order::of`]).
     in_its_start: bool,
-    target: Target,
     mc: &'a MachineConfig,
     host: &'a HostRoot,
     root: &'a MachineRoot,
@@ -232,7 +232,7 @@ impl TargetRun<'_> {
         failpoint::hit(Point::AfterBus);
         self.wire(&services)?;
         tracing::debug!(
-            machine = self.who,
+            machine = %self.who,
             step = "post-start",
             us = micros(total.elapsed()),
             "step timing"
@@ -246,7 +246,7 @@ impl TargetRun<'_> {
         services: &'a dyn Services,
     ) -> Wiring<'a> {
         Wiring {
-            machine: self.who,
+            who: self.who,
             mc: self.mc,
             host: self.host,
             markers,
@@ -259,18 +259,18 @@ impl TargetRun<'_> {
     /// Run the target's plan over its root and services, and log what was wired.
     fn wire(&self, services: &dyn Services) -> Result<()> {
         let (who, mc) = (self.who, self.mc);
-        let markers = self.target.markers(self.host, who);
-        let order = Order::of(self.target, &markers, mc, self.in_its_start)?;
+        let markers = markers(self.host, who);
+        let order = Order::of(target_of(who), &markers, mc, self.in_its_start)?;
         if order == Order::ContainerdReleased {
-            tracing::info!(machine = who, unit = %mc.containerd_unit,
+            tracing::info!(machine = %who, unit = %mc.containerd_unit,
                 "released before post-start began ({}): not stopped, started with the boot",
                 markers.path(&mc.containerd_unit));
         }
         let started = Instant::now();
         let wiring = self.wiring(&markers, services);
-        execute(&plan(mc, self.target, order), who, &wiring, services)?;
+        execute(&plan(mc, target_of(who), order), who, &wiring, services)?;
         tracing::info!(
-            machine = who,
+            machine = %who,
             "post-start done in {:.2}s: NVIDIA driver {}, {} GPU(s)",
             started.elapsed().as_secs_f64(),
             self.desired
@@ -290,7 +290,7 @@ impl TargetRun<'_> {
     fn without_gpus<S: Services>(&self, running: impl FnOnce() -> Result<S>) -> Result<()> {
         let (who, mc) = (self.who, self.mc);
         tracing::info!(
-            machine = who,
+            machine = %who,
             "{}; removing what is left of ours",
             if mc.gpus == crate::config::Gpus::None {
                 "no NVIDIA GPUs for this machine (gpus: none)"
@@ -306,11 +306,11 @@ impl TargetRun<'_> {
             Ok(units) => parts::gate::summary(&units).0,
             Err(e) => return Err(e.context(format!("post-start of {who}: reading the gate"))),
         };
-        let markers = self.target.markers(self.host, who);
+        let markers = markers(self.host, who);
         let services = Deferred::new(running);
         let wiring = self.wiring(&markers, &services);
         execute(
-            &plan_without_gpus(mc, self.target, gated),
+            &plan_without_gpus(mc, target_of(who), gated),
             who,
             &wiring,
             &services,

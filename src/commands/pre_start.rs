@@ -34,7 +34,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         rendered,
         Boot::in_its_start(ctx, machine),
     );
-    execute_boot(&boot.plan(), machine.as_str(), &boot)
+    execute_boot(&boot.plan(), machine, &boot)
 }
 
 /// pre-start's `result` (the configuration's load included), after ending the unit's retries

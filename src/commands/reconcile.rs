@@ -107,7 +107,7 @@ fn plan_restart(host: &Systemd, machine: &MachineName, mc: &MachineConfig) -> Re
             before.load_state
         ));
     }
-    let old_leader = host.machine_leader(machine.as_str(), step())?;
+    let old_leader = host.machine_leader(machine, step())?;
     let service = host.service_state(&unit, step())?;
     Ok(RestartPlan {
         unit,
@@ -164,7 +164,7 @@ fn execute(
             short(&after.invocation_id)
         )));
     }
-    let Some(new_leader) = host.machine_leader(machine.as_str(), step())? else {
+    let Some(new_leader) = host.machine_leader(machine, step())? else {
         return Err(failed(anyhow!(
             "the unit is active but machine {machine} is not registered with systemd-machined"
         )));

@@ -354,9 +354,7 @@ fn observe(
         ),
     };
     // Only an active unit has a machine to inspect; while it starts, post-start may be halfway.
-    if run.unit.active_state != "active"
-        || host.machine_leader(machine.as_str(), deadline)?.is_none()
-    {
+    if run.unit.active_state != "active" || host.machine_leader(machine, deadline)?.is_none() {
         return Ok(Observed {
             unit: Some(unit),
             machine: None,
@@ -364,7 +362,7 @@ fn observe(
             ..Observed::default()
         });
     }
-    let handle = MachineHandle::find(&host, machine.as_str(), deadline)?;
+    let handle = MachineHandle::find(&host, machine, deadline)?;
     let facts = inspect_machine(handle.root(), &ctx.host, mc, desired, judged)?;
     // Reads only, so a machine in its own user namespace (which refuses state changes) is fine.
     let sd = Systemd::machine_in_any_userns(&handle, deadline)?;

@@ -20,6 +20,7 @@ use crate::config::Gpus;
 use crate::discovery::{DeviceRole, HostDevice, Inventory};
 use crate::error::bad_input;
 use crate::model::host_devices;
+use crate::types::machine_name::MachineName;
 use anyhow::Result;
 
 /// Access for every entry we add (read, write, mknod), as the `all` drop-in grants.
@@ -81,7 +82,12 @@ pub fn allows_same(a: &[(String, String)], b: &[(String, String)]) -> bool {
 /// The installed drop-in (`text`) must match the machine's `gpus`: an `all` machine's allows
 /// every NVIDIA group, any other's none (a `daemon-reload` would add it back after the
 /// runtime list). A mismatch is bad input until `install` is run again.
-pub fn check_dropin(machine: &str, dropin_path: &str, text: &str, gpus: &Gpus) -> Result<()> {
+pub fn check_dropin(
+    machine: &MachineName,
+    dropin_path: &str,
+    text: &str,
+    gpus: &Gpus,
+) -> Result<()> {
     let has_all = crate::model::dropin::allows_all_gpus(text);
     let want_all = *gpus == Gpus::All;
     if has_all == want_all {
@@ -161,11 +167,11 @@ mod tests {
         // The drop-ins install renders, so the check and the renderer cannot drift apart.
         let all = Dropin::for_gpus(&m, &helper, &Gpus::All).to_string();
         let some = &Dropin::for_gpus(&m, &helper, &Gpus::None).to_string();
-        assert!(check_dropin("kube1", "/d", &all, &Gpus::All).is_ok());
-        assert!(check_dropin("kube1", "/d", some, &Gpus::None).is_ok());
-        let err = check_dropin("kube1", "/d", &all, &Gpus::None).unwrap_err();
+        assert!(check_dropin(&"kube1".parse().unwrap(), "/d", &all, &Gpus::All).is_ok());
+        assert!(check_dropin(&"kube1".parse().unwrap(), "/d", some, &Gpus::None).is_ok());
+        let err = check_dropin(&"kube1".parse().unwrap(), "/d", &all, &Gpus::None).unwrap_err();
         assert_eq!(crate::error::exit_code(&err), 2);
         assert!(format!("{err:#}").contains("install kube1"), "{err:#}");
-        assert!(check_dropin("kube1", "/d", some, &Gpus::All).is_err());
+        assert!(check_dropin(&"kube1".parse().unwrap(), "/d", some, &Gpus::All).is_err());
     }
 }

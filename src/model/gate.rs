@@ -30,6 +30,7 @@
 //! writes are src/apply/gate.rs's.
 
 use crate::fs::machine_root::MachineRoot;
+use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, MachinePath, UnitName};
 use anyhow::Result;
 
@@ -100,7 +101,7 @@ pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
 /// host's: pre-start can release containerd before the machine boots ([`crate::apply::gate::prepare_boot`]), and
 /// only the helper (on the host) ever creates or removes a marker. pre-start empties it at every
 /// start, so every boot is gated afresh.
-pub fn machine_marker_dir(machine: &str) -> String {
+pub fn machine_marker_dir(machine: &MachineName) -> String {
     format!("{MACHINES_DIR}/{machine}/released")
 }
 
@@ -108,7 +109,7 @@ pub fn machine_marker_dir(machine: &str) -> String {
 pub const MACHINES_DIR: &str = "/run/nspawn-lifecycle/machines";
 
 /// [`machine_marker_dir`] as the `.nspawn` renderer takes it.
-pub fn machine_marker_source(machine: &str) -> HostPath {
+pub fn machine_marker_source(machine: &MachineName) -> HostPath {
     machine_marker_dir(machine)
         .parse()
         .expect("a machine name holds no '/', control character or space, so the path is valid")

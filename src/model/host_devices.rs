@@ -13,6 +13,7 @@ use crate::config::{Devices, Gpus, MachineConfig};
 use crate::discovery::{
     DeviceCategory, DeviceRole, HostDevice, INFINIBAND_DIR, Inventory, NodeKind,
 };
+use crate::types::machine_name::MachineName;
 use crate::types::paths::HostPath;
 
 /// NVIDIA directories whose nodes the host makes while a machine with every GPU runs: MIG
@@ -27,7 +28,7 @@ pub const NVIDIA_NODE_DIRS: [(&str, DeviceRole); 2] = [
 /// datapaths (Cilium) pin their maps there, so pins neither leak between machines nor vanish with
 /// a machine's restart. pre-start mounts it (it lives until the host reboots, as a host's
 /// `/sys/fs/bpf` does).
-pub fn bpffs_dir(machine: &str) -> String {
+pub fn bpffs_dir(machine: &MachineName) -> String {
     format!("/run/nspawn-lifecycle/bpffs/{machine}")
 }
 

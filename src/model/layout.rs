@@ -23,6 +23,7 @@
 //! links rather than a bind per file, and no bind per name.
 
 use crate::discovery::UserspaceDriver;
+use crate::types::machine_name::MachineName;
 use crate::types::paths::{HostPath, MachinePath};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -84,14 +85,14 @@ pub const TREE_HOST_DIR: &str = "/var/lib/nspawn-lifecycle/driver-root";
 pub const LEGACY_TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
 
 /// The host path of `machine`'s driver tree.
-pub fn tree_host_path(machine: &str) -> String {
+pub fn tree_host_path(machine: &MachineName) -> String {
     format!("{TREE_HOST_DIR}/{machine}")
 }
 
 /// The read-only bind of `machine`'s host tree at [`DRIVER_ROOT`]. systemd-nspawn sorts its binds
 /// by target, so this one is made before the binds inside it ([`dir_binds`], [`file_binds`]),
 /// whose mount points the tree holds.
-pub fn tree_bind(machine: &str) -> Result<Bind> {
+pub fn tree_bind(machine: &MachineName) -> Result<Bind> {
     Ok(Bind {
         source: host_path("driver tree", tree_host_path(machine))?,
         target: machine_path("driver tree", DRIVER_ROOT.to_owned())?,
@@ -600,7 +601,7 @@ mod tests {
                 true
             )]
         );
-        let b = tree_bind("kube1").unwrap();
+        let b = tree_bind(&"kube1".parse().unwrap()).unwrap();
         assert_eq!(
             (b.source.as_str(), b.target.as_str(), b.read_only, b.dir),
             (

@@ -83,7 +83,7 @@ impl NspawnFile {
         }
         binds.extend(device_binds(inv, cfg));
         binds.push(BindLine {
-            source: host_devices::bpffs_dir(machine.as_str())
+            source: host_devices::bpffs_dir(machine)
                 .parse()
                 .map_err(anyhow::Error::msg)?,
             target: host_devices::BPFFS_TARGET
@@ -96,8 +96,8 @@ impl NspawnFile {
                 // The driver root: pre-start's host tree of hard links, read-only, with the
                 // directory binds on its mount points (src/model/layout.rs, src/apply/driver_tree.rs); a
                 // file the tree cannot link is bound by `bind_driver_files`.
-                for b in std::iter::once(layout::tree_bind(machine.as_str())?)
-                    .chain(layout::dir_binds(driver)?)
+                for b in
+                    std::iter::once(layout::tree_bind(machine)?).chain(layout::dir_binds(driver)?)
                 {
                     binds.push(BindLine {
                         source: b.source,
@@ -123,7 +123,7 @@ impl NspawnFile {
                     });
                 }
                 binds.push(BindLine {
-                    source: gate::machine_marker_source(machine.as_str()),
+                    source: gate::machine_marker_source(machine),
                     target: gate::marker_target(),
                     read_only: true,
                 });

@@ -290,7 +290,7 @@ fn refuse_foreign_file(machine: &MachineName, r: &Rendered) -> Result<()> {
 fn check_installed_dropin(ctx: &Ctx, machine: &MachineName, gpus: &Gpus) -> Result<()> {
     let dropin = crate::types::units::dropin_path(machine);
     match ctx.host.read_to_string(&dropin) {
-        Ok(text) => device_cgroup::check_dropin(machine.as_str(), &dropin, &text, gpus),
+        Ok(text) => device_cgroup::check_dropin(machine, &dropin, &text, gpus),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("reading {dropin}")),
     }

@@ -7,6 +7,7 @@
 
 use super::{Systemd, SystemdError};
 use crate::fs::machine_root::MachineRoot;
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result, anyhow, bail};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat2};
@@ -31,7 +32,7 @@ pub struct MachineHandle {
 
 impl MachineHandle {
     /// Look `machine` up in machined on the host bus and open its root through the leader.
-    pub fn find(host: &Systemd, machine: &str, deadline: Instant) -> Result<MachineHandle> {
+    pub fn find(host: &Systemd, machine: &MachineName, deadline: Instant) -> Result<MachineHandle> {
         let leader = host.machine_leader(machine, deadline)?.ok_or_else(|| {
             anyhow!(
                 "machine {machine} is not registered with systemd-machined (is \
@@ -51,7 +52,7 @@ impl MachineHandle {
     }
 
     /// Open the root of the machine whose leader is `leader`.
-    pub fn from_leader(machine: &str, leader: u32) -> Result<MachineHandle> {
+    pub fn from_leader(machine: &MachineName, leader: u32) -> Result<MachineHandle> {
         let proc_dir = format!("/proc/{leader}");
         let pid_dir = open(
             proc_dir.as_str(),
@@ -68,7 +69,7 @@ impl MachineHandle {
         let ours =
             nix::sys::stat::stat("/proc/self/ns/user").context("reading /proc/self/ns/user")?;
         Ok(MachineHandle {
-            name: machine.to_owned(),
+            name: machine.to_string(),
             leader,
             pid_dir: Some(pid_dir),
             root,
@@ -78,10 +79,13 @@ impl MachineHandle {
 
     /// A stand-in machine whose root is a directory (tests of socket resolution).
     #[cfg(test)]
-    pub(crate) fn from_root_dir(machine: &str, dir: &std::path::Path) -> Result<MachineHandle> {
+    pub(crate) fn from_root_dir(
+        machine: &MachineName,
+        dir: &std::path::Path,
+    ) -> Result<MachineHandle> {
         let root = MachineRoot::open(dir)?;
         Ok(MachineHandle {
-            name: machine.to_owned(),
+            name: machine.to_string(),
             leader: 0,
             pid_dir: None,
             root,
@@ -238,7 +242,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("run/dbus")).unwrap();
         let listener = UnixListener::bind(dir.path().join(BUS_SOCKET)).unwrap();
-        let m = MachineHandle::from_root_dir("m", dir.path()).unwrap();
+        let m = MachineHandle::from_root_dir(&"m".parse().unwrap(), dir.path()).unwrap();
         let _client = m.connect_bus_socket().unwrap();
         let (_server, _) = listener.accept().unwrap();
     }
@@ -253,7 +257,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("run/dbus")).unwrap();
         std::os::unix::fs::symlink(&host_sock, root.path().join(BUS_SOCKET)).unwrap();
-        let m = MachineHandle::from_root_dir("m", root.path()).unwrap();
+        let m = MachineHandle::from_root_dir(&"m".parse().unwrap(), root.path()).unwrap();
         let err = format!("{:#}", m.connect_bus_socket().unwrap_err());
         assert!(
             err.contains("resolving /run/dbus/system_bus_socket"),
@@ -279,7 +283,7 @@ mod tests {
         std::fs::create_dir_all(root.path().join("elsewhere")).unwrap();
         let listener = UnixListener::bind(root.path().join("elsewhere/bus")).unwrap();
         std::os::unix::fs::symlink("/elsewhere/bus", root.path().join(BUS_SOCKET)).unwrap();
-        let m = MachineHandle::from_root_dir("m", root.path()).unwrap();
+        let m = MachineHandle::from_root_dir(&"m".parse().unwrap(), root.path()).unwrap();
         let _client = m.connect_bus_socket().unwrap();
         let (_server, _) = listener.accept().unwrap();
     }
@@ -289,7 +293,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("run/dbus")).unwrap();
         std::fs::write(root.path().join(BUS_SOCKET), b"").unwrap();
-        let m = MachineHandle::from_root_dir("m", root.path()).unwrap();
+        let m = MachineHandle::from_root_dir(&"m".parse().unwrap(), root.path()).unwrap();
         let err = format!("{:#}", m.connect_bus_socket().unwrap_err());
         assert!(err.contains("it is not a socket"), "{err}");
         assert!(err.contains("refusing"), "{err}");
@@ -317,7 +321,7 @@ mod tests {
         // A leader sharing our root is refused (see below), so pin the child's /proc entry on a
         // stand-in machine rooted in a temp dir.
         let dir = tempfile::tempdir().unwrap();
-        let mut m = MachineHandle::from_root_dir("m", dir.path()).unwrap();
+        let mut m = MachineHandle::from_root_dir(&"m".parse().unwrap(), dir.path()).unwrap();
         m.leader = child.id();
         m.pid_dir = Some(
             open(
@@ -374,7 +378,7 @@ mod tests {
             .spawn()
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let mut m = MachineHandle::from_root_dir("m", dir.path()).unwrap();
+        let mut m = MachineHandle::from_root_dir(&"m".parse().unwrap(), dir.path()).unwrap();
         m.own_user_namespace = true;
         m.pid_dir = Some(pin(leader.id()));
         m.leader = reused.id();
@@ -394,16 +398,17 @@ mod tests {
     #[test]
     fn a_leader_whose_root_is_the_hosts_is_refused() {
         // Every write through such a "machine" would land on the host.
-        let err = MachineHandle::from_leader("self", std::process::id()).unwrap_err();
+        let err =
+            MachineHandle::from_leader(&"self".parse().unwrap(), std::process::id()).unwrap_err();
         assert!(
             format!("{err:#}").contains("is the host's root directory"),
             "{err:#}"
         );
         let dir = tempfile::tempdir().unwrap();
-        let me = MachineHandle::from_root_dir("stand-in", dir.path()).unwrap();
+        let me = MachineHandle::from_root_dir(&"stand-in".parse().unwrap(), dir.path()).unwrap();
         assert!(!me.has_own_user_namespace());
         me.check_user_namespace().unwrap();
-        let err = MachineHandle::from_leader("gone", u32::MAX).unwrap_err();
+        let err = MachineHandle::from_leader(&"gone".parse().unwrap(), u32::MAX).unwrap_err();
         assert!(format!("{err:#}").contains("/proc/4294967295"), "{err:#}");
     }
 }

@@ -23,6 +23,7 @@ pub use wait::{Until, wait_bus, wait_manager, wait_running};
 pub use machine::MachineHandle;
 pub use transient::{ExitStatus, OUTPUT_LIMIT, TransientOutcome};
 
+use crate::types::machine_name::MachineName;
 use anyhow::{Context as _, Result, anyhow};
 use deadline::{Elapsed, timeout_at};
 use futures_core::Stream;
@@ -373,7 +374,7 @@ impl Systemd {
     }
 
     /// The leader PID of a machine registered with machined, `None` when it is not registered.
-    pub fn machine_leader(&self, machine: &str, deadline: Instant) -> Result<Option<u32>> {
+    pub fn machine_leader(&self, machine: &MachineName, deadline: Instant) -> Result<Option<u32>> {
         zbus::block_on(self.machine_leader_async(machine, deadline))
     }
 
@@ -521,7 +522,11 @@ impl Systemd {
         })
     }
 
-    async fn machine_leader_async(&self, machine: &str, deadline: Instant) -> Result<Option<u32>> {
+    async fn machine_leader_async(
+        &self,
+        machine: &MachineName,
+        deadline: Instant,
+    ) -> Result<Option<u32>> {
         let mm = MachineManagerProxy::builder(&self.conn)
             .cache_properties(CacheProperties::No)
             .build()
@@ -546,7 +551,7 @@ impl Systemd {
             .into()
         };
         let what = format!("GetMachine({machine}) on org.freedesktop.machine1");
-        let path = match timeout_at(deadline, mm.get_machine(machine)).await {
+        let path = match timeout_at(deadline, mm.get_machine(machine.as_str())).await {
             Ok(Ok(p)) => p,
             Ok(Err(e)) if gone(&e) => return Ok(None),
             Ok(Err(e)) => return Err(self.describe(e, &what)),

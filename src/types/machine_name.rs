@@ -22,6 +22,37 @@ impl fmt::Display for MachineName {
     }
 }
 
+/// Whom a hook wires: a machine, or the host itself (host mode's kubelet and containerd). What
+/// its log lines' `machine` field and its errors name: `post-start of kube1`, `post-start of the
+/// host`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject<'a> {
+    Machine(&'a MachineName),
+    Host,
+}
+
+/// How log lines and errors name the host in host mode.
+pub const HOST_LABEL: &str = "the host";
+
+impl<'a> Subject<'a> {
+    /// The machine's name; none for the host.
+    pub fn machine(self) -> Option<&'a MachineName> {
+        match self {
+            Subject::Machine(m) => Some(m),
+            Subject::Host => None,
+        }
+    }
+}
+
+impl fmt::Display for Subject<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Machine(m) => f.write_str(m.as_str()),
+            Subject::Host => f.write_str(HOST_LABEL),
+        }
+    }
+}
+
 impl FromStr for MachineName {
     type Err = String;
 

@@ -278,7 +278,7 @@ pub fn with_host_wiring<T>(
     let helper = config::DEFAULT_HELPER_PATH.parse().unwrap();
     let desired = model::Desired::host(&hroot, &inv, &hc, &helper).unwrap();
     let wiring = nspawn_lifecycle::apply::parts::Wiring {
-        machine: "the host",
+        who: nspawn_lifecycle::types::machine_name::Subject::Host,
         mc: &hc,
         host: &hroot,
         markers: &markers,

@@ -399,8 +399,9 @@ impl DriverRootBinds {
         // points, in nspawn's order (by target).
         let hr = nspawn_lifecycle::fs::host::HostRoot::new(host);
         let mut plan = nspawn_lifecycle::model::tree::plan(&hr, driver).unwrap();
-        nspawn_lifecycle::apply::driver_tree::ensure(&hr, "kube1", &mut plan).unwrap();
-        let mut binds = vec![layout::tree_bind("kube1").unwrap()];
+        let kube1 = "kube1".parse().unwrap();
+        nspawn_lifecycle::apply::driver_tree::ensure(&hr, &kube1, &mut plan).unwrap();
+        let mut binds = vec![layout::tree_bind(&kube1).unwrap()];
         binds.extend(layout::dir_binds(driver).unwrap());
         binds.extend(layout::file_binds(&plan.tree).unwrap());
         binds.sort_by(|a, b| a.target.as_str().cmp(b.target.as_str()));

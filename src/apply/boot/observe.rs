@@ -57,15 +57,13 @@ impl Boot<'_> {
             BootPart::DeviceCgroup => BootSeen::DeviceCgroup(self.device_allow()?),
             BootPart::GateFile => BootSeen::GateFile(gate::host_file_current(host)?),
             BootPart::DriverTree => match &self.rendered.borrow().start().tree {
-                Some(plan) => {
-                    BootSeen::DriverTree(driver_tree::observe(host, self.machine.as_str(), plan)?)
-                }
-                None => BootSeen::NoDriverTree(driver_tree::remains(host, self.machine.as_str())?),
+                Some(plan) => BootSeen::DriverTree(driver_tree::observe(host, self.machine, plan)?),
+                None => BootSeen::NoDriverTree(driver_tree::remains(host, self.machine)?),
             },
             BootPart::BootGate if !self.in_its_start => BootSeen::BootGate(None),
             BootPart::BootGate => BootSeen::BootGate(Some(gate::observe_boot(
                 host,
-                self.machine.as_str(),
+                self.machine,
                 self.boot_containerd(),
             )?)),
             BootPart::NspawnFile => BootSeen::NspawnFile(host.holds(
@@ -81,7 +79,7 @@ impl Boot<'_> {
         let change = |action, path: &str, detail: String| {
             Change::new(part.check(), action, path.to_owned(), detail)
         };
-        let machine = self.machine.as_str();
+        let machine = self.machine;
         match seen {
             BootSeen::HostNodes {
                 missing,
@@ -168,7 +166,7 @@ impl Boot<'_> {
     }
 
     fn tree_changes(&self, part: BootPart, seen: &TreeSeen) -> Vec<Change> {
-        let dir = layout::tree_host_path(self.machine.as_str());
+        let dir = layout::tree_host_path(self.machine);
         let mut out: Vec<Change> = seen
             .leftovers
             .iter()
@@ -206,7 +204,7 @@ impl Boot<'_> {
 
     /// The log line of `part` found as it must be.
     pub fn unchanged(&self, part: BootPart) -> Result<String> {
-        let machine = self.machine.as_str();
+        let machine = self.machine;
         Ok(match part {
             BootPart::HostNodes => "host device nodes: none missing".to_owned(),
             BootPart::DeviceCgroup => format!(

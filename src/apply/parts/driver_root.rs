@@ -94,9 +94,12 @@ impl Part for DriverRoot {
         };
         let seen = driver_root::observe(w.root, want)?;
         if let Some(why) = driver_root::diff(want, &seen).message(want) {
+            let Some(machine) = w.who.machine() else {
+                anyhow::bail!("{why} (the host has no driver root of ours: a bug)");
+            };
             return Err(crate::apply::driver_tree::distrust(
                 w.host,
-                w.machine,
+                machine,
                 anyhow::anyhow!(why),
             ));
         }

@@ -19,6 +19,7 @@ use crate::fs::host::HostRoot;
 use crate::fs::machine_root::MachineRoot;
 use crate::model::{Change, Check, Desired, Target};
 use crate::systemd::services::Services;
+use crate::types::machine_name::Subject;
 use anyhow::Result;
 use std::any::{Any, TypeId};
 
@@ -83,7 +84,7 @@ pub struct Roots<'a> {
 /// A target as post-start writes it: its rootfs, the host, its [`Desired`] state and its
 /// systemd.
 pub struct Wiring<'a> {
-    pub machine: &'a str,
+    pub who: Subject<'a>,
     pub mc: &'a MachineConfig,
     pub host: &'a HostRoot,
     pub markers: &'a Markers<'a>,

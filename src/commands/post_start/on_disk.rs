@@ -3,7 +3,7 @@
 //! property test (the test kit). Everything but the services and how the machine is reached
 //! is the command's ([`Prepared`], [`TargetRun`]).
 
-use super::{Prepared, Target, TargetRun};
+use super::{Prepared, TargetRun};
 use crate::Ctx;
 #[cfg(feature = "failpoints")]
 use crate::apply::gate;
@@ -15,7 +15,7 @@ use crate::fs::machine_root::MachineRoot;
 #[cfg(feature = "failpoints")]
 use crate::systemd::services::OnDisk;
 use crate::systemd::services::Services;
-use crate::types::machine_name::MachineName;
+use crate::types::machine_name::{MachineName, Subject};
 #[cfg(feature = "failpoints")]
 use anyhow::Context as _;
 use anyhow::Result;
@@ -43,9 +43,8 @@ fn on_disk(
     services: &dyn Services,
 ) -> Result<()> {
     let run = TargetRun {
-        who: machine.as_str(),
+        who: Subject::Machine(machine),
         in_its_start: false,
-        target: Target::Machine,
         mc: &p.mc,
         host,
         root,
@@ -80,7 +79,7 @@ pub fn rewire_root(ctx: &Ctx, machine: &MachineName, dir: &std::path::Path) -> R
     if driver.is_some() {
         // Each run is a boot: it begins with the machine's markers emptied, as pre-start leaves
         // them.
-        gate::prepare_boot(&host, machine.as_str(), None)?;
+        gate::prepare_boot(&host, machine, None)?;
     }
     on_disk(&host, machine, &p, &root, &services)
 }

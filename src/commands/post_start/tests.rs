@@ -7,6 +7,7 @@ use crate::fs::host::HostRoot;
 use crate::systemd::ExitStatus;
 use crate::systemd::TransientOutcome;
 use crate::systemd::services::Services;
+use crate::types::machine_name::Subject;
 use crate::types::paths::UnitName;
 use std::cell::RefCell;
 use std::os::fd::BorrowedFd;
@@ -266,7 +267,8 @@ impl BootWork for FakeBoot<'_> {
 }
 
 fn sequence(fake: &Fake, fail: Option<&'static dyn AnyPart>) -> (Result<()>, Vec<String>) {
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let work = FakeWork {
         fake,
         fail,
@@ -324,7 +326,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         fail: Some(BootPart::DriverTree),
         current: &[BootPart::DeviceCgroup],
     };
-    let e = execute_boot(&pre_start(true, true), "kube1", &work).unwrap_err();
+    let e = execute_boot(&pre_start(true, true), &kube1(), &work).unwrap_err();
     assert_eq!(
         format!("{e:#}"),
         "pre-start of kube1: step 'driver tree': planted failure"
@@ -348,7 +350,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
         fail: None,
         current: &[BootPart::HostNodes, BootPart::NspawnFile],
     };
-    execute_boot(&pre_start(false, true), "kube1", &work).unwrap();
+    execute_boot(&pre_start(false, true), &kube1(), &work).unwrap();
     assert_eq!(
         fake.log(),
         [
@@ -400,7 +402,13 @@ fn ldconfig_hears_from_each_targets_links_step() {
             fail: None,
             import_fails: false,
         };
-        execute(&plan(&cfg(), target, Order::Gated), "kube1", &work, &fake).unwrap();
+        execute(
+            &plan(&cfg(), target, Order::Gated),
+            Subject::Machine(&kube1()),
+            &work,
+            &fake,
+        )
+        .unwrap();
         assert_eq!(*fake.ldconfig_told.borrow(), [false], "{target:?}");
     }
 }
@@ -415,7 +423,7 @@ fn the_host_plan_runs_through_the_same_executor() {
     };
     execute(
         &plan(&cfg(), Target::Host, Order::Gated),
-        HOST_LABEL,
+        Subject::Host,
         &work,
         &fake,
     )
@@ -443,7 +451,7 @@ fn the_host_plan_runs_through_the_same_executor() {
     };
     let err = execute(
         &plan(&cfg(), Target::Host, Order::Gated),
-        HOST_LABEL,
+        Subject::Host,
         &work,
         &fake,
     )
@@ -487,7 +495,7 @@ fn with_containerd_released_before_post_start_only_kubelet_waits() {
         import_fails: false,
     };
     let p = plan(&cfg(), Target::Machine, Order::ContainerdReleased);
-    execute(&p, "kube1", &work, &fake).unwrap();
+    execute(&p, Subject::Machine(&kube1()), &work, &fake).unwrap();
     let log = fake.log();
     assert!(
         !log.iter().any(|l| l == "stop containerd.service"),
@@ -512,7 +520,7 @@ fn with_containerd_released_before_post_start_only_kubelet_waits() {
         fail: Some(&parts::DriverRoot),
         import_fails: false,
     };
-    assert!(execute(&p, "kube1", &work, &fake).is_err());
+    assert!(execute(&p, Subject::Machine(&kube1()), &work, &fake).is_err());
     assert_eq!(fake.running(), ["containerd.service"]);
     assert!(
         !fake.log().iter().any(|l| l.starts_with("start ")),
@@ -528,23 +536,23 @@ fn the_order_is_read_from_containerds_marker() {
     let dir = tempfile::tempdir().unwrap();
     let host = HostRoot::new(dir.path());
     let mc = cfg();
-    let markers = Target::Machine.markers(&host, "kube1");
+    let on_machine = markers(&host, Subject::Machine(&kube1()));
     let of = |t, m, start| Order::of(t, m, &mc, start).unwrap();
-    assert_eq!(of(Target::Machine, &markers, true), Order::Gated);
-    gate::prepare_boot(&host, "kube1", Some(&mc.containerd_unit)).unwrap();
+    assert_eq!(of(Target::Machine, &on_machine, true), Order::Gated);
+    gate::prepare_boot(&host, &kube1(), Some(&mc.containerd_unit)).unwrap();
     assert_eq!(
-        of(Target::Machine, &markers, true),
+        of(Target::Machine, &on_machine, true),
         Order::ContainerdReleased
     );
     // By hand on a running machine: both services stopped and started, as always.
-    assert_eq!(of(Target::Machine, &markers, false), Order::Gated);
-    let on_host = Target::Host.markers(&host, HOST_LABEL);
+    assert_eq!(of(Target::Machine, &on_machine, false), Order::Gated);
+    let on_host = markers(&host, Subject::Host);
     on_host
         .release(&mc.containerd_unit, Point::PostStartMidGateRelease)
         .unwrap();
     assert_eq!(of(Target::Host, &on_host, true), Order::Gated);
-    gate::prepare_boot(&host, "kube1", None).unwrap();
-    assert_eq!(of(Target::Machine, &markers, true), Order::Gated);
+    gate::prepare_boot(&host, &kube1(), None).unwrap();
+    assert_eq!(of(Target::Machine, &on_machine, true), Order::Gated);
 }
 
 #[test]
@@ -621,7 +629,8 @@ fn a_failed_stop_restarts_what_was_stopped_and_touches_no_file() {
 #[test]
 fn import_problems_never_keep_kubelet_down() {
     let fake = Fake::default();
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let work = FakeWork {
         fake: &fake,
         fail: None,
@@ -691,7 +700,8 @@ fn bad_tarballs_are_set_aside_never_deleted() {
     std::os::unix::fs::symlink("/etc/passwd", images.join("link.tar")).unwrap();
     let root = MachineRoot::open(dir.path()).unwrap();
     let fake = Fake::failing(&["<bad"]);
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let (ok, bad) = import_images(m, &root, &cfg(), &fake).unwrap();
     assert_eq!((ok, bad), (1, 1));
     assert_eq!(fake.log(), [format!("{CTR} <bad"), format!("{CTR} <good")]);
@@ -726,7 +736,8 @@ fn imports_stop_at_the_count_limit_and_report_what_was_left() {
     let mut mc = cfg();
     mc.import_max_images = 2;
     let fake = Fake::default();
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
     assert_eq!(r.unwrap(), (2, 0));
     assert_eq!(fake.log(), [format!("{CTR} <a"), format!("{CTR} <b")]);
@@ -780,7 +791,8 @@ fn imports_share_one_time_budget() {
         run_takes: Duration::from_millis(1200),
         ..Fake::default()
     };
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let started = Instant::now();
     let (r, logs) = logged(|| import_images(m, &root, &mc, &fake));
     assert!(
@@ -814,7 +826,8 @@ fn an_import_cut_short_by_the_budget_stays_one_timing_out_on_its_own_is_set_asid
     stage(&images, "a.tar", b"a", 20);
     stage(&images, "b.tar", b"b", 10);
     let root = MachineRoot::open(dir.path()).unwrap();
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let mut mc = cfg();
     mc.import_budget = Duration::from_secs(3);
     let fake = Fake {
@@ -874,7 +887,8 @@ fn tarball_names_never_reach_the_command_line_and_ctr_reads_the_checked_file() {
         .collect();
     let root = MachineRoot::open(dir.path()).unwrap();
     let fake = Fake::failing(&["<bad"]);
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let (r, logs) = logged(|| import_images(m, &root, &cfg(), &fake));
     assert_eq!(r.unwrap(), (0, 5));
     for (i, call) in fake.log().iter().enumerate() {
@@ -907,7 +921,8 @@ fn non_utf8_tarball_names_are_skipped_and_reported() {
     std::fs::write(images.join(raw), b"x").unwrap();
     let root = MachineRoot::open(dir.path()).unwrap();
     let fake = Fake::default();
-    let m = "kube1";
+    let kube1: MachineName = "kube1".parse().unwrap();
+    let m = Subject::Machine(&kube1);
     let (r, logs) = logged(|| import_images(m, &root, &cfg(), &fake));
     assert_eq!(r.unwrap(), (0, 0));
     assert!(fake.log().is_empty());
@@ -989,4 +1004,9 @@ fn on_a_gated_boot_each_service_starts_once_after_its_own_gate() {
     let err = gated.start("kubelet.service").unwrap_err();
     assert!(format!("{err:#}").contains("is inactive (dead)"));
     assert!(gated.running().is_empty());
+}
+
+/// The machine most tests run for.
+fn kube1() -> MachineName {
+    "kube1".parse().unwrap()
 }
