@@ -29,7 +29,7 @@ mod nspawn_binds;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nspawn_lifecycle::Ctx;
 use nspawn_lifecycle::apply::boot::Boot;
-use nspawn_lifecycle::apply::executor::pending_boot;
+use nspawn_lifecycle::apply::executor::{boot_plan, pending_boot};
 use nspawn_lifecycle::apply::parts;
 use nspawn_lifecycle::commands::post_start;
 use nspawn_lifecycle::commands::pre_start;
@@ -174,7 +174,7 @@ impl Node {
                 let machine = name();
                 let (mc, r) = render::as_pre_start(&ctx, &machine, &inv).unwrap();
                 let boot = Boot::new(&ctx, &machine, &mc, r, true);
-                let left = pending_boot(&boot.plan(), &boot);
+                let left = pending_boot(&boot_plan(&boot), &boot);
                 t.check(left.is_empty(), &format!("{what}: nothing left"), || {
                     format!("pre-start's parts still list {left:#?}")
                 });
@@ -1040,7 +1040,7 @@ fn main() {
     // And without any one part of a machine's list: each part's changes carry a check (a
     // status that judged a part outside the list would pass that check without it).
     let mut parts_failed = Vec::new();
-    for part in parts::list(Target::Machine) {
+    for part in parts::running(Target::Machine) {
         let mut control = Tally::default();
         run_host(
             &mut control,

@@ -6,12 +6,13 @@
 //! target's services: one log line and timing per step, the
 //! crash points on its steps, and the restore-on-failure rule.
 
+use crate::apply::boot::Boot;
 use crate::apply::gate;
 use crate::apply::images::FAILED_DIR;
-use crate::apply::parts::{self, AnyPart, Applied, Owner};
+use crate::apply::parts::{self, AnyPart, Applied, NextStart, Owner, Running, When};
 use crate::config::MachineConfig;
 use crate::failpoint::{self, Point};
-use crate::model::{Change, Check, Target};
+use crate::model::{Change, Target};
 use crate::systemd::services::Services;
 use crate::types::machine_name::{MachineName, Subject};
 use crate::types::paths::{MachinePath, UnitName};
@@ -47,68 +48,8 @@ impl std::fmt::Display for Hook {
     }
 }
 
-/// pre-start's parts: what it makes on the host for the machine's next boot, in this order
-/// ([`pre_start`]), each one unit that observes, diffs and applies (src/apply/boot.rs). Its own
-/// type: no post-start step can be given to pre-start, nor the other way round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootPart {
-    /// Host nodes the `.nspawn` file binds that the kernel registered without a node
-    /// (`rdma_cm`), and the empty NVIDIA node directories a machine with every GPU binds.
-    HostNodes,
-    /// The machine's runtime `DeviceAllow=` (which systemd keeps in a runtime drop-in).
-    DeviceCgroup,
-    /// The host's unit gate drop-in, which the `.nspawn` file binds.
-    GateFile,
-    /// The machine's driver tree on the host (removed without a driver).
-    DriverTree,
-    /// The gate markers for the boot ahead.
-    BootGate,
-    /// The `.nspawn` file itself, last: it binds what the steps before made.
-    NspawnFile,
-}
-
-impl BootPart {
-    /// The check its changes name in `plan`'s pre-start list: the host devices the file binds
-    /// (their nodes, the cgroup that lets the machine open them), the gate, the driver root the
-    /// tree becomes, and the next start's own file.
-    pub fn check(self) -> Check {
-        match self {
-            BootPart::HostNodes | BootPart::DeviceCgroup => Check::HostDevices,
-            BootPart::GateFile | BootPart::BootGate => Check::Gate,
-            BootPart::DriverTree => Check::DriverRoot,
-            BootPart::NspawnFile => Check::NextStart,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            BootPart::HostNodes => "host device nodes",
-            BootPart::DeviceCgroup => "device cgroup",
-            BootPart::GateFile => "unit gate file",
-            BootPart::DriverTree => "driver tree",
-            BootPart::BootGate => "unit gate for the boot",
-            BootPart::NspawnFile => ".nspawn file",
-        }
-    }
-
-    /// The `step` field of the step's log line (`journalctl STEP=nspawn`).
-    fn key(self) -> &'static str {
-        match self {
-            BootPart::HostNodes => "host-nodes",
-            BootPart::DeviceCgroup => "device-cgroup",
-            BootPart::GateFile => "gate-file",
-            BootPart::DriverTree => "driver-tree",
-            BootPart::BootGate => "gate",
-            BootPart::NspawnFile => "nspawn",
-        }
-    }
-}
-
-impl std::fmt::Display for BootPart {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// One step of pre-start's plan: one of its parts (src/apply/parts/, [`NextStart`]).
+pub type BootStep = &'static dyn AnyPart<NextStart>;
 
 /// One step of post-start's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +58,7 @@ pub enum Step {
     /// the failpoint.
     Stop(UnitName, Point),
     /// Apply one part of the wiring (src/apply/parts/): re-read it, write what differs.
-    Apply(&'static dyn AnyPart),
+    Apply(&'static dyn AnyPart<Running>),
     /// Create the unit's gate marker (src/apply/gate.rs): from now on the unit may start. The
     /// point is the failpoint between the marker's temp file and its rename; `key` the log
     /// line's `step`.
@@ -150,7 +91,7 @@ impl std::fmt::Display for Step {
 }
 
 /// A hook's plan: a plain value, computed before anything is touched, run by [`execute`]
-/// (post-start's, of [`Step`]s) or [`execute_boot`] (pre-start's, of [`BootPart`]s).
+/// (post-start's, of [`Step`]s) or [`execute_boot`] (pre-start's, of its parts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan<S> {
     pub hook: Hook,
@@ -203,7 +144,7 @@ impl Order {
 /// The parts post-start writes in `target` ([`Owner::PostStart`]), in [`parts::ALL`]'s order:
 /// the file steps of [`plan`] and [`plan_without_gpus`].
 fn written(target: Target) -> impl Iterator<Item = Step> {
-    parts::list(target)
+    parts::running(target)
         .filter(|p| p.owner() == Owner::PostStart)
         .map(Step::Apply)
 }
@@ -288,24 +229,27 @@ pub fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Pla
     }
 }
 
-/// pre-start's plan, the parts of this machine's start: the host nodes it binds, the machine's
-/// device cgroup (`device_cgroup`: under the real root, where the unit is), the unit gate's
-/// drop-in and the boot's markers (`gate`: when the `.nspawn` file binds them), the driver
-/// tree, and last the `.nspawn` file: nspawn refuses to start when a bind's source is missing,
-/// so what it binds is made first.
-pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan<BootPart> {
-    let steps = [
-        Some(BootPart::HostNodes),
-        device_cgroup.then_some(BootPart::DeviceCgroup),
-        gate.then_some(BootPart::GateFile),
-        Some(BootPart::DriverTree),
-        gate.then_some(BootPart::BootGate),
-        Some(BootPart::NspawnFile),
-    ];
+/// pre-start's plan, the parts of this machine's start in [`parts::ALL`]'s order: the host
+/// nodes it binds, the machine's device cgroup (`real_root`: under the real root, where the unit
+/// is), the unit gate's drop-in and the boot's markers (`gate`: when the `.nspawn` file binds
+/// them), the driver tree, and last the `.nspawn` file: nspawn refuses to start when a bind's
+/// source is missing, so what it binds is made first.
+pub fn pre_start(real_root: bool, gate: bool) -> Plan<BootStep> {
     Plan {
         hook: Hook::PreStart,
-        steps: steps.into_iter().flatten().collect(),
+        steps: parts::next_start()
+            .filter(|p| match p.when() {
+                When::Always => true,
+                When::RealRoot => real_root,
+                When::FileBindsGate => gate,
+            })
+            .collect(),
     }
+}
+
+/// pre-start's plan for `b`'s start ([`pre_start`]).
+pub fn boot_plan(b: &Boot) -> Plan<BootStep> {
+    pre_start(b.ctx.host.is_real_root(), b.binds_gate())
 }
 
 /// What [`execute`] does apart from the services: a trait so the ordering and the
@@ -314,29 +258,35 @@ pub fn pre_start(device_cgroup: bool, gate: bool) -> Plan<BootPart> {
 pub trait Work {
     /// Apply `part`; `library_links_changed`: whether the links part changed a link in this
     /// run (false before it ran).
-    fn apply(&self, part: &'static dyn AnyPart, library_links_changed: bool) -> Result<Applied>;
+    fn apply(
+        &self,
+        part: &'static dyn AnyPart<Running>,
+        library_links_changed: bool,
+    ) -> Result<Applied>;
     /// Create `unit`'s gate marker. Returns the log line.
     fn release(&self, unit: &UnitName, point: Point) -> Result<String>;
     /// Import the staged images: (imported, set aside).
     fn import(&self) -> Result<(usize, usize)>;
 }
 
-/// What [`execute_boot`] does: pre-start's parts on the host (src/apply/boot.rs).
+/// What [`execute_boot`] does: pre-start's parts on the host (the product's: a [`Boot`],
+/// src/apply/part.rs); a trait so the order and the failure rule are unit-tested with a
+/// recording fake.
 pub trait BootWork {
     /// What making `part` would change now: its observe (reads only; an error there is the
     /// step's) and its diff.
-    fn diff(&self, part: BootPart) -> Result<Vec<Change>>;
+    fn diff(&self, part: BootStep) -> Result<Vec<Change>>;
     /// The log line of a part found as it must be.
-    fn unchanged(&self, part: BootPart) -> Result<String>;
+    fn unchanged(&self, part: BootStep) -> Result<String>;
     /// Make `part`, re-reading what it is about to write. Returns the log line.
-    fn apply(&self, part: BootPart) -> Result<String>;
+    fn apply(&self, part: BootStep) -> Result<String>;
 }
 
 /// Run pre-start's `plan` in order: each part observed and diffed, and applied only when its
 /// diff is not empty; one log line and timing per part; the first failure ends it (nothing to
 /// put back: the machine has not started).
 pub fn execute_boot(
-    plan: &Plan<BootPart>,
+    plan: &Plan<BootStep>,
     machine: &MachineName,
     work: &dyn BootWork,
 ) -> Result<()> {
@@ -357,7 +307,7 @@ pub fn execute_boot(
 
 /// What pre-start's `plan` would change now, part by part in order: each part's diff, or one
 /// change that fails with what could not be read. Reads only (`plan`).
-pub fn pending_boot(plan: &Plan<BootPart>, work: &dyn BootWork) -> Vec<Change> {
+pub fn pending_boot(plan: &Plan<BootStep>, work: &dyn BootWork) -> Vec<Change> {
     plan.steps
         .iter()
         .flat_map(|part| {

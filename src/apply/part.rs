@@ -1,15 +1,22 @@
-//! post-start's [`Work`] on a target ([`Wiring`]): its parts written (src/apply/parts/), and the
-//! gate releases and image imports its plan makes beside them.
+//! The product's work for the hooks' executors: post-start's on a target ([`Wiring`]: its parts
+//! written, the gate released, the staged images imported) and pre-start's on the host
+//! ([`Boot`]: its parts made), each part by its own file in src/apply/parts/.
 
-use crate::apply::executor::Work;
+use crate::apply::boot::Boot;
+use crate::apply::executor::{BootStep, BootWork, Work};
 use crate::apply::images::import_images;
-use crate::apply::parts::{AnyPart, Applied, Wiring};
+use crate::apply::parts::{AnyPart, Applied, Running, Wiring};
 use crate::failpoint::Point;
+use crate::model::Change;
 use crate::types::paths::UnitName;
 use anyhow::Result;
 
 impl Work for Wiring<'_> {
-    fn apply(&self, part: &'static dyn AnyPart, library_links_changed: bool) -> Result<Applied> {
+    fn apply(
+        &self,
+        part: &'static dyn AnyPart<Running>,
+        library_links_changed: bool,
+    ) -> Result<Applied> {
         part.apply(self, library_links_changed)
     }
 
@@ -23,5 +30,19 @@ impl Work for Wiring<'_> {
 
     fn import(&self) -> Result<(usize, usize)> {
         import_images(self.who, self.root, self.mc, self.services)
+    }
+}
+
+impl BootWork for Boot<'_> {
+    fn diff(&self, part: BootStep) -> Result<Vec<Change>> {
+        part.changes(self)
+    }
+
+    fn unchanged(&self, part: BootStep) -> Result<String> {
+        part.unchanged(self)
+    }
+
+    fn apply(&self, part: BootStep) -> Result<String> {
+        Ok(part.apply(self, false)?.line)
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::Ctx;
 use crate::apply::boot::Boot;
-use crate::apply::executor::pending_boot;
+use crate::apply::executor::{boot_plan, pending_boot};
 use crate::apply::parts;
 use crate::model::Change;
 use crate::model::render::{Rendered, as_pre_start};
@@ -28,7 +28,7 @@ pub fn plan(ctx: &Ctx, machine: &MachineName, json: bool) -> Result<bool> {
         .with_context(|| format!("pre-start would refuse to start {machine}"))?;
     // What the unit's own start would find: its parts' diffs, read now (reads only).
     let boot = Boot::new(ctx, machine, &mc, r, true);
-    let pre = pending_boot(&boot.plan(), &boot);
+    let pre = pending_boot(&boot_plan(&boot), &boot);
     let r = boot.rendered.into_inner();
     let now = post_start_now(ctx, machine, &r);
     if json {
@@ -80,11 +80,12 @@ fn post_start_now(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<Opti
         return Ok(None);
     }
     let handle = MachineHandle::find(&host, machine, deadline)?;
-    let at = parts::Roots {
+    let at = parts::At {
         target: handle.root(),
         host: &ctx.host,
+        desired: &r.desired,
     };
-    Ok(Some(parts::pending(&at, &r.desired)))
+    Ok(Some(parts::pending(&at)))
 }
 
 /// The text of [`post_start_now`].

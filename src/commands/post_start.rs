@@ -27,7 +27,7 @@ use crate::Ctx;
 use crate::apply::executor::{Order, execute, micros, plan, plan_without_gpus, timed};
 use crate::apply::gate;
 use crate::apply::parts::Wiring;
-use crate::apply::parts::{self, Part as _, Roots};
+use crate::apply::parts::{self, At, Part as _};
 use crate::config::MachineConfig;
 use crate::discovery;
 use crate::discovery::check_complete;
@@ -298,11 +298,12 @@ impl TargetRun<'_> {
                 "no NVIDIA GPUs on the host"
             }
         );
-        let at = Roots {
+        let at = At {
             target: self.root,
             host: self.host,
+            desired: self.desired,
         };
-        let gated = match parts::Gate.observe(&at, self.desired) {
+        let gated = match parts::Gate.observe(&at) {
             Ok(units) => parts::gate::summary(&units).0,
             Err(e) => return Err(e.context(format!("post-start of {who}: reading the gate"))),
         };

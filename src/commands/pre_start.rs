@@ -5,7 +5,7 @@
 
 use crate::Ctx;
 use crate::apply::boot::Boot;
-use crate::apply::executor::execute_boot;
+use crate::apply::executor::{boot_plan, execute_boot};
 use crate::fs::lock;
 use crate::model::render::{check_rendered, check_startable, render};
 use crate::types::machine_name::MachineName;
@@ -34,7 +34,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
         rendered,
         Boot::in_its_start(ctx, machine),
     );
-    execute_boot(&boot.plan(), machine, &boot)
+    execute_boot(&boot_plan(&boot), machine, &boot)
 }
 
 /// pre-start's `result` (the configuration's load included), after ending the unit's retries

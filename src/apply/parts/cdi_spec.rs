@@ -1,25 +1,28 @@
 //! Our CDI spec in the target's CDI directory, and no other spec of our kind; without a driver,
 //! ours removed.
 
-use super::{Applied, Owner, Part, Roots, Wiring};
+use super::{Applied, At, Owner, Part, Running, Wiring};
 use crate::apply::rewire;
-use crate::model::{Change, Check, Desired, spec};
+use crate::model::{Change, Check, spec};
 use anyhow::Result;
 
 pub struct CdiSpec;
 
 impl Part for CdiSpec {
+    type Hook = Running;
     type Seen = spec::Seen;
     const NAME: &'static str = "CDI spec";
     const KEY: &'static str = "cdi";
     const CHECK: Check = Check::CdiSpec;
     const OWNER: Owner = Owner::PostStart;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<spec::Seen> {
+    fn observe(&self, at: &At) -> Result<spec::Seen> {
+        let d = at.desired;
         spec::observe(at.target, &d.spec)
     }
 
-    fn diff(&self, d: &Desired, seen: &spec::Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, at: &At, seen: &spec::Seen, _: &[Change]) -> Result<Vec<Change>> {
+        let d = at.desired;
         spec::diff(&d.spec, seen)
     }
 

@@ -3,7 +3,7 @@
 //! makes this part alone.)
 
 use super::links::link_changes;
-use super::{Applied, Owner, Part, Roots, Wiring};
+use super::{Applied, At, Owner, Part, Running, Wiring};
 use crate::apply::rewire;
 use crate::fs::host::HostRoot;
 use crate::fs::machine_root::{Lookup, MachineRoot};
@@ -23,13 +23,15 @@ pub enum Seen {
 }
 
 impl Part for DevChar {
+    type Hook = Running;
     type Seen = Seen;
     const NAME: &'static str = "/dev/char links";
     const KEY: &'static str = "dev-char";
     const CHECK: Check = Check::DevChar;
     const OWNER: Owner = Owner::PostStart;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Seen> {
+    fn observe(&self, at: &At) -> Result<Seen> {
+        let d = at.desired;
         Ok(match at.target.lookup_dir(links::DEV_CHAR)? {
             Lookup::Dir(dir) => Seen::Dir(links::observe_dir(&dir, &d.dev_char)?),
             Lookup::Missing => Seen::Missing,
@@ -38,7 +40,8 @@ impl Part for DevChar {
     }
 
     /// Wired, made if missing; without a driver, only ours removed where it is.
-    fn diff(&self, d: &Desired, seen: &Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, at: &At, seen: &Seen, _: &[Change]) -> Result<Vec<Change>> {
+        let d = at.desired;
         let empty;
         let seen = match seen {
             Seen::Dir(s) => s,

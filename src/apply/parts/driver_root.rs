@@ -3,11 +3,11 @@
 //! [`crate::apply::driver_tree::distrust`]); without a driver, what is left of one removed.
 //! Host mode's driver root is the host's own install: not a part of the host.
 
-use super::{Applied, Owner, Part, Roots, Wiring};
+use super::{Applied, At, Owner, Part, Running, Wiring};
 use crate::apply::rewire;
 use crate::fs::machine_root::{FileKind, Lookup, Subdir};
 use crate::model::layout::DRIVER_ROOT;
-use crate::model::{Action, Change, Check, Desired, STAGING, Target, driver_root};
+use crate::model::{Action, Change, Check, STAGING, Target, driver_root};
 use anyhow::Result;
 
 pub struct DriverRoot;
@@ -21,6 +21,7 @@ pub enum Seen {
 }
 
 impl Part for DriverRoot {
+    type Hook = Running;
     type Seen = Seen;
     const NAME: &'static str = "driver root";
     const KEY: &'static str = "driver-root";
@@ -31,7 +32,8 @@ impl Part for DriverRoot {
         target == Target::Machine
     }
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Seen> {
+    fn observe(&self, at: &At) -> Result<Seen> {
+        let d = at.desired;
         let root = at.target;
         if let Some(want) = &d.driver_root {
             return Ok(Seen::Expected(driver_root::observe(root, want)?));
@@ -52,7 +54,8 @@ impl Part for DriverRoot {
     /// Wired, it must be the host's driver as [`driver_root::Expected`] says (only a new start
     /// mends it); without a driver, it and a staging leftover go (a bind made at this boot only
     /// with the next start).
-    fn diff(&self, d: &Desired, seen: &Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, at: &At, seen: &Seen, _: &[Change]) -> Result<Vec<Change>> {
+        let d = at.desired;
         Ok(match (seen, &d.driver_root) {
             (Seen::Expected(s), Some(want)) => driver_root::diff(want, s)
                 .message(want)

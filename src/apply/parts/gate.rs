@@ -2,8 +2,8 @@
 //! starts the services (src/apply/gate.rs writes them); a gated unit whose marker is missing
 //! waits until then.
 
-use super::{Owner, Part, Roots};
-use crate::model::{Action, Change, Check, Desired, Target, gate};
+use super::{At, Owner, Part, Running};
+use crate::model::{Action, Change, Check, Target, gate};
 use crate::types::paths::UnitName;
 use anyhow::Result;
 
@@ -18,13 +18,15 @@ pub struct Seen {
 }
 
 impl Part for Gate {
+    type Hook = Running;
     type Seen = Vec<Seen>;
     const NAME: &'static str = "unit gate";
     const KEY: &'static str = "gate";
     const CHECK: Check = Check::Gate;
     const OWNER: Owner = Owner::PostStartServices;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Vec<Seen>> {
+    fn observe(&self, at: &At) -> Result<Vec<Seen>> {
+        let d = at.desired;
         let root = at.target;
         d.gate
             .iter()
@@ -43,7 +45,7 @@ impl Part for Gate {
             .collect()
     }
 
-    fn diff(&self, _: &Desired, units: &Vec<Seen>, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, _: &At, units: &Vec<Seen>, _: &[Change]) -> Result<Vec<Change>> {
         Ok(units
             .iter()
             .filter(|u| u.gated && !u.released)

@@ -1,14 +1,15 @@
 //! The installed helper the units run, and the one a machine's CDI hooks run (bound at its
 //! start): a new start's to change.
 
-use super::{Owner, Part, Roots};
+use super::{At, Owner, Part, Running};
 use crate::model::layout::HOOK_BINARY;
-use crate::model::{Action, Change, Check, Desired, Target};
+use crate::model::{Action, Change, Check, Target};
 use anyhow::Result;
 
 pub struct Helper;
 
 impl Part for Helper {
+    type Hook = Running;
     /// The helper bound into a machine at its start (device and inode), when there; host mode
     /// binds none.
     type Seen = Option<(u64, u64)>;
@@ -17,7 +18,8 @@ impl Part for Helper {
     const CHECK: Check = Check::Helper;
     const OWNER: Owner = Owner::NextStart;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Self::Seen> {
+    fn observe(&self, at: &At) -> Result<Self::Seen> {
+        let d = at.desired;
         if d.target == Target::Host {
             return Ok(None);
         }
@@ -31,7 +33,8 @@ impl Part for Helper {
     /// The installed helper must be a working binary (the units run it: the next post-start,
     /// the next start). A machine's CDI hooks run the helper bound at its start: another than
     /// the installed one (upgraded since) is picked up only by a new start.
-    fn diff(&self, d: &Desired, bound: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, at: &At, bound: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
+        let d = at.desired;
         let h = &d.helper;
         if let Some(problem) = &h.problem {
             return Ok(vec![Change::new(

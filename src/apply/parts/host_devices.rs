@@ -1,9 +1,9 @@
 //! A machine's host device binds of its next start, present in the running machine as the host
 //! has them now: only a new start binds them.
 
-use super::{Owner, Part, Roots};
+use super::{At, Owner, Part, Running};
 use crate::fs::machine_root::{FileKind, MachineRoot};
-use crate::model::{Action, Change, Check, Desired, Start, Target};
+use crate::model::{Action, Change, Check, Start, Target};
 use anyhow::Result;
 
 pub struct HostDevices;
@@ -25,6 +25,7 @@ pub enum Drift {
 }
 
 impl Part for HostDevices {
+    type Hook = Running;
     /// The device binds of the next start the running machine does not show as the host has
     /// them; none of a start pre-start refuses.
     type Seen = Vec<(String, Drift)>;
@@ -38,14 +39,15 @@ impl Part for HostDevices {
         target == Target::Machine
     }
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Self::Seen> {
+    fn observe(&self, at: &At) -> Result<Self::Seen> {
+        let d = at.desired;
         match &d.start {
             Some(start) => drift(at.target, start),
             None => Ok(Vec::new()),
         }
     }
 
-    fn diff(&self, _: &Desired, drift: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, _: &At, drift: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
         Ok(drift.iter().map(|(p, d)| change(p, d)).collect())
     }
 }

@@ -1,13 +1,14 @@
 //! The target's `/etc/ld.so.cache` lists the driver's libraries: `ldconfig` in the target, as a
 //! transient unit of its systemd, when a library link changed or the cache does not list them.
 
-use super::{Applied, Owner, Part, Roots, Wiring};
-use crate::model::{Action, Change, Check, Desired, ld_cache};
+use super::{Applied, At, Owner, Part, Running, Wiring};
+use crate::model::{Action, Change, Check, ld_cache};
 use anyhow::{Context as _, Result};
 
 pub struct LdCache;
 
 impl Part for LdCache {
+    type Hook = Running;
     /// Whether the loader cache lists the driver's libraries, or why it cannot be read (an
     /// unreadable cache is what the part holds, not a failure to read it); nothing without a
     /// driver.
@@ -17,14 +18,15 @@ impl Part for LdCache {
     const CHECK: Check = Check::LdCache;
     const OWNER: Owner = Owner::PostStart;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Self::Seen> {
+    fn observe(&self, at: &At) -> Result<Self::Seen> {
+        let d = at.desired;
         Ok(d.driver
             .as_ref()
             .map(|driver| ld_cache::lists_driver(at.target, driver)))
     }
 
     /// `ldconfig` when a library link changes before it, or the cache does not list the driver.
-    fn diff(&self, _: &Desired, lists: &Self::Seen, earlier: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, _: &At, lists: &Self::Seen, earlier: &[Change]) -> Result<Vec<Change>> {
         let Some(lists) = lists else {
             return Ok(Vec::new());
         };
@@ -37,11 +39,12 @@ impl Part for LdCache {
 
     /// `ldconfig` when [`ld_cache::ldconfig_needed`] says so (the decision `status` makes too).
     fn apply(&self, w: &Wiring, library_links_changed: bool) -> Result<Applied> {
-        let at = Roots {
+        let at = At {
             target: w.root,
             host: w.host,
+            desired: w.desired,
         };
-        let Some(lists) = self.observe(&at, w.desired)? else {
+        let Some(lists) = self.observe(&at)? else {
             return Ok(Applied::line(
                 "ldconfig: no driver, nothing of ours to list".to_owned(),
             ));

@@ -1,14 +1,15 @@
 //! A machine's library and tool links in its library directories, to the driver root.
 
-use super::{Applied, Owner, Part, Roots, Wiring};
+use super::{Applied, At, Owner, Part, Running, Wiring};
 use crate::apply::rewire;
 use crate::model::links::{self, DirLinks, DirSeen};
-use crate::model::{Action, Change, Check, Desired, Target};
+use crate::model::{Action, Change, Check, Target};
 use anyhow::Result;
 
 pub struct Links;
 
 impl Part for Links {
+    type Hook = Running;
     /// Each library and tool directory, with the links wanted there; none without a driver's
     /// links to make.
     type Seen = Option<Vec<(DirSeen, DirLinks)>>;
@@ -22,7 +23,8 @@ impl Part for Links {
         target == Target::Machine
     }
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Self::Seen> {
+    fn observe(&self, at: &At) -> Result<Self::Seen> {
+        let d = at.desired;
         let Some(wanted) = &d.lib_links else {
             return Ok(None);
         };
@@ -34,7 +36,7 @@ impl Part for Links {
         Ok(Some(out))
     }
 
-    fn diff(&self, _: &Desired, dirs: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, _: &At, dirs: &Self::Seen, _: &[Change]) -> Result<Vec<Change>> {
         Ok(dirs
             .iter()
             .flatten()

@@ -1,7 +1,7 @@
 //! The unit files `install` writes for the target, on the host: `install`'s to change.
 
-use super::{Owner, Part, Roots};
-use crate::model::{Action, Change, Check, Desired};
+use super::{At, Owner, Part, Running};
+use crate::model::{Action, Change, Check};
 use anyhow::Result;
 
 pub struct UnitFiles;
@@ -15,6 +15,7 @@ pub enum Seen {
 }
 
 impl Part for UnitFiles {
+    type Hook = Running;
     /// Each unit file of the target, in [`Desired::unit_files`]' order.
     type Seen = Vec<Seen>;
     const NAME: &'static str = "unit files";
@@ -22,7 +23,8 @@ impl Part for UnitFiles {
     const CHECK: Check = Check::Dropin;
     const OWNER: Owner = Owner::Install;
 
-    fn observe(&self, at: &Roots, d: &Desired) -> Result<Vec<Seen>> {
+    fn observe(&self, at: &At) -> Result<Vec<Seen>> {
+        let d = at.desired;
         d.unit_files
             .iter()
             .map(|f| match at.host.read(&f.path) {
@@ -36,7 +38,8 @@ impl Part for UnitFiles {
 
     /// An [`Action::Install`] change for each unit file that differs, or is missing where that
     /// is a change ([`crate::model::UnitFile::required`]).
-    fn diff(&self, d: &Desired, seen: &Vec<Seen>, _: &[Change]) -> Result<Vec<Change>> {
+    fn diff(&self, at: &At, seen: &Vec<Seen>, _: &[Change]) -> Result<Vec<Change>> {
+        let d = at.desired;
         Ok(d.unit_files
             .iter()
             .zip(seen)

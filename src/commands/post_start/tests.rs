@@ -189,12 +189,16 @@ fn cfg() -> MachineConfig {
 /// imports as `import`.
 struct FakeWork<'a> {
     fake: &'a Fake,
-    fail: Option<&'static dyn AnyPart>,
+    fail: Option<&'static dyn AnyPart<parts::Running>>,
     import_fails: bool,
 }
 
 impl Work for FakeWork<'_> {
-    fn apply(&self, part: &'static dyn AnyPart, links_changed: bool) -> Result<Applied> {
+    fn apply(
+        &self,
+        part: &'static dyn AnyPart<parts::Running>,
+        links_changed: bool,
+    ) -> Result<Applied> {
         if part.is::<parts::LdCache>() {
             self.fake.ldconfig_told.borrow_mut().push(links_changed);
         }
@@ -233,12 +237,12 @@ impl Work for FakeWork<'_> {
 /// as it must be (`unchanged <part>`, the parts in `current`).
 struct FakeBoot<'a> {
     fake: &'a Fake,
-    fail: Option<BootPart>,
-    current: &'a [BootPart],
+    fail: Option<BootStep>,
+    current: &'a [BootStep],
 }
 
 impl BootWork for FakeBoot<'_> {
-    fn diff(&self, part: BootPart) -> Result<Vec<crate::model::Change>> {
+    fn diff(&self, part: BootStep) -> Result<Vec<crate::model::Change>> {
         self.fake.log.borrow_mut().push(format!("diff {part}"));
         Ok(if self.current.contains(&part) {
             Vec::new()
@@ -252,21 +256,24 @@ impl BootWork for FakeBoot<'_> {
         })
     }
 
-    fn unchanged(&self, part: BootPart) -> Result<String> {
+    fn unchanged(&self, part: BootStep) -> Result<String> {
         self.fake.log.borrow_mut().push(format!("unchanged {part}"));
         Ok(String::new())
     }
 
-    fn apply(&self, part: BootPart) -> Result<String> {
+    fn apply(&self, part: BootStep) -> Result<String> {
         self.fake.log.borrow_mut().push(format!("apply {part}"));
-        if Some(part) == self.fail {
+        if self.fail == Some(part) {
             anyhow::bail!("planted failure");
         }
         Ok(String::new())
     }
 }
 
-fn sequence(fake: &Fake, fail: Option<&'static dyn AnyPart>) -> (Result<()>, Vec<String>) {
+fn sequence(
+    fake: &Fake,
+    fail: Option<&'static dyn AnyPart<parts::Running>>,
+) -> (Result<()>, Vec<String>) {
     let kube1: MachineName = "kube1".parse().unwrap();
     let m = Subject::Machine(&kube1);
     let work = FakeWork {
@@ -323,8 +330,8 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
     let fake = Fake::default();
     let work = FakeBoot {
         fake: &fake,
-        fail: Some(BootPart::DriverTree),
-        current: &[BootPart::DeviceCgroup],
+        fail: Some(&parts::DriverTree),
+        current: &[&parts::DeviceCgroup],
     };
     let e = execute_boot(&pre_start(true, true), &kube1(), &work).unwrap_err();
     assert_eq!(
@@ -348,7 +355,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
     let work = FakeBoot {
         fake: &fake,
         fail: None,
-        current: &[BootPart::HostNodes, BootPart::NspawnFile],
+        current: &[&parts::HostNodes, &parts::NspawnFile],
     };
     execute_boot(&pre_start(false, true), &kube1(), &work).unwrap();
     assert_eq!(
@@ -370,7 +377,7 @@ fn the_pre_start_plan_runs_through_the_same_executor() {
     let work = FakeBoot {
         fake: &fake,
         fail: None,
-        current: &[BootPart::HostNodes],
+        current: &[&parts::HostNodes],
     };
     let listed: Vec<String> = pending_boot(&pre_start(false, false), &work)
         .iter()

@@ -82,11 +82,12 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
     let root = MachineRoot::open(ctx.host.root())?;
     let judged = !matches!(inv.verdict, crate::discovery::Verdict::Incomplete { .. });
     // Read once: the changes are judged from it, the gate quoted from it.
-    let at = parts::Roots {
+    let at = parts::At {
         target: &root,
         host: &ctx.host,
+        desired: &desired,
     };
-    let seen = parts::observe(&at, &desired);
+    let seen = parts::observe(&at);
     let (gated, gate_released) = parts::gate::summary_of(&seen)?;
     let mut facts = super::MachineFacts {
         cdi_spec: inspect_spec(&root, hc, desired.spec.bytes.as_deref())?,
@@ -97,7 +98,7 @@ fn observe(ctx: &Ctx, hc: &MachineConfig, inv: &Inventory) -> Result<Observed> {
         gate_released,
         driver_root_mismatch: None,
         hook_binary: None,
-        pending_changes: judged_changes(&seen, &desired, judged),
+        pending_changes: judged_changes(&seen, &at, judged),
     };
     inspect_dev_char(&root, &mut facts.dangling_links)?;
     let (unit, services) = if ctx.host.is_real_root() {

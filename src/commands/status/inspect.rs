@@ -3,7 +3,7 @@
 //! its unit's properties. Reads only.
 
 use super::{MachineFacts, PostStartRun, SpecFacts};
-use crate::apply::parts::{self, Roots};
+use crate::apply::parts::{self, At};
 use crate::config::MachineConfig;
 use crate::discovery::parse::is_version;
 use crate::fs::host::HostRoot;
@@ -48,10 +48,15 @@ pub fn inspect_machine(
     let link_versions = inspect_lib_links(root, &mut dangling)?;
     inspect_dev_char(root, &mut dangling)?;
     // Read once: the changes are judged from it, the gate and the bound helper quoted from it.
-    let seen = parts::observe(&Roots { target: root, host }, desired);
+    let at = At {
+        target: root,
+        host,
+        desired,
+    };
+    let seen = parts::observe(&at);
     let (gated, gate_released) = parts::gate::summary_of(&seen)?;
     let hook_binary = parts::helper::bound(&seen)?;
-    let pending_changes = judged_changes(&seen, desired, judged);
+    let pending_changes = judged_changes(&seen, &at, judged);
     Ok(MachineFacts {
         cdi_spec,
         driver_root_versions,
@@ -72,13 +77,13 @@ pub fn inspect_machine(
 /// driver is incomplete (`judged` false: post-start would refuse, changing nothing).
 pub(super) fn judged_changes(
     seen: &parts::Observation,
-    desired: &Desired,
+    at: &At,
     judged: bool,
 ) -> Vec<model::Change> {
     if judged {
-        seen.diff(desired)
+        seen.diff(at)
     } else {
-        seen.diff_of::<parts::UnitFiles>(desired)
+        seen.diff_of::<parts::UnitFiles>(at)
     }
 }
 

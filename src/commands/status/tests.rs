@@ -341,12 +341,13 @@ fn privileged_the_diff_is_pure_over_an_observation() {
             .map(|c| c.to_string())
             .collect()
     };
-    let at = crate::apply::parts::Roots {
+    let at = crate::apply::parts::At {
         target: &root,
         host: &host,
+        desired: &d,
     };
-    let mut seen = crate::apply::parts::observe(&at, &d);
-    assert_eq!(links(seen.diff(&d)), Vec::<String>::new());
+    let mut seen = crate::apply::parts::observe(&at);
+    assert_eq!(links(seen.diff(&at)), Vec::<String>::new());
     let Some(Some(dirs)) = seen.get_mut::<crate::apply::parts::Links>() else {
         panic!("a machine's links part reads its directories")
     };
@@ -357,11 +358,11 @@ fn privileged_the_diff_is_pure_over_an_observation() {
     dir.links.remove("libcuda.so.1");
     let path = format!("{}/libcuda.so.1", dir.path);
     assert_eq!(
-        links(seen.diff(&d)),
+        links(seen.diff(&at)),
         [format!("create {path} (-> libcuda.so.{NEW})")]
     );
     assert_eq!(
-        links(crate::apply::parts::pending(&at, &d)),
+        links(crate::apply::parts::pending(&at)),
         Vec::<String>::new()
     );
 }
