@@ -1,12 +1,12 @@
 //! The commands, one module each, and the dispatch from a parsed command line to them.
 
-pub mod discover;
-pub mod install;
-pub mod manual;
-pub mod plan;
+pub(crate) mod discover;
+pub(crate) mod install;
+pub(crate) mod manual;
+pub(crate) mod plan;
 pub mod post_start;
 pub mod pre_start;
-pub mod reconcile;
+pub(crate) mod reconcile;
 pub mod status;
 
 use crate::Ctx;

@@ -15,7 +15,7 @@
 //! (the unit is stopped: nothing is stale, the next start wires the host as it is then), 0 in
 //! sync.
 
-pub mod host;
+pub(crate) mod host;
 mod inspect;
 mod judge;
 pub mod metrics;

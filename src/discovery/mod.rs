@@ -4,7 +4,7 @@
 //! [`discover`] touches the filesystem, always through a [`HostRoot`].
 
 pub mod assign;
-pub mod ldcache;
+pub(crate) mod ldcache;
 pub mod parse;
 pub(crate) mod runtime;
 mod scan;

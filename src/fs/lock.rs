@@ -24,7 +24,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::{Mode, SFlag};
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -49,19 +49,12 @@ const NAME_HOLDER_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct MachineLock {
     lock: Flock<std::fs::File>,
-    path: PathBuf,
 }
 
 impl Drop for MachineLock {
     fn drop(&mut self) {
         // Best effort: a stale PID left by a crash is overwritten by the next holder.
         let _ = self.lock.write_at(&[b' '; PID_RECORD], 0);
-    }
-}
-
-impl MachineLock {
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
@@ -192,7 +185,7 @@ fn take(
     lock.write_all_at(record.as_bytes(), 0)
         .with_context(|| format!("recording PID in {}", path.display()))?;
     failpoint::hit(Point::AfterLock);
-    Ok(MachineLock { lock, path })
+    Ok(MachineLock { lock })
 }
 
 /// Open (creating it 0600 when missing) the lock file `name` in the lock directory `dir` without
@@ -269,12 +262,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
         let held = lock_host(&host, Duration::from_secs(1)).unwrap();
-        assert_eq!(
-            held.path(),
-            dir.path().join("run/nspawn-lifecycle/locks/host")
+        let locks = dir.path().join("run/nspawn-lifecycle/locks");
+        assert!(locks.join("host").is_file());
+        let _m = lock(&host, &"host".parse().unwrap(), Duration::from_millis(50)).unwrap();
+        assert!(
+            locks.join("host.lock").is_file(),
+            "a machine named host has its own file"
         );
-        let m = lock(&host, &"host".parse().unwrap(), Duration::from_millis(50)).unwrap();
-        assert_ne!(m.path(), held.path());
         let err = lock_host(&host, Duration::from_millis(120)).unwrap_err();
         assert_eq!(exit_code(&err), 4);
         let msg = format!("{err:#}");
@@ -289,7 +283,7 @@ mod tests {
         let host = HostRoot::new(dir.path());
         let m: MachineName = "kube1".parse().unwrap();
         let held = lock(&host, &m, Duration::from_secs(1)).unwrap();
-        let path = held.path().to_owned();
+        let path = dir.path().join("run/nspawn-lifecycle/locks/kube1.lock");
         let ino = std::fs::metadata(&path).unwrap();
         // flock locks belong to the open file description, so a second open in this process
         // contends like another process would.
@@ -310,10 +304,10 @@ mod tests {
             [b' '; PID_RECORD],
             "a released lock names no holder"
         );
-        let again = lock(&host, &m, Duration::from_millis(50)).unwrap();
+        let _again = lock(&host, &m, Duration::from_millis(50)).unwrap();
         use std::os::unix::fs::MetadataExt as _;
         assert_eq!(
-            std::fs::metadata(again.path()).unwrap().ino(),
+            std::fs::metadata(&path).unwrap().ino(),
             ino.ino(),
             "lock inode must be stable"
         );
@@ -324,16 +318,13 @@ mod tests {
         use std::os::unix::fs::MetadataExt as _;
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
-        let held = lock(&host, &"kube1".parse().unwrap(), Duration::from_secs(1)).unwrap();
-        assert_eq!(
-            held.path(),
-            dir.path().join("run/nspawn-lifecycle/locks/kube1.lock")
-        );
+        let _held = lock(&host, &"kube1".parse().unwrap(), Duration::from_secs(1)).unwrap();
+        let path = dir.path().join("run/nspawn-lifecycle/locks/kube1.lock");
         let euid = nix::unistd::geteuid().as_raw();
-        let d = std::fs::symlink_metadata(held.path().parent().unwrap()).unwrap();
+        let d = std::fs::symlink_metadata(path.parent().unwrap()).unwrap();
         assert!(d.is_dir());
         assert_eq!((d.mode() & 0o7777, d.uid()), (0o700, euid));
-        let f = std::fs::symlink_metadata(held.path()).unwrap();
+        let f = std::fs::symlink_metadata(&path).unwrap();
         assert!(f.is_file());
         assert_eq!((f.mode() & 0o7777, f.uid(), f.nlink()), (0o600, euid, 1));
     }
@@ -343,10 +334,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
         let m: MachineName = "kube1".parse().unwrap();
-        let path = lock(&host, &m, Duration::from_secs(1))
-            .unwrap()
-            .path()
-            .to_owned();
+        drop(lock(&host, &m, Duration::from_secs(1)).unwrap());
+        let path = dir.path().join("run/nspawn-lifecycle/locks/kube1.lock");
         std::fs::remove_file(&path).unwrap();
         plant(&path);
         let err = lock(&host, &m, Duration::from_millis(50)).unwrap_err();

@@ -2,9 +2,9 @@
 //! machine's or container's root ([`machine_root::MachineRoot`]), the one atomic writer, the
 //! verified host directories, mounts by descriptor, and the machine locks.
 
-pub mod atomic;
+pub(crate) mod atomic;
 pub mod fd_mount;
 pub mod host;
-pub mod host_dir;
-pub mod lock;
+pub(crate) mod host_dir;
+pub(crate) mod lock;
 pub mod machine_root;

@@ -22,18 +22,18 @@
 //! or nobody's until a person acts (post-start would fail there: [`Action::Fails`]).
 
 pub mod cdi;
-pub mod check;
-pub mod device_cgroup;
+pub(crate) mod check;
+pub(crate) mod device_cgroup;
 pub mod driver_root;
 pub mod dropin;
 pub mod gate;
 pub mod helper;
-pub mod host_devices;
-pub mod host_unit;
-pub mod image;
+pub(crate) mod host_devices;
+pub(crate) mod host_unit;
+pub(crate) mod image;
 pub mod layout;
 pub mod ld_cache;
-pub mod legacy;
+pub(crate) mod legacy;
 pub mod links;
 pub mod nspawn;
 pub mod render;

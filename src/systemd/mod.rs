@@ -12,7 +12,7 @@
 mod deadline;
 mod error;
 mod machine;
-pub mod proxies;
+pub(crate) mod proxies;
 pub mod services;
 mod transient;
 mod wait;
