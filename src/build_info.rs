@@ -1,7 +1,7 @@
 //! What the binary was built from (`build.rs`): `--version` prints it.
 
 /// `<version>\ncommit <commit>[, uncommitted changes]\nprofile <profile>, target <target>`.
-pub const LONG_VERSION: &str = concat!(
+pub(crate) const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\ncommit ",
     env!("NSPAWN_LIFECYCLE_COMMIT"),
@@ -22,7 +22,7 @@ pub fn commit() -> &'static str {
 }
 
 /// Whether the tree it was built from had uncommitted changes to tracked files.
-pub fn dirty() -> bool {
+pub(crate) fn dirty() -> bool {
     env!("NSPAWN_LIFECYCLE_COMMIT").contains(", uncommitted changes")
 }
 

@@ -340,7 +340,7 @@ impl StatusTestkit {
 
 /// The node exporter's textfile directory on Debian (`prometheus-node-exporter`'s default), where
 /// `metrics` writes.
-pub const DEFAULT_TEXTFILE_DIR: &str = "/var/lib/prometheus/node-exporter";
+pub(crate) const DEFAULT_TEXTFILE_DIR: &str = "/var/lib/prometheus/node-exporter";
 
 /// How `status` prints its verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

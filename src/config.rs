@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Where the config file is read from when `--config` is not given (under the host root).
-pub const DEFAULT_PATH: &str = "/etc/nspawn-lifecycle/config.json";
+pub(crate) const DEFAULT_PATH: &str = "/etc/nspawn-lifecycle/config.json";
 /// Where `install` puts the helper so the hooks survive the installer going away.
 pub const DEFAULT_HELPER_PATH: &str = "/usr/local/lib/nspawn-lifecycle/nspawn-lifecycle-helper";
 
@@ -146,7 +146,7 @@ fn check_gpus(key: &str, setting: Option<&serde_json::Value>) -> Result<Gpus> {
 /// GPU). `key` maps a machine's entry to what identifies the GPU (the entry itself here; the
 /// host GPU's UUID once resolved against discovery), `None` when it names no GPU. `all` and
 /// `none` overlap nothing: `all` is the config saying, explicitly, that the machine shares.
-pub fn check_lists_disjoint<K: Ord + Clone + fmt::Display>(
+pub(crate) fn check_lists_disjoint<K: Ord + Clone + fmt::Display>(
     machines: &[(String, Gpus)],
     key: impl Fn(&str, &GpuSelector) -> Option<K>,
 ) -> Result<()> {
@@ -394,7 +394,7 @@ impl Config {
     }
 
     /// `gpus` and `require` of every machine the config names, in name order.
-    pub fn gpu_settings(&self) -> Result<Vec<(String, Gpus, bool)>> {
+    pub(crate) fn gpu_settings(&self) -> Result<Vec<(String, Gpus, bool)>> {
         let mut out = Vec::new();
         for (name, s) in &self.machines {
             let merged = self.defaults.clone().overlay(s.clone());
@@ -406,7 +406,7 @@ impl Config {
 
     /// The `gpus` of every machine the config names, and of `machine` (from `defaults`) when it
     /// names it not: what overlap checks compare `machine` against.
-    pub fn gpu_assignments(&self, machine: &MachineName) -> Result<Vec<(String, Gpus)>> {
+    pub(crate) fn gpu_assignments(&self, machine: &MachineName) -> Result<Vec<(String, Gpus)>> {
         let mut out = Vec::new();
         for (name, s) in &self.machines {
             let merged = self.defaults.clone().overlay(s.clone());
@@ -642,7 +642,7 @@ impl std::str::FromStr for CdiKind {
 }
 
 /// Largest config file read: a real one is a few hundred bytes per machine.
-pub const MAX_CONFIG_FILE: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_FILE: u64 = 1 << 20;
 
 /// Open `path` for reading, non-blocking, so a FIFO in its place is refused by [`read_small`]
 /// instead of waiting for a writer forever.
@@ -704,13 +704,8 @@ impl Settings {
 
 /// `p` as a checked [`HostPath`] or [`MachinePath`] (see [`crate::types::paths`] for what a rendered
 /// file can carry), or a bad-input error naming `key` and the value.
-pub fn checked_path<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
+pub(crate) fn checked_path<P: std::str::FromStr<Err = String>>(key: &str, p: &str) -> Result<P> {
     p.parse().map_err(|e| bad_input(format!("{key}: {e}")))
-}
-
-/// Whether `p` passes [`checked_path`] (the rules are the same for host and machine paths).
-pub fn check_abs(key: &str, p: &str) -> Result<()> {
-    checked_path::<HostPath>(key, p).map(drop)
 }
 
 /// A path the drop-in's `ExecStartPre=`/`ExecStartPost=` lines carry as their first word: on top

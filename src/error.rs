@@ -38,7 +38,7 @@ impl Kind {
 
 /// An error carrying a [`Kind`]; found anywhere in an `anyhow` chain by [`exit_code`].
 #[derive(Debug)]
-pub struct Classified {
+pub(crate) struct Classified {
     pub kind: Kind,
     pub message: String,
 }
@@ -52,7 +52,7 @@ impl fmt::Display for Classified {
 impl std::error::Error for Classified {}
 
 /// Build an error of the given kind.
-pub fn classified(kind: Kind, message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn classified(kind: Kind, message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Classified {
         kind,
         message: message.into(),

@@ -132,8 +132,8 @@ mod armed {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
-    pub const FAILPOINT_VAR: &str = "NSPAWN_LIFECYCLE_FAILPOINT";
-    pub const PAUSE_VAR: &str = "NSPAWN_LIFECYCLE_PAUSE";
+    pub(crate) const FAILPOINT_VAR: &str = "NSPAWN_LIFECYCLE_FAILPOINT";
+    pub(crate) const PAUSE_VAR: &str = "NSPAWN_LIFECYCLE_PAUSE";
 
     struct Armed {
         kill: Option<(Point, u32)>,

@@ -103,7 +103,7 @@ fn journald() -> io::Result<tracing_journald::Layer> {
 /// Whether `value` (`$JOURNAL_STREAM`, `<device>:<inode>` in decimal) names the file `fd` is
 /// open on: systemd.exec(5) says to compare both, because a child that inherited the variable
 /// may have had its stderr redirected elsewhere.
-pub fn is_journal_stream(value: &str, fd: BorrowedFd<'_>) -> bool {
+pub(crate) fn is_journal_stream(value: &str, fd: BorrowedFd<'_>) -> bool {
     let Some((dev, ino)) = value.split_once(':') else {
         return false;
     };

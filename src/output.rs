@@ -167,7 +167,7 @@ pub fn print_all(text: &str) -> Result<()> {
 /// name) may hold control characters that rewrite the screen (`\r`, `ESC [2K`), forge a line
 /// (`\n`) or reorder it (Unicode bidi controls). Each such character is written as its Rust
 /// escape (`\u{1b}`); a backslash stays as it is. Borrowed when there is nothing to escape.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     escaped(text, false)
 }
 

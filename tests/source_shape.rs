@@ -13,6 +13,11 @@
 //! And the host side goes through its descriptor (`HostRoot`, src/fs/host.rs): no product code in
 //! `src/` hands a joined host path (`host.path(…)`) to `std::fs`/`fs_err` or to a `Path` method
 //! that touches the filesystem.
+//!
+//! The library's surface is what its users need (the binaries, `tests/`, `examples/`): a module
+//! none of them names is `pub(crate)`, and the `pub` items reachable from outside the crate are
+//! counted; a change that exports more must raise [`MAX_PUBLIC_ITEMS`], a decision its commit
+//! says.
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns; a panic is the failure report
 
@@ -445,5 +450,61 @@ fn the_layer_checks_see_what_they_look_for() {
             vec!["model".to_owned(), "links".to_owned()],
             vec!["ctx".to_owned()]
         ]
+    );
+}
+
+/// The most `pub` items the library may export (items in files whose every `mod` declaration,
+/// from `src/lib.rs` down, is `pub`); lower it when the surface narrows.
+const MAX_PUBLIC_ITEMS: usize = 403;
+
+/// The `pub` items of the files reachable from outside the crate, and those files.
+fn public_surface() -> (usize, Vec<String>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut items = 0;
+    let mut files = Vec::new();
+    let mut todo = vec![(src.join("lib.rs"), src.clone())];
+    while let Some((file, dir)) = todo.pop() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = product(&text);
+        files.push(file.strip_prefix(&src).unwrap().display().to_string());
+        for line in code.lines() {
+            let l = line.trim_start();
+            if let Some(rest) = l.strip_prefix("pub ") {
+                let kind = rest.split_whitespace().next().unwrap_or("");
+                if matches!(
+                    kind,
+                    "fn" | "struct" | "enum" | "trait" | "const" | "static" | "type" | "use"
+                ) {
+                    items += 1;
+                }
+                if let Some(name) = rest.strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) {
+                    let f = [
+                        dir.join(format!("{name}.rs")),
+                        dir.join(name).join("mod.rs"),
+                    ]
+                    .into_iter()
+                    .find(|f| f.is_file())
+                    .unwrap();
+                    todo.push((f, dir.join(name)));
+                }
+            }
+        }
+    }
+    (items, files)
+}
+
+#[test]
+fn the_library_exports_no_more_than_its_users_need() {
+    let (items, files) = public_surface();
+    assert!(
+        files.iter().any(|f| f == "apply/parts/mod.rs") && !files.iter().any(|f| f == "fs/lock.rs"),
+        "the walk follows pub mod only: {files:?}"
+    );
+    assert!(
+        items <= MAX_PUBLIC_ITEMS,
+        "the library exports {items} pub items (in {} files), more than MAX_PUBLIC_ITEMS = \
+         {MAX_PUBLIC_ITEMS}: make what the binaries, tests/ and examples/ do not name pub(crate), \
+         or raise the bound and say why",
+        files.len()
     );
 }

@@ -52,7 +52,7 @@ impl<'a> Boot<'a> {
     }
 
     /// Whether this run is in `machine`'s own start ([`Boot::new`]).
-    pub fn in_its_start(ctx: &Ctx, machine: &MachineName) -> bool {
+    pub(crate) fn in_its_start(ctx: &Ctx, machine: &MachineName) -> bool {
         !ctx.host.is_real_root() || crate::types::units::runs_in_its_start(machine)
     }
 
@@ -66,10 +66,10 @@ impl<'a> Boot<'a> {
     }
 
     /// Whether the file binds the unit gate (its drop-in and the boot's markers).
-    pub fn binds_gate(&self) -> bool {
+    pub(crate) fn binds_gate(&self) -> bool {
         self.rendered.borrow().start().file.binds_gate()
     }
 }
 
 /// How long pre-start waits for the host's systemd to answer.
-pub const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const DBUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -69,7 +69,7 @@ struct Root {
 /// The container root named by the OCI state in `state` (the hook's stdin): `root.path` of the
 /// bundle's `config.json`, relative to the bundle unless absolute. A root that is the runtime's
 /// own `/` is refused: every write would land outside any container.
-pub fn root_from_state(state: impl std::io::Read) -> Result<PathBuf> {
+pub(crate) fn root_from_state(state: impl std::io::Read) -> Result<PathBuf> {
     let mut text = String::new();
     state
         .take(MAX_JSON)
@@ -106,7 +106,7 @@ pub fn root_from_state(state: impl std::io::Read) -> Result<PathBuf> {
 }
 
 /// `TARGET::LINK` or `SONAME::PATH`, split at the first `::`.
-pub fn split_pair(arg: &str) -> Result<(&str, &str)> {
+pub(crate) fn split_pair(arg: &str) -> Result<(&str, &str)> {
     match arg.split_once("::") {
         Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a, b)),
         _ => Err(crate::error::bad_input(format!(
@@ -118,7 +118,7 @@ pub fn split_pair(arg: &str) -> Result<(&str, &str)> {
 /// `create-symlinks`: every `(target, link)`, in order; stops at the first error. Missing
 /// parent directories are made (0755); a stale link or a file of the image at `link` is
 /// replaced atomically, a directory there is an error.
-pub fn create_symlinks(root: &MachineRoot, links: &[(&str, &str)]) -> Result<()> {
+pub(crate) fn create_symlinks(root: &MachineRoot, links: &[(&str, &str)]) -> Result<()> {
     step(Step::Links);
     for (target, link) in links {
         let outcome = symlink(root, target, link)
@@ -152,7 +152,7 @@ fn write_file(root: &MachineRoot, path: &str, bytes: &[u8], mode: u32) -> Result
 
 /// `update-ldcache`: the image's cache plus `libs` (`(soname, path)`), written back; the conf
 /// entry when the image has `/etc/ld.so.conf.d`.
-pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
+pub(crate) fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
     for (soname, path) in libs {
         if soname.contains('/') || !path.starts_with('/') {
             return Err(crate::error::bad_input(format!(
@@ -213,7 +213,7 @@ pub fn update_ldcache(root: &MachineRoot, libs: &[(&str, &str)]) -> Result<()> {
 }
 
 /// `params` with every `ModifyDeviceFiles:` line set to 0.
-pub fn params_without_device_modification(params: &str) -> String {
+pub(crate) fn params_without_device_modification(params: &str) -> String {
     let mut out = String::with_capacity(params.len());
     for line in params.lines() {
         if line.trim_start().starts_with("ModifyDeviceFiles:") {
@@ -235,7 +235,10 @@ const MAX_PARAMS: u64 = 64 << 10;
 /// The copy is made without naming a single path: a tmpfs attached nowhere, the file created
 /// through its mount descriptor, sealed read-only, and its clone attached onto the pinned
 /// target by descriptor ([`crate::fs::fd_mount`]). No scratch directory exists for a pod to swap.
-pub fn disable_device_node_modification(root: &MachineRoot, host_params: &Path) -> Result<()> {
+pub(crate) fn disable_device_node_modification(
+    root: &MachineRoot,
+    host_params: &Path,
+) -> Result<()> {
     step(Step::HostParams);
     // The machine's own procfs (this process has not pivoted into the container): nothing of
     // the container's is on this path.

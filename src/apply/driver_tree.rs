@@ -264,7 +264,7 @@ pub fn remove(host: &HostRoot, machine: &MachineName) -> Result<bool> {
 
 /// Remove the tree at `path` (a host path: `uninstall`) and its stamp, never following a link
 /// below its parent. Returns whether the tree existed.
-pub fn remove_path(host: &HostRoot, abs: &str) -> Result<bool> {
+pub(crate) fn remove_path(host: &HostRoot, abs: &str) -> Result<bool> {
     let Some((parent, name)) = abs.rsplit_once('/').filter(|(_, n)| !n.is_empty()) else {
         bail!("internal error: {abs} has no parent");
     };
@@ -645,7 +645,11 @@ fn forget_at(top: &impl AsFd, machine: &str) -> Result<bool> {
 /// remove the stamp of its host tree, so the next pre-start walks the tree entry by entry
 /// instead of trusting it (and rebuilds what differs). Returns `err`, with a failure to remove
 /// the stamp added to it.
-pub fn distrust(host: &HostRoot, machine: &MachineName, err: anyhow::Error) -> anyhow::Error {
+pub(crate) fn distrust(
+    host: &HostRoot,
+    machine: &MachineName,
+    err: anyhow::Error,
+) -> anyhow::Error {
     let forgot = open_existing(host, layout::TREE_HOST_DIR)
         .and_then(|top| top.map_or(Ok(false), |top| forget_at(&top, machine.as_str())));
     match forgot {

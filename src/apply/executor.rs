@@ -49,7 +49,7 @@ impl std::fmt::Display for Hook {
 }
 
 /// One step of pre-start's plan: one of its parts (src/apply/parts/, [`NextStart`]).
-pub type BootStep = &'static dyn AnyPart<NextStart>;
+pub(crate) type BootStep = &'static dyn AnyPart<NextStart>;
 
 /// One step of post-start's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,7 +205,7 @@ fn release_kubelet(mc: &MachineConfig) -> Step {
 /// written, which removes what is left of ours, and no service stopped. When the gate holds
 /// the services (`gated`: the GPUs went since pre-start saw them, or the host's gate drop-ins
 /// are installed), nothing else would start them this boot: both are released, then started.
-pub fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Plan<Step> {
+pub(crate) fn plan_without_gpus(mc: &MachineConfig, target: Target, gated: bool) -> Plan<Step> {
     let (containerd, kubelet) = (&mc.containerd_unit, &mc.kubelet_unit);
     let gate = [
         release_containerd(mc),
@@ -285,7 +285,7 @@ pub trait BootWork {
 /// Run pre-start's `plan` in order: each part observed and diffed, and applied only when its
 /// diff is not empty; one log line and timing per part; the first failure ends it (nothing to
 /// put back: the machine has not started).
-pub fn execute_boot(
+pub(crate) fn execute_boot(
     plan: &Plan<BootStep>,
     machine: &MachineName,
     work: &dyn BootWork,

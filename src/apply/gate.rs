@@ -28,7 +28,7 @@ fn host_file_dir() -> Result<String> {
 
 /// Whether [`HOST_FILE`] under `host` holds [`CONTENT`] in its verified directory: what
 /// [`write_host_file`] leaves alone. Reads only.
-pub fn host_file_current(host: &HostRoot) -> Result<bool> {
+pub(crate) fn host_file_current(host: &HostRoot) -> Result<bool> {
     Ok(
         host_dir::check(host, &host_file_dir()?, host_dir::PARENT_MODE)?.is_some()
             && host.holds(HOST_FILE, CONTENT.as_bytes(), 0o644)?,
@@ -36,7 +36,7 @@ pub fn host_file_current(host: &HostRoot) -> Result<bool> {
 }
 
 /// Write [`HOST_FILE`] under `host` unless it already holds [`CONTENT`]. Returns whether it wrote.
-pub fn write_host_file(host: &HostRoot) -> Result<bool> {
+pub(crate) fn write_host_file(host: &HostRoot) -> Result<bool> {
     host_dir::open(host, &host_file_dir()?, host_dir::PARENT_MODE)?;
     host.write_if_changed(
         HOST_FILE,
@@ -55,7 +55,7 @@ pub struct Markers<'a> {
 
 impl<'a> Markers<'a> {
     /// The markers of `machine`, kept on the host.
-    pub fn of_machine(host: &'a HostRoot, machine: &MachineName) -> Self {
+    pub(crate) fn of_machine(host: &'a HostRoot, machine: &MachineName) -> Self {
         Markers {
             host,
             dir: machine_marker_dir(machine),
@@ -76,7 +76,7 @@ impl<'a> Markers<'a> {
     }
 
     /// Whether `unit` may start this boot (its marker exists).
-    pub fn is_released(&self, unit: &UnitName) -> Result<bool> {
+    pub(crate) fn is_released(&self, unit: &UnitName) -> Result<bool> {
         let path = self.path(unit);
         match self.host.symlink_metadata(&path) {
             Ok(_) => Ok(true),
@@ -122,7 +122,7 @@ pub struct BootMarkers {
 
 /// Read `machine`'s marker directory for the boot ahead, which releases `containerd` when
 /// given. Reads only: the directory verified as ours ([`host_dir::check`]), not created.
-pub fn observe_boot(
+pub(crate) fn observe_boot(
     host: &HostRoot,
     machine: &MachineName,
     containerd: Option<&UnitName>,
@@ -198,7 +198,7 @@ impl BootMarkers {
 /// stays post-start's: kubelet waits for the staged images, which need the running machine.
 /// Makes exactly [`BootMarkers::changes`] of what it reads; a directory among the markers is
 /// refused before anything is removed. Returns the markers' directory.
-pub fn prepare_boot(
+pub(crate) fn prepare_boot(
     host: &HostRoot,
     machine: &MachineName,
     containerd: Option<&UnitName>,
@@ -227,7 +227,7 @@ pub fn prepare_boot(
 }
 
 /// The text of the marker [`prepare_boot`] writes for `unit`.
-pub fn boot_marker(unit: &UnitName) -> String {
+pub(crate) fn boot_marker(unit: &UnitName) -> String {
     format!("nspawn-lifecycle pre-start released {unit} for the next boot\n")
 }
 

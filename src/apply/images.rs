@@ -13,7 +13,7 @@ use std::os::fd::AsFd as _;
 use std::time::{Duration, Instant};
 
 /// Where tarballs that failed to import are moved, under the staged-images directory.
-pub const FAILED_DIR: &str = "failed";
+pub(crate) const FAILED_DIR: &str = "failed";
 
 /// Shortest time left in the import budget worth starting another import with.
 const MIN_IMPORT_TIME: Duration = Duration::from_secs(1);

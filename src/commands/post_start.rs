@@ -120,7 +120,7 @@ impl Running {
 /// while it runs), under the machine's lock: post-start's `/dev/char` part
 /// ([`parts::dev_char::write`]) alone; nothing else is touched and no service stopped. A machine not
 /// running is an error (its path unit is bound to its unit, so only a hand-run meets it).
-pub fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
+pub(crate) fn refresh_devices(ctx: &Ctx, machine: &MachineName) -> Result<()> {
     let r = Running::open(ctx, machine, "refresh-devices")?;
     let who = machine.as_str();
     let line = timed(who, "dev-char", || {
@@ -169,7 +169,7 @@ pub fn post_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 /// `nspawn-lifecycle-host.service` at boot (see `install --host`) and by hand after a driver
 /// change. The same discovery, incomplete verdict (exit 3), lock discipline (a lock of its
 /// own), parts, executor, failure points and restore-on-failure as a machine's.
-pub fn host_post_start(ctx: &Ctx) -> Result<()> {
+pub(crate) fn host_post_start(ctx: &Ctx) -> Result<()> {
     let hc = ctx.config.host()?;
     if !ctx.host.is_real_root() {
         return Err(crate::error::bad_input(format!(

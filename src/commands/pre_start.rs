@@ -44,7 +44,7 @@ pub fn pre_start(ctx: &Ctx, machine: &MachineName) -> Result<()> {
 /// unit again every few seconds forever. Run as its unit's hook on the real host, pre-start
 /// queues a stop of its own unit instead: it stays `failed`, with the message in its journal,
 /// until someone starts it again.
-pub fn ending_retries_it_cannot_mend(
+pub(crate) fn ending_retries_it_cannot_mend(
     real_root: bool,
     machine: &MachineName,
     result: Result<()>,

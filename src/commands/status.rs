@@ -276,7 +276,7 @@ pub struct Status {
 /// `status --all --json`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AllStatus {
+pub(crate) struct AllStatus {
     pub api_version: &'static str,
     pub kind: &'static str,
     pub state: State,
@@ -396,7 +396,7 @@ fn installed(ctx: &Ctx, machine: &MachineName) -> bool {
 }
 
 /// Every installed machine (those with our drop-in), sorted by name.
-pub fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
+pub(crate) fn installed_machines(ctx: &Ctx) -> Result<Vec<MachineName>> {
     crate::config::installed_machines(&ctx.host)
 }
 
@@ -486,12 +486,12 @@ pub fn status(
 
 /// `status --all`'s exit code when a machine could not be judged (the others' verdicts are
 /// printed all the same).
-pub const UNJUDGED_EXIT: u8 = 1;
+pub(crate) const UNJUDGED_EXIT: u8 = 1;
 
 /// A machine `status --all` could not judge.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MachineError {
+pub(crate) struct MachineError {
     pub machine: String,
     /// The exit code `status <machine>` exits with for it.
     pub exit_code: u8,
@@ -501,7 +501,7 @@ pub struct MachineError {
 /// `status --json` when it could not judge (not installed, host discovery failed, the bus did
 /// not answer): still one object for monitoring to parse (kind `StatusError`, state `unknown`,
 /// [`crate::output::print_error_object`]); returns `e`.
-pub fn print_unjudged(machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
+pub(crate) fn print_unjudged(machine: Option<&str>, e: anyhow::Error) -> anyhow::Error {
     crate::output::print_error_object("StatusError", machine, Some("unknown"), e)
 }
 
@@ -558,7 +558,7 @@ pub fn report(
 }
 
 /// Now, seconds since the epoch.
-pub fn now_seconds() -> f64 {
+pub(crate) fn now_seconds() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())

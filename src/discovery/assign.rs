@@ -52,7 +52,7 @@ pub fn resolve<'a>(inv: &'a Inventory, sel: &GpuSelector) -> Option<&'a Gpu> {
 
 /// Whether two machines' `gpus` could name one GPU: only lists can (`all` and `none` overlap
 /// nothing), so with fewer than two lists [`check_overlap`] has nothing to check.
-pub fn lists_can_overlap(machines: &[(String, Gpus)]) -> bool {
+pub(crate) fn lists_can_overlap(machines: &[(String, Gpus)]) -> bool {
     machines
         .iter()
         .filter(|(_, g)| matches!(g, Gpus::List(_)))
@@ -62,7 +62,7 @@ pub fn lists_can_overlap(machines: &[(String, Gpus)]) -> bool {
 
 /// Two machines' lists naming the same host GPU, whichever way each names it (UUID, bus id or
 /// index), is bad input naming both machines (exit 2).
-pub fn check_overlap(inv: &Inventory, machines: &[(String, Gpus)]) -> Result<()> {
+pub(crate) fn check_overlap(inv: &Inventory, machines: &[(String, Gpus)]) -> Result<()> {
     check_lists_disjoint(machines, |_, sel| resolve(inv, sel).map(|g| g.uuid.clone()))
 }
 
@@ -189,7 +189,7 @@ impl Assignment {
 
     /// With `require`, a listed GPU the host does not have holds the start back (exit 3, as
     /// an incomplete driver does, so systemd retries until it appears).
-    pub fn check_required(&self, require: bool) -> Result<()> {
+    pub(crate) fn check_required(&self, require: bool) -> Result<()> {
         if require && !self.missing.is_empty() {
             return Err(classified(
                 Kind::DriverIncomplete,
@@ -270,7 +270,7 @@ pub struct AssignmentReport {
 
 /// `machine`'s view of `inv` as every command needs it: the config's lists checked for overlap
 /// against the host (exit 2), index and missing entries logged, `require` enforced (exit 3).
-pub fn for_machine(
+pub(crate) fn for_machine(
     config: &crate::config::Config,
     machine: &crate::types::machine_name::MachineName,
     mc: &crate::config::MachineConfig,

@@ -19,7 +19,7 @@ pub use verdict::check_complete;
 
 /// Where the InfiniBand verbs, MAD and RDMA CM nodes live; bound as the directory, so a port
 /// or HCA the host adds while the machine runs appears in it.
-pub const INFINIBAND_DIR: &str = "/dev/infiniband";
+pub(crate) const INFINIBAND_DIR: &str = "/dev/infiniband";
 
 /// Version of the `discover --json` object; bump on any incompatible change.
 pub const API_VERSION: &str = "nspawn-lifecycle/v1";

@@ -188,7 +188,7 @@ pub fn gpu_information(bytes: &[u8]) -> Result<GpuInformation> {
 
 /// The `DeviceFileMinor: N` line of a `/proc/driver/nvidia/capabilities/…/access` file: the
 /// minor of the `/dev/nvidia-caps/nvidia-cap<N>` node that grants the capability.
-pub fn device_file_minor(bytes: &[u8]) -> Result<u32> {
+pub(crate) fn device_file_minor(bytes: &[u8]) -> Result<u32> {
     let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
     text.lines()
         .find_map(|l| l.trim().strip_prefix("DeviceFileMinor:"))
@@ -202,7 +202,7 @@ pub use crate::types::gpus::PciAddress;
 
 /// A sysfs `dev` file (`/sys/class/misc/rdma_cm/dev`): the kernel's
 /// `%u:%u\n`, major and minor.
-pub fn dev_numbers(bytes: &[u8]) -> Result<(u32, u32)> {
+pub(crate) fn dev_numbers(bytes: &[u8]) -> Result<(u32, u32)> {
     let text = std::str::from_utf8(bytes).map_err(|_| ParseError::new("not UTF-8"))?;
     let t = text.strip_suffix('\n').unwrap_or(text);
     let number = |w: &str| {
@@ -259,7 +259,7 @@ pub fn pci_id(bytes: &[u8]) -> Result<u16> {
 }
 
 /// The NVIDIA PCI vendor id.
-pub const NVIDIA_VENDOR: u16 = 0x10de;
+pub(crate) const NVIDIA_VENDOR: u16 = 0x10de;
 
 // ---------------------------------------------------------------------------------------------
 // glibc ld.so.cache: read by [`crate::discovery::ldcache`], the one reader and writer of the format.
@@ -310,7 +310,7 @@ impl ReadAt for std::fs::File {
 }
 
 /// ELF machine numbers we map to Debian multiarch triplets.
-pub const EM_386: u16 = 3;
+pub(crate) const EM_386: u16 = 3;
 pub const EM_X86_64: u16 = 62;
 pub const EM_AARCH64: u16 = 183;
 
@@ -377,13 +377,13 @@ pub fn elf_info<R: ReadAt + ?Sized>(r: &R) -> Result<ElfInfo> {
 }
 
 /// Most `DT_NEEDED` entries [`elf_deps`] takes from one object (NVIDIA's tools need 5–7).
-pub const MAX_NEEDED: usize = 64;
+pub(crate) const MAX_NEEDED: usize = 64;
 /// Longest `PT_INTERP` accepted.
 const MAX_INTERP: usize = 255;
 
 /// What the dynamic loader needs to run an ELF program or load a library.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElfDeps {
+pub(crate) struct ElfDeps {
     pub info: ElfInfo,
     /// `PT_INTERP`: the absolute path of the program's loader (`/lib64/ld-linux-x86-64.so.2`).
     pub interp: Option<String>,
@@ -394,7 +394,7 @@ pub struct ElfDeps {
 /// [`elf_info`] plus the object's loader and needed libraries, found the way the loader finds
 /// them (program headers, the dynamic segment, `DT_STRTAB` through `PT_LOAD`). A name that is
 /// not a plain file name, or more than [`MAX_NEEDED`] of them, is an error.
-pub fn elf_deps<R: ReadAt + ?Sized>(r: &R) -> Result<ElfDeps> {
+pub(crate) fn elf_deps<R: ReadAt + ?Sized>(r: &R) -> Result<ElfDeps> {
     let ehdr = elf_header(r)?;
     let segs = program_headers(r, &ehdr)?;
     let mut deps = ElfDeps {

@@ -194,7 +194,7 @@ impl Tmpfs {
     /// Bind the file `name` of this tmpfs onto the file `target` pins (an `O_PATH` descriptor
     /// in the caller's mount namespace), by descriptor: [`Tmpfs::clone_file`], then
     /// [`attach`].
-    pub fn bind_file_onto(&self, name: &CStr, target: &OwnedFd) -> Result<()> {
+    pub(crate) fn bind_file_onto(&self, name: &CStr, target: &OwnedFd) -> Result<()> {
         attach(&self.clone_file(name)?, target)
     }
 
@@ -260,14 +260,14 @@ impl Tmpfs {
 }
 
 /// Whether the directory `dir` is the root of a bpf filesystem.
-pub fn is_bpffs(dir: &OwnedFd) -> Result<bool> {
+pub(crate) fn is_bpffs(dir: &OwnedFd) -> Result<bool> {
     let st = nix::sys::statfs::fstatfs(dir).context("fstatfs")?;
     Ok(st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// A new bpf filesystem (mode 0700, `nosuid`, `nodev`, `noexec`) attached onto the directory
 /// `dir` pins.
-pub fn mount_bpffs_onto(dir: &OwnedFd) -> Result<()> {
+pub(crate) fn mount_bpffs_onto(dir: &OwnedFd) -> Result<()> {
     let fs = fsopen(c"bpf").context("fsopen(bpf)")?;
     fsconfig_string(&fs, c"mode", c"0700").context("fsconfig(bpf, mode)")?;
     fsconfig_create(&fs).context("fsconfig(bpf, create)")?;

@@ -84,7 +84,7 @@ impl HostRoot {
     }
 
     /// Whether this is the real `/` (some steps, like talking to systemd, only make sense then).
-    pub fn is_real_root(&self) -> bool {
+    pub(crate) fn is_real_root(&self) -> bool {
         self.root == Path::new("/")
     }
 
@@ -115,7 +115,7 @@ impl HostRoot {
 
     /// Open a file for reading, following links inside the root. Non-blocking, so a FIFO never
     /// waits for a writer (callers that need a regular file check [`std::fs::File::metadata`]).
-    pub fn open_read(&self, abs: impl AsRef<Path>) -> io::Result<std::fs::File> {
+    pub(crate) fn open_read(&self, abs: impl AsRef<Path>) -> io::Result<std::fs::File> {
         let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
         Ok(self.at(abs.as_ref(), flags)?.into())
     }
@@ -169,7 +169,7 @@ impl HostRoot {
     /// Open the directory `abs` with no symlink anywhere on the way (inside the root): for a
     /// directory another account may own a parent of, which could otherwise point a link of its
     /// own anywhere. A symlink on the way is `ELOOP`.
-    pub fn open_dir_no_symlinks(&self, abs: impl AsRef<Path>) -> io::Result<OwnedFd> {
+    pub(crate) fn open_dir_no_symlinks(&self, abs: impl AsRef<Path>) -> io::Result<OwnedFd> {
         let how = nix::fcntl::OpenHow::new()
             .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(
@@ -246,7 +246,7 @@ impl HostRoot {
     /// Replace the file `abs` atomically with `contents` and `mode` unless it already holds
     /// them, creating its missing parent directories (`0o755`); see [`crate::fs::atomic`]. Returns
     /// whether the file was written.
-    pub fn write_if_changed(
+    pub(crate) fn write_if_changed(
         &self,
         abs: impl AsRef<Path>,
         contents: &[u8],

@@ -43,9 +43,9 @@ use std::path::{Path, PathBuf};
 
 /// Deepest tree [`MachineDir::remove_tree`] and [`MachineDir::walk`] descend into; the trees we
 /// own are about six levels deep, so anything deeper was planted and is refused.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Most entries one directory listing returns before it is refused as hostile.
-pub const MAX_ENTRIES: usize = 1_000_000;
+pub(crate) const MAX_ENTRIES: usize = 1_000_000;
 
 /// What a directory entry is, from `lstat` (symlinks are never followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -61,7 +61,7 @@ pub enum FileKind {
 
 impl FileKind {
     /// The kind an `lstat`/`fstat` result describes.
-    pub fn from_stat(st: &FileStat) -> FileKind {
+    pub(crate) fn from_stat(st: &FileStat) -> FileKind {
         match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
             SFlag::S_IFDIR => FileKind::Dir,
             SFlag::S_IFLNK => FileKind::Symlink,
@@ -127,7 +127,7 @@ pub enum LinkOutcome {
 
 /// What [`MachineRoot::lookup_dir`] found, following symlinks inside the machine.
 #[derive(Debug)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Dir(MachineDir),
     /// The path or one of its parents does not exist (a dangling symlink included).
     Missing,
@@ -146,7 +146,7 @@ pub enum Subdir {
 
 /// A file of a container image, as [`MachineRoot::read_image_file`] found it.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ImageFile {
+pub(crate) enum ImageFile {
     /// Its bytes.
     Bytes(Vec<u8>),
     /// Nothing there (or a parent is missing).
@@ -159,7 +159,7 @@ pub enum ImageFile {
 /// Which untrusted tree a [`MachineRoot`] is: how strictly directories are walked and what the
 /// messages call it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RootKind {
+pub(crate) enum RootKind {
     /// A machine's rootfs (post-start, status): directories resolve anywhere inside the root,
     /// across the machine's own mounts (`/run`, `/var/run → ../run`).
     Machine,
@@ -170,7 +170,7 @@ pub enum RootKind {
 
 impl RootKind {
     /// What messages call the tree: "… in the machine", "… in the container".
-    pub fn noun(self) -> &'static str {
+    pub(crate) fn noun(self) -> &'static str {
         match self {
             RootKind::Machine => "machine",
             RootKind::Container => "container",
@@ -289,7 +289,7 @@ fn dir_flags() -> OFlag {
 }
 
 /// Check that `name` is one ordinary path component.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         bail!("{name:?} is not a single file name");
     }
@@ -311,7 +311,7 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
 
 /// Split a machine-absolute path into its parent directory and last component, checked like
 /// [`components`]. The root itself has no last component and is refused.
-pub fn split_parent(path: &str) -> Result<(String, &str)> {
+pub(crate) fn split_parent(path: &str) -> Result<(String, &str)> {
     let comps = components(path)?;
     let Some((name, parents)) = comps.split_last() else {
         bail!("{path} is the machine root, not an entry in a directory");
@@ -479,7 +479,7 @@ impl MachineRoot {
     /// Open a container's root at `path` (from its runtime's OCI state, trusted; may itself be a
     /// symlink) as a [`RootKind::Container`]. A root that is the runtime's own `/` is refused:
     /// every write would land outside any container.
-    pub fn open_container(path: &Path) -> Result<MachineRoot> {
+    pub(crate) fn open_container(path: &Path) -> Result<MachineRoot> {
         let fd = nix::fcntl::open(path, dir_flags(), Mode::empty())
             .with_context(|| format!("opening container root {}", path.display()))?;
         let ours = nix::sys::stat::fstat(&fd).context("stat container root")?;
@@ -498,24 +498,14 @@ impl MachineRoot {
     }
 
     /// Open the root of the machine whose leader is `pid`, as that process sees it (its mount
-    /// namespace, so the machine's own `/run` and `/dev` tmpfs are what we resolve through).
-    ///
-    /// `/proc/<pid>` is opened first and `root` looked up through that fd: the fd is bound to
-    /// the process, so if the leader exits and its pid is reused in between, the lookup fails
-    /// instead of handing us another process's root. (The caller still checks that machined
-    /// names the same leader afterwards.) A root that is the host's own `/` is refused: every
-    /// write below would land on the host.
-    pub fn for_leader(pid: u32) -> Result<MachineRoot> {
-        let proc_path = format!("/proc/{pid}");
-        let proc_dir = nix::fcntl::open(proc_path.as_str(), dir_flags(), Mode::empty())
-            .with_context(|| format!("opening {proc_path} (machine leader)"))?;
-        Self::for_leader_dir(&proc_dir, pid)
-    }
-
-    /// [`MachineRoot::for_leader`] through a `/proc/<pid>` descriptor the caller already holds
-    /// (`O_PATH` is enough), so the root and whatever else the caller reads there belong to one
-    /// process even if the pid is reused in between.
-    pub fn for_leader_dir(proc_dir: &OwnedFd, pid: u32) -> Result<MachineRoot> {
+    /// namespace, so the machine's own `/run` and `/dev` tmpfs are what we resolve through),
+    /// through a `/proc/<pid>` descriptor the caller already holds (`O_PATH` is enough): the
+    /// descriptor is bound to the process, so if the leader exits and its pid is reused in
+    /// between, the lookup fails instead of handing us another process's root, and the root and
+    /// whatever else the caller reads there belong to one process. (The caller still checks that
+    /// machined names the same leader afterwards.) A root that is the host's own `/` is refused:
+    /// every write below would land on the host.
+    pub(crate) fn for_leader_dir(proc_dir: &OwnedFd, pid: u32) -> Result<MachineRoot> {
         let proc_path = format!("/proc/{pid}");
         let fd = nix::fcntl::openat(proc_dir, "root", dir_flags(), Mode::empty())
             .with_context(|| format!("opening {proc_path}/root (machine leader gone?)"))?;
@@ -529,7 +519,7 @@ impl MachineRoot {
     }
 
     /// Fail when this root is the same directory as `host_root`.
-    pub fn refuse_host_root(&self, host_root: &Path) -> Result<()> {
+    pub(crate) fn refuse_host_root(&self, host_root: &Path) -> Result<()> {
         let ours = nix::sys::stat::fstat(&self.fd).context("stat machine root")?;
         let host = nix::sys::stat::stat(host_root)
             .with_context(|| format!("stat {}", host_root.display()))?;
@@ -555,12 +545,12 @@ impl MachineRoot {
     }
 
     /// The host path the root was opened from.
-    pub fn origin(&self) -> &Path {
+    pub(crate) fn origin(&self) -> &Path {
         &self.origin
     }
 
     /// The root directory itself.
-    pub fn root_dir(&self) -> Result<MachineDir> {
+    pub(crate) fn root_dir(&self) -> Result<MachineDir> {
         let fd = nix::unistd::dup(&self.fd).context("duplicating the root fd")?;
         Ok(MachineDir {
             fd,
@@ -584,7 +574,7 @@ impl MachineRoot {
 
     /// Like [`MachineRoot::open_dir`], telling "missing" and "not a directory" apart for callers
     /// that have nothing to do in either case.
-    pub fn lookup_dir(&self, path: &str) -> Result<Lookup> {
+    pub(crate) fn lookup_dir(&self, path: &str) -> Result<Lookup> {
         let noun = self.tree.noun();
         components(path)?;
         let opened = match self.tree {
@@ -652,7 +642,7 @@ impl MachineRoot {
 
     /// What is at `path` (never following its last component), resolving its parents inside the
     /// machine only; `None` when it or a parent is missing.
-    pub fn kind_of(&self, path: &str) -> Result<Option<FileKind>> {
+    pub(crate) fn kind_of(&self, path: &str) -> Result<Option<FileKind>> {
         Ok(self.stat(path)?.map(|st| FileKind::from_stat(&st)))
     }
 
@@ -685,7 +675,7 @@ impl MachineRoot {
     /// filesystem of at most `max` bytes, reopened through its descriptor with `O_NONBLOCK` and
     /// read with that bound. Anything else is [`ImageFile::Unusable`] with the reason: the image
     /// controls this file, so it is never an error of ours.
-    pub fn read_image_file(&self, path: &str, max: usize) -> Result<ImageFile> {
+    pub(crate) fn read_image_file(&self, path: &str, max: usize) -> Result<ImageFile> {
         let noun = self.tree.noun();
         components(path)?;
         let how = OpenHow::new()
@@ -723,7 +713,7 @@ impl MachineRoot {
     /// [`ImageFile::Absent`] (the reader gets no file either); a FIFO, device, kernel pseudo-file
     /// or larger file
     /// is [`ImageFile::Unusable`], never opened for reading.
-    pub fn read_followed(&self, path: &str, max: usize) -> Result<ImageFile> {
+    pub(crate) fn read_followed(&self, path: &str, max: usize) -> Result<ImageFile> {
         let noun = self.tree.noun();
         components(path)?;
         match self.resolve(path, Links::Follow)? {
@@ -739,7 +729,7 @@ impl MachineRoot {
 
     /// An `O_PATH` descriptor of `path`, resolved inside the root with no symlink anywhere on
     /// the way (a mount target must be the very file named); `None` when missing.
-    pub fn pin_no_symlinks(&self, path: &str) -> Result<Option<OwnedFd>> {
+    pub(crate) fn pin_no_symlinks(&self, path: &str) -> Result<Option<OwnedFd>> {
         let noun = self.tree.noun();
         components(path)?;
         let pinned = match self.tree {

@@ -122,7 +122,7 @@ pub struct Hook {
 }
 
 /// The environment every hook of ours is given (see [`Hook::env`]).
-pub const HOOK_ENV: &str = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const HOOK_ENV: &str = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Hook {
     /// `nspawn-lifecycle-helper cdi-hook <args>` at [`layout::HOOK_BINARY`].

@@ -42,7 +42,7 @@ pub struct Expected {
 }
 
 /// The device and inode of each host file or directory a driver root is made of, by host path.
-pub type HostIds = BTreeMap<String, (u64, u64)>;
+pub(crate) type HostIds = BTreeMap<String, (u64, u64)>;
 
 /// What a driver root holds for `driver` built as `tree` (its plan, [`crate::model::tree`]), by
 /// path in the tree: its SONAME links, the files pre-start writes (their bytes), and the host
@@ -83,7 +83,7 @@ fn parts(driver: &UserspaceDriver, tree: &Tree) -> Result<Parts> {
 
 /// The facts a driver root is checked against: the identity of every host source of `driver`,
 /// the files' as the tree's plan stat'ed them, the directories it binds stat'ed now.
-pub fn host_ids(host: &HostRoot, driver: &UserspaceDriver, plan: &Plan) -> Result<HostIds> {
+pub(crate) fn host_ids(host: &HostRoot, driver: &UserspaceDriver, plan: &Plan) -> Result<HostIds> {
     let mut ids = HostIds::new();
     for (_, source, _) in parts(driver, &plan.tree)?.2 {
         if let Some(id) = plan.ids.get(&source) {
@@ -111,7 +111,11 @@ impl Expected {
     /// The driver root as it must be for `driver` built as `tree` with the host's files `ids`
     /// ([`host_ids`]). Pure; a source `ids` does not name is an error (the facts are of another
     /// driver).
-    pub fn from_ids(driver: &UserspaceDriver, tree: &Tree, ids: &HostIds) -> Result<Expected> {
+    pub(crate) fn from_ids(
+        driver: &UserspaceDriver,
+        tree: &Tree,
+        ids: &HostIds,
+    ) -> Result<Expected> {
         let (links, contents, sources) = parts(driver, tree)?;
         let mut files = BTreeMap::new();
         for (rel, source, dir) in sources {

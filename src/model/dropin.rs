@@ -14,25 +14,25 @@ use std::fmt;
 /// First line of our drop-in; `uninstall` only removes a drop-in that starts with it.
 /// The words after the helper in the drop-in's `ExecStartPost=` (then the machine, `%i`):
 /// `status` finds post-start's last run among the unit's commands by them.
-pub const POST_START_ARGS: &str = "nspawn-lifecycle post-start";
+pub(crate) const POST_START_ARGS: &str = "nspawn-lifecycle post-start";
 
-pub const DROPIN_HEADER: &str = "# Written by nspawn-lifecycle-helper install for machine";
+pub(crate) const DROPIN_HEADER: &str = "# Written by nspawn-lifecycle-helper install for machine";
 
 /// Seconds between a failed start and the next attempt. `StartLimitIntervalSec=0` already turns
 /// the start rate limit off; 5 s also keeps a retry loop below systemd's default limit (5 starts
 /// in 10 s) should a later drop-in turn it back on, while a node still comes up seconds after
 /// its driver install finishes.
-pub const RESTART_SEC: u32 = 5;
+pub(crate) const RESTART_SEC: u32 = 5;
 /// Upper bound on one start: each ExecStartPre=, the boot until READY=1, each ExecStartPost=.
 /// post-start bounds every step itself (boot wait 60 s, four unit jobs of 90 s, 300 s per staged
 /// image import, by default); systemd's default 90 s would kill it in the middle of an import and
 /// restart the whole machine, forever. 30 min fits the defaults with about six slow imports and
 /// still turns a hook that hangs into a retry.
 /// (The configuration refuses a machine whose worst start does not fit: `config::START_TIMEOUT`.)
-pub const TIMEOUT_START: &str = crate::config::START_TIMEOUT_TEXT;
+pub(crate) const TIMEOUT_START: &str = crate::config::START_TIMEOUT_TEXT;
 /// NVIDIA host daemons whose sockets pre-start binds into the machine; ordering after them (a
 /// no-op when they are not installed) keeps a boot-time start from missing their sockets.
-pub const AFTER: &str = "nvidia-persistenced.service nvidia-fabricmanager.service";
+pub(crate) const AFTER: &str = "nvidia-persistenced.service nvidia-fabricmanager.service";
 /// The environment nspawn needs for a Kubernetes node inside.
 pub const ENV: [(&str, &str); 2] = [
     ("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1"),
@@ -74,7 +74,7 @@ impl Dropin {
     /// The machine's drop-in as `install` writes it now ([`Dropin::for_gpus`]), part of its
     /// desired state: the next start runs the hooks and device groups the file on disk names.
     /// A missing one is an uninstalled machine, judged apart.
-    pub fn unit_file(
+    pub(crate) fn unit_file(
         machine: &MachineName,
         helper_path: &HostPath,
         gpus: &Gpus,
@@ -88,7 +88,7 @@ impl Dropin {
     }
 
     /// The drop-in for a machine with the config's `gpus`.
-    pub fn for_gpus(machine: &MachineName, helper_path: &HostPath, gpus: &Gpus) -> Dropin {
+    pub(crate) fn for_gpus(machine: &MachineName, helper_path: &HostPath, gpus: &Gpus) -> Dropin {
         Dropin {
             all_gpus: *gpus == Gpus::All,
             ..Dropin::new(machine, helper_path)
@@ -264,18 +264,18 @@ impl fmt::Display for Dropin {
 }
 
 /// The `DeviceAllow=` value that allows every NVIDIA node: only an `all` machine's drop-in has it.
-pub const ALL_GPUS_DEVICE_ALLOW: &str = "char-nvidia* rwm";
+pub(crate) const ALL_GPUS_DEVICE_ALLOW: &str = "char-nvidia* rwm";
 
 /// Whether the drop-in `text` allows every NVIDIA node, read with the unit-file reader as
 /// systemd would (`[Service]`, continuations, comments), not by matching a line.
-pub fn allows_all_gpus(text: &str) -> bool {
+pub(crate) fn allows_all_gpus(text: &str) -> bool {
     section_settings(&parse_unit(text)).any(|s| {
         s.section == "Service" && s.key == "DeviceAllow" && s.value == ALL_GPUS_DEVICE_ALLOW
     })
 }
 
 /// A path as a word of an `Exec*=` line: `%` starts a specifier and `$` a variable there.
-pub fn exec_escape(path: &str) -> String {
+pub(crate) fn exec_escape(path: &str) -> String {
     path.replace('%', "%%").replace('$', "$$")
 }
 
@@ -284,14 +284,14 @@ pub fn exec_escape(path: &str) -> String {
 
 /// One logical line of a unit file; continuation lines are joined.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitLine {
+pub(crate) struct UnitLine {
     /// The physical lines as written, without the final newline.
     pub raw: String,
     pub kind: LineKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LineKind {
+pub(crate) enum LineKind {
     /// Blank, comment, or something systemd would ignore with a warning.
     Other,
     Section(String),
@@ -301,7 +301,7 @@ pub enum LineKind {
     },
 }
 
-pub fn parse_unit(text: &str) -> Vec<UnitLine> {
+pub(crate) fn parse_unit(text: &str) -> Vec<UnitLine> {
     let mut out = Vec::new();
     let mut lines = text.lines();
     while let Some(first) = lines.next() {
@@ -349,7 +349,7 @@ pub fn parse_unit(text: &str) -> Vec<UnitLine> {
 }
 
 /// Each line with the section it is in (`""` before the first section header).
-pub fn with_sections(lines: &[UnitLine]) -> impl Iterator<Item = (&str, &UnitLine)> {
+pub(crate) fn with_sections(lines: &[UnitLine]) -> impl Iterator<Item = (&str, &UnitLine)> {
     let mut section = "";
     lines.iter().map(move |l| {
         if let LineKind::Section(s) = &l.kind {
@@ -361,7 +361,7 @@ pub fn with_sections(lines: &[UnitLine]) -> impl Iterator<Item = (&str, &UnitLin
 
 /// One setting of a unit file, in its section, borrowed from the parsed lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SectionSetting<'a> {
+pub(crate) struct SectionSetting<'a> {
     pub section: &'a str,
     pub key: &'a str,
     pub value: &'a str,
@@ -370,7 +370,7 @@ pub struct SectionSetting<'a> {
 }
 
 /// The settings among `lines`, each with its section.
-pub fn section_settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetting<'_>> {
+pub(crate) fn section_settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetting<'_>> {
     with_sections(lines).filter_map(|(section, l)| match &l.kind {
         LineKind::Setting { key, value } => Some(SectionSetting {
             section,
@@ -383,7 +383,7 @@ pub fn section_settings(lines: &[UnitLine]) -> impl Iterator<Item = SectionSetti
 }
 
 /// The whitespace-separated words of an `Environment=` value, quotes kept.
-pub fn env_words(value: &str) -> Vec<&str> {
+pub(crate) fn env_words(value: &str) -> Vec<&str> {
     let mut words = Vec::new();
     let mut start = None;
     let mut quote = None;
@@ -417,7 +417,7 @@ pub fn env_words(value: &str) -> Vec<&str> {
 }
 
 /// The variable an `Environment=` word assigns.
-pub fn env_name(word: &str) -> &str {
+pub(crate) fn env_name(word: &str) -> &str {
     let w = word.trim_start_matches(['"', '\'']);
     w.split_once('=').map_or(w, |(n, _)| n)
 }

@@ -53,7 +53,7 @@ pub fn marker(unit: &UnitName) -> MachinePath {
 }
 
 /// [`HOST_FILE`] as the `.nspawn` renderer takes it.
-pub fn host_file() -> HostPath {
+pub(crate) fn host_file() -> HostPath {
     HOST_FILE.parse().expect("HOST_FILE is a valid host path")
 }
 
@@ -70,7 +70,7 @@ pub fn dropin(unit: &UnitName) -> MachinePath {
 /// [`marker`]s, in the host's `/run` (a tmpfs): after every reboot the host's containerd and
 /// kubelet wait for `host post-start` again, so neither starts against the spec of a driver
 /// that was replaced before the reboot.
-pub fn host_dropin(unit: &UnitName) -> MachinePath {
+pub(crate) fn host_dropin(unit: &UnitName) -> MachinePath {
     format!(
         "{}/{unit}.d/50-nspawn-lifecycle-gate.conf",
         crate::types::units::UNIT_DIR
@@ -80,19 +80,19 @@ pub fn host_dropin(unit: &UnitName) -> MachinePath {
 }
 
 /// Whether this boot of the machine is gated (the drop-in for `unit` is in place).
-pub fn is_gated(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+pub(crate) fn is_gated(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&dropin(unit))?.is_some())
 }
 
 /// [`is_gated`] for host mode: whether `install --host` put the drop-in ([`host_dropin`]) on
 /// the host's own `unit` (`root` is the host's).
-pub fn is_gated_on_host(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+pub(crate) fn is_gated_on_host(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&host_dropin(unit))?.is_some())
 }
 
 /// Whether `unit` may start this boot as the tree at `root` sees it (its marker exists at
 /// [`marker`]): a machine's view (status), or the host's own (host plan).
-pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
+pub(crate) fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
     Ok(root.kind_of(&marker(unit))?.is_some())
 }
 
@@ -101,24 +101,24 @@ pub fn is_released(root: &MachineRoot, unit: &UnitName) -> Result<bool> {
 /// host's: pre-start can release containerd before the machine boots ([`crate::apply::gate::prepare_boot`]), and
 /// only the helper (on the host) ever creates or removes a marker. pre-start empties it at every
 /// start, so every boot is gated afresh.
-pub fn machine_marker_dir(machine: &MachineName) -> String {
+pub(crate) fn machine_marker_dir(machine: &MachineName) -> String {
     format!("{MACHINES_DIR}/{machine}/released")
 }
 
 /// The host directory of per-machine runtime state (under `/run`: gone with a host reboot).
-pub const MACHINES_DIR: &str = "/run/nspawn-lifecycle/machines";
+pub(crate) const MACHINES_DIR: &str = "/run/nspawn-lifecycle/machines";
 
 /// [`machine_marker_dir`] as the `.nspawn` renderer takes it.
-pub fn machine_marker_source(machine: &MachineName) -> HostPath {
+pub(crate) fn machine_marker_source(machine: &MachineName) -> HostPath {
     machine_marker_dir(machine)
         .parse()
         .expect("a machine name holds no '/', control character or space, so the path is valid")
 }
 
 /// [`MARKER_DIR`] as the `.nspawn` renderer takes it.
-pub fn marker_target() -> MachinePath {
+pub(crate) fn marker_target() -> MachinePath {
     MARKER_DIR.parse().expect("MARKER_DIR is a valid path")
 }
 
 /// How a marker post-start created begins (`install --host`'s uninstall removes only those).
-pub const RELEASED_BY_POST_START: &str = "nspawn-lifecycle post-start released";
+pub(crate) const RELEASED_BY_POST_START: &str = "nspawn-lifecycle post-start released";

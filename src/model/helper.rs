@@ -14,7 +14,7 @@ pub struct HelperFacts {
 
 /// Look at the helper installed at `path` (inside the host root): reads its ELF header only. It
 /// must be an ELF program for `machine` (the host's: [`host_machine`]), any when `None`.
-pub fn helper_facts(
+pub(crate) fn helper_facts(
     host: &crate::fs::host::HostRoot,
     path: &str,
     machine: Option<u16>,

@@ -30,9 +30,9 @@ use std::collections::BTreeSet;
 
 /// The legacy layout's directory of whole host directories bound into a machine (`lib/<n>`,
 /// `bin/`, …). Nothing is bound there; links into it found in a machine are stale and removed.
-pub const LEGACY_HOST_NVIDIA: &str = "/run/host-nvidia";
+pub(crate) const LEGACY_HOST_NVIDIA: &str = "/run/host-nvidia";
 /// The driver root in the machine: shaped like a host driver install, made of bind mounts.
-pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
+pub(crate) const DRIVER_ROOT: &str = "/run/nvidia/driver";
 
 /// Where the machine sees this helper, bound read-only from its stable host path at every start:
 /// the CDI spec names it as the OCI hook binary (`cdi-hook …`), since the machine has no
@@ -40,7 +40,7 @@ pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
 pub const HOOK_BINARY: &str = "/run/nspawn-lifecycle/nspawn-lifecycle-helper";
 
 /// The bind of the helper at `helper` (its stable host path) to [`HOOK_BINARY`].
-pub fn hook_bind(helper: &HostPath) -> Bind {
+pub(crate) fn hook_bind(helper: &HostPath) -> Bind {
     Bind {
         source: helper.clone(),
         target: HOOK_BINARY
@@ -78,14 +78,14 @@ fn machine_path(what: &str, p: String) -> Result<MachinePath> {
 /// the unit gate, so no machine name can collide with them. On a disk filesystem, not the `/run`
 /// tmpfs, so the tree can hold hard links of the driver files (the same filesystem as `/usr` on
 /// a usual host); it outlives a reboot and is checked, and rebuilt if needed, at every pre-start.
-pub const TREE_HOST_DIR: &str = "/var/lib/nspawn-lifecycle/driver-root";
+pub(crate) const TREE_HOST_DIR: &str = "/var/lib/nspawn-lifecycle/driver-root";
 
 /// Where versions before the hard links built the tree (tmpfs; its mount points are empty
 /// files). pre-start and `uninstall` remove what is left of it.
-pub const LEGACY_TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
+pub(crate) const LEGACY_TREE_HOST_DIR: &str = "/run/nspawn-lifecycle/driver-root";
 
 /// The host path of `machine`'s driver tree.
-pub fn tree_host_path(machine: &MachineName) -> String {
+pub(crate) fn tree_host_path(machine: &MachineName) -> String {
     format!("{TREE_HOST_DIR}/{machine}")
 }
 
@@ -175,7 +175,7 @@ pub fn driver_tree(driver: &UserspaceDriver) -> Result<Tree> {
 }
 
 /// Where the tree's loader cache is, relative to the tree.
-pub const TREE_LD_CACHE: &str = "etc/ld.so.cache";
+pub(crate) const TREE_LD_CACHE: &str = "etc/ld.so.cache";
 
 /// The C runtime of the driver's tools (src/discovery/runtime.rs) as hard links of the host's
 /// files, and a loader cache naming every library of the tree by SONAME at its path in the tree,
@@ -248,7 +248,7 @@ fn add_runtime(tree: &mut Tree, driver: &UserspaceDriver) -> Result<()> {
 /// tree ([`driver_tree`]), never binds: each mount costs the machine's systemd a mount unit at
 /// boot and an unmount at shutdown. A path of the tree has one source: of two host directories
 /// for one triplet the first wins.
-pub fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
+pub(crate) fn driver_binds(driver: &UserspaceDriver) -> Result<Vec<Bind>> {
     let mut binds = Vec::new();
     let mut seen = BTreeSet::new();
     let mut push = |binds: &mut Vec<Bind>, what: &str, source: String, target: String, dir| {
@@ -367,7 +367,7 @@ const SOCKET_NAME: &str = "socket";
 /// Every piece of the driver at its standard path, in a stable order: per library directory its
 /// files then their SONAME links, then binaries, firmware and sockets. A source in the driver
 /// root is the standard path under [`DRIVER_ROOT`], where [`driver_binds`] puts the host file.
-pub fn driver_entries(driver: &UserspaceDriver) -> Vec<Entry> {
+pub(crate) fn driver_entries(driver: &UserspaceDriver) -> Vec<Entry> {
     let mut out = Vec::new();
     for dir in &driver.lib_dirs {
         let std_dir = format!("/usr/lib/{}", dir.triplet);

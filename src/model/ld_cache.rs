@@ -47,7 +47,7 @@ pub fn lists_driver(root: &MachineRoot, driver: &UserspaceDriver) -> Result<bool
 /// `plan` and post-start share. `library_links_change`: a library link of ours changes (is
 /// pending, or was just made). `lists`: [`lists_driver`]'s answer; a cache that cannot be read
 /// is no reason to fail, `ldconfig` writes a new one.
-pub fn ldconfig_needed(library_links_change: bool, lists: &Result<bool>) -> Option<String> {
+pub(crate) fn ldconfig_needed(library_links_change: bool, lists: &Result<bool>) -> Option<String> {
     match (library_links_change, lists) {
         (true, _) => Some("library links change".to_owned()),
         (false, Ok(true)) => None,

@@ -27,12 +27,12 @@ use anyhow::{Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Where the links to the driver's tools live in the machine (on the PATH of every shell).
-pub const TOOL_DIR: &str = "/usr/bin";
+pub(crate) const TOOL_DIR: &str = "/usr/bin";
 /// Where `/dev/char` links live.
-pub const DEV_CHAR: &str = "/dev/char";
+pub(crate) const DEV_CHAR: &str = "/dev/char";
 
 /// Links wanted in one directory: name → target.
-pub type DirLinks = BTreeMap<String, String>;
+pub(crate) type DirLinks = BTreeMap<String, String>;
 
 /// Links wanted in the machine's library dirs (`/usr/lib/<triplet>[/sub]`) and its tool dir
 /// (`/usr/bin`): dir → name → target. Empty without a driver: every link of ours goes.
@@ -81,7 +81,7 @@ pub struct DirSeen {
 }
 
 /// Read `dir` for [`DirSeen`]. Reads only.
-pub fn observe_dir(dir: &MachineDir, wanted: &DirLinks) -> Result<DirSeen> {
+pub(crate) fn observe_dir(dir: &MachineDir, wanted: &DirLinks) -> Result<DirSeen> {
     let mut seen = DirSeen {
         path: dir.path().to_owned(),
         links: BTreeMap::new(),
@@ -112,7 +112,7 @@ pub fn observe_dir(dir: &MachineDir, wanted: &DirLinks) -> Result<DirSeen> {
 
 /// One change to a link.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkOp {
+pub(crate) enum LinkOp {
     Create {
         target: String,
     },
@@ -129,7 +129,7 @@ pub enum LinkOp {
 /// What one directory needs: its link changes in the order they are made (removals first), and
 /// the wanted names held by something that is not a symlink, left alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DirDiff {
+pub(crate) struct DirDiff {
     pub path: String,
     pub ops: Vec<(String, LinkOp)>,
     pub kept: Vec<(String, FileKind)>,
@@ -214,13 +214,13 @@ fn diff_dir(seen: &DirSeen, ours: Vec<(&str, &str)>, wanted: &DirLinks) -> DirDi
 
 /// A library or tool directory: our links ([`ours`]) that are not wanted go, then every wanted
 /// link is made.
-pub fn diff_lib_dir(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
+pub(crate) fn diff_lib_dir(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
     diff_dir(seen, ours(seen), wanted)
 }
 
 /// Our NVIDIA links in `/dev/char` ([`is_nvidia_dev_char`] at a `<major>:<minor>` name, or at
 /// the temp name `.M:m.tmp` of a replace a killed run left).
-pub fn ours_dev_char(seen: &DirSeen) -> Vec<(&str, &str)> {
+pub(crate) fn ours_dev_char(seen: &DirSeen) -> Vec<(&str, &str)> {
     seen.links
         .iter()
         .filter_map(|(n, t)| Some((n.as_str(), t.as_deref()?)))
@@ -236,7 +236,7 @@ pub fn ours_dev_char(seen: &DirSeen) -> Vec<(&str, &str)> {
 
 /// `/dev/char`: our NVIDIA links ([`ours_dev_char`]) that are not wanted go, then every wanted
 /// link is made.
-pub fn diff_dev_char(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
+pub(crate) fn diff_dev_char(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
     diff_dir(seen, ours_dev_char(seen), wanted)
 }
 
@@ -246,7 +246,7 @@ pub fn diff_dev_char(seen: &DirSeen, wanted: &DirLinks) -> DirDiff {
 /// of a library, tool, version or architecture that went away are removed too; no directory
 /// twice. Returns the wanted directories the machine does not have, with why. A wanted
 /// directory that is not one is an error (post-start fails there).
-pub fn each_lib_dir(
+pub(crate) fn each_lib_dir(
     root: &MachineRoot,
     wanted: &BTreeMap<String, DirLinks>,
     mut each: impl FnMut(&MachineDir, &DirLinks) -> Result<()>,
@@ -338,7 +338,7 @@ pub fn machine_lib_dirs(root: &MachineRoot) -> Result<Vec<String>> {
 }
 
 /// [`MachineRoot::lookup_dir`] for places where a non-directory simply holds nothing of ours.
-pub fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineDir>> {
+pub(crate) fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineDir>> {
     Ok(match root.lookup_dir(path)? {
         Lookup::Dir(d) => Some(d),
         Lookup::Missing | Lookup::NotDir => None,
@@ -346,12 +346,12 @@ pub fn open_dir_if_dir(root: &MachineRoot, path: &str) -> Result<Option<MachineD
 }
 
 /// Whether `path` is `dir` or below it.
-pub fn is_under(path: &str, dir: &str) -> bool {
+pub(crate) fn is_under(path: &str, dir: &str) -> bool {
     path == dir || path.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
 }
 
 /// Whether a link target (as found in `dir`) points into the driver root or the host binds.
-pub fn points_into_driver(dir: &str, target: &str) -> bool {
+pub(crate) fn points_into_driver(dir: &str, target: &str) -> bool {
     let t = normalize(dir, target);
     is_under(&t, LEGACY_HOST_NVIDIA) || is_under(&t, DRIVER_ROOT)
 }
@@ -359,7 +359,7 @@ pub fn points_into_driver(dir: &str, target: &str) -> bool {
 /// Whether a `/dev/char` link is an NVIDIA one we may remove: it points at `/dev/nvidia*`
 /// (absolute or relative — the name alone says NVIDIA), or it is a `/dev/dri/*` link with an
 /// absolute target, the form only we write (udev writes `../dri/card1`).
-pub fn is_nvidia_dev_char(dir: &str, target: &str) -> bool {
+pub(crate) fn is_nvidia_dev_char(dir: &str, target: &str) -> bool {
     let t = normalize(dir, target);
     t.strip_prefix("/dev/")
         .is_some_and(|rest| rest.starts_with("nvidia"))
@@ -367,7 +367,7 @@ pub fn is_nvidia_dev_char(dir: &str, target: &str) -> bool {
 }
 
 /// `<major>:<minor>`, both decimal.
-pub fn is_dev_numbers(name: &str) -> bool {
+pub(crate) fn is_dev_numbers(name: &str) -> bool {
     name.split_once(':').is_some_and(|(a, b)| {
         !a.is_empty()
             && !b.is_empty()

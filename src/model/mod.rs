@@ -72,7 +72,7 @@ pub enum Target {
 
 /// Staging name beside the driver root of versions that built it in the machine; a leftover is
 /// removed without GPUs.
-pub const STAGING: &str = ".driver.new";
+pub(crate) const STAGING: &str = ".driver.new";
 
 /// What the hooks must leave for a target: a machine's next start ([`Start`], pre-start's), and
 /// what post-start must leave in the target.
@@ -135,7 +135,7 @@ impl Start {
     /// `machine`'s next start for its share `a` of a host with `host_gpus` GPUs, from the facts
     /// gathered for `a.view`: pure. `None` where pre-start refuses the start (incomplete NVIDIA
     /// state, [`crate::discovery::check_complete`]).
-    pub fn from_facts(
+    pub(crate) fn from_facts(
         machine: &MachineName,
         mc: &MachineConfig,
         a: &Assignment,
@@ -171,7 +171,7 @@ impl Start {
 /// host has `/lib/modules`, and the installed helper. Gathered by reads only ([`Facts::gather`]);
 /// everything else of the desired state follows from them purely.
 #[derive(Debug, Clone)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// A machine's driver tree as pre-start would build it now (a complete driver only).
     pub tree: Option<tree::Plan>,
     pub driver_ids: driver_root::HostIds,
@@ -183,7 +183,12 @@ impl Facts {
     /// Plan the driver tree, stating every host driver file once (a machine with a complete
     /// driver only: host mode's driver root is the host itself), and the directories the driver
     /// root binds; look at `/lib/modules` and at the helper installed at `helper`.
-    pub fn gather(target: Target, host: &HostRoot, inv: &Inventory, helper: &str) -> Result<Facts> {
+    pub(crate) fn gather(
+        target: Target,
+        host: &HostRoot,
+        inv: &Inventory,
+        helper: &str,
+    ) -> Result<Facts> {
         let (tree, driver_ids) = match (target, inv.complete_driver()) {
             (Target::Machine, Some(d)) => {
                 let plan = tree::plan(host, d)?;
@@ -226,7 +231,7 @@ impl Desired {
     /// `machine`'s desired state as the hooks take it: its share of `host_inv` checked
     /// ([`crate::discovery::assign::for_machine`]: lists that overlap, `require`), and refused
     /// while its NVIDIA state is incomplete (exit 3, which pre-start's retries wait out).
-    pub fn for_hooks(
+    pub(crate) fn for_hooks(
         ctx: &Ctx,
         machine: &MachineName,
         mc: &MachineConfig,
@@ -254,7 +259,7 @@ impl Desired {
     /// What post-start must leave in `target` for `inv` (a machine's share of the host, or the
     /// host's whole discovery in host mode) under the settings `mc`, from facts already
     /// gathered: pure. Without its start ([`Desired::machine`] adds a machine's).
-    pub fn from_facts(
+    pub(crate) fn from_facts(
         target: Target,
         inv: &Inventory,
         mc: &MachineConfig,

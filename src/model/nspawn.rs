@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 /// First line of the file `uninstall` leaves in place of pre-start's (see [`NspawnFile::uninstalled`]).
-pub const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
+pub(crate) const UNINSTALLED_HEADER: &str = "# Written by nspawn-lifecycle-helper uninstall";
 
 pub use crate::types::capabilities::CAPABILITIES;
 
@@ -62,7 +62,7 @@ pub struct NspawnFile {
 
 impl NspawnFile {
     /// Whether the file binds the unit gate into the machine (so [`gate::HOST_FILE`] must exist).
-    pub fn binds_gate(&self) -> bool {
+    pub(crate) fn binds_gate(&self) -> bool {
         self.binds.iter().any(|b| b.source == gate::HOST_FILE)
     }
 
@@ -148,7 +148,7 @@ impl NspawnFile {
 
     /// Bind these driver files (the [`layout::file_binds`] of the tree pre-start builds: files it
     /// could not hard-link) on their mount points, right after the driver tree's own bind.
-    pub fn bind_driver_files(&mut self, binds: Vec<layout::Bind>) {
+    pub(crate) fn bind_driver_files(&mut self, binds: Vec<layout::Bind>) {
         let Some(at) = self
             .binds
             .iter()
@@ -306,7 +306,7 @@ fn same(path: &HostPath, read_only: bool) -> BindLine {
 
 /// One operator-facing line saying what changed between two renderings of a `.nspawn` file
 /// (`old` is `None` for a first write).
-pub fn describe_change(old: Option<&str>, new: &str) -> String {
+pub(crate) fn describe_change(old: Option<&str>, new: &str) -> String {
     let Some(old) = old else {
         return format!("created ({})", header(new));
     };

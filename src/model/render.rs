@@ -36,7 +36,7 @@ impl Rendered {
 
     /// The start, for pre-start's driver tree step: a file the kernel refuses to link after all
     /// is bound instead, and the file binds it.
-    pub fn start_mut(&mut self) -> &mut Start {
+    pub(crate) fn start_mut(&mut self) -> &mut Start {
         self.desired
             .start
             .as_mut()
@@ -144,7 +144,7 @@ fn plan_text(r: &Rendered) -> String {
 
 impl Rendered {
     /// Whether the file on disk is already what pre-start writes.
-    pub fn up_to_date(&self) -> bool {
+    pub(crate) fn up_to_date(&self) -> bool {
         self.old.as_deref() == Some(self.text().as_str())
     }
 
@@ -171,7 +171,7 @@ impl Rendered {
     }
 
     /// `plan --json`: what pre-start would do, as one object (kind `MachinePlan`).
-    pub fn to_json(&self, machine: &MachineName) -> serde_json::Value {
+    pub(crate) fn to_json(&self, machine: &MachineName) -> serde_json::Value {
         let start = self.start();
         let driver = start.assignment.view.complete_driver();
         let diff = self.diff();
@@ -211,7 +211,7 @@ pub fn as_pre_start(
 /// mistyped name, a shifted rootfs, two machines given one GPU or one disk, a named disk the
 /// host uses or a drop-in for other `gpus` write nothing, not even the lock file. Two machines' GPU lists are checked against `inv`, or
 /// a discovery made here when there is none.
-pub fn check_startable(
+pub(crate) fn check_startable(
     ctx: &Ctx,
     machine: &MachineName,
     inv: Option<&Inventory>,
@@ -244,7 +244,7 @@ pub fn check_startable(
 
 /// What pre-start refuses once the file is rendered: a `.nspawn` file that is not ours, and the
 /// unit gate of an uninstalled machine.
-pub fn check_rendered(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
+pub(crate) fn check_rendered(ctx: &Ctx, machine: &MachineName, r: &Rendered) -> Result<()> {
     refuse_foreign_file(machine, r)?;
     refuse_uninstalled(ctx, machine, r)
 }

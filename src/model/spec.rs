@@ -9,11 +9,11 @@ use anyhow::{Context as _, Result, bail};
 use std::collections::BTreeSet;
 
 /// CDI spec directories every CDI consumer scans.
-pub const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+pub(crate) const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// Largest CDI spec read.
 pub const MAX_SPEC_BYTES: usize = 16 << 20;
 /// The spec file's mode.
-pub const SPEC_MODE: u32 = 0o644;
+pub(crate) const SPEC_MODE: u32 = 0o644;
 
 /// The spec a target must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +40,12 @@ impl Want {
 }
 
 /// The temp name `write_file` uses for `file` (a killed run's leftover).
-pub fn tmp_name(file: &str) -> String {
+pub(crate) fn tmp_name(file: &str) -> String {
     format!(".{file}.tmp")
 }
 
 /// The spec file name must be one name ending in `.json` or `.yaml`.
-pub fn check_spec_name(file_name: &str) -> Result<()> {
+pub(crate) fn check_spec_name(file_name: &str) -> Result<()> {
     check_name(file_name).context("CDI spec file name")?;
     if file_name.starts_with('.') || !is_spec_name(file_name.as_bytes()) {
         bail!(
@@ -59,7 +59,7 @@ pub fn check_spec_name(file_name: &str) -> Result<()> {
 /// (`container-device-interface`, `scanSpecDirs`) reads every entry of a spec directory that is
 /// not a directory and whose extension is `.json` or `.yaml`: dot-files and symlinks included,
 /// the latter followed.
-pub fn is_spec_name(name: &[u8]) -> bool {
+pub(crate) fn is_spec_name(name: &[u8]) -> bool {
     name.ends_with(b".json") || name.ends_with(b".yaml")
 }
 
@@ -74,7 +74,7 @@ pub const MAX_SPEC_DIR_ENTRIES: usize = 4096;
 /// (regular files, or symlinks a consumer follows to one: the name itself goes, never what it
 /// points to), and the spec files it could not judge, with why (their machine paths).
 #[derive(Debug, Default)]
-pub struct DirJudged {
+pub(crate) struct DirJudged {
     pub conflicts: Vec<String>,
     pub unjudged: Vec<(String, String)>,
 }
@@ -87,7 +87,7 @@ pub struct DirJudged {
 /// than [`MAX_SPEC_BYTES`], past [`MAX_SPEC_DIRS_BYTES`] in all, a FIFO or device, a kernel
 /// pseudo-file, a name that is not UTF-8) is reported, never read. Reads only; `each` gets each
 /// directory with what was found there.
-pub fn each_conflict(
+pub(crate) fn each_conflict(
     root: &MachineRoot,
     want: &Want,
     ours: Option<(u64, u64)>,

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 
 /// A file's identity: device and inode.
-pub type FileId = (u64, u64);
+pub(crate) type FileId = (u64, u64);
 
 /// What pre-start will build: the tree, each driver file placed ([`TreeNode::Hard`] when it is
 /// on the tree's filesystem, else [`TreeNode::Bound`]), and the identity of each host file as

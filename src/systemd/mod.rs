@@ -49,7 +49,7 @@ const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 const POLL_EVERY: Duration = Duration::from_millis(25);
 
 /// Called while a job runs with the unit's state and the time waited so far.
-pub type Progress<'a> = &'a mut dyn FnMut(&UnitState, Duration);
+pub(crate) type Progress<'a> = &'a mut dyn FnMut(&UnitState, Duration);
 
 /// The state of a unit as `systemctl show` would print it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub struct ServiceState {
 /// The last run of one `ExecStartPost=` command (what `systemctl status` prints as
 /// `Process: <pid> ExecStartPost=… (code=exited, status=0/SUCCESS)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecRun {
+pub(crate) struct ExecRun {
     /// argv joined with spaces.
     pub command: String,
     /// Wall-clock start and exit, µs since the epoch; 0 when it has not started or exited.
@@ -93,7 +93,7 @@ pub struct ExecRun {
 /// A unit's state with its service result and the last runs of its `ExecStart=` and
 /// `ExecStartPost=` commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceRun {
+pub(crate) struct ServiceRun {
     pub unit: UnitState,
     /// `success`, `exit-code`, `signal`, `timeout`, … (of the last run).
     pub result: String,
@@ -103,7 +103,7 @@ pub struct ServiceRun {
 
 /// One `Exec*=` command as systemd's property gives it: (path, argv, ignore failure, start
 /// realtime µs, start monotonic µs, exit realtime µs, exit monotonic µs, PID, `si_code`, status).
-pub type ExecProperty = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
+pub(crate) type ExecProperty = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
 
 impl ExecRun {
     fn from_property(p: ExecProperty) -> ExecRun {
@@ -227,7 +227,7 @@ impl Systemd {
 
     /// Queue a stop of `unit` (mode `replace`) and return once systemd has taken the job, not
     /// when it is done: the caller may be one of the unit's own processes, which the stop ends.
-    pub fn queue_stop(&self, unit: &str, deadline: Instant) -> Result<()> {
+    pub(crate) fn queue_stop(&self, unit: &str, deadline: Instant) -> Result<()> {
         zbus::block_on(async {
             let mgr = self.manager().await?;
             self.call(
@@ -279,7 +279,7 @@ impl Systemd {
 
     /// Read a service's state, result and the last runs of its `ExecStart=` and `ExecStartPost=`
     /// commands; only property reads (what `status` uses).
-    pub fn service_run(&self, unit: &str, deadline: Instant) -> Result<ServiceRun> {
+    pub(crate) fn service_run(&self, unit: &str, deadline: Instant) -> Result<ServiceRun> {
         zbus::block_on(async {
             let path = self.load_unit(unit, deadline).await?;
             let state = self.unit_state_at(unit, &path, deadline).await?;
@@ -303,7 +303,7 @@ impl Systemd {
 
     /// Whether `unit` is loaded from unit files (or drop-ins) that changed on disk since
     /// (`NeedDaemonReload`); a unit that is not loaded is read fresh, so never.
-    pub fn needs_daemon_reload(&self, unit: &str, deadline: Instant) -> Result<bool> {
+    pub(crate) fn needs_daemon_reload(&self, unit: &str, deadline: Instant) -> Result<bool> {
         zbus::block_on(async {
             let mgr = self.manager().await?;
             let what = format!("GetUnit({unit})");
@@ -333,7 +333,11 @@ impl Systemd {
 
     /// `unit`'s `DeviceAllow=` list as systemd holds it now (unit file, drop-ins and runtime
     /// settings together), in order.
-    pub fn device_allow(&self, unit: &str, deadline: Instant) -> Result<Vec<(String, String)>> {
+    pub(crate) fn device_allow(
+        &self,
+        unit: &str,
+        deadline: Instant,
+    ) -> Result<Vec<(String, String)>> {
         zbus::block_on(async {
             let path = self.load_unit(unit, deadline).await?;
             let s = self.service_proxy(&path).await?;
@@ -351,7 +355,7 @@ impl Systemd {
     /// one call). systemd writes it to `/run/systemd/system.control/<unit>.d/50-DeviceAllow.conf`
     /// and applies it to the unit's cgroup before it next forks a process for the unit; it is
     /// gone at reboot.
-    pub fn set_device_allow(
+    pub(crate) fn set_device_allow(
         &self,
         unit: &str,
         entries: &[(String, String)],

@@ -32,7 +32,7 @@ pub trait Services {
 }
 
 /// The machine's systemd over its own bus.
-pub struct MachineServices {
+pub(crate) struct MachineServices {
     pub sd: Systemd,
     pub job_timeout: Duration,
 }
@@ -85,7 +85,7 @@ impl Services for MachineServices {
 /// Services reached only when first asked ([`Deferred::reach`] at the latest): post-start of a
 /// target without GPUs removes what is left of ours first, and only then waits for the boot to
 /// finish (`connect`).
-pub struct Deferred<S, F> {
+pub(crate) struct Deferred<S, F> {
     connect: std::cell::Cell<Option<F>>,
     services: std::cell::OnceCell<S>,
 }

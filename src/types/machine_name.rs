@@ -32,7 +32,7 @@ pub enum Subject<'a> {
 }
 
 /// How log lines and errors name the host in host mode.
-pub const HOST_LABEL: &str = "the host";
+pub(crate) const HOST_LABEL: &str = "the host";
 
 impl<'a> Subject<'a> {
     /// The machine's name; none for the host.

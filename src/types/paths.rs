@@ -25,7 +25,7 @@ use std::ops::Deref;
 use std::str::FromStr;
 
 /// Longest path accepted, in bytes (the kernel's `PATH_MAX` without the NUL).
-pub const MAX_PATH: usize = libc::PATH_MAX as usize - 1;
+pub(crate) const MAX_PATH: usize = libc::PATH_MAX as usize - 1;
 
 /// Why `p` cannot be a path in a rendered file, or `None` when it can.
 fn path_problem(p: &str) -> Option<String> {
@@ -155,7 +155,7 @@ path_type!(
 impl MachinePath {
     /// The machine path equal to a host path (a bind at the same path); both types check the
     /// same rules.
-    pub fn same_as(host: &HostPath) -> MachinePath {
+    pub(crate) fn same_as(host: &HostPath) -> MachinePath {
         MachinePath(host.0.clone())
     }
 }
@@ -279,7 +279,7 @@ impl PartialEq<&str> for UnitName {
 
 /// One path of a `Bind=` value, escaped for `bind_mount_parse`: `\` → `\\`, `:` → `\:`.
 /// Everything else a [`HostPath`]/[`MachinePath`] may hold is literal there.
-pub fn bind_escape(p: &str) -> String {
+pub(crate) fn bind_escape(p: &str) -> String {
     let mut out = String::with_capacity(p.len());
     for c in p.chars() {
         if matches!(c, '\\' | ':') {
@@ -341,7 +341,7 @@ pub fn parse_bind_line(line: &str) -> Option<(String, String)> {
 }
 
 /// Lexically resolve a symlink `target` found in directory `dir` (both absolute paths: a machine's, or the host's).
-pub fn normalize(dir: &str, target: &str) -> String {
+pub(crate) fn normalize(dir: &str, target: &str) -> String {
     let mut parts: Vec<&str> = if target.starts_with('/') {
         Vec::new()
     } else {

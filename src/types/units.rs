@@ -6,17 +6,17 @@ use crate::types::machine_name::MachineName;
 
 /// File name of our drop-in. `50-` sorts before `override.conf` (what `systemctl edit` writes),
 /// so an operator's own edits still win.
-pub const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
+pub(crate) const DROPIN_NAME: &str = "50-nspawn-lifecycle.conf";
 /// Where unit drop-ins for the machine units live (under the host root).
-pub const UNIT_DIR: &str = "/etc/systemd/system";
+pub(crate) const UNIT_DIR: &str = "/etc/systemd/system";
 
 /// Name of the unit that runs `machine`.
-pub fn unit_name(machine: &MachineName) -> String {
+pub(crate) fn unit_name(machine: &MachineName) -> String {
     format!("systemd-nspawn@{machine}.service")
 }
 
 /// Host path of the machine unit's drop-in directory.
-pub fn dropin_dir(machine: &MachineName) -> String {
+pub(crate) fn dropin_dir(machine: &MachineName) -> String {
     format!("{UNIT_DIR}/{}.d", unit_name(machine))
 }
 
@@ -27,19 +27,19 @@ pub fn dropin_path(machine: &MachineName) -> String {
 
 /// The machine a drop-in directory under [`UNIT_DIR`] belongs to, from its name
 /// (`systemd-nspawn@<m>.service.d`): `""` for the template's, `None` for another unit's.
-pub fn dropin_dir_machine(name: &str) -> Option<&str> {
+pub(crate) fn dropin_dir_machine(name: &str) -> Option<&str> {
     name.strip_prefix("systemd-nspawn@")?
         .strip_suffix(".service.d")
 }
 
 /// Host path of the template unit's drop-in directory, which systemd merges with every
 /// machine's by file name.
-pub fn template_dropin_dir() -> String {
+pub(crate) fn template_dropin_dir() -> String {
     format!("{UNIT_DIR}/systemd-nspawn@.service.d")
 }
 
 /// Directory of trusted `.nspawn` files (read by systemd-nspawn at every exec).
-pub const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
+pub(crate) const NSPAWN_DIR: &str = "/etc/systemd/nspawn";
 
 /// Host path of a machine's `.nspawn` file.
 pub fn nspawn_path(machine: &MachineName) -> String {
@@ -52,7 +52,7 @@ pub fn nspawn_path(machine: &MachineName) -> String {
 /// post-start takes containerd's release by pre-start as this boot's. Run by hand (from any other
 /// cgroup) the machine may be running: pre-start leaves the markers alone and post-start takes the
 /// gated order, stopping and restarting both services as it always did.
-pub fn runs_in_its_start(machine: &MachineName) -> bool {
+pub(crate) fn runs_in_its_start(machine: &MachineName) -> bool {
     // A /proc magic path, not a host-root one.
     match std::fs::read_to_string("/proc/self/cgroup") {
         Ok(text) => in_unit_cgroup(&text, &unit_name(machine)),

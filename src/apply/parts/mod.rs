@@ -115,7 +115,7 @@ impl Listed {
 }
 
 /// pre-start's parts, in [`ALL`]'s order.
-pub fn next_start() -> impl Iterator<Item = &'static dyn AnyPart<NextStart>> {
+pub(crate) fn next_start() -> impl Iterator<Item = &'static dyn AnyPart<NextStart>> {
     ALL.iter().filter_map(|p| match p {
         Listed::NextStart(p) => Some(*p),
         Listed::Running(_) => None,
@@ -384,7 +384,7 @@ impl<H: Hook> std::fmt::Display for dyn AnyPart<H> {
 }
 
 /// What a part's [`AnyPart::observe_opaque`] read.
-pub type Opaque = Result<Box<dyn Any>>;
+pub(crate) type Opaque = Result<Box<dyn Any>>;
 
 /// Every part of a running target as read at once ([`observe`]), in [`ALL`]'s order.
 pub struct Observation(Vec<(&'static dyn AnyPart<Running>, Opaque)>);
@@ -418,7 +418,7 @@ impl Observation {
 
     /// [`Observation::diff`] of part `P` alone (`status` of a host whose driver is incomplete
     /// judges only the unit files: post-start would refuse, changing nothing). Pure.
-    pub fn diff_of<P: Part<Hook = Running>>(&self, at: &At) -> Vec<Change> {
+    pub(crate) fn diff_of<P: Part<Hook = Running>>(&self, at: &At) -> Vec<Change> {
         self.0
             .iter()
             .filter(|(p, _)| p.is::<P>())

@@ -319,7 +319,7 @@ fn host_mode_families(out: &mut String, report: &Report) {
 /// the collector's), atomically: a temporary name the collector ignores (it reads `*.prom` only),
 /// fsync, rename over the old file, so a scrape reads the old file or the new one, never half.
 /// Writes nothing else.
-pub fn write_textfile(
+pub(crate) fn write_textfile(
     host: &crate::fs::host::HostRoot,
     dir: &std::path::Path,
     text: &str,

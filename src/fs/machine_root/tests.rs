@@ -145,7 +145,14 @@ fn in_root_resolution_survives_concurrent_renames() {
 
 #[test]
 fn the_host_root_is_never_a_machine_root() {
-    let err = MachineRoot::for_leader(std::process::id()).unwrap_err();
+    let pid = std::process::id();
+    let proc_dir = nix::fcntl::open(
+        format!("/proc/{pid}").as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let err = MachineRoot::for_leader_dir(&proc_dir, pid).unwrap_err();
     assert!(format!("{err:#}").contains("host's root"), "{err:#}");
     let (dir, root) = root();
     root.refuse_host_root(Path::new("/")).unwrap();
