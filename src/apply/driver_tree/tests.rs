@@ -54,7 +54,7 @@ fn ino(p: &Path) -> u64 {
 fn driver_files_are_hard_links_of_the_host_files_and_need_no_bind() {
     let (dir, host, driver) = host();
     let mut plan = plan(&host, &driver).unwrap();
-    let built = ensure(&host, &"kube1".parse().unwrap(), &mut plan).unwrap();
+    let built = ensure(&host, &kube1(), &mut plan).unwrap();
     assert_eq!(
         built,
         Built {
@@ -97,13 +97,9 @@ fn the_c_runtime_and_the_trees_loader_cache_are_kept_exact() {
         },
     ];
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     let t = tree_dir(dir.path());
     assert_eq!(
@@ -126,39 +122,27 @@ fn the_c_runtime_and_the_trees_loader_cache_are_kept_exact() {
         ]
     );
     assert!(
-        !ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        !ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     tick();
     let mut edited = cache.clone();
     edited[cache.len() - 2] ^= 0xff;
     std::fs::write(t.join("etc/ld.so.cache"), &edited).unwrap();
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert_eq!(std::fs::read(t.join("etc/ld.so.cache")).unwrap(), cache);
     let upgraded = dir.path().join(LIB).join("libc.so.6.new");
     std::fs::write(&upgraded, b"libc 2").unwrap();
     std::fs::rename(&upgraded, dir.path().join(LIB).join("libc.so.6")).unwrap();
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert_eq!(std::fs::read(&libc).unwrap(), b"libc 2");
 }
@@ -168,23 +152,15 @@ fn built_once_then_left_alone_then_swapped_when_it_changes() {
     let (dir, host, driver) = host();
     let t = tree_dir(dir.path());
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     let top = ino(&t);
     assert!(
-        !ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        !ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert_eq!(ino(&t), top);
     // An upgrade as dpkg does it: a new file renamed over the old name. The tree still
@@ -194,13 +170,9 @@ fn built_once_then_left_alone_then_swapped_when_it_changes() {
     std::fs::rename(dir.path().join(LIB).join(".new"), &host_lib).unwrap();
     assert_ne!(ino(&t.join(LIB).join("libcuda.so.9.1")), ino(&host_lib));
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert_eq!(ino(&t.join(LIB).join("libcuda.so.9.1")), ino(&host_lib));
     assert!(
@@ -212,13 +184,9 @@ fn built_once_then_left_alone_then_swapped_when_it_changes() {
     tick();
     std::fs::write(t.join(LIB).join("extra"), b"x").unwrap();
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert!(!t.join(LIB).join("extra").exists());
     // A copy of the right content is not the host's file: rebuilt.
@@ -227,25 +195,17 @@ fn built_once_then_left_alone_then_swapped_when_it_changes() {
     std::fs::remove_file(&lib).unwrap();
     std::fs::write(&lib, b"ELF cuda 9.1 rebuilt").unwrap();
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert_eq!(ino(&lib), ino(&host_lib));
     // A link to a copy where a directory belongs, a file where a SONAME link belongs: both
     // rebuilt, the copy never followed into.
     let changed = |host: &HostRoot| {
-        ensure(
-            host,
-            &"kube1".parse().unwrap(),
-            &mut plan(host, &driver).unwrap(),
-        )
-        .unwrap()
-        .changed
+        ensure(host, &kube1(), &mut plan(host, &driver).unwrap())
+            .unwrap()
+            .changed
     };
     let bin = t.join("usr/bin");
     tick();
@@ -275,22 +235,13 @@ fn stamp_path(dir: &Path) -> std::path::PathBuf {
 /// What the stamp says for the tree as it is now.
 fn stamp_now(dir: &Path, host: &HostRoot, driver: &UserspaceDriver) -> String {
     let top = nix::fcntl::open(&top_dir(dir), dir_flags(), Mode::empty()).unwrap();
-    stamp_text(
-        &top,
-        &"kube1".parse().unwrap(),
-        &plan(host, driver).unwrap(),
-    )
-    .unwrap()
+    stamp_text(&top, &kube1(), &plan(host, driver).unwrap()).unwrap()
 }
 
 fn changed(host: &HostRoot, driver: &UserspaceDriver) -> bool {
-    ensure(
-        host,
-        &"kube1".parse().unwrap(),
-        &mut plan(host, driver).unwrap(),
-    )
-    .unwrap()
-    .changed
+    ensure(host, &kube1(), &mut plan(host, driver).unwrap())
+        .unwrap()
+        .changed
 }
 
 /// A stamp that matches is trusted: the tree is not walked. Here a stamp forged for a tree
@@ -466,21 +417,13 @@ fn a_kill_while_building_or_stamping_is_repaired_by_the_next_start() {
 #[test]
 fn distrust_removes_the_stamp_and_keeps_the_error() {
     let (dir, host, driver) = host();
-    let e = distrust(
-        &host,
-        &"kube1".parse().unwrap(),
-        anyhow::anyhow!("driver root wrong"),
-    );
+    let e = distrust(&host, &kube1(), anyhow::anyhow!("driver root wrong"));
     assert_eq!(format!("{e:#}"), "driver root wrong");
     assert!(!top_dir(dir.path()).exists());
     assert!(changed(&host, &driver));
     let stamp = stamp_path(dir.path());
     assert!(stamp.is_file());
-    let e = distrust(
-        &host,
-        &"kube1".parse().unwrap(),
-        anyhow::anyhow!("driver root wrong"),
-    );
+    let e = distrust(&host, &kube1(), anyhow::anyhow!("driver root wrong"));
     assert_eq!(format!("{e:#}"), "driver root wrong");
     assert!(!stamp.exists());
     assert!(!changed(&host, &driver));
@@ -497,13 +440,9 @@ fn a_link_in_place_of_the_tree_is_replaced_not_followed() {
     std::os::unix::fs::symlink(&elsewhere, top.join("kube1")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, top.join(".kube1.new")).unwrap();
     assert!(
-        ensure(
-            &host,
-            &"kube1".parse().unwrap(),
-            &mut plan(&host, &driver).unwrap()
-        )
-        .unwrap()
-        .changed
+        ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap())
+            .unwrap()
+            .changed
     );
     assert!(elsewhere.join("keep").is_dir());
     assert!(top.join("kube1").symlink_metadata().unwrap().is_dir());
@@ -528,12 +467,7 @@ fn a_host_driver_file_that_is_a_link_resolves_inside_the_host_root() {
     )
     .unwrap();
     std::os::unix::fs::symlink("/etc/alternatives/nvidia-smi", &smi).unwrap();
-    ensure(
-        &host,
-        &"kube1".parse().unwrap(),
-        &mut plan(&host, &driver).unwrap(),
-    )
-    .unwrap();
+    ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap()).unwrap();
     assert_eq!(
         ino(&tree_dir(dir.path()).join("usr/bin/nvidia-smi")),
         ino(&real)
@@ -552,21 +486,16 @@ fn a_host_driver_file_that_is_a_link_resolves_inside_the_host_root() {
 #[test]
 fn remove_takes_the_tree_and_the_legacy_one_and_creates_nothing() {
     let (dir, host, driver) = host();
-    assert!(!remove(&host, &"kube1".parse().unwrap()).unwrap());
+    assert!(!remove(&host, &kube1()).unwrap());
     assert!(!dir.path().join("var/lib/nspawn-lifecycle").exists());
-    ensure(
-        &host,
-        &"kube1".parse().unwrap(),
-        &mut plan(&host, &driver).unwrap(),
-    )
-    .unwrap();
+    ensure(&host, &kube1(), &mut plan(&host, &driver).unwrap()).unwrap();
     let legacy = dir
         .path()
         .join("run/nspawn-lifecycle/driver-root/kube1/usr");
     std::fs::create_dir_all(&legacy).unwrap();
     std::fs::write(legacy.join("f"), b"").unwrap();
     assert!(stamp_path(dir.path()).is_file());
-    assert!(remove(&host, &"kube1".parse().unwrap()).unwrap());
+    assert!(remove(&host, &kube1()).unwrap());
     assert!(!tree_dir(dir.path()).exists());
     assert!(!stamp_path(dir.path()).exists());
     assert!(!legacy.exists());
@@ -613,11 +542,7 @@ fn privileged_a_file_on_another_filesystem_is_bound_instead() {
         plan.tree.get("usr/bin/nvidia-smi"),
         Some(&TreeNode::Bound("/usr/bin/nvidia-smi".into()))
     );
-    assert!(
-        ensure(&host, &"kube1".parse().unwrap(), &mut plan)
-            .unwrap()
-            .changed
-    );
+    assert!(ensure(&host, &kube1(), &mut plan).unwrap().changed);
     let mp = tree_dir(dir.path()).join("usr/bin/nvidia-smi");
     let st = std::fs::symlink_metadata(&mp).unwrap();
     assert!(st.is_file() && st.len() == 0 && st.ino() != ino(&bin.join("nvidia-smi")));
@@ -637,7 +562,7 @@ fn privileged_a_file_on_another_filesystem_is_bound_instead() {
     assert!(
         !ensure(
             &host,
-            &"kube1".parse().unwrap(),
+            &kube1(),
             &mut crate::model::tree::plan(&host, &driver).unwrap()
         )
         .unwrap()
@@ -670,7 +595,7 @@ fn privileged_the_plan_binds_a_file_the_kernel_would_refuse_to_link() {
         let smi = dir.path().join("usr/bin/nvidia-smi");
         chattr(&format!("+{flag}"), &smi);
         let mut plan = plan(&host, &driver).unwrap();
-        let built = ensure(&host, &"kube1".parse().unwrap(), &mut plan);
+        let built = ensure(&host, &kube1(), &mut plan);
         chattr(&format!("-{flag}"), &smi);
         assert_eq!(
             plan.tree.get("usr/bin/nvidia-smi"),
@@ -695,7 +620,7 @@ fn privileged_a_file_the_kernel_refuses_to_link_is_bound_and_named() {
     let smi = dir.path().join("usr/bin/nvidia-smi");
     let mut plan = plan(&host, &driver).unwrap();
     chattr("+i", &smi);
-    let built = ensure(&host, &"kube1".parse().unwrap(), &mut plan);
+    let built = ensure(&host, &kube1(), &mut plan);
     chattr("-i", &smi);
     let built = built.unwrap();
     // Not stamped: its plan says a hard link where it holds a mount point.
@@ -713,4 +638,9 @@ fn privileged_a_file_the_kernel_refuses_to_link_is_bound_and_named() {
     // The library beside it is still a link.
     let lib = tree_dir(dir.path()).join(LIB).join("libcuda.so.9.1");
     assert_eq!(ino(&lib), ino(&dir.path().join(LIB).join("libcuda.so.9.1")));
+}
+
+/// The machine these tests build trees for.
+fn kube1() -> MachineName {
+    "kube1".parse().unwrap()
 }

@@ -43,32 +43,9 @@ impl Part for DriverTree {
     fn diff(&self, b: &Boot, seen: &Seen, _: &[Change]) -> Result<Vec<Change>> {
         let seen = match seen {
             Seen::Tree(seen) => seen,
-            Seen::Remains(left) => {
-                return Ok(left
-                    .iter()
-                    .map(|p| {
-                        Change::new(
-                            Self::CHECK,
-                            Action::Remove,
-                            p.clone(),
-                            "no NVIDIA driver for this machine",
-                        )
-                    })
-                    .collect());
-            }
+            Seen::Remains(left) => return Ok(removals(left, "no NVIDIA driver for this machine")),
         };
-        let mut out: Vec<Change> = seen
-            .leftovers
-            .iter()
-            .map(|p| {
-                Change::new(
-                    Self::CHECK,
-                    Action::Remove,
-                    p.clone(),
-                    "left by a pre-start that was killed",
-                )
-            })
-            .collect();
+        let mut out = removals(&seen.leftovers, "left by a pre-start that was killed");
         let entries = b
             .rendered
             .borrow()
@@ -151,6 +128,14 @@ impl Part for DriverTree {
             None => Ok(NO_TREE.to_owned()),
         }
     }
+}
+
+/// A removal of each of `paths`, for `why`.
+fn removals(paths: &[String], why: &str) -> Vec<Change> {
+    paths
+        .iter()
+        .map(|p| Change::new(DriverTree::CHECK, Action::Remove, p.clone(), why))
+        .collect()
 }
 
 /// The part's line: `how` (built, as planned) and what the tree holds.
