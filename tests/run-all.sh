@@ -25,9 +25,12 @@ cd "$(dirname "$0")/.."
 
 # The environment never narrows a CI run: under CI (CI=true, as .ci/run sets it) every knob the
 # suite reads to select, shorten, resize or rewrite checks (UPDATE_GOLDEN rewrites goldens,
-# SKIP_E2E, E2E_*, ATTACK_*, ...) is cleared first. Elsewhere they are a developer's to use, and
+# SKIP_E2E, E2E_*, ATTACK_*, the download caches and mirror the fetch scripts take, where cargo
+# puts what it builds, the package's timestamps, the file every bash child sources first:
+# BASH_ENV, ...) is cleared first, and so are the shell functions the environment exports (every
+# bash child would run them in place of a command). Elsewhere they are a developer's to use, and
 # a run they narrowed says so in its last line.
-knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|GPU_KIT_CACHE|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*|CROSS_[A-Z0-9_]*|CDI_HOOK_[A-Z_]*|AARCH64_CACHE)$' || true)
+knobs=$(compgen -v | grep -E '^(UPDATE_GOLDEN|SKIP_E2E|REBUILD|ORACLE_KNOWN_GAPS|HELPER|HELPER_FAILPOINTS|RESULTS|MACHINE|RUNTIMES_CACHE|GPU_KIT_CACHE|PROMETHEUS_CACHE|NVIDIA_DEBS_CACHE|NVIDIA_DEBS_MIRROR|CDIHOOKS_CACHE|CARGO_TARGET_DIR|SOURCE_DATE_EPOCH|BASH_ENV|NVIDIA_CTK|NVIDIA_CTK_DIR|E2E_[A-Z0-9_]*|ATTACK_[A-Z0-9_]*|CROSS_[A-Z0-9_]*|CDI_HOOK_[A-Z_]*|AARCH64_CACHE)$' || true)
 narrowed=""
 for v in $knobs; do
     if [ "${CI:-}" = true ]; then
@@ -35,6 +38,14 @@ for v in $knobs; do
         unset "$v"
     else
         narrowed="$narrowed $v=${!v}"
+    fi
+done
+for f in $(compgen -A function); do
+    if [ "${CI:-}" = true ]; then
+        echo "tests/run-all.sh: CI: ignoring the shell function $f from the environment" >&2
+        unset -f "$f"
+    else
+        narrowed="$narrowed function:$f"
     fi
 done
 if [ -n "$narrowed" ]; then
