@@ -12,14 +12,10 @@ use crate::model::gate;
 use crate::model::helper::HelperFacts;
 use crate::model::layout::DRIVER_ROOT;
 use crate::model::{Action, Change, Check};
-use crate::types::machine_name::MachineName;
 
-/// Whose GPU wiring is judged: a machine, or the host itself (host mode, `host status`).
-#[derive(Debug, Clone, Copy)]
-pub enum Subject<'a> {
-    Machine(&'a MachineName),
-    Host,
-}
+/// Whose GPU wiring is judged: a machine, or the host itself (host mode, `host status`): how
+/// status names it.
+pub use crate::types::machine_name::Subject;
 
 impl Subject<'_> {
     /// How the subject starts its summary line, and its `machine` field in JSON.
