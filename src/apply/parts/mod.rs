@@ -441,3 +441,43 @@ pub fn observe(at: &At) -> Observation {
 pub fn pending(at: &At) -> Vec<Change> {
     observe(at).diff(at)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The list holds each part once, pre-start's first and only theirs owned by pre-start, and
+    /// every name and log key tells one part of a hook from the others.
+    #[test]
+    fn the_list_holds_each_part_once_in_the_order_of_a_start() {
+        let names: Vec<&str> = ALL.iter().map(|p| p.name()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ALL.len(), "{names:?}");
+        let first_running = ALL
+            .iter()
+            .position(|p| matches!(p, Listed::Running(_)))
+            .unwrap();
+        for (i, p) in ALL.iter().enumerate() {
+            let pre = matches!(p, Listed::NextStart(_));
+            assert_eq!(pre, i < first_running, "{} out of order", p.name());
+            assert_eq!(pre, p.owner() == Owner::PreStart, "{}", p.name());
+        }
+        let keys = |v: Vec<&str>| {
+            let n = v.len();
+            let mut k = v;
+            k.sort_unstable();
+            k.dedup();
+            assert_eq!(k.len(), n, "{k:?}");
+        };
+        keys(next_start().map(|p| p.key()).collect());
+        keys(running(Target::Machine).map(|p| p.key()).collect());
+        assert_eq!(
+            next_start().last().map(|p| p.name()),
+            Some(".nspawn file"),
+            "the file binds what the parts before it make"
+        );
+        assert!(ALL.iter().any(|p| p.check() == Check::NextStart));
+    }
+}
