@@ -7,7 +7,7 @@ use super::{Applied, NextStart, Owner, Part, When};
 use crate::apply::boot::Boot;
 use crate::apply::gate;
 use crate::model::gate as gates;
-use crate::model::{Change, Check, Target};
+use crate::model::{Change, Check};
 use crate::types::paths::UnitName;
 use crate::types::units::unit_name;
 use anyhow::Result;
@@ -23,10 +23,6 @@ impl Part for BootGate {
     const CHECK: Check = Check::Gate;
     const OWNER: Owner = Owner::PreStart;
     const WHEN: When = When::FileBindsGate;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<Self::Seen> {
         if !b.in_its_start {

@@ -4,7 +4,7 @@
 
 use super::{Applied, NextStart, Owner, Part, When};
 use crate::apply::boot::{Boot, DBUS_TIMEOUT};
-use crate::model::{Action, Change, Check, Target, device_cgroup};
+use crate::model::{Action, Change, Check, device_cgroup};
 use crate::types::units::unit_name;
 use anyhow::Result;
 
@@ -19,10 +19,6 @@ impl Part for DeviceCgroup {
     const CHECK: Check = Check::HostDevices;
     const OWNER: Owner = Owner::PreStart;
     const WHEN: When = When::RealRoot;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<Self::Seen> {
         device_allow(b)

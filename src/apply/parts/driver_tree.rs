@@ -6,7 +6,7 @@ use super::{Applied, NextStart, Owner, Part};
 use crate::apply::boot::Boot;
 use crate::apply::driver_tree::{self, TreeSeen, TreeState};
 use crate::model::layout::{self, Tree};
-use crate::model::{Action, Change, Check, Target};
+use crate::model::{Action, Change, Check};
 use anyhow::Result;
 
 pub struct DriverTree;
@@ -27,10 +27,6 @@ impl Part for DriverTree {
     const KEY: &'static str = "driver-tree";
     const CHECK: Check = Check::DriverRoot;
     const OWNER: Owner = Owner::PreStart;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<Seen> {
         let host = &b.ctx.host;

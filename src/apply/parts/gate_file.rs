@@ -5,7 +5,7 @@ use super::{Applied, NextStart, Owner, Part, When};
 use crate::apply::boot::Boot;
 use crate::apply::gate;
 use crate::model::gate as gates;
-use crate::model::{Action, Change, Check, Target};
+use crate::model::{Action, Change, Check};
 use anyhow::Result;
 
 pub struct GateFile;
@@ -19,10 +19,6 @@ impl Part for GateFile {
     const CHECK: Check = Check::Gate;
     const OWNER: Owner = Owner::PreStart;
     const WHEN: When = When::FileBindsGate;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<bool> {
         gate::host_file_current(&b.ctx.host)

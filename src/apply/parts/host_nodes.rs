@@ -4,7 +4,7 @@
 
 use super::{Applied, NextStart, Owner, Part};
 use crate::apply::boot::Boot;
-use crate::model::{Action, Change, Check, Target, host_devices};
+use crate::model::{Action, Change, Check, host_devices};
 use anyhow::{Context as _, Result};
 
 pub struct HostNodes;
@@ -24,10 +24,6 @@ impl Part for HostNodes {
     const KEY: &'static str = "host-nodes";
     const CHECK: Check = Check::HostDevices;
     const OWNER: Owner = Owner::PreStart;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<Seen> {
         let host = &b.ctx.host;

@@ -234,7 +234,8 @@ pub trait Part: Sync + 'static {
     /// When pre-start's plan holds it (pre-start's parts).
     const WHEN: When = When::Always;
 
-    /// Whether a running target of this kind has the part.
+    /// Whether a running target of this kind has the part ([`running`]; pre-start's parts are
+    /// a machine's by their hook, and nothing asks them).
     fn on(&self, target: Target) -> bool {
         let _ = target;
         true

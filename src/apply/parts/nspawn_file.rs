@@ -5,7 +5,7 @@ use super::{Applied, NextStart, Owner, Part};
 use crate::apply::boot::Boot;
 use crate::failpoint::Point;
 use crate::model::nspawn::describe_change;
-use crate::model::{Action, Change, Check, Target};
+use crate::model::{Action, Change, Check};
 use crate::types::units::nspawn_path;
 use anyhow::Result;
 
@@ -19,10 +19,6 @@ impl Part for NspawnFile {
     const KEY: &'static str = "nspawn";
     const CHECK: Check = Check::NextStart;
     const OWNER: Owner = Owner::PreStart;
-
-    fn on(&self, target: Target) -> bool {
-        target == Target::Machine
-    }
 
     fn observe(&self, b: &Boot) -> Result<bool> {
         b.ctx.host.holds(
