@@ -31,6 +31,10 @@ timer=nspawn-lifecycle-metrics.timer
 timer_link=/etc/systemd/system/timers.target.wants/$timer
 # systemd 252 sets this manager timestamp on every daemon-reload, and on nothing else.
 loaded_at() { H systemctl show -p UnitsLoadTimestampMonotonic --value; }
+# The package's dpkg state and version.
+pkg_state() { H dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>&1; }
+# kube1's unit run: its invocation, its nspawn process, whether active.
+kube1_run() { echo "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"; }
 
 # Every path of the host's root filesystem except the ones dpkg, the journal and systemd keep
 # changing on their own. -xdev: /var/lib/machines and the tmpfs at $hp_dir are other mounts.
@@ -74,7 +78,7 @@ out=$(H dpkg -i "$prev_in_host" 2>&1); rc=$?
 info "dpkg -i (previous): $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c dpkg-install-exit-0)" 0 "$rc"
 assert_eq "$(c dpkg-status-installed)" "install ok installed $version~previous" \
-    "$(H dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>&1)"
+    "$(pkg_state)"
 assert_cmd "$(c dpkg-install-daemon-reload)" test "$(loaded_at)" != "$reload0"
 listed=$(H dpkg -L "$pkg" | LC_ALL=C sort)
 # The same paths as find sees them: the host is merged-/usr (/lib -> usr/lib); dpkg lists what
@@ -131,7 +135,8 @@ assert_match "$(c nspawn-file-binds-gpu)" '^Bind=/dev/nvidia0' "$(nspawn_file ku
 H systemctl enable --now $timer >/dev/null 2>&1
 assert_eq "$(c timer-enabled-by-operator)" "enabled active" \
     "$(H systemctl is-enabled $timer 2>&1) $(H systemctl is-active $timer 2>&1)"
-machine_run="$(uprop InvocationID kube1) $(uprop MainPID kube1)"
+# the run the upgrade, the removal and the purge must leave running
+machine_run="$(uprop InvocationID kube1) $(uprop MainPID kube1) active"
 stable_copy=$(H sha256sum "$HP")
 dropin_before=$(H sha256sum "$dropin_dir/50-nspawn-lifecycle.conf")
 reload1=$(loaded_at)
@@ -139,13 +144,12 @@ out=$(H dpkg -i "$deb_in_host" 2>&1); rc=$?
 info "dpkg -i (upgrade to $version): $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c upgrade-exit-0)" 0 "$rc"
 assert_eq "$(c upgrade-status-installed)" "install ok installed $version" \
-    "$(H dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>&1)"
+    "$(pkg_state)"
 assert_cmd "$(c upgrade-daemon-reload)" test "$(loaded_at)" != "$reload1"
 assert_eq "$(c upgrade-keeps-timer)" "enabled active" \
     "$(H systemctl is-enabled $timer 2>&1) $(H systemctl is-active $timer 2>&1)"
 # the same run of the machine's unit: same invocation, same nspawn process, still active
-assert_eq "$(c upgrade-does-not-restart-machine)" "$machine_run active" \
-    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
+assert_eq "$(c upgrade-does-not-restart-machine)" "$machine_run" "$(kube1_run)"
 assert_eq "$(c upgrade-keeps-stable-copy)" "$stable_copy" "$(H sha256sum "$HP")"
 assert_eq "$(c upgrade-keeps-dropin)" "$dropin_before" "$(H sha256sum "$dropin_dir/50-nspawn-lifecycle.conf")"
 assert_cmd "$(c upgrade-machine-up)" wait_machine_up kube1 10
@@ -180,8 +184,7 @@ assert_eq "$(c remove-exit-0)" 0 "$rc"
 assert_eq "$(c remove-status-config-files)" "deinstall ok config-files" "$(H dpkg-query -W -f='${Status}' "$pkg" 2>&1)"
 assert_eq "$(c remove-stops-timer)" inactive "$(H systemctl is-active $timer 2>&1)"
 assert_cmd "$(c remove-daemon-reload)" test "$(loaded_at)" != "$reload2"
-assert_eq "$(c remove-leaves-machine-running)" "$machine_run active" \
-    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
+assert_eq "$(c remove-leaves-machine-running)" "$machine_run" "$(kube1_run)"
 out=$(H dpkg --purge "$pkg" 2>&1); rc=$?
 info "dpkg --purge: $(printf '%s' "$out" | tr '\n' ' ')"
 assert_eq "$(c purge-exit-0)" 0 "$rc"
@@ -204,8 +207,7 @@ assert_eq "$(c purge-adds-nothing)" "" \
 for f in "$dropin_dir/50-nspawn-lifecycle.conf" /etc/systemd/nspawn/kube1.nspawn "$HP"; do
     assert_cmd "$(c "purge-keeps-${f##*/}")" H test -s "$f"
 done
-assert_eq "$(c purge-leaves-machine-running)" "$machine_run active" \
-    "$(uprop InvocationID kube1) $(uprop MainPID kube1) $(uprop ActiveState kube1)"
+assert_eq "$(c purge-leaves-machine-running)" "$machine_run" "$(kube1_run)"
 out=$(reconcile kube1 2>&1); rc=$?
 assert_eq "$(c reconcile-after-purge-exit-0)" 0 "$rc"
 assert_eq "$(c post-start-after-purge-status)" 0 "$(exec_field kube1 ExecStartPost 'post-start' status)"
