@@ -16,7 +16,7 @@ impl Part for Helper {
     const NAME: &'static str = "helper";
     const KEY: &'static str = "helper";
     const CHECK: Check = Check::Helper;
-    const OWNER: Owner = Owner::NextStart;
+    const OWNER: Owner = Owner::NewStart;
 
     fn observe(&self, at: &At) -> Result<Self::Seen> {
         let d = at.desired;

@@ -32,7 +32,7 @@ impl Part for HostDevices {
     const NAME: &'static str = "host devices";
     const KEY: &'static str = "host-devices";
     const CHECK: Check = Check::HostDevices;
-    const OWNER: Owner = Owner::NextStart;
+    const OWNER: Owner = Owner::NewStart;
 
     /// The host has no start of ours to bind devices.
     fn on(&self, target: Target) -> bool {

@@ -163,8 +163,9 @@ pub enum Owner {
     PostStart,
     /// post-start, as it starts the services (the gate's markers).
     PostStartServices,
-    /// Only a new start (nspawn's binds of the machine's next boot).
-    NextStart,
+    /// Only a new start of the running machine (nspawn's binds at its boot); not to be taken
+    /// for [`NextStart`], pre-start's hook.
+    NewStart,
     /// `install`, then a restart.
     Install,
 }
